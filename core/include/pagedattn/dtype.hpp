@@ -1,0 +1,171 @@
+// Storage dtypes and their conversions to and from f32 (round to nearest even; NaN and Inf kept).
+// Plain bit manipulation, so the same code runs on the host and on the device.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "pagedattn/host_device.hpp"
+
+namespace pagedattn {
+
+enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+inline const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+  }
+  return "unknown";
+}
+
+inline std::size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+
+// 16-bit storage types: distinct wrappers so templates can tell them apart.
+struct f16_t {
+  std::uint16_t bits;
+};
+struct bf16_t {
+  std::uint16_t bits;
+};
+
+PAGEDATTN_HOST_DEVICE std::uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
+PAGEDATTN_HOST_DEVICE float bits_float(std::uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+PAGEDATTN_HOST_DEVICE float bf16_to_float(bf16_t h) {
+  return bits_float(static_cast<std::uint32_t>(h.bits) << 16);
+}
+
+PAGEDATTN_HOST_DEVICE bf16_t float_to_bf16(float f) {
+  std::uint32_t u = float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep sign, force a quiet payload bit
+    return bf16_t{static_cast<std::uint16_t>((u >> 16) | 0x0040u)};
+  }
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+  return bf16_t{static_cast<std::uint16_t>(u >> 16)};
+}
+
+PAGEDATTN_HOST_DEVICE float f16_to_float(f16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h.bits & 0x8000u) << 16;
+  std::uint32_t exp = (h.bits >> 10) & 0x1fu;
+  std::uint32_t man = h.bits & 0x3ffu;
+  if (exp == 0x1fu) return bits_float(sign | 0x7f800000u | (man << 13));  // Inf / NaN
+  if (exp == 0) {
+    if (man == 0) return bits_float(sign);  // signed zero
+    // Subnormal: value = man * 2^-24, exact in f32.
+    const float mag = static_cast<float>(man) * 5.9604644775390625e-8f;
+    return sign ? -mag : mag;
+  }
+  return bits_float(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+PAGEDATTN_HOST_DEVICE f16_t float_to_f16(float f) {
+  const std::uint32_t u = float_bits(f);
+  const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  const std::uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) {  // NaN: quiet, keep the top payload bits
+    return f16_t{static_cast<std::uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu))};
+  }
+  if (abs >= 0x477ff000u) {  // rounds to >= 65520: overflow to Inf (Inf stays Inf)
+    return f16_t{static_cast<std::uint16_t>(sign | 0x7c00u)};
+  }
+  if (abs < 0x38800000u) {  // below the smallest normal f16 (2^-14): subnormal or zero
+    if (abs < 0x33000000u) return f16_t{sign};  // below half the smallest subnormal (2^-25)
+    const std::uint32_t exp = abs >> 23;
+    const std::uint32_t man = (abs & 0x7fffffu) | 0x800000u;
+    const std::uint32_t shift = 126u - exp;  // 14..24 (13 for the f16 mantissa + the exponent gap)
+    std::uint32_t half = man >> shift;
+    const std::uint32_t rem = man & ((1u << shift) - 1u);
+    const std::uint32_t mid = 1u << (shift - 1u);
+    if (rem > mid || (rem == mid && (half & 1u))) ++half;
+    return f16_t{static_cast<std::uint16_t>(sign | half)};
+  }
+  // Normal: rebias the exponent, round the mantissa to 10 bits (a carry rolls into the exponent).
+  std::uint32_t v = abs - (112u << 23);
+  v += 0xfffu + ((v >> 13) & 1u);
+  return f16_t{static_cast<std::uint16_t>(sign | (v >> 13))};
+}
+
+// Typed load/store of one element as f32: the one place storage types meet arithmetic.
+PAGEDATTN_HOST_DEVICE float to_float(float x) { return x; }
+PAGEDATTN_HOST_DEVICE float to_float(f16_t x) { return f16_to_float(x); }
+PAGEDATTN_HOST_DEVICE float to_float(bf16_t x) { return bf16_to_float(x); }
+
+template <typename T>
+PAGEDATTN_HOST_DEVICE T from_float(float x);
+template <>
+PAGEDATTN_HOST_DEVICE float from_float<float>(float x) {
+  return x;
+}
+template <>
+PAGEDATTN_HOST_DEVICE f16_t from_float<f16_t>(float x) {
+  return float_to_f16(x);
+}
+template <>
+PAGEDATTN_HOST_DEVICE bf16_t from_float<bf16_t>(float x) {
+  return float_to_bf16(x);
+}
+
+// Runtime-typed element access, for code that is not templated on the dtype (reference, tests).
+inline float load_as_float(const void* base, DType t, std::size_t i) {
+  switch (t) {
+    case DType::kF32:
+      return static_cast<const float*>(base)[i];
+    case DType::kF16:
+      return f16_to_float(static_cast<const f16_t*>(base)[i]);
+    case DType::kBF16:
+      return bf16_to_float(static_cast<const bf16_t*>(base)[i]);
+  }
+  return 0.f;
+}
+
+inline void store_from_float(void* base, DType t, std::size_t i, float v) {
+  switch (t) {
+    case DType::kF32:
+      static_cast<float*>(base)[i] = v;
+      break;
+    case DType::kF16:
+      static_cast<f16_t*>(base)[i] = float_to_f16(v);
+      break;
+    case DType::kBF16:
+      static_cast<bf16_t*>(base)[i] = float_to_bf16(v);
+      break;
+  }
+}
+
+// Rounds a value to what dtype t holds (identity for f32).
+inline float round_to(DType t, float v) {
+  switch (t) {
+    case DType::kF32:
+      return v;
+    case DType::kF16:
+      return f16_to_float(float_to_f16(v));
+    case DType::kBF16:
+      return bf16_to_float(float_to_bf16(v));
+  }
+  return v;
+}
+
+}  // namespace pagedattn

@@ -1,0 +1,89 @@
+// pagedattn: paged decode attention. The one public header.
+//
+// For sequence b and query head h (kv = h / (num_heads / num_kv_heads)):
+//   s_t        = scale * dot(q[b,h,:], K[block_table[b, t / BS], kv, t % BS, :]),  t < L_b
+//   out[b,h,:] = sum_t softmax(s)_t * V[block_table[b, t / BS], kv, t % BS, :]
+//   lse[b,h]   = log(sum_t exp(s_t));   L_b == 0 gives out = 0 and lse = -inf.
+// See docs/architecture.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "pagedattn/dtype.hpp"
+#include "pagedattn/error.hpp"
+
+namespace pagedattn {
+
+enum class Backend { kAuto, kCpu, kCuda };
+
+// "auto", "cpu", "cuda".
+const char* backend_name(Backend b);
+// Parses "auto|cpu|cuda"; anything else is an Error naming the text.
+Backend parse_backend(const std::string& text, const std::string& argument = "backend");
+// kAuto becomes PAGEDATTN_BACKEND when that is set, else CUDA when it was built and a device is
+// present, else CPU. An explicit request for an unavailable backend throws kBackendUnavailable.
+Backend resolve_backend(Backend requested);
+// Whether the CUDA backend was built and a device is usable; `why` says what is missing.
+bool cuda_available(std::string* why = nullptr);
+
+// Head dims with kernels. block_size may be anything in [1, kMaxBlockSize]; the GQA group
+// (num_heads / num_kv_heads) anything in [1, kMaxGroupSize].
+inline constexpr int kSupportedHeadDims[] = {64, 80, 96, 112, 128, 192, 256};
+inline constexpr int kMaxBlockSize = 256;
+inline constexpr int kMaxGroupSize = 64;
+
+// One decode step. Shapes:
+//   q, out:       [batch][num_heads][head_dim]
+//   k/v_cache:    [num_blocks][num_kv_heads][block_size][head_dim]
+//   block_table:  int32 [batch][block_table_stride], the first max_blocks_per_seq entries used
+//   context_lens: int32 [batch]
+//   lse:          f32 [batch][num_heads] (optional)
+// For the CPU backend every pointer is host memory; for the CUDA backend, device memory.
+struct DecodeArgs {
+  int batch = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 0;
+  int num_blocks = 0;          // size of the cache pool (valid ids are [0, num_blocks))
+  int max_blocks_per_seq = 0;  // table entries per sequence
+  int block_table_stride = 0;  // elements between table rows; 0 means max_blocks_per_seq
+
+  const void* q = nullptr;
+  DType q_dtype = DType::kF32;
+  const void* k_cache = nullptr;
+  DType k_dtype = DType::kF32;
+  const void* v_cache = nullptr;
+  DType v_dtype = DType::kF32;
+  const std::int32_t* block_table = nullptr;
+  const std::int32_t* context_lens = nullptr;
+  void* out = nullptr;
+  DType out_dtype = DType::kF32;
+  float* lse = nullptr;        // optional
+  std::optional<float> scale;  // default 1 / sqrt(head_dim)
+
+  int table_stride() const { return block_table_stride ? block_table_stride : max_blocks_per_seq; }
+  int group_size() const { return num_kv_heads > 0 ? num_heads / num_kv_heads : 0; }
+  float effective_scale() const;
+};
+
+struct DecodeOptions {
+  Backend backend = Backend::kAuto;
+  int num_threads = 0;  // CPU: worker threads; 0 uses OpenMP's default
+  // CUDA: the cudaStream_t to run on (nullptr = the default stream) and an optional device
+  // workspace of at least workspace_size() bytes; without one the library keeps its own.
+  void* cuda_stream = nullptr;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  // One work item per (sequence, kv head), no split-KV: used to check that the split plan does
+  // not change results. Slower on long contexts.
+  bool single_split = false;
+};
+
+// Runs decode attention. Throws pagedattn::Error on bad input, before writing anything.
+void decode(const DecodeArgs& args, const DecodeOptions& options = {});
+
+}  // namespace pagedattn

@@ -1,0 +1,59 @@
+// The split plan: which blocks each work item covers. Both backends execute the same plan:
+// every item (sequence, kv head, split) folds its block range into partial softmax states
+// (m, l, acc) for the G query heads of its group, then a combine merges the splits of each
+// (sequence, query head) and finalizes out and lse.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace pagedattn {
+
+struct WorkItem {
+  int seq;
+  int kv_head;
+  int split;        // index among this sequence's splits
+  int block_begin;  // logical blocks [block_begin, block_end) of the sequence
+  int block_end;
+};
+
+struct PlanOptions {
+  int parallelism = 1;         // work items that keep the machine busy (threads, SMs x CTAs)
+  int min_chunk_tokens = 256;  // a split never covers fewer tokens (amortizes the combine)
+  int max_splits_per_seq = 64;
+  bool single_split = false;  // one split per sequence
+};
+
+struct SplitPlan {
+  int batch = 0;
+  int num_kv_heads = 0;
+  int block_size = 0;
+  int chunk_blocks = 0;           // logical blocks per split (the last split may hold fewer)
+  std::vector<int> num_splits;    // per sequence; 0 for an empty context
+  std::vector<int> split_offset;  // prefix sums of num_splits, batch + 1 entries
+  std::vector<WorkItem> items;    // ordered by (seq, kv_head, split)
+
+  int total_splits() const { return split_offset.empty() ? 0 : split_offset.back(); }
+  // Index of the partial state of (seq, split, query head) in a partials buffer.
+  std::int64_t partial_index(int seq, int split, int head, int num_heads) const {
+    return static_cast<std::int64_t>(split_offset[seq] + split) * num_heads + head;
+  }
+  // Partial states the plan needs (each has m, l and head_dim accumulator floats).
+  std::int64_t num_partials(int num_heads) const {
+    return static_cast<std::int64_t>(total_splits()) * num_heads;
+  }
+};
+
+// Plans `batch` sequences of context_lens (host memory, already validated). One chunk size for
+// the whole batch, so a long sequence gets many splits and a short one few: a skewed batch does
+// not wait on one long split.
+SplitPlan make_split_plan(const std::int32_t* context_lens, int batch, int num_kv_heads,
+                          int block_size, const PlanOptions& options);
+
+// The chunk size (in blocks) the planner picks for a batch whose largest context is
+// max_blocks and whose total blocks (summed over sequences) is total_blocks.
+int choose_chunk_blocks(std::int64_t total_blocks, int max_blocks, int num_kv_heads, int block_size,
+                        const PlanOptions& options);
+
+}  // namespace pagedattn

@@ -1,0 +1,17 @@
+// Linked when the library is built without the CUDA backend (PAGEDATTN_CUDA=OFF or no nvcc).
+#include "pagedattn/detail/backends.hpp"
+
+namespace pagedattn::detail::cuda {
+
+bool available(std::string* why) {
+  if (why)
+    *why = "this build of pagedattn has no CUDA backend (configure with -DPAGEDATTN_CUDA=ON)";
+  return false;
+}
+
+void decode(const DecodeArgs&, const DecodeOptions&) {
+  fail(ErrorCode::kBackendUnavailable, "backend", "cuda",
+       "unavailable: this build of pagedattn has no CUDA backend");
+}
+
+}  // namespace pagedattn::detail::cuda

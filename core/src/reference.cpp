@@ -1,0 +1,58 @@
+#include "pagedattn/reference.hpp"
+
+#include <Eigen/Dense>
+#include <cmath>
+#include <limits>
+
+#include "pagedattn/cache_layout.hpp"
+#include "pagedattn/validate.hpp"
+
+namespace pagedattn {
+
+ReferenceResult reference_decode(const DecodeArgs& a) {
+  validate_shapes(a);
+  if (a.batch > 0) validate_tables(a, a.context_lens, a.block_table);
+
+  const int H = a.num_heads, D = a.head_dim, G = a.group_size();
+  const CacheLayout layout = CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, D);
+  const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
+  const double scale = a.scale ? static_cast<double>(*a.scale) : 1.0 / std::sqrt(double(D));
+
+  ReferenceResult r;
+  r.out.assign(static_cast<std::size_t>(a.batch) * H * D, 0.0);
+  r.lse.assign(static_cast<std::size_t>(a.batch) * H, -std::numeric_limits<double>::infinity());
+
+  for (int b = 0; b < a.batch; ++b) {
+    const int L = a.context_lens[b];
+    if (L == 0) continue;  // out = 0, lse = -inf
+    for (int kv = 0; kv < a.num_kv_heads; ++kv) {
+      // Gather this sequence's keys and values: one row per token.
+      Eigen::MatrixXd K(L, D), V(L, D);
+      for (int t = 0; t < L; ++t) {
+        const std::int64_t base =
+            layout.offset(table.block(b, t / a.block_size), kv, t % a.block_size);
+        for (int d = 0; d < D; ++d) {
+          K(t, d) = load_as_float(a.k_cache, a.k_dtype, base + d);
+          V(t, d) = load_as_float(a.v_cache, a.v_dtype, base + d);
+        }
+      }
+      for (int g = 0; g < G; ++g) {
+        const int h = kv * G + g;
+        Eigen::VectorXd q(D);
+        for (int d = 0; d < D; ++d) {
+          q(d) = load_as_float(a.q, a.q_dtype, (static_cast<std::size_t>(b) * H + h) * D + d);
+        }
+        const Eigen::VectorXd s = scale * (K * q);  // logits
+        const double m = s.maxCoeff();
+        const Eigen::VectorXd p = (s.array() - m).exp().matrix();
+        const double l = p.sum();
+        const Eigen::VectorXd o = V.transpose() * p / l;
+        for (int d = 0; d < D; ++d) r.out[(static_cast<std::size_t>(b) * H + h) * D + d] = o(d);
+        r.lse[static_cast<std::size_t>(b) * H + h] = m + std::log(l);
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace pagedattn

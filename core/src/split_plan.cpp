@@ -1,0 +1,60 @@
+#include "pagedattn/split_plan.hpp"
+
+#include <algorithm>
+
+#include "pagedattn/cache_layout.hpp"
+
+namespace pagedattn {
+
+int choose_chunk_blocks(std::int64_t total_blocks, int max_blocks, int num_kv_heads, int block_size,
+                        const PlanOptions& o) {
+  if (max_blocks <= 0) return 1;
+  if (o.single_split) return max_blocks;
+  // Enough items to fill the machine: kv_heads * total_blocks / chunk ~= parallelism.
+  const std::int64_t work = total_blocks * std::max(num_kv_heads, 1);
+  const std::int64_t parallel = std::max(o.parallelism, 1);
+  std::int64_t chunk = (work + parallel - 1) / parallel;
+  // Not so small that the combine costs more than the split saves.
+  chunk = std::max<std::int64_t>(chunk, blocks_for(std::max(o.min_chunk_tokens, 1), block_size));
+  // Bounded splits per sequence keep the partials buffer small.
+  const int max_splits = std::max(o.max_splits_per_seq, 1);
+  chunk = std::max<std::int64_t>(chunk, (max_blocks + max_splits - 1) / max_splits);
+  return static_cast<int>(std::min<std::int64_t>(chunk, max_blocks));
+}
+
+SplitPlan make_split_plan(const std::int32_t* context_lens, int batch, int num_kv_heads,
+                          int block_size, const PlanOptions& options) {
+  SplitPlan plan;
+  plan.batch = batch;
+  plan.num_kv_heads = num_kv_heads;
+  plan.block_size = block_size;
+  std::int64_t total_blocks = 0;
+  int max_blocks = 0;
+  for (int b = 0; b < batch; ++b) {
+    const int nb = blocks_for(context_lens[b], block_size);
+    total_blocks += nb;
+    max_blocks = std::max(max_blocks, nb);
+  }
+  plan.chunk_blocks =
+      choose_chunk_blocks(total_blocks, max_blocks, num_kv_heads, block_size, options);
+  plan.num_splits.resize(batch);
+  plan.split_offset.assign(batch + 1, 0);
+  for (int b = 0; b < batch; ++b) {
+    const int nb = blocks_for(context_lens[b], block_size);
+    plan.num_splits[b] = (nb + plan.chunk_blocks - 1) / plan.chunk_blocks;
+    plan.split_offset[b + 1] = plan.split_offset[b] + plan.num_splits[b];
+  }
+  plan.items.reserve(static_cast<std::size_t>(plan.total_splits()) * num_kv_heads);
+  for (int b = 0; b < batch; ++b) {
+    const int nb = blocks_for(context_lens[b], block_size);
+    for (int kv = 0; kv < num_kv_heads; ++kv) {
+      for (int s = 0; s < plan.num_splits[b]; ++s) {
+        const int begin = s * plan.chunk_blocks;
+        plan.items.push_back({b, kv, s, begin, std::min(begin + plan.chunk_blocks, nb)});
+      }
+    }
+  }
+  return plan;
+}
+
+}  // namespace pagedattn

@@ -1,0 +1,131 @@
+#include "pagedattn/validate.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "pagedattn/cache_layout.hpp"
+
+namespace pagedattn {
+namespace {
+
+std::string supported_head_dims_text() {
+  std::ostringstream os;
+  os << "unsupported (supported:";
+  for (int d : kSupportedHeadDims) os << ' ' << d;
+  os << ')';
+  return os.str();
+}
+
+void require_positive(const char* name, int v) {
+  if (v <= 0) fail(ErrorCode::kInvalidArgument, name, v, "must be positive");
+}
+
+void require_non_null(const char* name, const void* p) {
+  if (p == nullptr) fail(ErrorCode::kInvalidArgument, name, "null", "pointer must not be null");
+}
+
+void require_dtype(const char* name, DType t) {
+  if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) {
+    fail(ErrorCode::kInvalidArgument, name, static_cast<int>(t), "not a DType");
+  }
+}
+
+}  // namespace
+
+bool is_supported_head_dim(int head_dim) {
+  for (int d : kSupportedHeadDims) {
+    if (d == head_dim) return true;
+  }
+  return false;
+}
+
+void validate_shapes(const DecodeArgs& a) {
+  if (a.batch < 0) fail(ErrorCode::kInvalidArgument, "batch", a.batch, "must not be negative");
+  require_positive("num_heads", a.num_heads);
+  require_positive("num_kv_heads", a.num_kv_heads);
+  if (a.num_heads % a.num_kv_heads != 0) {
+    std::ostringstream v;
+    v << a.num_heads << " (num_kv_heads = " << a.num_kv_heads << ")";
+    fail(ErrorCode::kInvalidArgument, "num_heads", v.str(), "must be a multiple of num_kv_heads");
+  }
+  if (a.group_size() > kMaxGroupSize) {
+    std::ostringstream v;
+    v << a.group_size() << " (num_heads " << a.num_heads << " / num_kv_heads " << a.num_kv_heads
+      << ")";
+    fail(ErrorCode::kUnsupported, "group_size", v.str(),
+         "unsupported (at most " + std::to_string(kMaxGroupSize) + " query heads per kv head)");
+  }
+  if (!is_supported_head_dim(a.head_dim)) {
+    fail(ErrorCode::kUnsupported, "head_dim", a.head_dim, supported_head_dims_text());
+  }
+  if (a.block_size < 1 || a.block_size > kMaxBlockSize) {
+    fail(ErrorCode::kUnsupported, "block_size", a.block_size,
+         "unsupported (supported: 1 to " + std::to_string(kMaxBlockSize) + ")");
+  }
+  if (a.num_blocks < 0) {
+    fail(ErrorCode::kInvalidArgument, "num_blocks", a.num_blocks, "must not be negative");
+  }
+  if (a.max_blocks_per_seq < 0) {
+    fail(ErrorCode::kInvalidArgument, "max_blocks_per_seq", a.max_blocks_per_seq,
+         "must not be negative");
+  }
+  if (a.block_table_stride != 0 && a.block_table_stride < a.max_blocks_per_seq) {
+    std::ostringstream v;
+    v << a.block_table_stride << " (max_blocks_per_seq = " << a.max_blocks_per_seq << ")";
+    fail(ErrorCode::kInvalidArgument, "block_table_stride", v.str(),
+         "must be 0 or at least max_blocks_per_seq");
+  }
+  if (static_cast<std::int64_t>(a.max_blocks_per_seq) * a.block_size > INT32_MAX) {
+    fail(ErrorCode::kInvalidArgument, "max_blocks_per_seq", a.max_blocks_per_seq,
+         "times block_size exceeds the int32 context range");
+  }
+  require_dtype("q_dtype", a.q_dtype);
+  require_dtype("k_dtype", a.k_dtype);
+  require_dtype("v_dtype", a.v_dtype);
+  require_dtype("out_dtype", a.out_dtype);
+  if (a.k_dtype != a.v_dtype) {
+    fail(ErrorCode::kUnsupported, "v_dtype", dtype_name(a.v_dtype),
+         std::string("must equal k_dtype (") + dtype_name(a.k_dtype) + ")");
+  }
+  if (a.scale && !std::isfinite(*a.scale)) {
+    fail(ErrorCode::kInvalidArgument, "scale", *a.scale, "must be finite");
+  }
+  if (a.batch == 0) return;  // a no-op: nothing is read or written
+  require_non_null("q", a.q);
+  require_non_null("k_cache", a.k_cache);
+  require_non_null("v_cache", a.v_cache);
+  require_non_null("block_table", a.block_table);
+  require_non_null("context_lens", a.context_lens);
+  require_non_null("out", a.out);
+}
+
+void validate_tables(const DecodeArgs& a, const std::int32_t* context_lens,
+                     const std::int32_t* block_table) {
+  const std::int64_t capacity = static_cast<std::int64_t>(a.max_blocks_per_seq) * a.block_size;
+  const BlockTableView table{block_table, a.max_blocks_per_seq, a.table_stride()};
+  for (int b = 0; b < a.batch; ++b) {
+    const int len = context_lens[b];
+    if (len < 0 || len > capacity) {
+      std::ostringstream v;
+      v << "context_lens[" << b << "]";
+      fail(ErrorCode::kOutOfRange, v.str(), len,
+           "out of range [0, " + std::to_string(capacity) + "] (max_blocks_per_seq * block_size)");
+    }
+    const int used = blocks_for(len, a.block_size);
+    for (int i = 0; i < used; ++i) {
+      const std::int32_t id = table.block(b, i);
+      if (id < 0 || id >= a.num_blocks) {
+        std::ostringstream arg;
+        arg << "block_table[" << b << "][" << i << "]";
+        fail(ErrorCode::kOutOfRange, arg.str(), id,
+             "block id out of range [0, " + std::to_string(a.num_blocks) +
+                 ") (num_blocks) inside context_lens[" + std::to_string(b) +
+                 "] = " + std::to_string(len));
+      }
+    }
+  }
+}
+
+}  // namespace pagedattn

@@ -1,0 +1,7 @@
+// ItemKernel for SSE2, the portable x86-64 baseline.
+#include "item_kernel_impl.hpp"
+
+namespace pagedattn::detail::cpu {
+template void ItemKernel::operator()<xsimd::sse2>(xsimd::sse2, const ItemContext&, const WorkItem&,
+                                                  float*, float*, float*, ItemScratch) const;
+}  // namespace pagedattn::detail::cpu

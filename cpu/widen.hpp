@@ -1,0 +1,77 @@
+// Loads of one SIMD batch of f32 from each storage type. xsimd 8.1 has no f16/bf16 batches, so
+// the 16-bit types are widened by hand per instruction set: F16C for f16, a 16-bit shift for bf16.
+#pragma once
+
+#include <immintrin.h>
+
+#include <xsimd/xsimd.hpp>
+
+#include "pagedattn/dtype.hpp"
+
+namespace pagedattn::detail::cpu {
+namespace {
+
+template <class Arch>
+using fbatch = xsimd::batch<float, Arch>;
+
+template <class Arch>
+struct Widen {
+  // Portable fallback: convert element by element into an aligned buffer.
+  template <class T>
+  static fbatch<Arch> load(const T* p) {
+    alignas(64) float tmp[fbatch<Arch>::size];
+    for (std::size_t i = 0; i < fbatch<Arch>::size; ++i) tmp[i] = to_float(p[i]);
+    return fbatch<Arch>::load_aligned(tmp);
+  }
+  static fbatch<Arch> load(const float* p) { return fbatch<Arch>::load_unaligned(p); }
+};
+
+#if XSIMD_WITH_SSE2
+template <>
+struct Widen<xsimd::sse2> {
+  using A = xsimd::sse2;
+  static fbatch<A> load(const float* p) { return fbatch<A>::load_unaligned(p); }
+  static fbatch<A> load(const bf16_t* p) {
+    const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), x));  // bits << 16
+  }
+  static fbatch<A> load(const f16_t* p) {
+    alignas(16) float tmp[4];
+    for (int i = 0; i < 4; ++i) tmp[i] = f16_to_float(p[i]);
+    return fbatch<A>::load_aligned(tmp);
+  }
+};
+#endif
+
+#if XSIMD_WITH_AVX2 && XSIMD_WITH_FMA3_AVX2 && defined(__F16C__)
+template <>
+struct Widen<xsimd::fma3<xsimd::avx2>> {
+  using A = xsimd::fma3<xsimd::avx2>;
+  static fbatch<A> load(const float* p) { return fbatch<A>::load_unaligned(p); }
+  static fbatch<A> load(const bf16_t* p) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
+  }
+  static fbatch<A> load(const f16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+};
+#endif
+
+#if XSIMD_WITH_AVX512BW
+template <>
+struct Widen<xsimd::avx512bw> {
+  using A = xsimd::avx512bw;
+  static fbatch<A> load(const float* p) { return fbatch<A>::load_unaligned(p); }
+  static fbatch<A> load(const bf16_t* p) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+  }
+  static fbatch<A> load(const f16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+};
+#endif
+
+}  // namespace
+}  // namespace pagedattn::detail::cpu

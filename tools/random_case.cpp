@@ -1,0 +1,207 @@
+#include "random_case.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <sstream>
+
+#include "device_roundtrip.hpp"
+#include "pagedattn/cache_layout.hpp"
+#include "pagedattn/reference.hpp"
+
+namespace pagedattn::testkit {
+namespace {
+
+void fill_random(std::vector<std::uint8_t>& buf, DType t, std::size_t n, float scale,
+                 std::mt19937_64& rng) {
+  buf.assign(n * dtype_size(t), 0);
+  std::normal_distribution<float> dist(0.f, scale);
+  for (std::size_t i = 0; i < n; ++i) store_from_float(buf.data(), t, i, dist(rng));
+}
+
+}  // namespace
+
+HostCase make_case(const CaseSpec& spec) {
+  HostCase c;
+  c.spec = spec;
+  std::mt19937_64 rng(spec.seed);
+  const int B = spec.batch, H = spec.num_heads, KV = spec.num_kv_heads, D = spec.head_dim,
+            BS = spec.block_size;
+  c.context_lens.assign(spec.context_lens.begin(), spec.context_lens.end());
+  c.context_lens.resize(B, 0);
+  int max_used = 0, total_used = 0;
+  for (int L : c.context_lens) {
+    max_used = std::max(max_used, blocks_for(L, BS));
+    total_used += blocks_for(L, BS);
+  }
+  c.max_blocks_per_seq = max_used + spec.table_padding;
+  c.table_stride = c.max_blocks_per_seq + spec.table_stride_extra;
+  c.num_blocks = total_used + spec.spare_blocks;
+
+  // Physical ids: a permutation of the pool; the first total_used go to the sequences.
+  std::vector<std::int32_t> pool(c.num_blocks);
+  std::iota(pool.begin(), pool.end(), 0);
+  if (spec.fragmented) std::shuffle(pool.begin(), pool.end(), rng);
+  c.block_table.assign(static_cast<std::size_t>(B) * c.table_stride, -1);
+  std::vector<char> owned(c.num_blocks, 0);
+  int next = 0;
+  for (int b = 0; b < B; ++b) {
+    const int used = blocks_for(c.context_lens[b], BS);
+    for (int i = 0; i < used; ++i) {
+      std::int32_t id = pool[next++];
+      // Prefix sharing: reuse sequence 0's block at the same position.
+      if (spec.share_prefix && b > 0 && i < blocks_for(c.context_lens[0], BS) - 1 && (rng() & 1)) {
+        id = c.block_table[i];
+      }
+      c.block_table[static_cast<std::size_t>(b) * c.table_stride + i] = id;
+    }
+    // Past the context: -1 or garbage ids, which must never be read.
+    for (int i = used; i < c.table_stride && spec.poison; ++i) {
+      const int kind = static_cast<int>(rng() % 3);
+      c.block_table[static_cast<std::size_t>(b) * c.table_stride + i] =
+          kind == 0   ? -1
+          : kind == 1 ? std::numeric_limits<std::int32_t>::max() - 7
+                      : static_cast<std::int32_t>(rng() % 1000000) - 500000;
+    }
+  }
+
+  const CacheLayout layout = CacheLayout::dense(c.num_blocks, KV, BS, D);
+  fill_random(c.q, spec.q_dtype, static_cast<std::size_t>(B) * H * D, spec.magnitude, rng);
+  fill_random(c.k, spec.kv_dtype, layout.elements(), spec.magnitude, rng);
+  fill_random(c.v, spec.kv_dtype, layout.elements(), 1.f, rng);
+
+  if (spec.poison) {
+    // Mark every (block, slot) some sequence reads; poison all others with NaN.
+    std::vector<char> readable(static_cast<std::size_t>(c.num_blocks) * BS, 0);
+    for (int b = 0; b < B; ++b) {
+      for (int t = 0; t < c.context_lens[b]; ++t) {
+        const int id = c.block_table[static_cast<std::size_t>(b) * c.table_stride + t / BS];
+        readable[static_cast<std::size_t>(id) * BS + t % BS] = 1;
+      }
+    }
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int blk = 0; blk < c.num_blocks; ++blk) {
+      for (int slot = 0; slot < BS; ++slot) {
+        if (readable[static_cast<std::size_t>(blk) * BS + slot]) continue;
+        for (int kv = 0; kv < KV; ++kv) {
+          const std::int64_t base = layout.offset(blk, kv, slot);
+          for (int d = 0; d < D; ++d) {
+            store_from_float(c.k.data(), spec.kv_dtype, base + d, nan);
+            store_from_float(c.v.data(), spec.kv_dtype, base + d, nan);
+          }
+        }
+      }
+    }
+  }
+  c.out.assign(static_cast<std::size_t>(B) * H * D * dtype_size(spec.out_dtype), 0);
+  c.lse.assign(static_cast<std::size_t>(B) * H, 0.f);
+  c.poison_outputs();
+  return c;
+}
+
+DecodeArgs HostCase::args() {
+  DecodeArgs a;
+  a.batch = spec.batch;
+  a.num_heads = spec.num_heads;
+  a.num_kv_heads = spec.num_kv_heads;
+  a.head_dim = spec.head_dim;
+  a.block_size = spec.block_size;
+  a.num_blocks = num_blocks;
+  a.max_blocks_per_seq = max_blocks_per_seq;
+  a.block_table_stride = table_stride;
+  a.q = q.data();
+  a.q_dtype = spec.q_dtype;
+  a.k_cache = k.data();
+  a.v_cache = v.data();
+  a.k_dtype = a.v_dtype = spec.kv_dtype;
+  a.block_table = block_table.data();
+  a.context_lens = context_lens.data();
+  a.out = out.data();
+  a.out_dtype = spec.out_dtype;
+  a.lse = lse.data();
+  return a;
+}
+
+void HostCase::poison_outputs() {
+  std::fill(out.begin(), out.end(), 0xff);  // NaN in f32, f16 and bf16 alike
+  std::fill(lse.begin(), lse.end(), std::numeric_limits<float>::quiet_NaN());
+}
+
+Backend run_decode(HostCase& c, const DecodeOptions& options) {
+  const Backend backend = resolve_backend(options.backend);
+  DecodeOptions o = options;
+  o.backend = backend;
+  if (backend == Backend::kCuda) {
+    cuda_decode_from_host(c.args(), o);
+  } else {
+    decode(c.args(), o);
+  }
+  return backend;
+}
+
+Comparison compare_with_reference(HostCase& c) {
+  const ReferenceResult ref = reference_decode(c.args());
+  Comparison r;
+  r.ref_scale = 1e-30;
+  const int D = c.spec.head_dim;
+  for (std::size_t i = 0; i < ref.out.size(); ++i) {
+    r.ref_scale = std::max(r.ref_scale, std::fabs(ref.out[i]));
+    const double got = load_as_float(c.out.data(), c.spec.out_dtype, i);
+    if (!std::isfinite(got)) {
+      if (r.all_finite) {
+        std::ostringstream os;
+        os << "out[" << i / D / c.spec.num_heads << "][" << (i / D) % c.spec.num_heads << "]["
+           << i % D << "] = " << got;
+        r.first_bad = os.str();
+      }
+      r.all_finite = false;
+      continue;
+    }
+    r.max_abs_err_out = std::max(r.max_abs_err_out, std::fabs(got - ref.out[i]));
+  }
+  for (std::size_t i = 0; i < ref.lse.size(); ++i) {
+    const double got = c.lse[i], want = ref.lse[i];
+    if (std::isnan(got)) {
+      if (r.all_finite) r.first_bad = "lse[" + std::to_string(i) + "] = nan";
+      r.all_finite = false;
+    } else if (std::isinf(want) || std::isinf(got)) {
+      if (got != want) r.max_abs_err_lse = std::numeric_limits<double>::infinity();
+    } else {
+      r.max_abs_err_lse = std::max(r.max_abs_err_lse, std::fabs(got - want));
+    }
+  }
+  return r;
+}
+
+// The reference reads the same rounded inputs, so the error is f32 arithmetic (about 1e-6 of the
+// output scale) plus the final rounding to the output dtype: half an ulp, 2^-11 of |out| for f16
+// and 2^-8 for bf16, doubled for headroom.
+double out_tolerance(DType out_dtype) {
+  switch (out_dtype) {
+    case DType::kF32:
+      return 2e-5;
+    case DType::kF16:
+      return 1e-3;
+    case DType::kBF16:
+      return 8e-3;
+  }
+  return 0;
+}
+// lse is computed and stored in f32: m + log(l) with l summed in f32.
+double lse_tolerance() { return 1e-4; }
+
+std::string describe(const CaseSpec& s) {
+  std::ostringstream os;
+  os << "B=" << s.batch << " H=" << s.num_heads << " KV=" << s.num_kv_heads << " D=" << s.head_dim
+     << " BS=" << s.block_size << " q=" << dtype_name(s.q_dtype) << " kv=" << dtype_name(s.kv_dtype)
+     << " out=" << dtype_name(s.out_dtype) << " seed=" << s.seed << " ctx=[";
+  for (std::size_t i = 0; i < s.context_lens.size() && i < 8; ++i) {
+    os << (i ? "," : "") << s.context_lens[i];
+  }
+  if (s.context_lens.size() > 8) os << ",...";
+  os << "]";
+  return os.str();
+}
+
+}  // namespace pagedattn::testkit

@@ -1,0 +1,74 @@
+// Random paged-attention cases in host memory: fragmented block tables over an oversized pool,
+// -1 and garbage past each context, NaN in every cache slot no sequence may read. Shared by the
+// tests, the fuzzer, the benchmark and the demo.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pagedattn/pagedattn.hpp"
+
+namespace pagedattn::testkit {
+
+struct CaseSpec {
+  int batch = 1;
+  int num_heads = 8;
+  int num_kv_heads = 2;
+  int head_dim = 64;
+  int block_size = 16;
+  std::vector<int> context_lens;  // one per sequence
+  DType q_dtype = DType::kF32;
+  DType kv_dtype = DType::kF32;
+  DType out_dtype = DType::kF32;
+  int spare_blocks = 3;        // pool blocks no sequence owns (poisoned)
+  int table_padding = 0;       // table entries past the largest context's blocks
+  int table_stride_extra = 0;  // row stride - max_blocks_per_seq
+  bool fragmented = true;      // random permutation of the pool; else blocks in order
+  bool share_prefix = false;   // sequences may share their first blocks (prefix caching)
+  bool poison = true;          // NaN in unreadable slots, -1 / garbage past each context
+  float magnitude = 1.f;       // q and k scale: logits grow with magnitude^2
+  std::uint64_t seed = 1;
+};
+
+struct HostCase {
+  CaseSpec spec;
+  int num_blocks = 0;
+  int max_blocks_per_seq = 0;
+  int table_stride = 0;
+  std::vector<std::uint8_t> q, k, v, out;
+  std::vector<std::int32_t> block_table, context_lens;
+  std::vector<float> lse;
+
+  // DecodeArgs over this case's buffers (out and lse included).
+  DecodeArgs args();
+  // Fills out and lse with NaN, so an unwritten element shows.
+  void poison_outputs();
+};
+
+HostCase make_case(const CaseSpec& spec);
+
+// Relative-to-scale comparison of a backend's out/lse with the f64 reference.
+struct Comparison {
+  double max_abs_err_out = 0;  // max |out - ref|
+  double ref_scale = 0;        // max |ref out|, at least 1e-30
+  double max_abs_err_lse = 0;  // over finite reference lse; inf when -inf/finite disagree
+  bool all_finite = true;      // every output element finite and written
+  std::string first_bad;       // where the first non-finite or mismatched element is
+  double rel_err() const { return max_abs_err_out / ref_scale; }
+};
+Comparison compare_with_reference(HostCase& c);
+
+// Runs decode over the case on options.backend (resolved as decode() does); the CUDA backend
+// gets device copies of the buffers and its results are copied back. Returns the backend used.
+Backend run_decode(HostCase& c, const DecodeOptions& options = {});
+
+// Tolerance on rel_err (|out - ref| / max|ref|) for an output dtype, with the reason in docs.
+double out_tolerance(DType out_dtype);
+// Tolerance on |lse - ref lse| (lse is always f32).
+double lse_tolerance();
+
+std::string describe(const CaseSpec& spec);
+
+}  // namespace pagedattn::testkit
