@@ -6,6 +6,7 @@
 #include <xsimd/xsimd.hpp>
 
 #include "pagedattn/cache_layout.hpp"
+#include "pagedattn/detail/fault_injection.hpp"
 #include "pagedattn/dtype.hpp"
 #include "pagedattn/split_plan.hpp"
 
@@ -22,6 +23,7 @@ struct ItemContext {
   const std::int32_t* context_lens;
   int num_heads;
   int group_size;
+  Fault fault;  // test-only planted bug (kNone in production)
 };
 
 // Per-thread scratch: scores and weights for one block of the whole group.

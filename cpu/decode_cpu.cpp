@@ -90,6 +90,8 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   ctx.context_lens = a.context_lens;
   ctx.num_heads = H;
   ctx.group_size = G;
+  ctx.fault = active_fault();
+  const int dropped_splits = ctx.fault == Fault::kDropSplit ? 1 : 0;
 
   const std::int64_t num_items = static_cast<std::int64_t>(plan.items.size());
   const std::int64_t num_rows = static_cast<std::int64_t>(a.batch) * H;
@@ -111,7 +113,9 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
       const int b = static_cast<int>(row / H), h = static_cast<int>(row % H);
       SoftmaxState state = SoftmaxState::empty();
       std::fill(merged.begin(), merged.end(), 0.f);
-      for (int s = 0; s < plan.num_splits[b]; ++s) {
+      const int splits =
+          plan.num_splits[b] > 1 ? plan.num_splits[b] - dropped_splits : plan.num_splits[b];
+      for (int s = 0; s < splits; ++s) {
         const std::int64_t p = plan.partial_index(b, s, h, H);
         softmax_merge(state, merged.data(), SoftmaxState{part_m[p], part_l[p]}, &part_acc[p * D],
                       D);

@@ -48,8 +48,11 @@ void run_item(const ItemContext& c, const WorkItem& it, float* m, float* l, floa
 
   for (int blk = it.block_begin; blk < it.block_end; ++blk) {
     const int id = c.table.block(it.seq, blk);
-    const int n = valid_in_block(L, BS, blk);
-    const std::int64_t base = c.layout.offset(id, it.kv_head, 0);
+    int n = valid_in_block(L, BS, blk);
+    int kv = it.kv_head;
+    if (c.fault == Fault::kLastBlockOffByOne && n < BS) ++n;
+    if (c.fault == Fault::kWrongKvHead && kv == 1) kv = 0;
+    const std::int64_t base = c.layout.offset(id, kv, 0);
     const T* kb = k_cache + base;
     const T* vb = v_cache + base;
 

@@ -1,0 +1,32 @@
+// The CUDA side of pagedattn-bench: the GPU read ceiling and the timing of one shape. Built from
+// cuda_timing.cu when the CUDA backend is, else from cuda_timing_unavailable.cpp.
+#pragma once
+
+#include "pagedattn/pagedattn.hpp"
+
+namespace pagedattn::bench {
+
+struct Shape {
+  int batch, heads, kv_heads, head_dim, context, block_size;
+};
+
+struct CudaTimingOptions {
+  bool graph = true;        // time CUDA-graph replays (false: plain launches)
+  bool contiguous = false;  // block tables in order instead of a random permutation
+  int min_iterations = 50;
+};
+
+struct Timing {
+  double ms;       // median time of one decode step
+  double rel_err;  // max |out - ref| / max |ref| against the f64 reference
+};
+
+// Streaming-read ceiling of the current GPU in GB/s (16-byte loads, several in flight, a buffer
+// far larger than L2, best grid).
+double cuda_read_ceiling_gbps();
+
+// Times decode on the CUDA backend for one shape (every sequence at `context` tokens), with
+// inputs rotated across more than the L2 size.
+Timing cuda_time_shape(const Shape& shape, DType dtype, const CudaTimingOptions& options);
+
+}  // namespace pagedattn::bench
