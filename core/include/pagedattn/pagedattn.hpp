@@ -87,3 +87,5 @@ struct DecodeOptions {
 void decode(const DecodeArgs& args, const DecodeOptions& options = {});
 
 }  // namespace pagedattn
+
+#include "pagedattn/cache_ops.hpp"

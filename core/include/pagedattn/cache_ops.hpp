@@ -1,0 +1,80 @@
+// Writing into the paged cache: append the K and V of new tokens through a slot mapping, and copy
+// whole blocks (the copy half of copy-on-write). Both use the decode cache layout
+//   k/v_cache: [num_blocks][num_kv_heads][block_size][head_dim]
+// and a slot names one token position of the pool: slot = block * block_size + offset.
+// See docs/cache.md.
+#pragma once
+
+#include <cstdint>
+
+#include "pagedattn/pagedattn.hpp"
+
+namespace pagedattn {
+
+// Cache writes: token i's key and value go to slot_mapping[i]; slot -1 skips the token.
+// Shapes:
+//   key, value:   [num_tokens][num_kv_heads][head_dim] (rows src_token_stride elements apart)
+//   slot_mapping: int32 [num_tokens], each -1 or in [0, num_blocks * block_size)
+// Slots of one call must be distinct (tokens are written in parallel). The new tokens' dtype may
+// differ from the cache's: values are converted through f32, rounding to nearest even.
+// For the CPU backend every pointer is host memory; for the CUDA backend, device memory.
+struct CacheWriteArgs {
+  int num_tokens = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 0;
+  int num_blocks = 0;  // size of the cache pool
+
+  const void* key = nullptr;
+  const void* value = nullptr;
+  DType src_dtype = DType::kF32;
+  std::int64_t src_token_stride = 0;  // elements between tokens; 0 means num_kv_heads * head_dim
+  const std::int32_t* slot_mapping = nullptr;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  DType cache_dtype = DType::kF32;
+
+  std::int64_t token_stride() const {
+    return src_token_stride ? src_token_stride : static_cast<std::int64_t>(num_kv_heads) * head_dim;
+  }
+};
+
+// One block copy: every kv head and slot of block `src` to block `dst`, in K and in V.
+struct BlockCopy {
+  std::int32_t src = 0;
+  std::int32_t dst = 0;
+};
+
+// Block copies. `pairs` is host memory for both backends (the block manager produces it on the
+// host); the caches follow the backend. A dst must not appear twice nor be any pair's src.
+struct CopyBlocksArgs {
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 0;
+  int num_blocks = 0;
+
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  DType cache_dtype = DType::kF32;
+  const BlockCopy* pairs = nullptr;
+  int num_pairs = 0;
+};
+
+struct CacheOpOptions {
+  Backend backend = Backend::kAuto;  // resolved as for decode()
+  int num_threads = 0;               // CPU: worker threads; 0 uses OpenMP's default
+  void* cuda_stream = nullptr;       // CUDA: the cudaStream_t to run on (nullptr = default)
+  // CUDA: copy the device slot mapping to the host and check every slot before writing (one
+  // synchronisation per call). Unchecked, an out-of-range slot is skipped by the kernel; either
+  // way nothing is ever written outside the cache.
+  bool check_device_slots = true;
+};
+
+// Writes the new tokens' K and V. Throws pagedattn::Error on bad input before writing anything
+// (a slot out of range names slot_mapping[i] and its value).
+void write_cache(const CacheWriteArgs& args, const CacheOpOptions& options = {});
+
+// Copies blocks src -> dst in both caches. Throws pagedattn::Error on bad input before copying.
+void copy_blocks(const CopyBlocksArgs& args, const CacheOpOptions& options = {});
+
+}  // namespace pagedattn

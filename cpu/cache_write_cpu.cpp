@@ -1,0 +1,100 @@
+// Cache writes on the CPU: OpenMP over tokens (or block copies); each (token, kv head) row is one
+// contiguous run of head_dim elements in the source and in the cache, so a row is a memcpy when
+// the dtypes match and a converting loop (through f32, dtype.hpp) when they differ.
+#include <omp.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "pagedattn/cache_layout.hpp"
+#include "pagedattn/detail/cache_backends.hpp"
+#include "pagedattn/dtype.hpp"
+
+namespace pagedattn::detail::cpu {
+namespace {
+
+// Below this many elements a call is not worth waking the thread team.
+constexpr std::int64_t kParallelElements = 1 << 14;
+
+int threads_for(const CacheOpOptions& o) { return o.num_threads > 0 ? o.num_threads : 0; }
+
+template <typename Src, typename Dst>
+void convert_row(const Src* __restrict src, Dst* __restrict dst, int n) {
+  if constexpr (std::is_same_v<Src, Dst>) {
+    std::memcpy(dst, src, sizeof(Src) * n);
+  } else {
+    for (int i = 0; i < n; ++i) dst[i] = from_float<Dst>(to_float(src[i]));
+  }
+}
+
+template <typename Src, typename Dst>
+void write_typed(const CacheWriteArgs& a, const CacheOpOptions& o) {
+  const CacheLayout layout =
+      CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
+  const std::int64_t stride = a.token_stride();
+  const auto* key = static_cast<const Src*>(a.key);
+  const auto* value = static_cast<const Src*>(a.value);
+  auto* k_cache = static_cast<Dst*>(a.k_cache);
+  auto* v_cache = static_cast<Dst*>(a.v_cache);
+  const std::int64_t work = static_cast<std::int64_t>(a.num_tokens) * a.num_kv_heads * a.head_dim;
+  const int threads = threads_for(o) ? threads_for(o) : omp_get_max_threads();
+#pragma omp parallel for schedule(static) num_threads(threads) if (work >= kParallelElements)
+  for (int t = 0; t < a.num_tokens; ++t) {
+    const std::int32_t slot = a.slot_mapping[t];
+    if (slot < 0) continue;  // -1: skipped token
+    const int block = slot / a.block_size;
+    const int offset = slot % a.block_size;
+    for (int h = 0; h < a.num_kv_heads; ++h) {
+      const std::int64_t src = t * stride + static_cast<std::int64_t>(h) * a.head_dim;
+      const std::int64_t dst = layout.offset(block, h, offset);
+      convert_row(key + src, k_cache + dst, a.head_dim);
+      convert_row(value + src, v_cache + dst, a.head_dim);
+    }
+  }
+}
+
+template <typename Src>
+void write_from(const CacheWriteArgs& a, const CacheOpOptions& o) {
+  switch (a.cache_dtype) {
+    case DType::kF32:
+      return write_typed<Src, float>(a, o);
+    case DType::kF16:
+      return write_typed<Src, f16_t>(a, o);
+    case DType::kBF16:
+      return write_typed<Src, bf16_t>(a, o);
+  }
+}
+
+}  // namespace
+
+void write_cache(const CacheWriteArgs& a, const CacheOpOptions& o) {
+  switch (a.src_dtype) {
+    case DType::kF32:
+      return write_from<float>(a, o);
+    case DType::kF16:
+      return write_from<f16_t>(a, o);
+    case DType::kBF16:
+      return write_from<bf16_t>(a, o);
+  }
+}
+
+void copy_blocks(const CopyBlocksArgs& a, const CacheOpOptions& o) {
+  const CacheLayout layout =
+      CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
+  const std::size_t elem = dtype_size(a.cache_dtype);
+  const std::size_t block_bytes = static_cast<std::size_t>(layout.block_stride) * elem;
+  auto* k = static_cast<unsigned char*>(a.k_cache);
+  auto* v = static_cast<unsigned char*>(a.v_cache);
+  const std::int64_t work = static_cast<std::int64_t>(a.num_pairs) * layout.block_stride;
+  const int threads = threads_for(o) ? threads_for(o) : omp_get_max_threads();
+  // 2 * num_pairs independent copies: K of each pair, then V of each pair.
+#pragma omp parallel for schedule(static) num_threads(threads) if (work >= kParallelElements)
+  for (int i = 0; i < 2 * a.num_pairs; ++i) {
+    const BlockCopy& p = a.pairs[i / 2];
+    unsigned char* base = (i % 2 == 0) ? k : v;
+    std::memcpy(base + p.dst * block_bytes, base + p.src * block_bytes, block_bytes);
+  }
+}
+
+}  // namespace pagedattn::detail::cpu

@@ -1,0 +1,142 @@
+// Cache writes on the CUDA backend. write_cache: one thread block per token, its threads over the
+// token's num_kv_heads * head_dim elements; a slot outside the pool is skipped, so no input can
+// make the kernel write out of bounds. copy_blocks: one thread block per (pair, K or V), the pairs
+// passed by value in the kernel's parameters (no device allocation, stream-ordered).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pagedattn/cache_layout.hpp"
+#include "pagedattn/detail/cache_backends.hpp"
+#include "pagedattn/dtype.hpp"
+
+namespace pagedattn::detail::cuda {
+namespace {
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    fail(ErrorCode::kDeviceError, what, cudaGetErrorName(err), cudaGetErrorString(err));
+  }
+}
+
+constexpr int kThreads = 256;
+
+template <typename Src, typename Dst>
+__global__ void write_kernel(const Src* __restrict__ key, const Src* __restrict__ value,
+                             std::int64_t src_stride, const std::int32_t* __restrict__ slots,
+                             Dst* __restrict__ k_cache, Dst* __restrict__ v_cache,
+                             CacheLayout layout) {
+  const int t = blockIdx.x;
+  const std::int32_t slot = slots[t];
+  const std::int64_t num_slots = static_cast<std::int64_t>(layout.num_blocks) * layout.block_size;
+  if (slot < 0 || slot >= num_slots) return;  // -1 skips; anything else out of range too
+  const int block = slot / layout.block_size;
+  const int offset = slot % layout.block_size;
+  const int row = layout.num_kv_heads * layout.head_dim;
+  for (int i = threadIdx.x; i < row; i += blockDim.x) {
+    const int h = i / layout.head_dim;
+    const int d = i % layout.head_dim;
+    const std::int64_t src = t * src_stride + i;
+    const std::int64_t dst = layout.offset(block, h, offset) + d;
+    k_cache[dst] = from_float<Dst>(to_float(key[src]));
+    v_cache[dst] = from_float<Dst>(to_float(value[src]));
+  }
+}
+
+template <typename Src, typename Dst>
+void launch_write(const CacheWriteArgs& a, cudaStream_t stream) {
+  const CacheLayout layout =
+      CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
+  write_kernel<Src, Dst><<<a.num_tokens, kThreads, 0, stream>>>(
+      static_cast<const Src*>(a.key), static_cast<const Src*>(a.value), a.token_stride(),
+      a.slot_mapping, static_cast<Dst*>(a.k_cache), static_cast<Dst*>(a.v_cache), layout);
+}
+
+template <typename Src>
+void launch_write_from(const CacheWriteArgs& a, cudaStream_t stream) {
+  switch (a.cache_dtype) {
+    case DType::kF32:
+      return launch_write<Src, float>(a, stream);
+    case DType::kF16:
+      return launch_write<Src, f16_t>(a, stream);
+    case DType::kBF16:
+      return launch_write<Src, bf16_t>(a, stream);
+  }
+}
+
+// Pairs per launch: 256 pairs of int32 are 2 KiB of kernel parameters, well under the 4 KiB limit.
+constexpr int kPairsPerLaunch = 256;
+struct PairChunk {
+  BlockCopy pairs[kPairsPerLaunch];
+};
+
+// grid.x = pairs in the chunk, grid.y = 0 for K, 1 for V. Word is the widest unit the block's
+// bytes and both cache pointers allow.
+template <typename Word>
+__global__ void copy_kernel(Word* k_cache, Word* v_cache, std::int64_t words_per_block,
+                            PairChunk chunk) {
+  const BlockCopy p = chunk.pairs[blockIdx.x];
+  Word* base = blockIdx.y == 0 ? k_cache : v_cache;
+  const Word* src = base + p.src * words_per_block;
+  Word* dst = base + p.dst * words_per_block;
+  for (std::int64_t i = threadIdx.x; i < words_per_block; i += blockDim.x) dst[i] = src[i];
+}
+
+template <typename Word>
+void launch_copies(const CopyBlocksArgs& a, std::int64_t block_bytes, cudaStream_t stream) {
+  const std::int64_t words = block_bytes / static_cast<std::int64_t>(sizeof(Word));
+  for (int first = 0; first < a.num_pairs; first += kPairsPerLaunch) {
+    const int n = a.num_pairs - first < kPairsPerLaunch ? a.num_pairs - first : kPairsPerLaunch;
+    PairChunk chunk{};
+    for (int i = 0; i < n; ++i) chunk.pairs[i] = a.pairs[first + i];
+    copy_kernel<Word><<<dim3(n, 2), kThreads, 0, stream>>>(
+        static_cast<Word*>(a.k_cache), static_cast<Word*>(a.v_cache), words, chunk);
+    check(cudaGetLastError(), "copy_blocks kernel launch");
+  }
+}
+
+bool aligned(const void* p, std::size_t n) { return reinterpret_cast<std::uintptr_t>(p) % n == 0; }
+
+}  // namespace
+
+void write_cache(const CacheWriteArgs& a, const CacheOpOptions& o) {
+  const auto stream = static_cast<cudaStream_t>(o.cuda_stream);
+  if (o.check_device_slots) {
+    std::vector<std::int32_t> host(a.num_tokens);
+    check(cudaMemcpyAsync(host.data(), a.slot_mapping, sizeof(std::int32_t) * a.num_tokens,
+                          cudaMemcpyDeviceToHost, stream),
+          "slot_mapping copy to host");
+    check(cudaStreamSynchronize(stream), "slot_mapping copy to host");
+    validate_slots(a, host.data());
+  }
+  switch (a.src_dtype) {
+    case DType::kF32:
+      launch_write_from<float>(a, stream);
+      break;
+    case DType::kF16:
+      launch_write_from<f16_t>(a, stream);
+      break;
+    case DType::kBF16:
+      launch_write_from<bf16_t>(a, stream);
+      break;
+  }
+  check(cudaGetLastError(), "write_cache kernel launch");
+}
+
+void copy_blocks(const CopyBlocksArgs& a, const CacheOpOptions& o) {
+  const auto stream = static_cast<cudaStream_t>(o.cuda_stream);
+  const std::int64_t block_bytes =
+      CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim).block_stride *
+      static_cast<std::int64_t>(dtype_size(a.cache_dtype));
+  if (block_bytes % 16 == 0 && aligned(a.k_cache, 16) && aligned(a.v_cache, 16)) {
+    launch_copies<uint4>(a, block_bytes, stream);
+  } else if (block_bytes % 4 == 0 && aligned(a.k_cache, 4) && aligned(a.v_cache, 4)) {
+    launch_copies<std::uint32_t>(a, block_bytes, stream);
+  } else {
+    launch_copies<std::uint16_t>(a, block_bytes, stream);  // 2-byte dtypes: always a multiple
+  }
+}
+
+}  // namespace pagedattn::detail::cuda
