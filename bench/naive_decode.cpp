@@ -1,0 +1,78 @@
+#include "naive_decode.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "pagedattn/cache_layout.hpp"
+
+namespace pagedattn::bench {
+namespace {
+
+template <class T>
+void naive_rows(const DecodeArgs& a, int threads) {
+  const int H = a.num_heads, D = a.head_dim, BS = a.block_size, G = a.group_size();
+  const float scale = a.effective_scale();
+  const CacheLayout layout = CacheLayout::dense(a.num_blocks, a.num_kv_heads, BS, D);
+  const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
+  const T* k_cache = static_cast<const T*>(a.k_cache);
+  const T* v_cache = static_cast<const T*>(a.v_cache);
+  const std::int64_t rows = static_cast<std::int64_t>(a.batch) * H;
+
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> q(D), acc(D), s(BS);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t row = 0; row < rows; ++row) {
+      const int b = static_cast<int>(row / H), h = static_cast<int>(row % H), kv = h / G;
+      const int L = a.context_lens[b];
+      for (int d = 0; d < D; ++d) q[d] = load_as_float(a.q, a.q_dtype, row * D + d);
+      for (int d = 0; d < D; ++d) acc[d] = 0.f;
+      float m = -INFINITY, l = 0.f;
+      for (int blk = 0; blk < blocks_for(L, BS); ++blk) {
+        const int n = valid_in_block(L, BS, blk);
+        const std::int64_t base = layout.offset(table.block(b, blk), kv, 0);
+        float m_new = m;
+        for (int t = 0; t < n; ++t) {
+          const T* k = k_cache + base + t * layout.token_stride;
+          float dot = 0.f;
+          for (int d = 0; d < D; ++d) dot += q[d] * to_float(k[d]);
+          s[t] = dot * scale;
+          m_new = std::max(m_new, s[t]);
+        }
+        const float alpha = std::exp(m - m_new);
+        l *= alpha;
+        for (int d = 0; d < D; ++d) acc[d] *= alpha;
+        for (int t = 0; t < n; ++t) {
+          const float p = std::exp(s[t] - m_new);
+          l += p;
+          const T* v = v_cache + base + t * layout.token_stride;
+          for (int d = 0; d < D; ++d) acc[d] += p * to_float(v[d]);
+        }
+        m = m_new;
+      }
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      for (int d = 0; d < D; ++d) store_from_float(a.out, a.out_dtype, row * D + d, acc[d] * inv);
+      if (a.lse) a.lse[row] = l > 0.f ? m + std::log(l) : -INFINITY;
+    }
+  }
+}
+
+}  // namespace
+
+void naive_decode(const DecodeArgs& args, int threads) {
+  switch (args.k_dtype) {
+    case DType::kF32:
+      naive_rows<float>(args, threads);
+      break;
+    case DType::kF16:
+      naive_rows<f16_t>(args, threads);
+      break;
+    case DType::kBF16:
+      naive_rows<bf16_t>(args, threads);
+      break;
+  }
+}
+
+}  // namespace pagedattn::bench

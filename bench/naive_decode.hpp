@@ -1,0 +1,14 @@
+// The naive baseline of pagedattn-bench: the per-query-head scalar loop a user writes first (the
+// seed's first kernel, grid (batch, q_head), on the CPU). Every query head re-reads its kv head's
+// keys and values, dot products are scalar and each block's weights come from scalar exp.
+#pragma once
+
+#include "pagedattn/pagedattn.hpp"
+
+namespace pagedattn::bench {
+
+// Same contract as decode() (out and lse written for every row), parallel over (batch, head)
+// rows with `threads` OpenMP threads. Arguments are assumed valid.
+void naive_decode(const DecodeArgs& args, int threads);
+
+}  // namespace pagedattn::bench

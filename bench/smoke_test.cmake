@@ -1,0 +1,32 @@
+# Runs pagedattn-bench on tiny shapes and checks the CSV it prints (format and accuracy only).
+foreach(dtype f32 bf16)
+  execute_process(
+    COMMAND ${BENCH} --csv --dtype ${dtype} --threads 2 --iters 2 --min-time 0 --bw-mib 64
+            --shape 2,8,2,64,100,16 --shape 1,4,4,128,37,8
+    OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "pagedattn-bench --dtype ${dtype} exited with ${rc}:\n${out}\n${err}")
+  endif()
+  string(REPLACE "\n" ";" lines "${out}")
+  list(FILTER lines EXCLUDE REGEX "^$")
+  list(GET lines 0 header)
+  if(NOT header STREQUAL
+     "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,pct_read_bw,rel_err")
+    message(FATAL_ERROR "unexpected CSV header: '${header}'")
+  endif()
+  list(LENGTH lines n)
+  if(NOT n EQUAL 5)  # header + (cpu, naive) x 2 shapes
+    message(FATAL_ERROR "expected 4 CSV rows, got:\n${out}")
+  endif()
+  set(num "[0-9.eE+-]+")
+  foreach(i RANGE 1 4)
+    list(GET lines ${i} row)
+    if(NOT row MATCHES
+       "^(cpu|naive),${dtype},[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,${num},${num},${num},${num}$")
+      message(FATAL_ERROR "malformed CSV row: '${row}'")
+    endif()
+  endforeach()
+  if(NOT err MATCHES "read bandwidth: ${num} GB/s")
+    message(FATAL_ERROR "no read bandwidth line in:\n${err}")
+  endif()
+endforeach()
