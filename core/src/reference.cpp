@@ -10,7 +10,7 @@
 namespace pagedattn {
 
 ReferenceResult reference_decode(const DecodeArgs& a) {
-  validate_shapes(a);
+  validate_shapes(a, /*require_out=*/false);
   if (a.batch > 0) validate_tables(a, a.context_lens, a.block_table);
 
   const int H = a.num_heads, D = a.head_dim, G = a.group_size();

@@ -12,8 +12,9 @@ namespace {
 
 std::string supported_head_dims_text() {
   std::ostringstream os;
-  os << "unsupported (supported:";
-  for (int d : kSupportedHeadDims) os << ' ' << d;
+  os << "unsupported (supported: ";
+  const char* sep = "";
+  for (int d : kSupportedHeadDims) os << sep << d, sep = ", ";
   os << ')';
   return os.str();
 }
@@ -41,7 +42,7 @@ bool is_supported_head_dim(int head_dim) {
   return false;
 }
 
-void validate_shapes(const DecodeArgs& a) {
+void validate_shapes(const DecodeArgs& a, bool require_out) {
   if (a.batch < 0) fail(ErrorCode::kInvalidArgument, "batch", a.batch, "must not be negative");
   require_positive("num_heads", a.num_heads);
   require_positive("num_kv_heads", a.num_kv_heads);
@@ -98,7 +99,7 @@ void validate_shapes(const DecodeArgs& a) {
   require_non_null("v_cache", a.v_cache);
   require_non_null("block_table", a.block_table);
   require_non_null("context_lens", a.context_lens);
-  require_non_null("out", a.out);
+  if (require_out) require_non_null("out", a.out);
 }
 
 void validate_tables(const DecodeArgs& a, const std::int32_t* context_lens,

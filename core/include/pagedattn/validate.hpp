@@ -10,8 +10,9 @@ namespace pagedattn {
 
 bool is_supported_head_dim(int head_dim);
 
-// Sizes, pointers and supported configurations. Reads no tensor.
-void validate_shapes(const DecodeArgs& args);
+// Sizes, pointers and supported configurations. Reads no tensor. The reference, which writes no
+// `out`, passes require_out = false.
+void validate_shapes(const DecodeArgs& args, bool require_out = true);
 
 // context_lens and block_table given in host memory: 0 <= L_b <= max_blocks_per_seq * block_size
 // and every id in the first ceil(L_b / block_size) entries of row b lies in [0, num_blocks).

@@ -1,0 +1,105 @@
+// Each backend against the f64 reference on a parametrized grid: dtype x head_dim x block_size x
+// GQA group x context, fragmented tables over an oversized pool, -1 and garbage past each
+// context, NaN in every slot no sequence may read, and mixed context lengths in one batch.
+// The CUDA rows skip where no device is present.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "random_case.hpp"
+#include "test_seed.hpp"
+
+namespace pagedattn {
+namespace {
+
+enum class Ctx { kZero, kOne, kBlockMinus1, kBlock, kBlockPlus1, kThousand };
+const char* ctx_name(Ctx c) {
+  switch (c) {
+    case Ctx::kZero:
+      return "0";
+    case Ctx::kOne:
+      return "1";
+    case Ctx::kBlockMinus1:
+      return "BSm1";
+    case Ctx::kBlock:
+      return "BS";
+    case Ctx::kBlockPlus1:
+      return "BSp1";
+    case Ctx::kThousand:
+      return "1000";
+  }
+  return "?";
+}
+int ctx_len(Ctx c, int bs) {
+  switch (c) {
+    case Ctx::kZero:
+      return 0;
+    case Ctx::kOne:
+      return 1;
+    case Ctx::kBlockMinus1:
+      return bs - 1;
+    case Ctx::kBlock:
+      return bs;
+    case Ctx::kBlockPlus1:
+      return bs + 1;
+    case Ctx::kThousand:
+      return 1000;
+  }
+  return 0;
+}
+
+// group: query heads per kv head; 0 means every head on one kv head (MQA with 16 heads).
+using Param = std::tuple<Backend, DType, int /*head_dim*/, int /*block_size*/, int /*group*/, Ctx>;
+
+class BackendReferenceTest : public ::testing::TestWithParam<Param> {};
+
+TEST_P(BackendReferenceTest, MatchesTheReference) {
+  const auto [backend, dtype, head_dim, block_size, group, ctx] = GetParam();
+  if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
+  testkit::CaseSpec spec;
+  spec.num_kv_heads = group == 0 ? 1 : 2;
+  spec.num_heads = group == 0 ? 16 : 2 * group;
+  spec.head_dim = head_dim;
+  spec.block_size = block_size;
+  spec.q_dtype = spec.kv_dtype = spec.out_dtype = dtype;
+  // The length under test, next to other lengths in the same batch (0 - 1 - L - 37 - L).
+  const int L = ctx_len(ctx, block_size);
+  spec.context_lens = {L, 37, L, 0};
+  spec.batch = 4;
+  spec.spare_blocks = 5;
+  spec.table_padding = 2;
+  spec.table_stride_extra = 3;
+  spec.seed = testing::seed_for(
+      std::hash<std::string>{}(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+  testkit::HostCase c = testkit::make_case(spec);
+  DecodeOptions o;
+  o.backend = backend;
+  testkit::run_decode(c, o);
+  const testkit::Comparison cmp = testkit::compare_with_reference(c);
+  SCOPED_TRACE(testkit::describe(spec) + " " + testing::seed_note(spec.seed));
+  EXPECT_TRUE(cmp.all_finite) << "first bad element: " << cmp.first_bad;
+  EXPECT_LE(cmp.rel_err(), testkit::out_tolerance(dtype));
+  EXPECT_LE(cmp.max_abs_err_lse, testkit::lse_tolerance());
+}
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  const auto [backend, dtype, head_dim, block_size, group, ctx] = info.param;
+  return std::string(backend_name(backend)) + "_" + dtype_name(dtype) + "_d" +
+         std::to_string(head_dim) + "_bs" + std::to_string(block_size) + "_g" +
+         (group == 0 ? std::string("all") : std::to_string(group)) + "_ctx" + ctx_name(ctx);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, BackendReferenceTest,
+    ::testing::Combine(::testing::Values(Backend::kCpu, Backend::kCuda),
+                       ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                       ::testing::Values(64, 80, 128, 256), ::testing::Values(1, 7, 16, 32),
+                       ::testing::Values(1, 4, 8, 0),
+                       ::testing::Values(Ctx::kZero, Ctx::kOne, Ctx::kBlockMinus1, Ctx::kBlock,
+                                         Ctx::kBlockPlus1, Ctx::kThousand)),
+    param_name);
+
+}  // namespace
+}  // namespace pagedattn

@@ -1,0 +1,29 @@
+// Seeds for randomized tests: PAGEDATTN_TEST_SEED replays a run; every failure prints the seed.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+namespace pagedattn::testing {
+
+// The base seed: PAGEDATTN_TEST_SEED if set, else a fixed default (runs are reproducible).
+inline std::uint64_t base_seed() {
+  const char* env = std::getenv("PAGEDATTN_TEST_SEED");
+  return env && *env ? std::strtoull(env, nullptr, 0) : 20261129u;
+}
+
+// A per-test seed derived from the base seed and a salt, so cases differ but replay together.
+inline std::uint64_t seed_for(std::uint64_t salt) {
+  std::uint64_t x = base_seed() ^ (salt * 0x9e3779b97f4a7c15ull);
+  x ^= x >> 31;
+  x *= 0xbf58476d1ce4e5b9ull;
+  return x ^ (x >> 29);
+}
+
+inline std::string seed_note(std::uint64_t seed) {
+  return "seed " + std::to_string(seed) +
+         " (replay the run with PAGEDATTN_TEST_SEED=" + std::to_string(base_seed()) + ")";
+}
+
+}  // namespace pagedattn::testing

@@ -1,0 +1,165 @@
+// Every bad input of DESIGN.md: a typed error naming the argument and the value, and nothing
+// written to out or lse.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pagedattn/reference.hpp"
+#include "random_case.hpp"
+
+namespace pagedattn {
+namespace {
+
+testkit::HostCase small_case() {
+  testkit::CaseSpec spec;
+  spec.batch = 3;
+  spec.num_heads = 4;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 64;
+  spec.block_size = 8;
+  spec.context_lens = {20, 0, 9};
+  spec.table_padding = 2;
+  return testkit::make_case(spec);
+}
+
+// Runs decode with a mutation applied; expects an Error with `code`, whose argument() is
+// `argument` and whose message contains each of `parts`; out and lse must stay untouched.
+void expect_rejected(const std::function<void(DecodeArgs&, testkit::HostCase&)>& mutate,
+                     ErrorCode code, const std::string& argument,
+                     const std::vector<std::string>& parts, Backend backend = Backend::kCpu) {
+  testkit::HostCase c = small_case();
+  DecodeArgs a = c.args();
+  mutate(a, c);
+  const std::vector<std::uint8_t> out_before = c.out;
+  const std::vector<float> lse_before = c.lse;
+  DecodeOptions o;
+  o.backend = backend;
+  try {
+    decode(a, o);
+    ADD_FAILURE() << "decode accepted a bad " << argument;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_EQ(e.argument(), argument) << e.what();
+    for (const std::string& p : parts) {
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
+          << "message '" << e.what() << "' lacks '" << p << "'";
+    }
+  }
+  EXPECT_EQ(c.out, out_before) << "out was written despite the error";
+  EXPECT_EQ(std::memcmp(c.lse.data(), lse_before.data(), lse_before.size() * 4), 0)
+      << "lse was written despite the error";
+  // The reference validates its inputs the same way (it knows no backends and writes no out).
+  if (backend == Backend::kCpu && argument != "out") EXPECT_THROW(reference_decode(a), Error);
+}
+
+TEST(Validation, BlockIdOutOfRangeInsideTheContext) {
+  expect_rejected(
+      [](DecodeArgs& a, testkit::HostCase& c) {
+        c.block_table[2 * c.table_stride + 1] = a.num_blocks;  // seq 2 uses blocks 0 and 1
+      },
+      ErrorCode::kOutOfRange, "block_table[2][1]", {"block_table[2][1] =", "[0, ", "num_blocks"});
+  expect_rejected([](DecodeArgs&, testkit::HostCase& c) { c.block_table[0] = -1; },
+                  ErrorCode::kOutOfRange, "block_table[0][0]", {"= -1", "context_lens[0] = 20"});
+}
+
+TEST(Validation, ContextLengthNegativeOrBeyondTheTable) {
+  expect_rejected([](DecodeArgs&, testkit::HostCase& c) { c.context_lens[1] = -3; },
+                  ErrorCode::kOutOfRange, "context_lens[1]", {"context_lens[1] = -3"});
+  expect_rejected(
+      [](DecodeArgs& a, testkit::HostCase& c) {
+        c.context_lens[0] = a.max_blocks_per_seq * a.block_size + 1;
+      },
+      ErrorCode::kOutOfRange, "context_lens[0]", {"max_blocks_per_seq * block_size"});
+}
+
+TEST(Validation, HeadRatioMustDivide) {
+  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.num_kv_heads = 3; },
+                  ErrorCode::kInvalidArgument, "num_heads",
+                  {"num_heads = 4 (num_kv_heads = 3)", "multiple"});
+}
+
+TEST(Validation, GroupSizeAboveTheLimit) {
+  expect_rejected(
+      [](DecodeArgs& a, testkit::HostCase&) {
+        a.num_heads = 130;
+        a.num_kv_heads = 1;
+      },
+      ErrorCode::kUnsupported, "group_size", {"group_size = 130", "at most 64"});
+}
+
+TEST(Validation, UnsupportedHeadDim) {
+  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.head_dim = 100; },
+                  ErrorCode::kUnsupported, "head_dim", {"head_dim = 100", "64, 80"});
+}
+
+TEST(Validation, BlockSizeOutOfRange) {
+  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.block_size = 0; },
+                  ErrorCode::kUnsupported, "block_size", {"block_size = 0", "1 to 256"});
+  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.block_size = 257; },
+                  ErrorCode::kUnsupported, "block_size", {"block_size = 257"});
+}
+
+TEST(Validation, NullPointers) {
+  const std::vector<std::pair<std::string, std::function<void(DecodeArgs&)>>> cases = {
+      {"q", [](DecodeArgs& a) { a.q = nullptr; }},
+      {"k_cache", [](DecodeArgs& a) { a.k_cache = nullptr; }},
+      {"v_cache", [](DecodeArgs& a) { a.v_cache = nullptr; }},
+      {"block_table", [](DecodeArgs& a) { a.block_table = nullptr; }},
+      {"context_lens", [](DecodeArgs& a) { a.context_lens = nullptr; }},
+      {"out", [](DecodeArgs& a) { a.out = nullptr; }},
+  };
+  for (const auto& [name, mutate] : cases) {
+    SCOPED_TRACE(name);
+    expect_rejected([&](DecodeArgs& a, testkit::HostCase&) { mutate(a); },
+                    ErrorCode::kInvalidArgument, name, {name + " = null"});
+  }
+}
+
+TEST(Validation, NegativeOrZeroSizes) {
+  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.batch = -1; },
+                  ErrorCode::kInvalidArgument, "batch", {"batch = -1"});
+  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.num_heads = 0; },
+                  ErrorCode::kInvalidArgument, "num_heads", {"num_heads = 0"});
+  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.num_kv_heads = -2; },
+                  ErrorCode::kInvalidArgument, "num_kv_heads", {"num_kv_heads = -2"});
+  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.num_blocks = -1; },
+                  ErrorCode::kInvalidArgument, "num_blocks", {"num_blocks = -1"});
+}
+
+TEST(Validation, TableStrideBelowTheRow) {
+  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.block_table_stride = 1; },
+                  ErrorCode::kInvalidArgument, "block_table_stride",
+                  {"block_table_stride = 1", "max_blocks_per_seq"});
+}
+
+TEST(Validation, MismatchedCacheDtypes) {
+  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.v_dtype = DType::kF16; },
+                  ErrorCode::kUnsupported, "v_dtype", {"v_dtype = f16", "k_dtype (f32)"});
+}
+
+TEST(Validation, NonFiniteScale) {
+  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.scale = INFINITY; },
+                  ErrorCode::kInvalidArgument, "scale", {"scale = inf"});
+}
+
+TEST(Validation, UnavailableBackendIsAnErrorThatSaysWhy) {
+  if (cuda_available()) GTEST_SKIP() << "a CUDA device is present";
+  expect_rejected([](DecodeArgs&, testkit::HostCase&) {}, ErrorCode::kBackendUnavailable, "backend",
+                  {"backend = cuda", "unavailable"}, Backend::kCuda);
+}
+
+TEST(Validation, UnknownBackendNames) {
+  try {
+    parse_backend("gpu");
+    ADD_FAILURE() << "parse_backend accepted 'gpu'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "backend");
+    EXPECT_NE(std::string(e.what()).find("backend = 'gpu'"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace pagedattn
