@@ -1,0 +1,156 @@
+#include "fast_case.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "pagedattn/cache_layout.hpp"
+
+namespace pagedattn::fuzz {
+namespace {
+
+// xoshiro256** seeded through splitmix64: fast and good enough for test data.
+class Xoshiro {
+ public:
+  explicit Xoshiro(std::uint64_t seed) {
+    for (auto& w : s_) {
+      seed += 0x9e3779b97f4a7c15ull;
+      std::uint64_t z = seed;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      w = z ^ (z >> 31);
+    }
+  }
+  std::uint64_t next() {
+    const std::uint64_t result = rotl(s_[1] * 5, 7) * 9, t = s_[1] << 17;
+    s_[2] ^= s_[0];
+    s_[3] ^= s_[1];
+    s_[1] ^= s_[2];
+    s_[0] ^= s_[3];
+    s_[2] ^= t;
+    s_[3] = rotl(s_[3], 45);
+    return result;
+  }
+  std::uint32_t below(std::uint32_t n) { return static_cast<std::uint32_t>((next() >> 32) % n); }
+  // Approximately standard normal: the sum of four 16-bit uniforms (Irwin-Hall), rescaled to unit
+  // variance. Bounded tails (|x| < 3.5) are fine for test data; magnitudes come from the spec.
+  float normal() {
+    const std::uint64_t r = next();
+    const float sum =
+        static_cast<float>((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48));
+    return (sum * (1.f / 65536.f) - 2.f) * 1.7320508f;
+  }
+
+ private:
+  static std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  std::uint64_t s_[4];
+};
+
+void fill_normal(std::vector<std::uint8_t>& buf, DType t, std::size_t n, float scale,
+                 Xoshiro& rng) {
+  buf.assign(n * dtype_size(t), 0);
+  for (std::size_t i = 0; i < n; ++i) store_from_float(buf.data(), t, i, scale * rng.normal());
+}
+
+}  // namespace
+
+testkit::HostCase make_fast_case(const testkit::CaseSpec& spec) {
+  testkit::HostCase c;
+  c.spec = spec;
+  Xoshiro rng(spec.seed);
+  const int B = spec.batch, H = spec.num_heads, KV = spec.num_kv_heads, D = spec.head_dim,
+            BS = spec.block_size;
+  c.context_lens.assign(spec.context_lens.begin(), spec.context_lens.end());
+  c.context_lens.resize(B, 0);
+  int max_used = 0, total_used = 0;
+  for (int L : c.context_lens) {
+    max_used = std::max(max_used, blocks_for(L, BS));
+    total_used += blocks_for(L, BS);
+  }
+  c.max_blocks_per_seq = max_used + spec.table_padding;
+  c.table_stride = c.max_blocks_per_seq + spec.table_stride_extra;
+  c.num_blocks = total_used + spec.spare_blocks;
+
+  // Physical ids: a permutation of the pool; the first total_used go to the sequences.
+  std::vector<std::int32_t> pool(c.num_blocks);
+  std::iota(pool.begin(), pool.end(), 0);
+  if (spec.fragmented) {
+    for (int i = c.num_blocks - 1; i > 0; --i) std::swap(pool[i], pool[rng.below(i + 1)]);
+  }
+  c.block_table.assign(static_cast<std::size_t>(B) * c.table_stride, -1);
+  auto entry = [&](int b, int i) -> std::int32_t& {
+    return c.block_table[static_cast<std::size_t>(b) * c.table_stride + i];
+  };
+  int next = 0;
+  for (int b = 0; b < B; ++b) {
+    const int used = blocks_for(c.context_lens[b], BS);
+    // Prefix sharing: the leading full blocks of an earlier sequence, as a prefix cache would.
+    int shared = 0, donor = 0;
+    if (spec.share_prefix && b > 0 && (rng.next() & 1)) {
+      donor = static_cast<int>(rng.below(b));
+      const int full = c.context_lens[donor] / BS;
+      shared = std::min(used, static_cast<int>(rng.below(full + 1)));
+    }
+    for (int i = 0; i < used; ++i) entry(b, i) = i < shared ? entry(donor, i) : pool[next++];
+    // Past the context: -1, garbage, or a stale id that is in range; none may be read.
+    for (int i = used; i < c.table_stride && spec.poison; ++i) {
+      switch (rng.below(4)) {
+        case 0:
+          entry(b, i) = -1;
+          break;
+        case 1:
+          entry(b, i) = std::numeric_limits<std::int32_t>::max() - 7;
+          break;
+        case 2:
+          entry(b, i) = static_cast<std::int32_t>(rng.below(1000000)) - 500000;
+          break;
+        default:
+          entry(b, i) = c.num_blocks > 0 ? static_cast<std::int32_t>(rng.below(c.num_blocks)) : -1;
+          break;
+      }
+    }
+  }
+
+  const CacheLayout layout = CacheLayout::dense(c.num_blocks, KV, BS, D);
+  fill_normal(c.q, spec.q_dtype, static_cast<std::size_t>(B) * H * D, spec.magnitude, rng);
+
+  // Every (block, slot) some sequence reads gets values; with poison, every other one NaN.
+  std::vector<char> readable(static_cast<std::size_t>(c.num_blocks) * BS, spec.poison ? 0 : 1);
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < c.context_lens[b]; ++t) {
+      readable[static_cast<std::size_t>(entry(b, t / BS)) * BS + t % BS] = 1;
+    }
+  }
+  const std::size_t bytes = dtype_size(spec.kv_dtype);
+  c.k.assign(static_cast<std::size_t>(layout.elements()) * bytes, 0);
+  c.v.assign(c.k.size(), 0);
+  std::vector<std::uint8_t> nan_row(static_cast<std::size_t>(D) * bytes);
+  for (int d = 0; d < D; ++d) {
+    store_from_float(nan_row.data(), spec.kv_dtype, d, std::numeric_limits<float>::quiet_NaN());
+  }
+  for (int blk = 0; blk < c.num_blocks; ++blk) {
+    for (int kv = 0; kv < KV; ++kv) {
+      for (int slot = 0; slot < BS; ++slot) {
+        const std::int64_t base = layout.offset(blk, kv, slot);
+        if (!readable[static_cast<std::size_t>(blk) * BS + slot]) {
+          std::copy(nan_row.begin(), nan_row.end(), c.k.begin() + base * bytes);
+          std::copy(nan_row.begin(), nan_row.end(), c.v.begin() + base * bytes);
+          continue;
+        }
+        for (int d = 0; d < D; ++d) {
+          store_from_float(c.k.data(), spec.kv_dtype, base + d, spec.magnitude * rng.normal());
+          store_from_float(c.v.data(), spec.kv_dtype, base + d, rng.normal());
+        }
+      }
+    }
+  }
+  c.out.assign(static_cast<std::size_t>(B) * H * D * dtype_size(spec.out_dtype), 0);
+  c.lse.assign(static_cast<std::size_t>(B) * H, 0.f);
+  c.poison_outputs();
+  return c;
+}
+
+}  // namespace pagedattn::fuzz

@@ -1,0 +1,585 @@
+#include "fuzz_case.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include "fast_case.hpp"
+#include "pagedattn/cache_layout.hpp"
+
+namespace pagedattn::fuzz {
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Small helpers over one generator; every draw goes through it, so a case is a function of the
+// generator's seed alone.
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed) : g_(seed) {}
+  std::uint64_t next() { return g_(); }
+  int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g_); }
+  double real() { return std::uniform_real_distribution<double>(0.0, 1.0)(g_); }
+  bool chance(double p) { return real() < p; }
+  template <class T, std::size_t N>
+  T pick(const T (&values)[N]) {
+    return values[static_cast<std::size_t>(uniform(0, static_cast<int>(N) - 1))];
+  }
+
+ private:
+  std::mt19937_64 g_;
+};
+
+const char* const kMalformationNames[] = {"none",
+                                          "id-out-of-range",
+                                          "context-over-capacity",
+                                          "negative-context",
+                                          "head-ratio",
+                                          "group-too-large",
+                                          "null-pointer",
+                                          "head-dim",
+                                          "block-size",
+                                          "table-stride",
+                                          "dtype-mismatch",
+                                          "bad-dtype",
+                                          "nonfinite-scale",
+                                          "negative-batch"};
+static_assert(sizeof(kMalformationNames) / sizeof(kMalformationNames[0]) ==
+              static_cast<std::size_t>(Malformation::kCount));
+
+const DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+
+int draw_context(Rng& r, int bs, bool long_tail) {
+  switch (r.uniform(0, 8)) {
+    case 0:
+      return 0;
+    case 1:
+      return 1;
+    case 2:
+      return std::max(bs - 1, 1);
+    case 3:
+      return bs;
+    case 4:
+      return bs + 1;
+    case 5:
+      return r.uniform(2, 4) * bs + r.uniform(-1, 1);
+    case 6:
+      return r.uniform(1, 4 * bs);
+    default: {
+      // Long tail: log-uniform up to a few thousand tokens.
+      const double top = long_tail ? std::log(3000.0) : std::log(300.0);
+      return static_cast<int>(std::exp(r.real() * top));
+    }
+  }
+}
+
+// Cache elements (per K or V tensor) the case allocates: used blocks plus spare ones.
+std::int64_t pool_elements(const testkit::CaseSpec& s) {
+  std::int64_t blocks = s.spare_blocks;
+  for (int i = 0; i < s.batch && i < static_cast<int>(s.context_lens.size()); ++i) {
+    blocks += blocks_for(s.context_lens[i], s.block_size);
+  }
+  return blocks * s.num_kv_heads * s.block_size * s.head_dim;
+}
+
+void fit_budget(testkit::CaseSpec& s, std::int64_t budget) {
+  // Query/output rows: bounded too, by trimming the batch.
+  while (s.batch > 1 &&
+         static_cast<std::int64_t>(s.batch) * s.num_heads * s.head_dim > (std::int64_t{1} << 18)) {
+    --s.batch;
+  }
+  s.context_lens.resize(s.batch);
+  // A single block of every kv head must fit a few times over, or every context would vanish.
+  const std::int64_t per_block =
+      static_cast<std::int64_t>(s.num_kv_heads) * s.block_size * s.head_dim;
+  budget = std::max(budget, 4 * per_block);
+  // Over budget: trim spare blocks, then long batches, then the longest context (boundary-valued
+  // short contexts survive the halving).
+  while (pool_elements(s) > budget) {
+    if (s.spare_blocks * per_block > budget / 4) {
+      s.spare_blocks /= 2;
+      continue;
+    }
+    if (s.batch > 8) {
+      s.context_lens.resize(--s.batch);
+      continue;
+    }
+    auto it = std::max_element(s.context_lens.begin(), s.context_lens.end());
+    if (it == s.context_lens.end() || *it == 0) break;
+    *it /= 2;
+  }
+}
+
+float snapped(float x) { return std::max(-127.f, std::min(127.f, std::nearbyint(x))); }
+
+}  // namespace
+
+const char* malformation_name(Malformation m) {
+  const int i = static_cast<int>(m);
+  return i >= 0 && i < static_cast<int>(Malformation::kCount) ? kMalformationNames[i] : "unknown";
+}
+
+bool keeps_buffer_sizes(Malformation m) {
+  return m == Malformation::kNone || m == Malformation::kIdOutOfRange ||
+         m == Malformation::kContextOverCapacity || m == Malformation::kNegativeContext;
+}
+
+FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& options) {
+  Rng r(splitmix64(splitmix64(seed) ^ (index * 0xd1342543de82ef95ull + 1)));
+  FuzzCase c;
+  c.origin_seed = seed;
+  c.origin_index = index;
+  testkit::CaseSpec& s = c.spec;
+  s.seed = r.next();
+
+  s.head_dim = r.pick(kSupportedHeadDims);
+  static const int kBlockSizes[] = {1,  2,  3,  5,  7,   8,   13,  15,  16,  17,  31,
+                                    32, 33, 63, 64, 100, 127, 128, 129, 200, 255, 256};
+  s.block_size = r.chance(0.7) ? r.pick(kBlockSizes) : r.uniform(1, kMaxBlockSize);
+
+  // Group size from 1 to all heads on one kv head.
+  int group;
+  const double gu = r.real();
+  if (gu < 0.25) {
+    group = 1;
+  } else if (gu < 0.55) {
+    static const int kPow2[] = {2, 4, 8};
+    group = r.pick(kPow2);
+  } else if (gu < 0.75) {
+    static const int kOdd[] = {3, 5, 6, 7};
+    group = r.pick(kOdd);
+  } else if (gu < 0.92) {
+    group = r.uniform(1, kMaxGroupSize);
+  } else {
+    static const int kLarge[] = {16, 32, kMaxGroupSize};
+    group = r.pick(kLarge);
+  }
+  static const int kKvHeads[] = {1, 1, 2, 2, 3, 4, 8};
+  int kv = r.pick(kKvHeads);
+  while (kv > 1 && kv * s.block_size * s.head_dim > (1 << 17)) --kv;
+  s.num_kv_heads = kv;
+  s.num_heads = kv * group;
+
+  const bool long_ctx = r.chance(0.3);
+  const double bu = r.real();
+  s.batch = bu < 0.03  ? 0
+            : bu < 0.5 ? r.uniform(1, 4)
+            : bu < 0.8 ? r.uniform(5, 16)
+                       : r.uniform(17, 64);
+  s.context_lens.resize(s.batch);
+  for (int& L : s.context_lens) L = draw_context(r, s.block_size, long_ctx);
+  if (long_ctx && s.batch > 0) {
+    // At least one context long enough for the planner to split it (splits cover >= 256 tokens).
+    s.context_lens[r.uniform(0, s.batch - 1)] = r.uniform(300, 1500);
+  }
+
+  s.spare_blocks = r.chance(0.8) ? r.uniform(0, 6) : r.uniform(7, 40);
+  s.table_padding = r.chance(0.5) ? 0 : r.uniform(1, 4);
+  s.table_stride_extra = r.chance(0.4) ? r.uniform(1, 5) : 0;
+  s.fragmented = r.chance(0.85);
+  s.share_prefix = r.chance(0.35);
+  s.poison = r.chance(0.95);
+  s.q_dtype = r.pick(kDTypes);
+  s.kv_dtype = r.pick(kDTypes);
+  s.out_dtype = r.pick(kDTypes);
+
+  const bool huge = r.chance(0.15);
+  if (huge) {
+    static const float kHuge[] = {5.f, 15.f, 50.f};  // logits ~ magnitude^2, up to ~1e4
+    s.magnitude = r.pick(kHuge);
+  } else {
+    static const float kNormal[] = {0.25f, 1.f, 1.f, 2.f};
+    s.magnitude = r.pick(kNormal);
+  }
+  c.snap = r.chance(huge ? 0.5 : 0.1);
+  if (c.snap) {
+    c.scale = std::ldexp(1.f, -static_cast<int>(std::lround(std::log2(std::sqrt(s.head_dim)))));
+  } else if (r.chance(0.1)) {
+    c.scale = static_cast<float>(0.01 + 0.5 * r.real());
+  }
+  static const int kThreads[] = {1, 1, 2, 2, 3, 4};
+  c.threads = r.pick(kThreads);
+
+  // Bound the cost: most cases small, some medium, long ones bigger.
+  std::int64_t budget = long_ctx ? (1 << 18) : r.chance(0.8) ? (1 << 14) : (1 << 16);
+  fit_budget(s, budget);
+
+  // A table row exactly full: the longest context fills max_blocks_per_seq * block_size.
+  if (s.batch > 0 && r.chance(0.2)) {
+    auto it = std::max_element(s.context_lens.begin(), s.context_lens.end());
+    if (*it > 0) {
+      s.table_padding = 0;
+      *it = blocks_for(*it, s.block_size) * s.block_size;
+    }
+  }
+
+  if (r.chance(0.12)) {
+    const int kinds = static_cast<int>(Malformation::kCount) - 1;
+    Malformation m = static_cast<Malformation>(1 + r.uniform(0, kinds - 1));
+    if (options.table_malformations_only && !keeps_buffer_sizes(m)) {
+      static const Malformation kTable[] = {Malformation::kIdOutOfRange,
+                                            Malformation::kContextOverCapacity,
+                                            Malformation::kNegativeContext};
+      m = r.pick(kTable);
+    }
+    c.bad = m;
+    c.bad_param = r.next();
+    // Make it applicable: a sequence to corrupt, a context with blocks, a table of >= 2 entries.
+    if (s.batch == 0) {
+      s.batch = 1;
+      s.context_lens = {1};
+    }
+    if (m == Malformation::kIdOutOfRange &&
+        std::all_of(s.context_lens.begin(), s.context_lens.end(), [](int L) { return L == 0; })) {
+      s.context_lens[0] = 1;
+    }
+    if (m == Malformation::kTableStride) s.table_padding = std::max(s.table_padding, 2);
+  }
+  return c;
+}
+
+std::int64_t kv_elements(const FuzzCase& c) { return pool_elements(c.spec); }
+
+BuiltCase build_case(const FuzzCase& c) {
+  BuiltCase b;
+  testkit::CaseSpec spec = c.spec;
+  spec.context_lens.resize(std::max(spec.batch, 0));
+  // An empty pool or an empty table row gives a null data() pointer, which the API rejects for
+  // any batch > 0 (even when every context is empty): keep one block and one table entry.
+  int used_blocks = 0;
+  for (int L : spec.context_lens) used_blocks += blocks_for(std::max(L, 0), spec.block_size);
+  if (used_blocks == 0) {
+    spec.spare_blocks = std::max(spec.spare_blocks, 1);
+    if (spec.table_padding + spec.table_stride_extra == 0) spec.table_padding = 1;
+  }
+  b.host = make_fast_case(spec);
+  testkit::HostCase& h = b.host;
+  if (c.snap) {
+    // Integers in [-127, 127] are exact in every dtype and their products sum exactly in f32
+    // (|sum| <= 256 * 127^2 < 2^24); times a power-of-two scale, each logit is exact.
+    for (std::size_t i = 0; i < h.q.size() / dtype_size(spec.q_dtype); ++i) {
+      store_from_float(h.q.data(), spec.q_dtype, i,
+                       snapped(load_as_float(h.q.data(), spec.q_dtype, i)));
+    }
+    for (std::size_t i = 0; i < h.k.size() / dtype_size(spec.kv_dtype); ++i) {
+      const float x = load_as_float(h.k.data(), spec.kv_dtype, i);
+      if (std::isfinite(x)) store_from_float(h.k.data(), spec.kv_dtype, i, snapped(x));
+    }
+  }
+  DecodeArgs& a = b.args;
+  a = h.args();
+  if (c.scale != 0.f) a.scale = c.scale;
+
+  const std::uint64_t p = c.bad_param;
+  const int B = spec.batch;
+  auto not_applicable = [&] {
+    throw std::invalid_argument(std::string("malformation ") + malformation_name(c.bad) +
+                                " does not apply to this case");
+  };
+  auto seq_arg = [](const char* name, int s) {
+    return std::string(name) + "[" + std::to_string(s) + "]";
+  };
+  switch (c.bad) {
+    case Malformation::kNone:
+      break;
+    case Malformation::kIdOutOfRange: {
+      std::vector<int> with_blocks;
+      for (int s = 0; s < B; ++s) {
+        if (h.context_lens[s] > 0) with_blocks.push_back(s);
+      }
+      if (with_blocks.empty()) not_applicable();
+      const int s = with_blocks[p % with_blocks.size()];
+      const int used = blocks_for(h.context_lens[s], spec.block_size);
+      const int i = static_cast<int>((p >> 8) % used);
+      const std::int32_t values[] = {h.num_blocks, h.num_blocks + static_cast<int>((p >> 16) % 7),
+                                     -1,           -static_cast<int>((p >> 16) % 100000) - 1,
+                                     INT32_MAX,    INT32_MIN};
+      h.block_table[static_cast<std::size_t>(s) * h.table_stride + i] = values[(p >> 40) % 6];
+      b.expected_code = ErrorCode::kOutOfRange;
+      b.expected_argument = "block_table[" + std::to_string(s) + "][" + std::to_string(i) + "]";
+      break;
+    }
+    case Malformation::kContextOverCapacity: {
+      if (B <= 0) not_applicable();
+      const int s = static_cast<int>(p % B);
+      const std::int64_t capacity =
+          static_cast<std::int64_t>(h.max_blocks_per_seq) * spec.block_size;
+      const std::int64_t v =
+          (p >> 32) % 4 == 0 ? INT32_MAX : capacity + 1 + static_cast<std::int64_t>((p >> 8) % 300);
+      h.context_lens[s] = static_cast<std::int32_t>(std::min<std::int64_t>(v, INT32_MAX));
+      b.expected_code = ErrorCode::kOutOfRange;
+      b.expected_argument = seq_arg("context_lens", s);
+      break;
+    }
+    case Malformation::kNegativeContext: {
+      if (B <= 0) not_applicable();
+      const int s = static_cast<int>(p % B);
+      h.context_lens[s] = (p >> 32) % 4 == 0 ? INT32_MIN : -1 - static_cast<int>((p >> 8) % 1000);
+      b.expected_code = ErrorCode::kOutOfRange;
+      b.expected_argument = seq_arg("context_lens", s);
+      break;
+    }
+    case Malformation::kHeadRatio:
+      if (a.num_kv_heads >= 2) {
+        a.num_heads += 1 + static_cast<int>(p % (a.num_kv_heads - 1));
+      } else {
+        a.num_kv_heads = a.num_heads + 1 + static_cast<int>(p % 8);
+      }
+      b.expected_argument = "num_heads";
+      break;
+    case Malformation::kGroupTooLarge:
+      a.num_kv_heads = 1 + static_cast<int>(p % 4);
+      a.num_heads = a.num_kv_heads * (kMaxGroupSize + 1 + static_cast<int>((p >> 8) % 64));
+      b.expected_code = ErrorCode::kUnsupported;
+      b.expected_argument = "group_size";
+      break;
+    case Malformation::kNullPointer: {
+      if (B <= 0) not_applicable();  // a batch of 0 reads no pointer
+      switch (p % 6) {
+        case 0:
+          a.q = nullptr, b.expected_argument = "q";
+          break;
+        case 1:
+          a.k_cache = nullptr, b.expected_argument = "k_cache";
+          break;
+        case 2:
+          a.v_cache = nullptr, b.expected_argument = "v_cache";
+          break;
+        case 3:
+          a.block_table = nullptr, b.expected_argument = "block_table";
+          break;
+        case 4:
+          a.context_lens = nullptr, b.expected_argument = "context_lens";
+          break;
+        default:
+          a.out = nullptr, b.expected_argument = "out";
+          break;
+      }
+      break;
+    }
+    case Malformation::kHeadDim: {
+      const int values[] = {0, -64, 1, 16, 32, 48, 65, 100, 127, 129, 160, 384, 512, INT32_MAX};
+      a.head_dim = values[p % (sizeof(values) / sizeof(values[0]))];
+      b.expected_code = ErrorCode::kUnsupported;
+      b.expected_argument = "head_dim";
+      break;
+    }
+    case Malformation::kBlockSize: {
+      const int values[] = {0, -1, -256, kMaxBlockSize + 1, 512, INT32_MAX, INT32_MIN};
+      a.block_size = values[p % (sizeof(values) / sizeof(values[0]))];
+      b.expected_code = ErrorCode::kUnsupported;
+      b.expected_argument = "block_size";
+      break;
+    }
+    case Malformation::kTableStride:
+      if (a.max_blocks_per_seq < 2) not_applicable();
+      a.block_table_stride = 1 + static_cast<int>(p % (a.max_blocks_per_seq - 1));
+      b.expected_argument = "block_table_stride";
+      break;
+    case Malformation::kDtypeMismatch:
+      a.v_dtype = kDTypes[(static_cast<int>(a.k_dtype) + 1 + p % 2) % 3];
+      b.expected_code = ErrorCode::kUnsupported;
+      b.expected_argument = "v_dtype";
+      break;
+    case Malformation::kBadDtype: {
+      const DType bad =
+          static_cast<DType>((p >> 8) % 2 ? -1 : 3 + static_cast<int>((p >> 16) % 50));
+      DType* fields[] = {&a.q_dtype, &a.k_dtype, &a.v_dtype, &a.out_dtype};
+      const char* names[] = {"q_dtype", "k_dtype", "v_dtype", "out_dtype"};
+      *fields[p % 4] = bad;
+      b.expected_argument = names[p % 4];
+      break;
+    }
+    case Malformation::kNonFiniteScale: {
+      const float values[] = {std::numeric_limits<float>::quiet_NaN(),
+                              std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity()};
+      a.scale = values[p % 3];
+      b.expected_argument = "scale";
+      break;
+    }
+    case Malformation::kNegativeBatch:
+      a.batch = p % 2 ? -1 : INT32_MIN;
+      b.expected_argument = "batch";
+      break;
+    case Malformation::kCount:
+      not_applicable();
+  }
+  if (c.bad == Malformation::kIdOutOfRange || c.bad == Malformation::kContextOverCapacity ||
+      c.bad == Malformation::kNegativeContext) {
+    a.block_table = h.block_table.data();
+    a.context_lens = h.context_lens.data();
+  }
+  return b;
+}
+
+std::string describe(const FuzzCase& c) {
+  std::ostringstream os;
+  os << testkit::describe(c.spec) << " threads=" << c.threads << " mag=" << c.spec.magnitude;
+  if (c.snap) os << " snap";
+  if (c.scale != 0.f) os << " scale=" << c.scale;
+  if (c.malformed()) os << " malformed=" << malformation_name(c.bad);
+  return os.str();
+}
+
+// ---- case files ----
+
+std::string to_text(const FuzzCase& c) {
+  const testkit::CaseSpec& s = c.spec;
+  std::ostringstream os;
+  os.precision(9);
+  os << "# pagedattn-fuzz case (replay: pagedattn-fuzz --replay FILE)\n"
+     << "origin " << c.origin_seed << ' ' << c.origin_index << '\n'
+     << "batch " << s.batch << '\n'
+     << "num_heads " << s.num_heads << '\n'
+     << "num_kv_heads " << s.num_kv_heads << '\n'
+     << "head_dim " << s.head_dim << '\n'
+     << "block_size " << s.block_size << '\n'
+     << "context_lens";
+  for (int i = 0; i < s.batch && i < static_cast<int>(s.context_lens.size()); ++i) {
+    os << ' ' << s.context_lens[i];
+  }
+  os << '\n'
+     << "q_dtype " << dtype_name(s.q_dtype) << '\n'
+     << "kv_dtype " << dtype_name(s.kv_dtype) << '\n'
+     << "out_dtype " << dtype_name(s.out_dtype) << '\n'
+     << "spare_blocks " << s.spare_blocks << '\n'
+     << "table_padding " << s.table_padding << '\n'
+     << "table_stride_extra " << s.table_stride_extra << '\n'
+     << "fragmented " << s.fragmented << '\n'
+     << "share_prefix " << s.share_prefix << '\n'
+     << "poison " << s.poison << '\n'
+     << "magnitude " << s.magnitude << '\n'
+     << "data_seed " << s.seed << '\n'
+     << "snap " << c.snap << '\n'
+     << "scale " << c.scale << '\n'
+     << "threads " << c.threads << '\n'
+     << "malformation " << malformation_name(c.bad) << ' ' << c.bad_param << '\n';
+  return os.str();
+}
+
+namespace {
+
+DType parse_dtype(const std::string& t) {
+  for (DType d : kDTypes) {
+    if (t == dtype_name(d)) return d;
+  }
+  throw std::runtime_error("case file: unknown dtype '" + t + "'");
+}
+
+}  // namespace
+
+FuzzCase from_text(const std::string& text) {
+  FuzzCase c;
+  testkit::CaseSpec& s = c.spec;
+  s.context_lens.clear();
+  std::istringstream in(text);
+  std::string line;
+  int line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    std::string key;
+    ls >> key;
+    auto bad = [&] {
+      throw std::runtime_error("case file line " + std::to_string(line_no) + ": cannot parse '" +
+                               line + "'");
+    };
+    auto read_int = [&](int& v) {
+      if (!(ls >> v)) bad();
+    };
+    auto read_bool = [&](bool& v) {
+      int i;
+      if (!(ls >> i)) bad();
+      v = i != 0;
+    };
+    std::string word;
+    if (key == "origin") {
+      if (!(ls >> c.origin_seed >> c.origin_index)) bad();
+    } else if (key == "batch") {
+      read_int(s.batch);
+    } else if (key == "num_heads") {
+      read_int(s.num_heads);
+    } else if (key == "num_kv_heads") {
+      read_int(s.num_kv_heads);
+    } else if (key == "head_dim") {
+      read_int(s.head_dim);
+    } else if (key == "block_size") {
+      read_int(s.block_size);
+    } else if (key == "context_lens") {
+      int L;
+      while (ls >> L) s.context_lens.push_back(L);
+    } else if (key == "q_dtype" || key == "kv_dtype" || key == "out_dtype") {
+      if (!(ls >> word)) bad();
+      (key == "q_dtype"    ? s.q_dtype
+       : key == "kv_dtype" ? s.kv_dtype
+                           : s.out_dtype) = parse_dtype(word);
+    } else if (key == "spare_blocks") {
+      read_int(s.spare_blocks);
+    } else if (key == "table_padding") {
+      read_int(s.table_padding);
+    } else if (key == "table_stride_extra") {
+      read_int(s.table_stride_extra);
+    } else if (key == "fragmented") {
+      read_bool(s.fragmented);
+    } else if (key == "share_prefix") {
+      read_bool(s.share_prefix);
+    } else if (key == "poison") {
+      read_bool(s.poison);
+    } else if (key == "magnitude") {
+      if (!(ls >> s.magnitude)) bad();
+    } else if (key == "data_seed") {
+      if (!(ls >> s.seed)) bad();
+    } else if (key == "snap") {
+      read_bool(c.snap);
+    } else if (key == "scale") {
+      if (!(ls >> c.scale)) bad();
+    } else if (key == "threads") {
+      read_int(c.threads);
+    } else if (key == "malformation") {
+      if (!(ls >> word >> c.bad_param)) bad();
+      bool found = false;
+      for (int i = 0; i < static_cast<int>(Malformation::kCount); ++i) {
+        if (word == kMalformationNames[i]) {
+          c.bad = static_cast<Malformation>(i);
+          found = true;
+        }
+      }
+      if (!found) bad();
+    } else {
+      bad();
+    }
+  }
+  if (s.batch < 0 || static_cast<int>(s.context_lens.size()) != s.batch) {
+    throw std::runtime_error("case file: context_lens must list batch values");
+  }
+  return c;
+}
+
+void save_case(const FuzzCase& c, const std::string& path) {
+  std::ofstream f(path);
+  f << to_text(c);
+  if (!f) throw std::runtime_error("cannot write " + path);
+}
+
+FuzzCase load_case(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("cannot read " + path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return from_text(ss.str());
+}
+
+}  // namespace pagedattn::fuzz

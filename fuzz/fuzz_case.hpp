@@ -1,0 +1,83 @@
+// One fuzz case: a random-case spec plus what the fuzzer adds on top of it (exact-logit snapping,
+// a custom scale, the CPU thread count, a planted malformation). Every case is a pure function of
+// (seed, index), and a case file holds the full description so a shrunk case replays alone.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "pagedattn/pagedattn.hpp"
+#include "random_case.hpp"
+
+namespace pagedattn::fuzz {
+
+// A deliberately invalid input, planted after the case is built.
+enum class Malformation : int {
+  kNone = 0,
+  kIdOutOfRange,         // a block id inside a context outside [0, num_blocks)
+  kContextOverCapacity,  // context_lens[b] > max_blocks_per_seq * block_size
+  kNegativeContext,      // context_lens[b] < 0
+  kHeadRatio,            // num_heads % num_kv_heads != 0
+  kGroupTooLarge,        // num_heads / num_kv_heads > kMaxGroupSize
+  kNullPointer,          // one of q, k_cache, v_cache, block_table, context_lens, out is null
+  kHeadDim,              // an unsupported head_dim
+  kBlockSize,            // block_size 0, negative or > kMaxBlockSize
+  kTableStride,          // 0 < block_table_stride < max_blocks_per_seq
+  kDtypeMismatch,        // v_dtype != k_dtype
+  kBadDtype,             // a dtype value that is not a DType
+  kNonFiniteScale,       // scale NaN or Inf
+  kNegativeBatch,        // batch < 0
+  kCount
+};
+const char* malformation_name(Malformation m);
+// Table-content malformations keep every buffer size honest, so backends that copy buffers by
+// the declared shapes (the CUDA round trip) can be given them too.
+bool keeps_buffer_sizes(Malformation m);
+
+struct FuzzCase {
+  testkit::CaseSpec spec;
+  // q and k snapped to integers in [-127, 127] and a power-of-two scale: every logit is exact in
+  // f32 whatever the summation order, so huge logits compare tightly.
+  bool snap = false;
+  float scale = 0.f;  // 0: the default 1 / sqrt(head_dim)
+  int threads = 1;    // CPU backend threads (the split plan depends on them)
+  Malformation bad = Malformation::kNone;
+  std::uint64_t bad_param = 0;  // which sequence / entry / pointer / value the malformation uses
+  // Where the case came from (informational once shrunk).
+  std::uint64_t origin_seed = 0;
+  std::uint64_t origin_index = 0;
+
+  bool malformed() const { return bad != Malformation::kNone; }
+  bool huge() const { return spec.magnitude >= 4.f; }
+};
+
+// Draw knobs: which backends the case must suit.
+struct DrawOptions {
+  bool table_malformations_only = false;  // CUDA runs only malformations that keep buffer sizes
+};
+
+// The case at (seed, index). Pure: the same pair always gives the same case.
+FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& options = {});
+
+// The built buffers plus the (possibly malformed) arguments the API is called with.
+struct BuiltCase {
+  testkit::HostCase host;
+  DecodeArgs args;  // over host's buffers; malformed when the case is
+  ErrorCode expected_code = ErrorCode::kInvalidArgument;
+  std::string expected_argument;  // empty for a valid case
+};
+BuiltCase build_case(const FuzzCase& c);
+
+// Total K (or V) cache elements and multiply-adds of the reference: the cost bounds.
+std::int64_t kv_elements(const FuzzCase& c);
+
+std::string describe(const FuzzCase& c);
+
+// Case files: "key value..." lines, '#' comments. save throws std::runtime_error on I/O errors,
+// load on I/O or parse errors.
+std::string to_text(const FuzzCase& c);
+FuzzCase from_text(const std::string& text);
+void save_case(const FuzzCase& c, const std::string& path);
+FuzzCase load_case(const std::string& path);
+
+}  // namespace pagedattn::fuzz

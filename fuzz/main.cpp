@@ -1,0 +1,314 @@
+// pagedattn-fuzz: the differential fuzzer. Random shapes, block tables and cache contents through
+// every requested backend against the f64 reference; on a mismatch it prints a replay command,
+// shrinks the case, saves it as a case file and exits non-zero. See docs/fuzzing.md.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "fuzz_case.hpp"
+#include "oracle.hpp"
+#include "pagedattn/detail/fault_injection.hpp"
+#include "pagedattn/pagedattn.hpp"
+#include "shrink.hpp"
+
+namespace pf = pagedattn::fuzz;
+using pagedattn::Backend;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Config {
+  std::vector<Backend> backends = {Backend::kCpu};
+  std::string backend_text = "cpu";
+  std::uint64_t seed = 1;
+  long long iters = -1;
+  double seconds = -1;
+  int threads = 0;
+  long long index = -1;
+  std::string replay;
+  std::string fault;
+  std::string out_dir = ".";
+  int max_shrink = 400;
+  bool expect_failure = false;
+  bool progress = true;
+  bool print_case = false;
+};
+
+[[noreturn]] void usage(int code) {
+  std::fprintf(code ? stderr : stdout,
+               "usage: pagedattn-fuzz [options]\n"
+               "  --backend LIST    backends to test, comma separated: cpu,cuda (default cpu)\n"
+               "  --seed S          run seed (default 1); case i is a function of (S, i)\n"
+               "  --iters N         run N cases (default 1000 when --seconds is not given)\n"
+               "  --seconds T       run for T seconds (with --iters: whichever ends first)\n"
+               "  --threads N       CPU backend threads for every case (default: drawn per case)\n"
+               "  --index I         run only case I of the seed (a replay)\n"
+               "  --replay FILE     run the case saved in FILE\n"
+               "  --print-case      with --index or --replay: print the case file, do not run it\n"
+               "  --out DIR         where failing cases are saved (default .)\n"
+               "  --max-shrink N    shrink evaluations at most (default 400; 0 disables)\n"
+               "  --no-progress     no live progress line\n"
+               "  --fault NAME      test only: plant a bug (last-block-off-by-one, wrong-kv-head,\n"
+               "                    drop-split)\n"
+               "  --expect-failure  test only: succeed iff a failure is found (and shrunk)\n");
+  std::exit(code);
+}
+
+Config parse(int argc, char** argv) {
+  Config c;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "pagedattn-fuzz: %s needs a value\n", a.c_str());
+        usage(2);
+      }
+      return argv[++i];
+    };
+    try {
+      if (a == "--backend") {
+        c.backend_text = value();
+        c.backends.clear();
+        std::stringstream ss(c.backend_text);
+        std::string item;
+        while (std::getline(ss, item, ',')) {
+          const Backend b = pagedattn::parse_backend(item, "--backend");
+          if (b == Backend::kAuto) {
+            std::fprintf(stderr, "pagedattn-fuzz: --backend takes cpu and/or cuda\n");
+            std::exit(2);
+          }
+          c.backends.push_back(b);
+        }
+        if (c.backends.empty()) usage(2);
+      } else if (a == "--seed") {
+        c.seed = std::stoull(value());
+      } else if (a == "--iters") {
+        c.iters = std::stoll(value());
+      } else if (a == "--seconds") {
+        c.seconds = std::stod(value());
+      } else if (a == "--threads") {
+        c.threads = std::stoi(value());
+      } else if (a == "--index") {
+        c.index = std::stoll(value());
+      } else if (a == "--replay") {
+        c.replay = value();
+      } else if (a == "--out") {
+        c.out_dir = value();
+      } else if (a == "--max-shrink") {
+        c.max_shrink = std::stoi(value());
+      } else if (a == "--fault") {
+        c.fault = value();
+      } else if (a == "--print-case") {
+        c.print_case = true;
+      } else if (a == "--no-progress") {
+        c.progress = false;
+      } else if (a == "--expect-failure") {
+        c.expect_failure = true;
+      } else if (a == "--help" || a == "-h") {
+        usage(0);
+      } else {
+        std::fprintf(stderr, "pagedattn-fuzz: unknown option %s\n", a.c_str());
+        usage(2);
+      }
+    } catch (const std::logic_error&) {  // stoi and friends
+      std::fprintf(stderr, "pagedattn-fuzz: bad value for %s\n", a.c_str());
+      usage(2);
+    }
+  }
+  if (c.iters < 0 && c.seconds < 0) c.iters = 1000;
+  return c;
+}
+
+pagedattn::detail::Fault parse_fault(const std::string& name) {
+  using pagedattn::detail::Fault;
+  if (name.empty() || name == "none") return Fault::kNone;
+  if (name == "last-block-off-by-one") return Fault::kLastBlockOffByOne;
+  if (name == "wrong-kv-head") return Fault::kWrongKvHead;
+  if (name == "drop-split") return Fault::kDropSplit;
+  std::fprintf(stderr,
+               "pagedattn-fuzz: unknown fault '%s' (last-block-off-by-one, wrong-kv-head, "
+               "drop-split)\n",
+               name.c_str());
+  std::exit(2);
+}
+
+// The options every replay line repeats.
+std::string common_flags(const Config& cfg) {
+  std::string s = "--backend " + cfg.backend_text;
+  if (cfg.threads > 0) s += " --threads " + std::to_string(cfg.threads);
+  if (!cfg.fault.empty()) s += " --fault " + cfg.fault;
+  return s;
+}
+
+struct Counts {
+  long long cases = 0, valid = 0, malformed = 0, huge = 0, long_ctx = 0, empty_batch = 0;
+  long long failures = 0;
+  double worst_ratio = 0;
+};
+
+void count(Counts& n, const pf::FuzzCase& c, const pf::Outcome& o) {
+  ++n.cases;
+  if (c.malformed()) {
+    ++n.malformed;
+  } else {
+    ++n.valid;
+    if (c.huge()) ++n.huge;
+    if (c.spec.batch == 0) ++n.empty_batch;
+    for (int L : c.spec.context_lens) {
+      if (L > 256) {
+        ++n.long_ctx;
+        break;
+      }
+    }
+  }
+  if (o.failed()) ++n.failures;
+  n.worst_ratio = std::max(n.worst_ratio, o.worst_ratio);
+}
+
+std::string counts_text(const Counts& n, double elapsed) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "%lld cases in %.1fs (%.0f/s): valid %lld (huge-logit %lld, split-length %lld, "
+                "batch 0 %lld), malformed %lld; failures %lld; worst err/tol %.3g",
+                n.cases, elapsed, elapsed > 0 ? n.cases / elapsed : 0.0, n.valid, n.huge,
+                n.long_ctx, n.empty_batch, n.malformed, n.failures, n.worst_ratio);
+  return buf;
+}
+
+std::string outcome_text(const pf::Outcome& o) { return "[" + o.oracle + "] " + o.message; }
+
+// Reports a failure, shrinks it, saves the shrunk case. Returns the path of the case file.
+std::string handle_failure(const Config& cfg, const pf::CheckOptions& check, const pf::FuzzCase& c,
+                           const pf::Outcome& o, const std::string& replay_line) {
+  std::printf("FAIL %s\n  case:   %s\n  replay: %s\n", outcome_text(o).c_str(),
+              pf::describe(c).c_str(), replay_line.c_str());
+  std::fflush(stdout);
+  pf::FuzzCase minimal = c;
+  pf::Outcome last = o;
+  if (cfg.max_shrink > 0) {
+    pf::ShrinkStats stats;
+    minimal = pf::shrink_case(
+        c,
+        [&](const pf::FuzzCase& cand) {
+          const pf::Outcome r = pf::check_case(cand, check);
+          if (r.failed() && r.oracle == o.oracle) {
+            last = r;
+            return true;
+          }
+          return false;
+        },
+        cfg.max_shrink, &stats);
+    std::printf("  shrunk (%d evaluations, %d steps): %s\n  still fails: %s\n", stats.evaluations,
+                stats.accepted, pf::describe(minimal).c_str(), outcome_text(last).c_str());
+  }
+  const std::string path = cfg.out_dir + "/fuzz-fail-" + std::to_string(c.origin_seed) + "-" +
+                           std::to_string(c.origin_index) + ".case";
+  try {
+    pf::save_case(minimal, path);
+    std::printf("  saved:  %s\n  replay: pagedattn-fuzz %s --replay %s\n", path.c_str(),
+                common_flags(cfg).c_str(), path.c_str());
+  } catch (const std::exception& e) {
+    std::printf("  could not save the case: %s\n%s", e.what(), pf::to_text(minimal).c_str());
+  }
+  std::fflush(stdout);
+  return path;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Many small parallel regions on a shared machine: waiting threads should sleep, not spin.
+  setenv("OMP_WAIT_POLICY", "passive", 0);
+  const Config cfg = parse(argc, argv);
+  pagedattn::detail::set_fault(parse_fault(cfg.fault));
+
+  pf::CheckOptions check;
+  check.backends = cfg.backends;
+  check.threads = cfg.threads;
+  pf::DrawOptions draw;
+  for (Backend b : cfg.backends) {
+    if (b == Backend::kCuda) {
+      std::string why;
+      if (!pagedattn::cuda_available(&why)) {
+        std::fprintf(stderr, "pagedattn-fuzz: the cuda backend is unavailable: %s\n", why.c_str());
+        return 2;
+      }
+      draw.table_malformations_only = true;
+    }
+  }
+
+  if (!cfg.replay.empty() || cfg.index >= 0) {
+    pf::FuzzCase c;
+    try {
+      c = cfg.replay.empty() ? pf::draw_case(cfg.seed, static_cast<std::uint64_t>(cfg.index), draw)
+                             : pf::load_case(cfg.replay);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "pagedattn-fuzz: %s\n", e.what());
+      return 2;
+    }
+    if (cfg.print_case) {
+      std::printf("%s", pf::to_text(c).c_str());
+      return 0;
+    }
+    std::printf("case: %s\n", pf::describe(c).c_str());
+    const pf::Outcome o = pf::check_case(c, check);
+    if (o.verdict == pf::Verdict::kInapplicable) {
+      std::printf("inapplicable: %s\n", o.message.c_str());
+      return 2;
+    }
+    std::printf("%s\n", o.failed() ? ("FAIL " + outcome_text(o)).c_str() : "pass");
+    return o.failed() ? 1 : 0;
+  }
+
+  const bool live = cfg.progress && isatty(STDERR_FILENO);
+  const double progress_every = live ? 1.0 : 10.0;
+  std::fprintf(stderr, "pagedattn-fuzz: seed %llu, backends %s%s%s\n",
+               static_cast<unsigned long long>(cfg.seed), cfg.backend_text.c_str(),
+               cfg.fault.empty() ? "" : ", planted fault ", cfg.fault.c_str());
+  const auto start = Clock::now();
+  double next_report = progress_every;
+  Counts n;
+  for (std::uint64_t i = 0;; ++i) {
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    if (cfg.iters >= 0 && static_cast<long long>(i) >= cfg.iters) break;
+    if (cfg.seconds >= 0 && elapsed >= cfg.seconds) break;
+    if (cfg.progress && elapsed >= next_report) {
+      std::fprintf(stderr, live ? "\r%s   " : "%s\n", counts_text(n, elapsed).c_str());
+      next_report = elapsed + progress_every;
+    }
+    const pf::FuzzCase c = pf::draw_case(cfg.seed, i, draw);
+    const pf::Outcome o = pf::check_case(c, check);
+    count(n, c, o);
+    if (o.verdict == pf::Verdict::kInapplicable) {
+      std::fprintf(stderr, "\npagedattn-fuzz: generator bug: case %llu: %s\n",
+                   static_cast<unsigned long long>(i), o.message.c_str());
+      return 3;
+    }
+    if (o.failed()) {
+      if (live) std::fprintf(stderr, "\n");
+      const std::string replay_line = "pagedattn-fuzz " + common_flags(cfg) + " --seed " +
+                                      std::to_string(cfg.seed) + " --index " + std::to_string(i);
+      handle_failure(cfg, check, c, o, replay_line);
+      std::printf("detected after %lld cases\n", n.cases);
+      const double t = std::chrono::duration<double>(Clock::now() - start).count();
+      std::printf("%s\n", counts_text(n, t).c_str());
+      return cfg.expect_failure ? 0 : 1;
+    }
+  }
+  const double t = std::chrono::duration<double>(Clock::now() - start).count();
+  if (live) std::fprintf(stderr, "\n");
+  std::printf("%s\n", counts_text(n, t).c_str());
+  if (cfg.expect_failure) {
+    std::printf("expected a failure, found none\n");
+    return 1;
+  }
+  return 0;
+}

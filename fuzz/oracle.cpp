@@ -1,0 +1,274 @@
+#include "oracle.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+#include "device_roundtrip.hpp"
+#include "pagedattn/cache_layout.hpp"
+#include "pagedattn/reference.hpp"
+
+namespace pagedattn::fuzz {
+namespace {
+
+constexpr double kU = 0x1p-24;  // unit roundoff of f32
+
+// Outputs of one run, widened to double.
+struct Result {
+  std::vector<double> out, lse;
+};
+
+Result read_outputs(const testkit::HostCase& h) {
+  Result r;
+  const std::size_t n = h.out.size() / dtype_size(h.spec.out_dtype);
+  r.out.resize(n);
+  for (std::size_t i = 0; i < n; ++i) r.out[i] = load_as_float(h.out.data(), h.spec.out_dtype, i);
+  r.lse.assign(h.lse.begin(), h.lse.end());
+  return r;
+}
+
+void run_backend(Backend backend, const DecodeArgs& args, int threads, bool single_split) {
+  DecodeOptions o;
+  o.backend = backend;
+  o.num_threads = threads;
+  o.single_split = single_split;
+  if (backend == Backend::kCuda) {
+    testkit::cuda_decode_from_host(args, o);
+  } else {
+    decode(args, o);
+  }
+}
+
+std::string where(std::size_t i, int H, int D) {
+  std::ostringstream os;
+  os << "out[" << i / D / H << "][" << (i / D) % H << "][" << i % D << "]";
+  return os.str();
+}
+
+// The f32 logit error bound of an inexact case: |fl(s_t) - s_t| <= c * u * scale * sum |q_d k_d|
+// with c = 2 sqrt(D) + 4 (probabilistic rounding-error growth of a D-term dot product, plus the
+// rounding of q * scale and of the logit itself). Returns that bound over every (b, h, t) read
+// and the largest |V| read.
+void logit_error_bound(const DecodeArgs& a, double* logit_err, double* max_abs_v) {
+  const CacheLayout layout =
+      CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
+  const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
+  const int H = a.num_heads, D = a.head_dim, G = a.group_size();
+  double worst = 0, vmax = 0;
+  std::vector<double> q(D), k(D);
+  for (int b = 0; b < a.batch; ++b) {
+    for (int t = 0; t < a.context_lens[b]; ++t) {
+      for (int kv = 0; kv < a.num_kv_heads; ++kv) {
+        const std::int64_t base =
+            layout.offset(table.block(b, t / a.block_size), kv, t % a.block_size);
+        for (int d = 0; d < D; ++d) {
+          k[d] = std::fabs(load_as_float(a.k_cache, a.k_dtype, base + d));
+          vmax = std::max<double>(vmax, std::fabs(load_as_float(a.v_cache, a.v_dtype, base + d)));
+        }
+        for (int g = 0; g < G; ++g) {
+          const std::size_t qb = (static_cast<std::size_t>(b) * H + kv * G + g) * D;
+          double sum = 0;
+          for (int d = 0; d < D; ++d)
+            sum += std::fabs(load_as_float(a.q, a.q_dtype, qb + d)) * k[d];
+          worst = std::max(worst, sum);
+        }
+      }
+    }
+  }
+  *logit_err = (2 * std::sqrt(static_cast<double>(D)) + 4) * kU * a.effective_scale() * worst;
+  *max_abs_v = vmax;
+}
+
+Tolerance tolerance_for(const FuzzCase& c, const DecodeArgs& a, const ReferenceResult& ref) {
+  Tolerance t;
+  double ref_scale = 1e-30, lse_scale = 0;
+  for (double x : ref.out) ref_scale = std::max(ref_scale, std::fabs(x));
+  for (double x : ref.lse) {
+    if (std::isfinite(x)) lse_scale = std::max(lse_scale, std::fabs(x));
+  }
+  // The testkit tolerance covers f32 arithmetic and the output rounding; lse is stored in f32,
+  // whose own rounding at |lse| ~ 1e4 (half an ulp, u * |lse|) exceeds its fixed part.
+  t.out_abs = testkit::out_tolerance(a.out_dtype) * ref_scale;
+  t.lse_abs = testkit::lse_tolerance() + 4 * kU * lse_scale;
+  if (!c.snap && c.huge()) {
+    // Inexact huge logits: every weight p_t may be off by a factor exp(+-2 ds), so out by
+    // (exp(2 ds) - 1) max|V| and lse by ds.
+    double vmax = 0;
+    logit_error_bound(a, &t.logit_err, &vmax);
+    t.out_abs += std::expm1(2 * t.logit_err) * vmax;
+    t.lse_abs += t.logit_err;
+  }
+  return t;
+}
+
+// Compares `got` with `want` (the reference or another run). Returns an empty string when they
+// agree; `ratio` gets the worst error / tolerance.
+std::string compare(const Result& got, const std::vector<double>& want_out,
+                    const std::vector<double>& want_lse, const Tolerance& tol, int H, int D,
+                    double* ratio) {
+  for (std::size_t i = 0; i < want_out.size(); ++i) {
+    const double err = std::fabs(got.out[i] - want_out[i]);
+    *ratio = std::max(*ratio, err / tol.out_abs);
+    if (!(err <= tol.out_abs)) {
+      std::ostringstream os;
+      os << where(i, H, D) << " = " << got.out[i] << ", expected " << want_out[i] << " (|err| "
+         << err << " > tol " << tol.out_abs << ")";
+      return os.str();
+    }
+  }
+  for (std::size_t i = 0; i < want_lse.size(); ++i) {
+    const double g = got.lse[i], w = want_lse[i];
+    bool ok;
+    if (std::isinf(w) || std::isinf(g)) {
+      ok = g == w;
+    } else {
+      const double err = std::fabs(g - w);
+      *ratio = std::max(*ratio, err / tol.lse_abs);
+      ok = err <= tol.lse_abs;
+    }
+    if (!ok) {
+      std::ostringstream os;
+      os << "lse[" << i / H << "][" << i % H << "] = " << g << ", expected " << w << " (tol "
+         << tol.lse_abs << ")";
+      return os.str();
+    }
+  }
+  return {};
+}
+
+// Every element written and finite (outputs were poisoned with NaN before the run); lse is -inf
+// exactly for an empty context.
+std::string check_finite(const Result& r, const testkit::HostCase& h) {
+  const int H = h.spec.num_heads, D = h.spec.head_dim;
+  for (std::size_t i = 0; i < r.out.size(); ++i) {
+    if (!std::isfinite(r.out[i])) {
+      std::ostringstream os;
+      os << where(i, H, D) << " = " << r.out[i] << " (unwritten or not finite)";
+      return os.str();
+    }
+  }
+  for (std::size_t i = 0; i < r.lse.size(); ++i) {
+    const bool empty = h.context_lens[i / H] == 0;
+    const double x = r.lse[i];
+    if (empty ? !(std::isinf(x) && x < 0) : !std::isfinite(x)) {
+      std::ostringstream os;
+      os << "lse[" << i / H << "][" << i % H << "] = " << x
+         << (empty ? " (expected -inf: empty context)" : " (unwritten or not finite)");
+      return os.str();
+    }
+  }
+  return {};
+}
+
+Outcome fail(const std::string& oracle, const std::string& message) {
+  Outcome o;
+  o.verdict = Verdict::kFail;
+  o.oracle = oracle;
+  o.message = message;
+  return o;
+}
+
+Outcome check_malformed(BuiltCase& bc, const CheckOptions& options, int threads) {
+  testkit::HostCase& h = bc.host;
+  for (Backend backend : options.backends) {
+    const std::string tag = std::string(backend_name(backend)) + ": ";
+    h.poison_outputs();
+    const std::vector<std::uint8_t> out_before = h.out;
+    const std::vector<float> lse_before = h.lse;
+    try {
+      run_backend(backend, bc.args, threads, false);
+      return fail("error", tag + "accepted invalid input, expected " +
+                               error_code_name(bc.expected_code) + " on '" + bc.expected_argument +
+                               "'");
+    } catch (const Error& e) {
+      if (e.code() != bc.expected_code || e.argument() != bc.expected_argument) {
+        return fail("error", tag + "raised " + error_code_name(e.code()) + " on '" + e.argument() +
+                                 "' (" + e.what() + "), expected " +
+                                 error_code_name(bc.expected_code) + " on '" +
+                                 bc.expected_argument + "'");
+      }
+    } catch (const std::exception& e) {
+      return fail("error", tag + "threw a non-pagedattn exception: " + e.what());
+    }
+    if (h.out != out_before ||
+        std::memcmp(h.lse.data(), lse_before.data(), h.lse.size() * sizeof(float)) != 0) {
+      return fail("untouched", tag + "wrote out or lse before rejecting the input");
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
+  BuiltCase bc;
+  try {
+    bc = build_case(c);
+  } catch (const std::invalid_argument& e) {
+    Outcome o;
+    o.verdict = Verdict::kInapplicable;
+    o.message = e.what();
+    return o;
+  }
+  const int threads = options.threads > 0 ? options.threads : c.threads;
+  if (c.malformed()) return check_malformed(bc, options, threads);
+
+  testkit::HostCase& h = bc.host;
+  const DecodeArgs& a = bc.args;
+  ReferenceResult ref;
+  try {
+    ref = reference_decode(a);
+  } catch (const std::exception& e) {
+    return fail("reference", std::string("the reference rejected a valid case: ") + e.what());
+  }
+  const Tolerance tol = tolerance_for(c, a, ref);
+  const int H = a.num_heads, D = a.head_dim;
+
+  Outcome outcome;
+  std::vector<Result> planned;
+  for (Backend backend : options.backends) {
+    const std::string tag = std::string(backend_name(backend)) + ": ";
+    Result runs[2];  // [0] the planner's plan, [1] a single split
+    for (int single = 0; single < 2; ++single) {
+      h.poison_outputs();
+      try {
+        run_backend(backend, a, threads, single == 1);
+      } catch (const std::exception& e) {
+        return fail("throw", tag + "threw on a valid case: " + e.what());
+      }
+      runs[single] = read_outputs(h);
+      const std::string plan = single ? "single split: " : "";
+      if (std::string bad = check_finite(runs[single], h); !bad.empty()) {
+        return fail("finite", tag + plan + bad);
+      }
+      if (std::string bad =
+              compare(runs[single], ref.out, ref.lse, tol, H, D, &outcome.worst_ratio);
+          !bad.empty()) {
+        return fail("reference", tag + plan + bad);
+      }
+    }
+    // Plan invariance: the split plan may only change the rounding.
+    double ignored = 0;
+    if (std::string bad = compare(runs[0], runs[1].out, runs[1].lse, tol, H, D, &ignored);
+        !bad.empty()) {
+      return fail("plan", tag + "planner vs single split: " + bad);
+    }
+    planned.push_back(std::move(runs[0]));
+  }
+  // Backends against each other (the first one listed is the baseline).
+  for (std::size_t i = 1; i < planned.size(); ++i) {
+    double ignored = 0;
+    if (std::string bad = compare(planned[i], planned[0].out, planned[0].lse, tol, H, D, &ignored);
+        !bad.empty()) {
+      return fail("cross", std::string(backend_name(options.backends[i])) + " vs " +
+                               backend_name(options.backends[0]) + ": " + bad);
+    }
+  }
+  return outcome;
+}
+
+}  // namespace pagedattn::fuzz

@@ -1,0 +1,42 @@
+// The oracles a fuzz case goes through: each backend against the f64 reference, backends against
+// each other, the planner's split plan against a single split, every output written and finite,
+// and malformed inputs rejected with the documented error and the outputs untouched.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "fuzz_case.hpp"
+#include "pagedattn/pagedattn.hpp"
+
+namespace pagedattn::fuzz {
+
+struct CheckOptions {
+  std::vector<Backend> backends = {Backend::kCpu};
+  int threads = 0;  // > 0 overrides the case's CPU thread count
+};
+
+enum class Verdict {
+  kPass,
+  kInapplicable,  // the case cannot be built (a shrink step made its malformation impossible)
+  kFail,
+};
+
+struct Outcome {
+  Verdict verdict = Verdict::kPass;
+  std::string oracle;   // which check failed: "reference", "finite", "plan", "cross", "error", ...
+  std::string message;  // what and where
+  double worst_ratio = 0;  // largest error / tolerance seen over the numeric checks
+  bool failed() const { return verdict == Verdict::kFail; }
+};
+
+Outcome check_case(const FuzzCase& c, const CheckOptions& options);
+
+// Tolerances for one valid case, relative to its reference (see docs/fuzzing.md).
+struct Tolerance {
+  double out_abs = 0;    // on |out - ref out|
+  double lse_abs = 0;    // on |lse - ref lse| over finite lse
+  double logit_err = 0;  // the f32 logit error bound folded in (0 for exact logits)
+};
+
+}  // namespace pagedattn::fuzz
