@@ -1,0 +1,343 @@
+// Cache writes and block copies against a plain element-by-element reference, on the CPU backend
+// and (where a device is present) the CUDA backend; out-of-range slots and block ids are errors
+// that leave the cache untouched.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "pagedattn/cache_layout.hpp"
+#include "sim/device_memory.hpp"
+#include "pagedattn/cache_ops.hpp"
+
+
+namespace pagedattn {
+namespace {
+
+struct WriteCase {
+  int num_tokens, num_kv_heads, head_dim, block_size, num_blocks;
+  DType src, cache;
+  std::int64_t src_stride;
+  std::vector<std::uint8_t> key, value, k_cache, v_cache;
+  std::vector<std::int32_t> slots;
+
+  CacheWriteArgs args() {
+    CacheWriteArgs a;
+    a.num_tokens = num_tokens;
+    a.num_kv_heads = num_kv_heads;
+    a.head_dim = head_dim;
+    a.block_size = block_size;
+    a.num_blocks = num_blocks;
+    a.key = key.data();
+    a.value = value.data();
+    a.src_dtype = src;
+    a.src_token_stride = src_stride;
+    a.slot_mapping = slots.data();
+    a.k_cache = k_cache.data();
+    a.v_cache = v_cache.data();
+    a.cache_dtype = cache;
+    return a;
+  }
+};
+
+// Distinct random slots, about one in five skipped; sources random, caches a byte pattern.
+WriteCase make_write_case(int tokens, int kv, int dim, int bs, int blocks, DType src, DType cache,
+                          std::int64_t extra_stride, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  WriteCase c{tokens, kv, dim, bs, blocks, src, cache, 0, {}, {}, {}, {}, {}};
+  c.src_stride = extra_stride ? static_cast<std::int64_t>(kv) * dim + extra_stride : 0;
+  const std::int64_t row = c.src_stride ? c.src_stride : static_cast<std::int64_t>(kv) * dim;
+  const std::size_t src_elems = static_cast<std::size_t>(row) * tokens;
+  c.key.resize(src_elems * dtype_size(src));
+  c.value.resize(src_elems * dtype_size(src));
+  std::normal_distribution<float> normal(0.f, 2.f);
+  for (std::size_t i = 0; i < src_elems; ++i) {
+    store_from_float(c.key.data(), src, i, normal(rng));
+    store_from_float(c.value.data(), src, i, normal(rng));
+  }
+  const std::size_t cache_bytes =
+      static_cast<std::size_t>(CacheLayout::dense(blocks, kv, bs, dim).elements()) *
+      dtype_size(cache);
+  c.k_cache.resize(cache_bytes);
+  c.v_cache.resize(cache_bytes);
+  for (std::size_t i = 0; i < cache_bytes; ++i) {
+    c.k_cache[i] = static_cast<std::uint8_t>(i * 7 + 1);
+    c.v_cache[i] = static_cast<std::uint8_t>(i * 13 + 5);
+  }
+  std::vector<std::int32_t> all(static_cast<std::size_t>(blocks) * bs);
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng);
+  for (int t = 0; t < tokens; ++t) c.slots.push_back(rng() % 5 == 0 ? -1 : all[t]);
+  return c;
+}
+
+// The reference: one element at a time through f32.
+void reference_write(WriteCase& c) {
+  const CacheLayout l = CacheLayout::dense(c.num_blocks, c.num_kv_heads, c.block_size, c.head_dim);
+  const std::int64_t row = c.src_stride ? c.src_stride : std::int64_t{c.num_kv_heads} * c.head_dim;
+  for (int t = 0; t < c.num_tokens; ++t) {
+    const int s = c.slots[t];
+    if (s < 0) continue;
+    for (int h = 0; h < c.num_kv_heads; ++h) {
+      for (int d = 0; d < c.head_dim; ++d) {
+        const std::size_t src = t * row + h * c.head_dim + d;
+        const std::size_t dst = l.offset(s / c.block_size, h, s % c.block_size) + d;
+        store_from_float(c.k_cache.data(), c.cache, dst, load_as_float(c.key.data(), c.src, src));
+        store_from_float(c.v_cache.data(), c.cache, dst, load_as_float(c.value.data(), c.src, src));
+      }
+    }
+  }
+}
+
+CacheOpOptions cpu() {
+  CacheOpOptions o;
+  o.backend = Backend::kCpu;
+  return o;
+}
+
+using DTypePair = std::tuple<DType, DType>;
+class CacheWriteDTypes : public ::testing::TestWithParam<DTypePair> {};
+
+TEST_P(CacheWriteDTypes, CpuMatchesTheReference) {
+  const auto [src, cache] = GetParam();
+  int seed = 1;
+  for (const int bs : {1, 5, 16}) {
+    for (const int dim : {64, 80}) {
+      for (const int tokens : {1, 7, 200}) {
+        SCOPED_TRACE(::testing::Message() << "bs=" << bs << " dim=" << dim << " tokens=" << tokens);
+        WriteCase got = make_write_case(tokens, 2, dim, bs, (tokens + bs) / bs + 2, src, cache,
+                                        seed % 2 ? 0 : 24, seed);
+        WriteCase want = got;
+        ++seed;
+        write_cache(got.args(), cpu());
+        reference_write(want);
+        EXPECT_TRUE(got.k_cache == want.k_cache);
+        EXPECT_TRUE(got.v_cache == want.v_cache);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, CacheWriteDTypes,
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                       ::testing::Values(DType::kF32, DType::kF16, DType::kBF16)));
+
+TEST(CacheWrite, SlotOutOfRangeIsAnErrorAndWritesNothing) {
+  for (const std::int32_t bad : {-2, 4 * 16, 1 << 30}) {
+    WriteCase c = make_write_case(8, 2, 64, 16, 4, DType::kF32, DType::kBF16, 0, 3);
+    c.slots[5] = bad;
+    const std::vector<std::uint8_t> k0 = c.k_cache, v0 = c.v_cache;
+    try {
+      write_cache(c.args(), cpu());
+      FAIL() << "slot " << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kOutOfRange);
+      EXPECT_EQ(e.argument(), "slot_mapping[5]");
+      EXPECT_NE(std::string(e.what()).find(std::to_string(bad)), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(c.k_cache == k0);
+    EXPECT_TRUE(c.v_cache == v0);
+  }
+}
+
+TEST(CacheWrite, BadShapesAreErrors) {
+  WriteCase c = make_write_case(4, 2, 64, 16, 4, DType::kF32, DType::kF32, 0, 4);
+  CacheWriteArgs a = c.args();
+  a.block_size = 0;
+  EXPECT_THROW(write_cache(a, cpu()), Error);
+  a = c.args();
+  a.key = nullptr;
+  EXPECT_THROW(write_cache(a, cpu()), Error);
+  a = c.args();
+  a.src_token_stride = 10;
+  EXPECT_THROW(write_cache(a, cpu()), Error);
+  a = c.args();
+  a.num_tokens = 0;
+  a.key = nullptr;  // nothing to read: fine
+  EXPECT_NO_THROW(write_cache(a, cpu()));
+}
+
+struct CopyCase {
+  std::vector<std::uint8_t> k, v;
+  std::int64_t block_bytes;
+};
+
+CopyBlocksArgs copy_args(CopyCase& c, const std::vector<BlockCopy>& pairs, DType t) {
+  CopyBlocksArgs a;
+  a.num_kv_heads = 2;
+  a.head_dim = 64;
+  a.block_size = 4;
+  a.num_blocks = 8;
+  a.k_cache = c.k.data();
+  a.v_cache = c.v.data();
+  a.cache_dtype = t;
+  a.pairs = pairs.data();
+  a.num_pairs = static_cast<int>(pairs.size());
+  return a;
+}
+
+CopyCase make_copy_case(DType t) {
+  CopyCase c;
+  c.block_bytes = 2 * 64 * 4 * static_cast<std::int64_t>(dtype_size(t));
+  c.k.resize(8 * c.block_bytes);
+  c.v.resize(8 * c.block_bytes);
+  for (std::size_t i = 0; i < c.k.size(); ++i) {
+    c.k[i] = static_cast<std::uint8_t>(i * 31 + 3);
+    c.v[i] = static_cast<std::uint8_t>(i * 17 + 9);
+  }
+  return c;
+}
+
+void reference_copy(CopyCase& c, const std::vector<BlockCopy>& pairs) {
+  for (const BlockCopy& p : pairs) {
+    std::memcpy(&c.k[p.dst * c.block_bytes], &c.k[p.src * c.block_bytes], c.block_bytes);
+    std::memcpy(&c.v[p.dst * c.block_bytes], &c.v[p.src * c.block_bytes], c.block_bytes);
+  }
+}
+
+TEST(CopyBlocks, CpuMatchesTheReference) {
+  for (const DType t : {DType::kF32, DType::kBF16}) {
+    CopyCase got = make_copy_case(t);
+    CopyCase want = got;
+    const std::vector<BlockCopy> pairs = {{0, 5}, {3, 1}, {0, 7}};
+    copy_blocks(copy_args(got, pairs, t), cpu());
+    reference_copy(want, pairs);
+    EXPECT_TRUE(got.k == want.k);
+    EXPECT_TRUE(got.v == want.v);
+  }
+}
+
+TEST(CopyBlocks, BadPairsAreErrorsAndCopyNothing) {
+  CopyCase c = make_copy_case(DType::kF32);
+  const CopyCase before = c;
+  const auto expect_error = [&](const std::vector<BlockCopy>& pairs, const std::string& arg) {
+    try {
+      copy_blocks(copy_args(c, pairs, DType::kF32), cpu());
+      ADD_FAILURE() << "accepted, expected an error about " << arg;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), arg) << e.what();
+    }
+    EXPECT_TRUE(c.k == before.k && c.v == before.v);
+  };
+  expect_error({{0, 1}, {8, 2}}, "pairs[1].src");
+  expect_error({{0, 1}, {2, -1}}, "pairs[1].dst");
+  expect_error({{0, 1}, {2, 1}}, "pairs[1].dst");  // written twice
+  expect_error({{0, 1}, {1, 2}}, "pairs[0].dst");  // written while another pair reads it
+}
+
+TEST(CacheWrite, CudaUnavailableIsAClearError) {
+  if (cuda_available()) GTEST_SKIP() << "a CUDA device is present";
+  WriteCase c = make_write_case(4, 2, 64, 16, 4, DType::kF32, DType::kF32, 0, 5);
+  CacheOpOptions o;
+  o.backend = Backend::kCuda;
+  try {
+    write_cache(c.args(), o);
+    FAIL() << "CUDA accepted without a device";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kBackendUnavailable);
+  }
+}
+
+// Device copies of host buffers (the simulator's device memory helpers).
+struct DeviceBytes : sim::DeviceBytes {
+  DeviceBytes(const void* host, std::size_t bytes) : sim::DeviceBytes(host, bytes) {}
+  void* p = get();
+  template <typename T>
+  void to_host(std::vector<T>& out) const {
+    sim::copy_to_host(out.data(), get(), size());
+  }
+};
+
+CacheWriteArgs device_args(WriteCase& c, DeviceBytes& key, DeviceBytes& value, DeviceBytes& slots,
+                           DeviceBytes& k, DeviceBytes& v) {
+  CacheWriteArgs a = c.args();
+  a.key = key.p;
+  a.value = value.p;
+  a.slot_mapping = static_cast<const std::int32_t*>(slots.p);
+  a.k_cache = k.p;
+  a.v_cache = v.p;
+  return a;
+}
+
+TEST_P(CacheWriteDTypes, CudaMatchesTheReference) {
+  if (!cuda_available() || !sim::device_memory_built()) GTEST_SKIP() << "no CUDA device";
+  const auto [src, cache] = GetParam();
+  for (const bool checked : {true, false}) {
+    WriteCase got = make_write_case(300, 4, 128, 16, 24, src, cache, checked ? 0 : 8, 11);
+    WriteCase want = got;
+    DeviceBytes key(got.key.data(), got.key.size()), value(got.value.data(), got.value.size());
+    DeviceBytes slots(got.slots.data(), got.slots.size() * 4);
+    DeviceBytes k(got.k_cache.data(), got.k_cache.size()),
+        v(got.v_cache.data(), got.v_cache.size());
+    CacheOpOptions o;
+    o.backend = Backend::kCuda;
+    o.check_device_slots = checked;
+    write_cache(device_args(got, key, value, slots, k, v), o);
+    k.to_host(got.k_cache);
+    v.to_host(got.v_cache);
+    reference_write(want);
+    EXPECT_TRUE(got.k_cache == want.k_cache) << "checked=" << checked;
+    EXPECT_TRUE(got.v_cache == want.v_cache) << "checked=" << checked;
+  }
+}
+
+TEST(CacheWrite, CudaSlotOutOfRange) {
+  if (!cuda_available() || !sim::device_memory_built()) GTEST_SKIP() << "no CUDA device";
+  WriteCase c = make_write_case(8, 2, 64, 16, 4, DType::kF32, DType::kF16, 0, 6);
+  c.slots[2] = 4 * 16;
+  WriteCase want = c;
+  DeviceBytes key(c.key.data(), c.key.size()), value(c.value.data(), c.value.size());
+  DeviceBytes slots(c.slots.data(), c.slots.size() * 4);
+  DeviceBytes k(c.k_cache.data(), c.k_cache.size()), v(c.v_cache.data(), c.v_cache.size());
+  CacheOpOptions o;
+  o.backend = Backend::kCuda;
+  try {  // checked: an error, nothing written
+    write_cache(device_args(c, key, value, slots, k, v), o);
+    FAIL() << "out-of-range slot accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "slot_mapping[2]");
+  }
+  std::vector<std::uint8_t> out(c.k_cache.size());
+  k.to_host(out);
+  EXPECT_TRUE(out == c.k_cache);
+  // Unchecked: the kernel skips the bad slot and writes the others.
+  o.check_device_slots = false;
+  write_cache(device_args(c, key, value, slots, k, v), o);
+  want.slots[2] = -1;
+  reference_write(want);
+  k.to_host(out);
+  EXPECT_TRUE(out == want.k_cache);
+  v.to_host(out);
+  EXPECT_TRUE(out == want.v_cache);
+}
+
+TEST(CopyBlocks, CudaMatchesTheReference) {
+  if (!cuda_available() || !sim::device_memory_built()) GTEST_SKIP() << "no CUDA device";
+  for (const DType t : {DType::kF32, DType::kF16}) {
+    CopyCase got = make_copy_case(t);
+    CopyCase want = got;
+    DeviceBytes k(got.k.data(), got.k.size()), v(got.v.data(), got.v.size());
+    std::vector<BlockCopy> pairs;
+    for (int i = 0; i < 4; ++i) pairs.push_back({i, 7 - i});
+    CopyBlocksArgs a = copy_args(got, pairs, t);
+    a.k_cache = k.p;
+    a.v_cache = v.p;
+    CacheOpOptions o;
+    o.backend = Backend::kCuda;
+    copy_blocks(a, o);
+    k.to_host(got.k);
+    v.to_host(got.v);
+    reference_copy(want, pairs);
+    EXPECT_TRUE(got.k == want.k);
+    EXPECT_TRUE(got.v == want.v);
+  }
+}
+}  // namespace
+}  // namespace pagedattn
