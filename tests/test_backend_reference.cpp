@@ -50,6 +50,13 @@ int ctx_len(Ctx c, int bs) {
   return 0;
 }
 
+// Readable parameter values in test listings.
+void PrintTo(Ctx c, std::ostream* os) { *os << "ctx " << ctx_name(c); }
+}  // namespace
+void PrintTo(Backend b, std::ostream* os) { *os << backend_name(b); }
+void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
+namespace {
+
 // group: query heads per kv head; 0 means every head on one kv head (MQA with 16 heads).
 using Param = std::tuple<Backend, DType, int /*head_dim*/, int /*block_size*/, int /*group*/, Ctx>;
 
