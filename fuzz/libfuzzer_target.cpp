@@ -1,0 +1,194 @@
+// Coverage-guided fuzzing of the API's validation and the CPU path (libFuzzer, built with clang
+// and -fsanitize=fuzzer,address,undefined by scripts/build_libfuzzer.sh).
+//
+// The input bytes choose every DecodeArgs field, valid or not, then the contents of the context
+// lengths, the block table and the tensors. Buffers are allocated at exactly the sizes the
+// declared shapes imply, so AddressSanitizer reports any read or write outside them. Each input
+// must either raise pagedattn::Error, agree with the f64 reference's own validation, and leave
+// out and lse untouched; or succeed with every output finite and close to the reference.
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "pagedattn/pagedattn.hpp"
+#include "pagedattn/reference.hpp"
+
+namespace {
+
+using pagedattn::DecodeArgs;
+using pagedattn::DType;
+
+[[noreturn]] void die(const char* what) {
+  std::fprintf(stderr, "pagedattn libfuzzer target: %s\n", what);
+  std::abort();
+}
+
+bool valid_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+std::size_t bytes_of(DType t) { return valid_dtype(t) ? pagedattn::dtype_size(t) : 4; }
+
+// A buffer of exactly n bytes (one byte when n is 0, so the pointer is not null).
+struct Buffer {
+  std::unique_ptr<std::uint8_t[]> data;
+  std::size_t size = 0;
+  explicit Buffer(std::size_t n) : data(new std::uint8_t[std::max<std::size_t>(n, 1)]()), size(n) {}
+};
+
+std::size_t product(std::initializer_list<long long> dims) {
+  long long p = 1;
+  for (long long d : dims) p *= std::max(d, 0LL);
+  return static_cast<std::size_t>(p);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  FuzzedDataProvider in(data, size);
+  DecodeArgs a;
+  a.batch = in.ConsumeIntegralInRange<int>(-2, 5);
+  a.num_kv_heads = in.ConsumeIntegralInRange<int>(-1, 4);
+  const int group = in.ConsumeIntegralInRange<int>(0, 66);
+  a.num_heads = in.ConsumeBool() ? a.num_kv_heads * group : in.ConsumeIntegralInRange<int>(-1, 80);
+  a.head_dim = in.ConsumeBool()
+                   ? pagedattn::kSupportedHeadDims[in.ConsumeIntegralInRange<int>(0, 6)]
+                   : in.ConsumeIntegralInRange<int>(-2, 300);
+  a.block_size = in.ConsumeBool() ? in.ConsumeIntegralInRange<int>(1, 20)
+                                  : in.ConsumeIntegralInRange<int>(-2, 260);
+  a.num_blocks = in.ConsumeIntegralInRange<int>(-1, 12);
+  a.max_blocks_per_seq = in.ConsumeIntegralInRange<int>(-1, 8);
+  a.block_table_stride = in.ConsumeIntegralInRange<int>(0, 10);
+  const DType kv_dtype = static_cast<DType>(in.ConsumeIntegralInRange<int>(-1, 3));
+  a.q_dtype = static_cast<DType>(in.ConsumeIntegralInRange<int>(-1, 3));
+  a.k_dtype = kv_dtype;
+  a.v_dtype = in.ConsumeIntegralInRange<int>(0, 15) == 0
+                  ? static_cast<DType>(in.ConsumeIntegralInRange<int>(-1, 3))
+                  : kv_dtype;
+  a.out_dtype = static_cast<DType>(in.ConsumeIntegralInRange<int>(-1, 3));
+  switch (in.ConsumeIntegralInRange<int>(0, 7)) {
+    case 0:
+      a.scale = in.ConsumeFloatingPointInRange<float>(-2.f, 2.f);
+      break;
+    case 1:
+      a.scale = std::numeric_limits<float>::quiet_NaN();
+      break;
+    case 2:
+      a.scale = std::numeric_limits<float>::infinity();
+      break;
+    default:
+      break;
+  }
+  const int null_pointer = in.ConsumeIntegralInRange<int>(0, 24);  // < 7: that pointer is null
+  const bool with_lse = in.ConsumeBool();
+  const bool single_split = in.ConsumeBool();
+
+  // Buffers at the declared sizes. Declared sizes too large for quick runs are skipped.
+  const std::size_t stride = static_cast<std::size_t>(
+      std::max(a.block_table_stride ? a.block_table_stride : a.max_blocks_per_seq, 0));
+  const std::size_t rows = product({a.batch, a.num_heads, a.head_dim});
+  const std::size_t pool = product({a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim});
+  if (pool * 4 > (std::size_t{8} << 20) || rows * 4 > (std::size_t{4} << 20)) return 0;
+  Buffer q(rows * bytes_of(a.q_dtype)), k(pool * bytes_of(a.k_dtype)),
+      v(pool * bytes_of(a.v_dtype)), out(rows * bytes_of(a.out_dtype));
+  std::vector<std::int32_t> lens(static_cast<std::size_t>(std::max(a.batch, 0)));
+  std::vector<std::int32_t> table(static_cast<std::size_t>(std::max(a.batch, 0)) * stride);
+  std::vector<float> lse(product({a.batch, a.num_heads}));
+
+  const long long capacity =
+      static_cast<long long>(std::max(a.max_blocks_per_seq, 0)) * std::max(a.block_size, 0);
+  for (auto& L : lens) L = in.ConsumeIntegralInRange<int>(-2, static_cast<int>(capacity) + 2);
+  for (auto& id : table) id = in.ConsumeIntegralInRange<int>(-2, std::max(a.num_blocks, 0) + 1);
+  // Small finite values (logits stay moderate); the rest of the input, cycled.
+  const std::vector<std::uint8_t> bytes = in.ConsumeRemainingBytes<std::uint8_t>();
+  auto fill = [&](Buffer& b, DType t, std::size_t salt) {
+    if (!valid_dtype(t)) return;
+    const std::size_t n = b.size / pagedattn::dtype_size(t);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint8_t x = bytes.empty() ? static_cast<std::uint8_t>(i * 37 + salt)
+                                           : bytes[(i + salt) % bytes.size()];
+      pagedattn::store_from_float(b.data.get(), t, i, (static_cast<int>(x) - 128) / 64.f);
+    }
+  };
+  fill(q, a.q_dtype, 0);
+  fill(k, a.k_dtype, 7);
+  fill(v, a.v_dtype, 13);
+  std::memset(out.data.get(), 0xff, std::max<std::size_t>(out.size, 1));
+  std::fill(lse.begin(), lse.end(), std::numeric_limits<float>::quiet_NaN());
+
+  a.q = null_pointer == 0 ? nullptr : q.data.get();
+  a.k_cache = null_pointer == 1 ? nullptr : k.data.get();
+  a.v_cache = null_pointer == 2 ? nullptr : v.data.get();
+  a.block_table = null_pointer == 3 ? nullptr : table.data();
+  a.context_lens = null_pointer == 4 ? nullptr : lens.data();
+  a.out = null_pointer == 5 ? nullptr : out.data.get();
+  a.lse = with_lse && null_pointer != 6 ? lse.data() : nullptr;
+
+  const std::vector<std::uint8_t> out_before(out.data.get(), out.data.get() + out.size);
+  pagedattn::DecodeOptions options;
+  options.backend = pagedattn::Backend::kCpu;
+  options.num_threads = 1;
+  options.single_split = single_split;
+
+  bool decode_threw = false;
+  pagedattn::ErrorCode code{};
+  std::string argument;
+  try {
+    pagedattn::decode(a, options);
+  } catch (const pagedattn::Error& e) {
+    decode_threw = true;
+    code = e.code();
+    argument = e.argument();
+  }
+  if (decode_threw) {
+    if (out.size > 0 && std::memcmp(out_before.data(), out.data.get(), out.size) != 0) {
+      die("out written before an error");
+    }
+    for (float x : lse) {
+      if (!std::isnan(x)) die("lse written before an error");
+    }
+  }
+
+  // The reference validates the same way (it needs no out) and, when valid, computes the same
+  // function.
+  if (a.out == nullptr) return 0;
+  pagedattn::ReferenceResult ref;
+  try {
+    ref = pagedattn::reference_decode(a);
+  } catch (const pagedattn::Error& e) {
+    if (!decode_threw) die("the reference rejected what decode accepted");
+    if (e.code() != code || e.argument() != argument) {
+      std::fprintf(stderr, "decode: %s (%s); reference: %s (%s)\n", argument.c_str(),
+                   pagedattn::error_code_name(code), e.argument().c_str(),
+                   pagedattn::error_code_name(e.code()));
+      die("decode and the reference disagree");
+    }
+    return 0;
+  }
+  if (decode_threw) die("decode rejected what the reference accepted");
+  if (a.batch == 0) return 0;
+
+  double scale = 1e-30;
+  for (double x : ref.out) scale = std::max(scale, std::fabs(x));
+  const double tol = 1e-2 * scale + 1e-6;  // loose: f16/bf16 outputs, moderate logits
+  for (std::size_t i = 0; i < ref.out.size(); ++i) {
+    const double got = pagedattn::load_as_float(out.data.get(), a.out_dtype, i);
+    if (!std::isfinite(got)) die("non-finite or unwritten output");
+    if (std::fabs(got - ref.out[i]) > tol) die("output differs from the reference");
+  }
+  if (a.lse) {
+    for (std::size_t i = 0; i < ref.lse.size(); ++i) {
+      const double want = ref.lse[i], got = lse[i];
+      if (std::isinf(want) ? got != want
+                           : !(std::fabs(got - want) <= 1e-3 * (1 + std::fabs(want)))) {
+        die("lse differs from the reference");
+      }
+    }
+  }
+  return 0;
+}
