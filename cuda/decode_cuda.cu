@@ -1,9 +1,214 @@
-// The CUDA backend entry points.
+// The CUDA backend entry points: sizing and carving the workspace, checked mode, and the two
+// launches (split partials, then combine) on the caller's stream. No allocation and no host
+// synchronization when the caller passes a workspace (checked mode excepted: it must read the
+// tables on the host).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
 #include "pagedattn/detail/backends.hpp"
+#include "pagedattn/validate.hpp"
+#include "split_kernel.cuh"
 
 namespace pagedattn::detail::cuda {
+namespace {
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    fail(ErrorCode::kDeviceError, what, cudaGetErrorName(err), cudaGetErrorString(err));
+  }
+}
+
+// Work items the planner aims for per SM: several waves of small items, so the hardware block
+// scheduler evens out a skewed batch and the last wave is short.
+constexpr int kItemsPerSm = 12;
+// A split covers at least this many tokens; keeps the combine cheap while letting a single
+// 4096-token sequence spread over 256 CTAs.
+constexpr int kMinChunkTokens = 128;
+constexpr int kMaxSplitsPerSeq = 1024;
+
+int sm_count() {
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  static std::mutex mu;
+  static std::vector<int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (static_cast<int>(cache.size()) <= dev) cache.resize(dev + 1, 0);
+  if (cache[dev] == 0) {
+    int n = 0;
+    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev),
+          "cudaDeviceGetAttribute");
+    cache[dev] = n;
+  }
+  return cache[dev];
+}
+
+PlanOptions plan_options(int sms, bool single_split) {
+  PlanOptions o;
+  o.parallelism = sms * kItemsPerSm;
+  o.min_chunk_tokens = kMinChunkTokens;
+  o.max_splits_per_seq = kMaxSplitsPerSeq;
+  o.single_split = single_split;
+  return o;
+}
+
+bool use_mma(const DecodeArgs& a) {
+  return a.k_dtype != DType::kF32 && a.q_dtype == a.k_dtype && a.group_size() >= 4;
+}
+
+int head_chunks(const DecodeArgs& a) {
+  return use_mma(a) ? 1 : (a.group_size() + kSimtHeadsPerCta - 1) / kSimtHeadsPerCta;
+}
+
+// Upper bound on the plan's total splits for any context lengths within the table's capacity.
+// With chunk >= work / parallelism, sum_b ceil(nb_b / chunk) <= parallelism / kv_heads + batch;
+// and no sequence has more than min(max_splits, ceil(max_blocks / min_chunk_blocks)) splits.
+std::int64_t max_total_splits(const DecodeArgs& a, const PlanOptions& o) {
+  if (a.batch == 0 || a.max_blocks_per_seq == 0) return 0;
+  const std::int64_t min_chunk = blocks_for(o.min_chunk_tokens, a.block_size);
+  const std::int64_t per_seq = std::min<std::int64_t>(
+      o.max_splits_per_seq, (a.max_blocks_per_seq + min_chunk - 1) / min_chunk);
+  const std::int64_t by_seq = static_cast<std::int64_t>(a.batch) * per_seq;
+  const std::int64_t by_work =
+      (o.parallelism + a.num_kv_heads - 1) / a.num_kv_heads + static_cast<std::int64_t>(a.batch);
+  return std::min(by_seq, by_work);
+}
+
+constexpr std::size_t align256(std::size_t n) { return (n + 255) & ~std::size_t(255); }
+
+struct Layout {
+  std::size_t offsets_bytes, ml_bytes, acc_bytes, total;
+};
+
+Layout workspace_layout(const DecodeArgs& a, std::int64_t splits) {
+  Layout l;
+  const std::size_t partials = static_cast<std::size_t>(splits) * a.num_heads;
+  l.offsets_bytes = align256(static_cast<std::size_t>(a.batch + 1) * sizeof(int));
+  l.ml_bytes = align256(partials * 2 * sizeof(float));
+  l.acc_bytes = align256(partials * a.head_dim * sizeof(float));
+  l.total = l.offsets_bytes + l.ml_bytes + l.acc_bytes;
+  return l;
+}
+
+// The library's own workspace, for callers that pass none: one growing buffer per device.
+void* cached_workspace(std::size_t bytes) {
+  static std::mutex mu;
+  static std::vector<std::pair<void*, std::size_t>> buffers;
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mu);
+  if (static_cast<int>(buffers.size()) <= dev) buffers.resize(dev + 1, {nullptr, 0});
+  auto& buf = buffers[dev];
+  if (buf.second < bytes) {
+    if (buf.first != nullptr) {
+      check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // the old buffer may be in use
+      check(cudaFree(buf.first), "cudaFree");
+      buf = {nullptr, 0};
+    }
+    check(cudaMalloc(&buf.first, bytes), "cudaMalloc");
+    buf.second = bytes;
+  }
+  return buf.first;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Combine: one warp per (sequence, query head) merges the splits in order, finalizes out = acc / l
+// and lse = (m + log2 l) * ln 2; an empty context gives out = 0, lse = -inf.
+
+struct CombineParams {
+  const float* part_ml;
+  const float* part_acc;
+  const int* split_offset;
+  void* out;
+  float* lse;
+  int batch, num_heads, head_dim;
+};
+
+template <typename OutT>
+__device__ __forceinline__ void store_out(void* out, std::int64_t i, float v);
+template <>
+__device__ __forceinline__ void store_out<float>(void* out, std::int64_t i, float v) {
+  static_cast<float*>(out)[i] = v;
+}
+template <>
+__device__ __forceinline__ void store_out<__half>(void* out, std::int64_t i, float v) {
+  static_cast<__half*>(out)[i] = __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ void store_out<__nv_bfloat16>(void* out, std::int64_t i, float v) {
+  static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
+}
+
+constexpr int kCombineWarps = 4;
+constexpr int kMaxDPerLane = 256 / 32;
+
+template <typename OutT>
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombineParams p) {
+  const int lane = threadIdx.x & 31;
+  const std::int64_t idx =
+      static_cast<std::int64_t>(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
+  if (idx >= static_cast<std::int64_t>(p.batch) * p.num_heads) return;
+  const int b = static_cast<int>(idx / p.num_heads), h = static_cast<int>(idx % p.num_heads);
+  const int D = p.head_dim;
+  const int off = p.split_offset[b];
+  const int ns = p.split_offset[b + 1] - off;
+  float mmax = -INFINITY;
+  for (int s = lane; s < ns; s += 32) {
+    mmax = fmaxf(mmax, p.part_ml[2 * ((static_cast<std::int64_t>(off) + s) * p.num_heads + h)]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mmax = fmaxf(mmax, __shfl_xor_sync(0xffffffffu, mmax, o));
+  float acc[kMaxDPerLane];
+#pragma unroll
+  for (int k = 0; k < kMaxDPerLane; ++k) acc[k] = 0.f;
+  float lsum = 0.f;
+  if (mmax != -INFINITY) {
+    for (int c = 0; c < ns; c += 32) {
+      float w = 0.f, lw = 0.f;
+      if (c + lane < ns) {
+        const std::int64_t pi = (static_cast<std::int64_t>(off) + c + lane) * p.num_heads + h;
+        w = exp2f(p.part_ml[2 * pi] - mmax);
+        lw = w * p.part_ml[2 * pi + 1];
+      }
+      lsum += lw;
+      const int n = min(32, ns - c);
+      for (int k = 0; k < n; ++k) {
+        const float wk = __shfl_sync(0xffffffffu, w, k);
+        const float* src =
+            p.part_acc + ((static_cast<std::int64_t>(off) + c + k) * p.num_heads + h) * D;
+#pragma unroll
+        for (int q = 0; q < kMaxDPerLane; ++q) {
+          const int d = lane + 32 * q;
+          if (d < D) acc[q] = fmaf(wk, src[d], acc[q]);
+        }
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
+  }
+  const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+#pragma unroll
+  for (int q = 0; q < kMaxDPerLane; ++q) {
+    const int d = lane + 32 * q;
+    if (d < D) store_out<OutT>(p.out, idx * D + d, acc[q] * inv);
+  }
+  if (p.lse != nullptr && lane == 0) {
+    p.lse[idx] = lsum > 0.f ? (mmax + log2f(lsum)) * 0.6931471805599453f : -INFINITY;
+  }
+}
+
+void require_aligned(const char* name, const void* ptr) {
+  if (reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0) {
+    fail(ErrorCode::kInvalidArgument, name, ptr, "must be 16-byte aligned for the CUDA backend");
+  }
+}
+
+}  // namespace
 
 bool available(std::string* why) {
   int count = 0;
@@ -18,9 +223,134 @@ bool available(std::string* why) {
   return true;
 }
 
-void decode(const DecodeArgs&, const DecodeOptions&) {
-  fail(ErrorCode::kBackendUnavailable, "backend", "cuda",
-       "unavailable: the CUDA kernels are not implemented yet");
+std::size_t workspace_size(const DecodeArgs& a) {
+  const PlanOptions o = plan_options(sm_count(), false);
+  return workspace_layout(a, max_total_splits(a, o)).total;
+}
+
+void decode(const DecodeArgs& a, const DecodeOptions& options) {
+  if (a.batch == 0) return;
+  require_aligned("q", a.q);
+  require_aligned("k_cache", a.k_cache);
+  require_aligned("v_cache", a.v_cache);
+  cudaStream_t stream = static_cast<cudaStream_t>(options.cuda_stream);
+  const PlanOptions plan = plan_options(sm_count(), options.single_split);
+  // The grid and the workspace depend on shapes only; single_split needs fewer splits.
+  const std::int64_t splits = max_total_splits(a, plan_options(sm_count(), false));
+  const Layout lay = workspace_layout(a, splits);
+  char* ws = nullptr;
+  if (options.workspace != nullptr) {
+    if (options.workspace_bytes < lay.total) {
+      fail(ErrorCode::kInvalidArgument, "workspace_bytes", options.workspace_bytes,
+           "too small: cuda_workspace_size() = " + std::to_string(lay.total));
+    }
+    require_aligned("workspace", options.workspace);
+    ws = static_cast<char*>(options.workspace);
+  } else {
+    ws = static_cast<char*>(cached_workspace(lay.total));
+  }
+
+  if (options.cuda_checked) {
+    // Read the device tables back and validate them exactly as the CPU path does.
+    std::vector<std::int32_t> lens(a.batch);
+    const std::size_t table_elems =
+        static_cast<std::size_t>(a.batch - 1) * a.table_stride() + a.max_blocks_per_seq;
+    std::vector<std::int32_t> table(std::max<std::size_t>(table_elems, 1));
+    check(cudaMemcpyAsync(lens.data(), a.context_lens, lens.size() * sizeof(std::int32_t),
+                          cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync(context_lens)");
+    if (table_elems > 0) {
+      check(cudaMemcpyAsync(table.data(), a.block_table, table_elems * sizeof(std::int32_t),
+                            cudaMemcpyDeviceToHost, stream),
+            "cudaMemcpyAsync(block_table)");
+    }
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    validate_tables(a, lens.data(), table.data());
+  }
+
+  SplitParams p{};
+  p.q = a.q;
+  p.q_dtype = static_cast<int>(a.q_dtype);
+  p.k = a.k_cache;
+  p.v = a.v_cache;
+  p.table = a.block_table;
+  p.lens = a.context_lens;
+  p.batch = a.batch;
+  p.num_heads = a.num_heads;
+  p.num_kv_heads = a.num_kv_heads;
+  p.group = a.group_size();
+  p.block_size = a.block_size;
+  p.num_blocks = a.num_blocks;
+  p.max_blocks = a.max_blocks_per_seq;
+  p.table_stride = a.table_stride();
+  p.scale_log2 = a.effective_scale() * 1.4426950408889634f;
+  p.plan = plan;
+  p.head_chunks = head_chunks(a);
+  p.split_offset = reinterpret_cast<int*>(ws);
+  p.part_ml = reinterpret_cast<float*>(ws + lay.offsets_bytes);
+  p.part_acc = reinterpret_cast<float*>(ws + lay.offsets_bytes + lay.ml_bytes);
+
+  const bool mma = use_mma(a);
+  if (splits > 0) {
+    const std::int64_t grid64 = splits * a.num_kv_heads * p.head_chunks;
+    if (grid64 > INT32_MAX) {
+      fail(ErrorCode::kUnsupported, "batch", a.batch, "too many work items for one launch");
+    }
+    const int grid = static_cast<int>(grid64);
+    switch (a.k_dtype) {
+      case DType::kF32:
+        launch_split_f32(p, a.head_dim, grid, stream);
+        break;
+      case DType::kF16:
+        launch_split_f16(p, a.head_dim, mma, grid, stream);
+        break;
+      case DType::kBF16:
+        launch_split_bf16(p, a.head_dim, mma, grid, stream);
+        break;
+    }
+    check(cudaGetLastError(), "split_kernel launch");
+  } else {
+    // No table entries at all: every context is 0; the combine sees no splits.
+    check(cudaMemsetAsync(p.split_offset, 0, (a.batch + 1) * sizeof(int), stream),
+          "cudaMemsetAsync");
+  }
+
+  CombineParams c{};
+  c.part_ml = p.part_ml;
+  c.part_acc = p.part_acc;
+  c.split_offset = p.split_offset;
+  c.out = a.out;
+  c.lse = a.lse;
+  c.batch = a.batch;
+  c.num_heads = a.num_heads;
+  c.head_dim = a.head_dim;
+  const std::int64_t rows = static_cast<std::int64_t>(a.batch) * a.num_heads;
+  const int cgrid = static_cast<int>((rows + kCombineWarps - 1) / kCombineWarps);
+  switch (a.out_dtype) {
+    case DType::kF32:
+      combine_kernel<float><<<cgrid, kCombineWarps * 32, 0, stream>>>(c);
+      break;
+    case DType::kF16:
+      combine_kernel<__half><<<cgrid, kCombineWarps * 32, 0, stream>>>(c);
+      break;
+    case DType::kBF16:
+      combine_kernel<__nv_bfloat16><<<cgrid, kCombineWarps * 32, 0, stream>>>(c);
+      break;
+  }
+  check(cudaGetLastError(), "combine_kernel launch");
 }
 
 }  // namespace pagedattn::detail::cuda
+
+namespace pagedattn {
+
+std::size_t cuda_workspace_size(const DecodeArgs& args) {
+  validate_shapes(args);
+  std::string why;
+  if (!detail::cuda::available(&why)) {
+    fail(ErrorCode::kBackendUnavailable, "backend", "cuda", "unavailable: " + why);
+  }
+  return detail::cuda::workspace_size(args);
+}
+
+}  // namespace pagedattn

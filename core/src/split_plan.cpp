@@ -6,22 +6,6 @@
 
 namespace pagedattn {
 
-int choose_chunk_blocks(std::int64_t total_blocks, int max_blocks, int num_kv_heads, int block_size,
-                        const PlanOptions& o) {
-  if (max_blocks <= 0) return 1;
-  if (o.single_split) return max_blocks;
-  // Enough items to fill the machine: kv_heads * total_blocks / chunk ~= parallelism.
-  const std::int64_t work = total_blocks * std::max(num_kv_heads, 1);
-  const std::int64_t parallel = std::max(o.parallelism, 1);
-  std::int64_t chunk = (work + parallel - 1) / parallel;
-  // Not so small that the combine costs more than the split saves.
-  chunk = std::max<std::int64_t>(chunk, blocks_for(std::max(o.min_chunk_tokens, 1), block_size));
-  // Bounded splits per sequence keep the partials buffer small.
-  const int max_splits = std::max(o.max_splits_per_seq, 1);
-  chunk = std::max<std::int64_t>(chunk, (max_blocks + max_splits - 1) / max_splits);
-  return static_cast<int>(std::min<std::int64_t>(chunk, max_blocks));
-}
-
 SplitPlan make_split_plan(const std::int32_t* context_lens, int batch, int num_kv_heads,
                           int block_size, const PlanOptions& options) {
   SplitPlan plan;

@@ -81,7 +81,16 @@ struct DecodeOptions {
   // One work item per (sequence, kv head), no split-KV: used to check that the split plan does
   // not change results. Slower on long contexts.
   bool single_split = false;
+  // CUDA: copy the device-resident context_lens and block_table to the host and validate them
+  // (the same errors as the CPU path) before any kernel runs. Synchronizes the stream. Without
+  // it, out-of-range lengths are clamped and tokens of out-of-range block ids are skipped.
+  bool cuda_checked = false;
 };
+
+// Device workspace bytes the CUDA backend needs for these shapes on the current device. Depends
+// on batch, heads, head_dim, block_size and max_blocks_per_seq only (not on context lengths), so
+// one workspace serves every later step of the same shapes, CUDA-graph replays included.
+std::size_t cuda_workspace_size(const DecodeArgs& args);
 
 // Runs decode attention. Throws pagedattn::Error on bad input, before writing anything.
 void decode(const DecodeArgs& args, const DecodeOptions& options = {});

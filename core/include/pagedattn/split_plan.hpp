@@ -8,6 +8,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "pagedattn/cache_layout.hpp"
+#include "pagedattn/host_device.hpp"
+
 namespace pagedattn {
 
 struct WorkItem {
@@ -52,8 +55,26 @@ SplitPlan make_split_plan(const std::int32_t* context_lens, int batch, int num_k
                           int block_size, const PlanOptions& options);
 
 // The chunk size (in blocks) the planner picks for a batch whose largest context is
-// max_blocks and whose total blocks (summed over sequences) is total_blocks.
-int choose_chunk_blocks(std::int64_t total_blocks, int max_blocks, int num_kv_heads, int block_size,
-                        const PlanOptions& options);
+// max_blocks and whose total blocks (summed over sequences) is total_blocks. Host and device
+// alike: the CUDA backend plans on the device with this same rule.
+PAGEDATTN_HOST_DEVICE int choose_chunk_blocks(std::int64_t total_blocks, int max_blocks,
+                                              int num_kv_heads, int block_size,
+                                              const PlanOptions& o) {
+  if (max_blocks <= 0) return 1;
+  if (o.single_split) return max_blocks;
+  // Enough items to fill the machine: kv_heads * total_blocks / chunk ~= parallelism.
+  const std::int64_t work = total_blocks * (num_kv_heads > 1 ? num_kv_heads : 1);
+  const std::int64_t parallel = o.parallelism > 1 ? o.parallelism : 1;
+  std::int64_t chunk = (work + parallel - 1) / parallel;
+  // Not so small that the combine costs more than the split saves.
+  const std::int64_t min_chunk =
+      blocks_for(o.min_chunk_tokens > 1 ? o.min_chunk_tokens : 1, block_size);
+  chunk = chunk > min_chunk ? chunk : min_chunk;
+  // Bounded splits per sequence keep the partials buffer small.
+  const int max_splits = o.max_splits_per_seq > 1 ? o.max_splits_per_seq : 1;
+  const std::int64_t by_splits = (max_blocks + max_splits - 1) / max_splits;
+  chunk = chunk > by_splits ? chunk : by_splits;
+  return static_cast<int>(chunk < max_blocks ? chunk : max_blocks);
+}
 
 }  // namespace pagedattn

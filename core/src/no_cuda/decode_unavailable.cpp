@@ -15,3 +15,9 @@ void decode(const DecodeArgs&, const DecodeOptions&) {
 }
 
 }  // namespace pagedattn::detail::cuda
+
+namespace pagedattn {
+
+std::size_t cuda_workspace_size(const DecodeArgs&) { return 0; }
+
+}  // namespace pagedattn

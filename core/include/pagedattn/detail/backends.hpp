@@ -18,6 +18,8 @@ namespace cuda {
 bool available(std::string* why);
 // Runs on device memory.
 void decode(const DecodeArgs& args, const DecodeOptions& options);
+// Device workspace bytes decode needs for these shapes (see pagedattn::cuda_workspace_size).
+std::size_t workspace_size(const DecodeArgs& args);
 }  // namespace cuda
 
 }  // namespace pagedattn::detail

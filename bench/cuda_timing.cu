@@ -1,0 +1,326 @@
+// The CUDA side of pagedattn-bench: the GPU read ceiling (a streaming-read kernel, best of
+// several grids and unroll depths) and the timing of one shape through the public API: CUDA
+// events, median, CUDA-graph replay by default, inputs rotated over several sets so that together
+// they exceed the L2 several times.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cuda_timing.hpp"
+#include "pagedattn/cache_layout.hpp"
+#include "pagedattn/reference.hpp"
+
+namespace pagedattn::bench {
+namespace {
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    fail(ErrorCode::kDeviceError, what, cudaGetErrorName(err), cudaGetErrorString(err));
+  }
+}
+
+struct DeviceMem {
+  void* p = nullptr;
+  explicit DeviceMem(std::size_t bytes) { check(cudaMalloc(&p, bytes ? bytes : 16), "cudaMalloc"); }
+  DeviceMem(const DeviceMem&) = delete;
+  DeviceMem& operator=(const DeviceMem&) = delete;
+  DeviceMem(DeviceMem&& o) noexcept : p(o.p) { o.p = nullptr; }
+  ~DeviceMem() {
+    if (p) cudaFree(p);
+  }
+};
+
+struct Events {
+  cudaEvent_t a, b;
+  Events() {
+    check(cudaEventCreate(&a), "cudaEventCreate");
+    check(cudaEventCreate(&b), "cudaEventCreate");
+  }
+  ~Events() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+};
+
+// ---- read ceiling ----
+template <int UNROLL>
+__global__ void read_kernel(const int4* __restrict__ p, std::size_t n, int* sink) {
+  int acc = 0;
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + (UNROLL - 1) * stride < n; i += UNROLL * stride) {
+    int4 v[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) v[u] = __ldcs(p + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n; i += stride) {
+    const int4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x7fffffff) *sink = acc;
+}
+
+// ---- random inputs on the device (a counter hash: reproducible, never zeros) ----
+__device__ __forceinline__ std::uint32_t hash32(std::uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return static_cast<std::uint32_t>(x);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_f(float x);
+template <>
+__device__ __forceinline__ float from_f<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_f<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// Approximately N(0, 1): Box-Muller over two hashed uniforms.
+template <typename T>
+__global__ void fill_normal(T* p, std::size_t n, std::uint64_t seed) {
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const float u1 = (hash32(seed * 0x9e3779b97f4a7c15ull + 2 * i) + 1.f) * 2.3283064e-10f;
+    const float u2 = hash32(seed * 0x9e3779b97f4a7c15ull + 2 * i + 1) * 2.3283064e-10f;
+    p[i] = from_f<T>(sqrtf(-2.f * logf(u1)) * cospif(2.f * u2));
+  }
+}
+
+void fill(void* p, DType t, std::size_t n, std::uint64_t seed) {
+  if (n == 0) return;
+  const int grid = static_cast<int>(std::min<std::size_t>((n + 255) / 256, 132 * 32));
+  switch (t) {
+    case DType::kF32:
+      fill_normal<<<grid, 256>>>(static_cast<float*>(p), n, seed);
+      break;
+    case DType::kF16:
+      fill_normal<<<grid, 256>>>(static_cast<__half*>(p), n, seed);
+      break;
+    case DType::kBF16:
+      fill_normal<<<grid, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
+      break;
+  }
+  check(cudaGetLastError(), "fill_normal");
+}
+
+// One input set: its own cache pool, table (a random permutation when fragmented), q, out.
+struct InputSet {
+  DeviceMem q, k, v, table, lens, out, lse;
+  DecodeArgs args;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+double cuda_read_ceiling_gbps() {
+  std::size_t free_b = 0, total_b = 0;
+  check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  const std::size_t bytes =
+      std::min<std::size_t>(std::size_t(4) << 30, free_b / 2) & ~std::size_t(15);
+  const std::size_t n = bytes / 16;
+  DeviceMem buf(bytes), sink(16);
+  check(cudaMemset(buf.p, 1, bytes), "cudaMemset");
+  int dev = 0, sms = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "attribute");
+  Events ev;
+  double best = 0;
+  auto trial = [&](auto kernel, int blocks, int threads) {
+    kernel<<<blocks, threads>>>(static_cast<const int4*>(buf.p), n, static_cast<int*>(sink.p));
+    check(cudaDeviceSynchronize(), "read_kernel");
+    float best_ms = 1e30f;
+    for (int r = 0; r < 10; ++r) {
+      cudaEventRecord(ev.a);
+      kernel<<<blocks, threads>>>(static_cast<const int4*>(buf.p), n, static_cast<int*>(sink.p));
+      cudaEventRecord(ev.b);
+      check(cudaEventSynchronize(ev.b), "cudaEventSynchronize");
+      float ms = 0;
+      cudaEventElapsedTime(&ms, ev.a, ev.b);
+      best_ms = std::min(best_ms, ms);
+    }
+    best = std::max(best, bytes / (best_ms * 1e-3) / 1e9);
+  };
+  for (int threads : {256, 512, 1024}) {
+    for (int per_sm : {1, 2, 4, 8, 16}) {
+      if (threads * per_sm > 2048) continue;
+      trial(read_kernel<4>, sms * per_sm, threads);
+      trial(read_kernel<8>, sms * per_sm, threads);
+    }
+  }
+  return best;
+}
+
+Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& options) {
+  const int B = s.batch, H = s.heads, KV = s.kv_heads, D = s.head_dim, BS = s.block_size;
+  const int max_blocks = blocks_for(s.context, BS);
+  const int num_blocks = B * max_blocks + 7;
+  const CacheLayout layout = CacheLayout::dense(num_blocks, KV, BS, D);
+  const std::size_t cache_elems = static_cast<std::size_t>(layout.elements());
+  const std::size_t esz = dtype_size(dtype);
+  const double kv_set_bytes = 2.0 * cache_elems * esz;
+  // Enough sets that the rotation spans at least 4x a 60 MB L2 (the H200's), at most 16 sets
+  // and at most half the free memory.
+  std::size_t free_b = 0, total_b = 0;
+  check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  int sets = static_cast<int>(std::ceil(240e6 / std::max(kv_set_bytes, 1.0)));
+  sets = std::max(2, std::min(sets, 16));
+  while (sets > 1 && sets * kv_set_bytes > 0.5 * static_cast<double>(free_b)) --sets;
+
+  std::mt19937_64 rng(20261129u + static_cast<std::uint64_t>(B) * 131 + s.context);
+  std::vector<InputSet> in;
+  in.reserve(sets);
+  const std::size_t qo = static_cast<std::size_t>(B) * H * D;
+  std::vector<std::int32_t> host_table(static_cast<std::size_t>(B) * max_blocks);
+  std::vector<std::int32_t> host_lens(B, s.context);
+  std::vector<std::vector<std::int32_t>> tables;
+  for (int i = 0; i < sets; ++i) {
+    std::vector<std::int32_t> pool(num_blocks);
+    std::iota(pool.begin(), pool.end(), 0);
+    if (!options.contiguous) std::shuffle(pool.begin(), pool.end(), rng);
+    std::copy(pool.begin(), pool.begin() + host_table.size(), host_table.begin());
+    tables.push_back(host_table);
+    InputSet set{DeviceMem(qo * esz),
+                 DeviceMem(cache_elems * esz),
+                 DeviceMem(cache_elems * esz),
+                 DeviceMem(host_table.size() * 4),
+                 DeviceMem(B * 4),
+                 DeviceMem(qo * esz),
+                 DeviceMem(static_cast<std::size_t>(B) * H * 4),
+                 {}};
+    fill(set.q.p, dtype, qo, 3 * i + 1);
+    fill(set.k.p, dtype, cache_elems, 3 * i + 2);
+    fill(set.v.p, dtype, cache_elems, 3 * i + 3);
+    check(cudaMemcpy(set.table.p, host_table.data(), host_table.size() * 4, cudaMemcpyHostToDevice),
+          "cudaMemcpy(table)");
+    check(cudaMemcpy(set.lens.p, host_lens.data(), B * 4, cudaMemcpyHostToDevice),
+          "cudaMemcpy(lens)");
+    DecodeArgs& a = set.args;
+    a.batch = B;
+    a.num_heads = H;
+    a.num_kv_heads = KV;
+    a.head_dim = D;
+    a.block_size = BS;
+    a.num_blocks = num_blocks;
+    a.max_blocks_per_seq = max_blocks;
+    a.q = set.q.p;
+    a.k_cache = set.k.p;
+    a.v_cache = set.v.p;
+    a.q_dtype = a.k_dtype = a.v_dtype = a.out_dtype = dtype;
+    a.block_table = static_cast<const std::int32_t*>(set.table.p);
+    a.context_lens = static_cast<const std::int32_t*>(set.lens.p);
+    a.out = set.out.p;
+    a.lse = static_cast<float*>(set.lse.p);
+    in.push_back(std::move(set));
+  }
+  check(cudaDeviceSynchronize(), "fill");
+
+  cudaStream_t stream;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const std::size_t ws_bytes = cuda_workspace_size(in[0].args);
+  DeviceMem ws(ws_bytes);
+  DecodeOptions opt;
+  opt.backend = Backend::kCuda;
+  opt.cuda_stream = stream;
+  opt.workspace = ws.p;
+  opt.workspace_bytes = ws_bytes;
+  for (int i = 0; i < sets; ++i) decode(in[i].args, opt);  // warm-up, module load
+  check(cudaStreamSynchronize(stream), "warm-up");
+
+  // Accuracy: the f64 reference over a subsample of set 0's sequences (at most ~64K tokens),
+  // when the cache fits comfortably in host memory; NaN otherwise.
+  double rel_err = std::nan("");
+  if (kv_set_bytes <= 3e9) {
+    std::vector<std::uint8_t> hq(qo * esz), hk(cache_elems * esz), hv(cache_elems * esz),
+        hout(qo * esz);
+    check(cudaMemcpy(hq.data(), in[0].q.p, hq.size(), cudaMemcpyDeviceToHost), "copy q");
+    check(cudaMemcpy(hk.data(), in[0].k.p, hk.size(), cudaMemcpyDeviceToHost), "copy k");
+    check(cudaMemcpy(hv.data(), in[0].v.p, hv.size(), cudaMemcpyDeviceToHost), "copy v");
+    check(cudaMemcpy(hout.data(), in[0].out.p, hout.size(), cudaMemcpyDeviceToHost), "copy out");
+    const int sub = std::max(1, std::min(B, 65536 / std::max(s.context, 1)));
+    DecodeArgs h = in[0].args;
+    h.batch = sub;
+    h.q = hq.data();
+    h.k_cache = hk.data();
+    h.v_cache = hv.data();
+    h.block_table = tables[0].data();
+    h.context_lens = host_lens.data();
+    h.out = nullptr;
+    h.lse = nullptr;
+    std::vector<std::uint8_t> scratch(qo * esz);
+    h.out = scratch.data();
+    const ReferenceResult ref = reference_decode(h);
+    double scale = 1e-30, err = 0;
+    for (std::size_t i = 0; i < ref.out.size(); ++i) {
+      scale = std::max(scale, std::fabs(ref.out[i]));
+      const double got = load_as_float(hout.data(), dtype, i);
+      err = std::isfinite(got) ? std::max(err, std::fabs(got - ref.out[i]))
+                               : std::numeric_limits<double>::infinity();
+    }
+    rel_err = err / scale;
+  }
+
+  // Timing: a batch of `reps` decode steps rotating over the sets, as one CUDA graph (default)
+  // or as plain launches; median over repeats of the batch time / reps.
+  const int reps = std::max(sets, 20);
+  auto enqueue = [&] {
+    for (int r = 0; r < reps; ++r) decode(in[r % sets].args, opt);
+  };
+  Events ev;
+  std::vector<double> samples;
+  cudaGraphExec_t exec = nullptr;
+  cudaGraph_t graph = nullptr;
+  if (options.graph) {
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "BeginCapture");
+    enqueue();
+    check(cudaStreamEndCapture(stream, &graph), "EndCapture");
+    check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");  // warm-up
+  } else {
+    enqueue();
+  }
+  check(cudaStreamSynchronize(stream), "warm-up");
+  const int repeats = std::max(5, options.min_iterations / 4);
+  for (int it = 0; it < repeats; ++it) {
+    check(cudaEventRecord(ev.a, stream), "cudaEventRecord");
+    if (options.graph) {
+      check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+    } else {
+      enqueue();
+    }
+    check(cudaEventRecord(ev.b, stream), "cudaEventRecord");
+    check(cudaEventSynchronize(ev.b), "cudaEventSynchronize");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, ev.a, ev.b), "cudaEventElapsedTime");
+    samples.push_back(ms / reps);
+  }
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  return Timing{median(samples), rel_err};
+}
+
+}  // namespace pagedattn::bench

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The GPU job, run on the H200 machine from the repository root over a build made elsewhere:
+#   scripts/gpu_job.sh [stage...]     stages: tests sanitize bench anchors ncu (default: all but ncu)
+# Env: BUILD (default build-gpu), OUT (logs; default ./out), ANCHORS (the seed benchmark folder,
+# default .anchors), SHAPES=quick for a short benchmark list.
+# Logs: tests.log, sanitize.log, bench.csv, bench.log, anchors.log (+ the anchors' own CSV),
+# ncu.log, summary.txt. Every stage has its own timeout so a hang cannot eat the job.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+BUILD=${BUILD:-build-gpu}
+OUT=${OUT:-out}
+ANCHORS=${ANCHORS:-.anchors}
+mkdir -p "$OUT"
+STAGES=("$@")
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(tests sanitize bench anchors)
+TESTS="$BUILD/tests/pagedattn_tests"
+BENCH="$BUILD/bench/pagedattn-bench"
+SUMMARY="$OUT/summary.txt"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+note "# gpu job $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv,noheader \
+  | tee -a "$SUMMARY"
+
+has() { local s; for s in "${STAGES[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+
+if has tests; then
+  # Every CUDA test: the shared reference grid's CUDA rows, the CUDA suite, cache writes.
+  timeout 420 "$TESTS" --gtest_filter='*cuda*:*Cuda*' --gtest_brief=1 > "$OUT/tests.log" 2>&1
+  rc=$?
+  note "tests rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|tests? from .* ran' "$OUT/tests.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
+fi
+
+if has sanitize; then
+  SMALL='CudaDecode.StreamAndWorkspace:CudaDecode.UncheckedCorruptTablesStayInBounds:CudaDecode.CheckedModeReportsTheCpuErrors:CudaDecode.GraphReplayWithNewLengths:CudaDecode.MixedDtypes:CudaDecode.BlockSizes:*cuda_bf16_d80_bs7_g*_ctx1000:*cuda_f32_d256_bs1_g4_ctxBSp1:*cuda_f16_d64_bs32_gall_ctx1000'
+  {
+    echo "## memcheck"
+    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTS" \
+      --gtest_filter="$SMALL" --gtest_brief=1
+    echo "memcheck rc=$?"
+    echo "## racecheck"
+    timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 "$TESTS" \
+      --gtest_filter='CudaDecode.StreamAndWorkspace:*cuda_bf16_d128_bs16_g8_ctx1000:*cuda_f32_d64_bs7_g4_ctx1000:*cuda_bf16_d64_bs16_g1_ctx1000' \
+      --gtest_brief=1
+    echo "racecheck rc=$?"
+  } > "$OUT/sanitize.log" 2>&1
+  note "$(grep -E 'rc=|ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize.log" | tr '\n' ' ')"
+fi
+
+CEILING=""
+if has bench; then
+  ANCHOR_SHAPES=(1,32,8,128,4096 1,32,8,128,32768 1,32,8,128,131072 8,32,8,128,4096
+    8,32,8,128,32768 32,32,8,128,1024 32,32,8,128,4096 32,32,8,128,16384 128,32,8,128,1024
+    128,32,8,128,4096 64,64,8,128,4096 32,32,32,128,4096 32,32,4,64,4096)
+  EXTRA_SHAPES=(32,32,8,256,4096 32,32,8,128,4096,1 32,32,8,128,4096,32 32,32,8,128,4096,64
+    32,32,32,128,4096 32,64,4,128,4096)
+  [ "${SHAPES:-}" = quick ] && ANCHOR_SHAPES=(1,32,8,128,4096 1,32,8,128,131072 32,32,8,128,4096
+    32,32,32,128,4096) && EXTRA_SHAPES=()
+  args=()
+  for s in "${ANCHOR_SHAPES[@]}"; do args+=(--shape "$s"); done
+  extra=()
+  for s in "${EXTRA_SHAPES[@]}"; do extra+=(--shape "$s"); done
+  timeout 420 "$BENCH" --backend cuda --dtype bf16 --csv "${args[@]}" "${extra[@]}" \
+    > "$OUT/bench.csv" 2> "$OUT/bench.log"
+  note "bench bf16 rc=$?"
+  if [ "${SHAPES:-}" != quick ]; then
+    for dt in f16 f32; do
+      timeout 240 "$BENCH" --backend cuda --dtype $dt --csv --shape 32,32,8,128,4096 \
+        --shape 1,32,8,128,32768 --shape 32,32,8,64,4096 --shape 32,32,8,256,4096 \
+        --shape 32,64,4,128,4096 2>> "$OUT/bench.log" | tail -n +2 >> "$OUT/bench.csv"
+      note "bench $dt rc=$?"
+    done
+  fi
+  CEILING=$(grep -oE 'GPU read bandwidth: [0-9.]+' "$OUT/bench.log" | head -1 | awk '{print $4}')
+  note "read ceiling ${CEILING} GB/s"
+  # Skewed batch: one 131072-token sequence among 63 of 1024 (bf16, block 16, graph replay).
+  READ_CEILING_GBPS=${CEILING:-0} timeout 120 "$TESTS" --gtest_also_run_disabled_tests \
+    --gtest_filter='CudaPerf.DISABLED_*' >> "$OUT/bench.log" 2>&1
+  note "skew probe rc=$?"
+  grep -E '^perf' "$OUT/bench.log" | tee -a "$SUMMARY"
+  cat "$OUT/bench.csv" | tee -a "$SUMMARY" > /dev/null
+fi
+
+if has anchors; then
+  [ -n "$CEILING" ] && export READ_CEILING_GBPS=$CEILING
+  ( cd "$ANCHORS/bench" && OUT="$OLDPWD/$OUT" timeout 540 python3 gpu_anchors.py ) \
+    > "$OUT/anchors.log" 2>&1
+  note "anchors rc=$?"
+fi
+
+if has ncu; then
+  # One long single sequence and one large batch: achieved bandwidth and stall reasons.
+  timeout 240 ncu --clock-control none --kernel-name regex:split_kernel --launch-skip 40 \
+    --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section Occupancy --section LaunchStats \
+    "$BENCH" --backend cuda --dtype bf16 --csv --shape 1,32,8,128,131072 > "$OUT/ncu.log" 2>&1
+  timeout 200 ncu --clock-control none --kernel-name regex:split_kernel --launch-skip 40 \
+    --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+    "$BENCH" --backend cuda --dtype bf16 --csv --shape 32,32,8,128,16384 >> "$OUT/ncu.log" 2>&1
+  note "ncu rc=$?"
+fi
+note "# done $(date -u +%FT%TZ)"
