@@ -26,9 +26,15 @@ struct ItemContext {
   Fault fault;  // test-only planted bug (kNone in production)
 };
 
-// Per-thread scratch: scores and weights for one block of the whole group.
+// Query heads per register tile of the kernel.
+constexpr int kHeadTile = 4;
+
+// Floats between the score rows of two heads: block_size rounded up to a 64-byte multiple.
+inline int scores_stride(int block_size) { return (block_size + 15) / 16 * 16; }
+
+// Per-thread scratch: scores, then weights, for one block of one head tile.
 struct ItemScratch {
-  float* scores;  // group_size * block_size floats
+  float* scores;  // kHeadTile * scores_stride(block_size) floats, 64-byte aligned
 };
 
 // Folds the blocks of `item` into the group's partial states: m[g], l[g], acc[g * head_dim + d]

@@ -1,8 +1,10 @@
 // The CPU backend: executes the split plan with OpenMP threads, then combines the splits.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -56,6 +58,96 @@ const IsaChoice& isa() {
   return choice;
 }
 
+// A grow-only, 64-byte aligned float buffer: it allocates only when a call needs more than any
+// call before it on the same thread.
+class FloatBuffer {
+ public:
+  FloatBuffer() = default;
+  FloatBuffer(const FloatBuffer&) = delete;
+  FloatBuffer& operator=(const FloatBuffer&) = delete;
+  ~FloatBuffer() { std::free(data_); }
+
+  float* get(std::size_t n) {
+    if (n > capacity_) {
+      std::free(data_);
+      data_ = nullptr;
+      capacity_ = 0;
+      const std::size_t want = std::max<std::size_t>((n + 15) / 16 * 16, 16);
+      data_ = static_cast<float*>(std::aligned_alloc(64, want * sizeof(float)));
+      if (!data_) throw std::bad_alloc();
+      capacity_ = want;
+    }
+    return data_;
+  }
+
+ private:
+  float* data_ = nullptr;
+  std::size_t capacity_ = 0;
+};
+
+// Scratch of one worker thread (OpenMP keeps its threads, so this lives across calls).
+struct WorkerScratch {
+  FloatBuffer scores;  // ItemScratch
+  FloatBuffer merged;  // the combine's accumulator
+};
+
+// State of one calling thread: the scaled queries, the partials and the last plan. A plan is
+// reused while the context lengths and the shape are unchanged (every layer of a decode step).
+struct CallerState {
+  FloatBuffer q_scaled;
+  FloatBuffer partials;  // m[P], l[P], acc[P][D]
+  SplitPlan plan;
+  std::vector<std::int32_t> plan_lens;
+  int plan_kv_heads = -1, plan_block_size = -1, plan_parallelism = -1;
+  bool plan_single = false;
+
+  const SplitPlan& plan_for(const DecodeArgs& a, const PlanOptions& po) {
+    const bool same = plan_kv_heads == a.num_kv_heads && plan_block_size == a.block_size &&
+                      plan_parallelism == po.parallelism && plan_single == po.single_split &&
+                      plan_lens.size() == static_cast<std::size_t>(a.batch) &&
+                      std::equal(plan_lens.begin(), plan_lens.end(), a.context_lens);
+    if (!same) {
+      plan = make_split_plan(a.context_lens, a.batch, a.num_kv_heads, a.block_size, po);
+      plan_lens.assign(a.context_lens, a.context_lens + a.batch);
+      plan_kv_heads = a.num_kv_heads;
+      plan_block_size = a.block_size;
+      plan_parallelism = po.parallelism;
+      plan_single = po.single_split;
+    }
+    return plan;
+  }
+};
+
+WorkerScratch& worker_scratch() {
+  thread_local WorkerScratch s;
+  return s;
+}
+CallerState& caller_state() {
+  thread_local CallerState s;
+  return s;
+}
+
+// out[0, D) = src[0, D) * inv in the output dtype.
+void store_row(void* out, DType t, std::int64_t offset, const float* src, float inv, int D) {
+  switch (t) {
+    case DType::kF32: {
+      float* o = static_cast<float*>(out) + offset;
+      for (int d = 0; d < D; ++d) o[d] = src[d] * inv;
+      break;
+    }
+    case DType::kF16: {
+      f16_t* o = static_cast<f16_t*>(out) + offset;
+      for (int d = 0; d < D; ++d) o[d] = float_to_f16(src[d] * inv);
+      break;
+    }
+    case DType::kBF16: {
+      bf16_t* o = static_cast<bf16_t*>(out) + offset;
+      for (int d = 0; d < D; ++d) o[d] = float_to_bf16(src[d] * inv);
+      break;
+    }
+  }
+}
+
 }  // namespace
 
 const char* active_isa_name() { return isa().name; }
@@ -65,23 +157,28 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   const int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   const int H = a.num_heads, D = a.head_dim, G = a.group_size(), BS = a.block_size;
 
+  // Several items per thread let dynamic scheduling even out uneven contexts; a sequence is split
+  // when batch x kv_heads alone would leave threads idle (one long sequence uses every core).
   PlanOptions po;
-  po.parallelism = threads * 4;  // a few items per thread balance uneven contexts
+  po.parallelism = threads * 8;
+  po.min_chunk_tokens = 256;
   po.single_split = options.single_split;
-  const SplitPlan plan = make_split_plan(a.context_lens, a.batch, a.num_kv_heads, BS, po);
+  CallerState& st = caller_state();
+  const SplitPlan& plan = st.plan_for(a, po);
 
   // q widened once and pre-multiplied by the scale.
   const float scale = a.effective_scale();
-  std::vector<float> q_scaled(static_cast<std::size_t>(a.batch) * H * D);
-  for (std::size_t i = 0; i < q_scaled.size(); ++i) {
-    q_scaled[i] = load_as_float(a.q, a.q_dtype, i) * scale;
-  }
+  const std::size_t q_elems = static_cast<std::size_t>(a.batch) * H * D;
+  float* q_scaled = st.q_scaled.get(q_elems);
+  for (std::size_t i = 0; i < q_elems; ++i) q_scaled[i] = load_as_float(a.q, a.q_dtype, i) * scale;
 
   const std::int64_t P = plan.num_partials(H);
-  std::vector<float> part_m(P), part_l(P), part_acc(static_cast<std::size_t>(P) * D);
+  float* part_m = st.partials.get(static_cast<std::size_t>(P) * (D + 2));
+  float* part_l = part_m + P;
+  float* part_acc = part_l + P;
 
   ItemContext ctx;
-  ctx.q_scaled = q_scaled.data();
+  ctx.q_scaled = q_scaled;
   ctx.k_cache = a.k_cache;
   ctx.v_cache = a.v_cache;
   ctx.kv_dtype = a.k_dtype;
@@ -95,34 +192,41 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
 
   const std::int64_t num_items = static_cast<std::int64_t>(plan.items.size());
   const std::int64_t num_rows = static_cast<std::int64_t>(a.batch) * H;
+  const std::size_t scores_floats = static_cast<std::size_t>(kHeadTile) * scores_stride(BS);
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> scores(static_cast<std::size_t>(G) * BS);
-    std::vector<float> merged(D), finished(D);
+    WorkerScratch& ws = worker_scratch();
+    const ItemScratch scratch{ws.scores.get(scores_floats)};
+    float* merged = ws.merged.get(D);
 
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t i = 0; i < num_items; ++i) {
       const WorkItem& it = plan.items[i];
       const std::int64_t p0 = plan.partial_index(it.seq, it.split, it.kv_head * G, H);
-      kernel.fn(ctx, it, &part_m[p0], &part_l[p0], &part_acc[p0 * D], ItemScratch{scores.data()});
+      kernel.fn(ctx, it, &part_m[p0], &part_l[p0], &part_acc[p0 * D], scratch);
     }
 
     // Combine: merge each (sequence, head)'s splits in split order (deterministic), finalize.
 #pragma omp for schedule(static)
     for (std::int64_t row = 0; row < num_rows; ++row) {
       const int b = static_cast<int>(row / H), h = static_cast<int>(row % H);
-      SoftmaxState state = SoftmaxState::empty();
-      std::fill(merged.begin(), merged.end(), 0.f);
       const int splits =
           plan.num_splits[b] > 1 ? plan.num_splits[b] - dropped_splits : plan.num_splits[b];
-      for (int s = 0; s < splits; ++s) {
-        const std::int64_t p = plan.partial_index(b, s, h, H);
-        softmax_merge(state, merged.data(), SoftmaxState{part_m[p], part_l[p]}, &part_acc[p * D],
-                      D);
+      SoftmaxState state = SoftmaxState::empty();
+      const float* acc = merged;
+      if (splits == 1) {  // nothing to merge: finalize the one partial in place
+        const std::int64_t p = plan.partial_index(b, 0, h, H);
+        state = SoftmaxState{part_m[p], part_l[p]};
+        acc = &part_acc[p * D];
+      } else {
+        std::fill(merged, merged + D, 0.f);
+        for (int s = 0; s < splits; ++s) {
+          const std::int64_t p = plan.partial_index(b, s, h, H);
+          softmax_merge(state, merged, SoftmaxState{part_m[p], part_l[p]}, &part_acc[p * D], D);
+        }
       }
-      const float lse = softmax_finalize(state, merged.data(), finished.data(), D);
-      for (int d = 0; d < D; ++d) store_from_float(a.out, a.out_dtype, row * D + d, finished[d]);
-      if (a.lse) a.lse[row] = lse;
+      store_row(a.out, a.out_dtype, row * D, acc, softmax_inv_sum(state), D);
+      if (a.lse) a.lse[row] = softmax_lse(state);
     }
   }
 }

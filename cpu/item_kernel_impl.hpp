@@ -1,44 +1,167 @@
-// The body of ItemKernel, included by exactly one translation unit per instruction set. Each
-// K/V row is widened once and used by every query head of the group (never once per head).
+// The body of ItemKernel, included by exactly one translation unit per instruction set.
+//
+// Per physical block and per tile of up to four query heads of the GQA group:
+//   scores  S[r][t] = dot(q_r, k_t)          R heads x TT tokens of accumulators, reduced W at a
+//                                            time with haddp; each K row widened once per tile
+//   softmax p[r][t] = exp(S[r][t] - m_r)      vector exp over the block; acc and l rescaled only
+//                                            when the block raises the running max m_r
+//   values  acc_r  += sum_t p[r][t] * v_t    R heads x DC vectors of acc held in registers over
+//                                            the block; each V row widened once per tile
+// The next physical blocks are prefetched while the current one is computed. Nothing allocates.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "cpu_kernel.hpp"
-#include "pagedattn/online_softmax.hpp"
 #include "widen.hpp"
 
 namespace pagedattn::detail::cpu {
 namespace {
 
-// scores[r * stride] = dot(q_r, k) for R query rows q_r = q + r * head_dim.
-template <class Arch, int R, class T>
-inline void dot_rows(const float* q, const T* k, int head_dim, float* scores, int stride) {
+// Physical blocks ahead to prefetch. Fragmented tables defeat the hardware prefetcher at every
+// block boundary; two blocks ahead covers the memory latency at one block's compute time.
+constexpr int kPrefetchBlocks = 2;
+
+template <class Arch>
+struct TileShape {
+  static constexpr int W = static_cast<int>(fbatch<Arch>::size);
+  static constexpr int kRegs = W == 16 ? 32 : 16;
+  // Tokens per scores tile for R heads: R * TT accumulators fill at most one haddp (W rows).
+  static constexpr int tokens(int R) { return R >= W ? 1 : W / R; }
+  // Vectors of head_dim per values tile for R heads: R * DC accumulators + DC loads + 1 weight.
+  static constexpr int vectors(int R) { return kRegs == 32 ? (R <= 2 ? 8 : 4) : (R <= 2 ? 4 : 2); }
+};
+
+// s[r * ss + j] = dot(q_r, k_j) for r < R, j < TT; q_r = q + r * D, k_j = k + j * ts.
+template <class Arch, int R, int TT, class T>
+inline void scores_tile(const float* q, int D, const T* k, std::int64_t ts, float* s, int ss) {
   using B = fbatch<Arch>;
   constexpr int W = static_cast<int>(B::size);
-  B sum[R];
-  for (int r = 0; r < R; ++r) sum[r] = B(0.f);
-  for (int d = 0; d < head_dim; d += W) {
-    const B kk = Widen<Arch>::load(k + d);
-    for (int r = 0; r < R; ++r)
-      sum[r] = xsimd::fma(B::load_unaligned(q + r * head_dim + d), kk, sum[r]);
+  static_assert(R * TT <= W, "one haddp reduces the whole tile");
+  B acc[R * TT];
+  for (int i = 0; i < R * TT; ++i) acc[i] = B(0.f);
+  for (int d = 0; d < D; d += W) {
+    B qq[R];
+    for (int r = 0; r < R; ++r) qq[r] = B::load_unaligned(q + r * D + d);
+    for (int j = 0; j < TT; ++j) {
+      const B kk = Widen<Arch>::load(k + j * ts + d);
+      for (int r = 0; r < R; ++r) acc[r * TT + j] = xsimd::fma(qq[r], kk, acc[r * TT + j]);
+    }
   }
-  for (int r = 0; r < R; ++r) scores[r * stride] = xsimd::hadd(sum[r]);
+  B rows[W];
+  for (int i = 0; i < W; ++i) rows[i] = i < R * TT ? acc[i] : B(0.f);
+  alignas(64) float sums[W];
+  xsimd::haddp(rows).store_aligned(sums);
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < TT; ++j) s[r * ss + j] = sums[r * TT + j];
+  }
+}
+
+// acc_r[d0, d0 + DC * W) += sum_{t < n} p[r * ps + t] * v_t[d0, d0 + DC * W) for r < R.
+template <class Arch, int R, int DC, class T>
+inline void values_tile(const float* p, int ps, const T* v, std::int64_t ts, int n, float* acc,
+                        int D, int d0) {
+  using B = fbatch<Arch>;
+  constexpr int W = static_cast<int>(B::size);
+  B a[R * DC];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < DC; ++c) a[r * DC + c] = B::load_unaligned(acc + r * D + d0 + c * W);
+  }
+  for (int t = 0; t < n; ++t) {
+    B vv[DC];
+    for (int c = 0; c < DC; ++c) vv[c] = Widen<Arch>::load(v + t * ts + d0 + c * W);
+    for (int r = 0; r < R; ++r) {
+      const B pp(p[r * ps + t]);
+      for (int c = 0; c < DC; ++c) a[r * DC + c] = xsimd::fma(pp, vv[c], a[r * DC + c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < DC; ++c) a[r * DC + c].store_unaligned(acc + r * D + d0 + c * W);
+  }
+}
+
+// Folds one block's n logits per head (s[r * ss + t], t < n) into the states of R heads. On
+// return s holds the weights p = exp(s - m_new), zero from n up to the next multiple of W.
+template <class Arch, int R>
+inline void softmax_tile(float* s, int ss, int n, float* m, float* l, float* acc, int D) {
+  using B = fbatch<Arch>;
+  constexpr int W = static_cast<int>(B::size);
+  const int nw = (n + W - 1) / W * W;
+  for (int r = 0; r < R; ++r) {
+    float* sr = s + r * ss;
+    for (int t = n; t < nw; ++t) sr[t] = -INFINITY;
+    B vmax(-INFINITY);
+    for (int t = 0; t < nw; t += W) vmax = xsimd::max(vmax, B::load_aligned(sr + t));
+    alignas(64) float lanes[W];
+    vmax.store_aligned(lanes);
+    float m_new = m[r];
+    for (int i = 0; i < W; ++i) m_new = std::max(m_new, lanes[i]);
+    if (m_new == -INFINITY) {  // no finite logit yet: nothing to add
+      for (int t = 0; t < nw; ++t) sr[t] = 0.f;
+      continue;
+    }
+    if (m_new > m[r]) {  // the max grew: rescale what was accumulated under the old one
+      if (m[r] != -INFINITY) {
+        const float alpha = std::exp(m[r] - m_new);
+        l[r] *= alpha;
+        const B va(alpha);
+        float* ar = acc + r * D;
+        for (int d = 0; d < D; d += W) (B::load_unaligned(ar + d) * va).store_unaligned(ar + d);
+      }
+      m[r] = m_new;
+    }
+    const B vm(m_new);
+    B vsum(0.f);
+    for (int t = 0; t < nw; t += W) {
+      const B x = B::load_aligned(sr + t);
+      // exp(-inf) is 0 in xsimd, but select keeps the padding exact whatever the library does.
+      const B p = xsimd::select(x == B(-INFINITY), B(0.f), xsimd::exp(x - vm));
+      p.store_aligned(sr + t);
+      vsum += p;
+    }
+    l[r] += xsimd::hadd(vsum);
+  }
+}
+
+// One block of n tokens (k, v: its first slot) for R query heads starting at q.
+template <class Arch, int R, class T>
+inline void block_tile(const float* q, const T* k, const T* v, std::int64_t ts, int n, int D,
+                       float* s, int ss, float* m, float* l, float* acc) {
+  using Shape = TileShape<Arch>;
+  constexpr int W = Shape::W;
+  constexpr int TT = Shape::tokens(R);
+  constexpr int DC = Shape::vectors(R);
+  int t = 0;
+  for (; t + TT <= n; t += TT) scores_tile<Arch, R, TT>(q, D, k + t * ts, ts, s + t, ss);
+  for (; t < n; ++t) scores_tile<Arch, R, 1>(q, D, k + t * ts, ts, s + t, ss);
+  softmax_tile<Arch, R>(s, ss, n, m, l, acc, D);
+  int d = 0;
+  for (; d + DC * W <= D; d += DC * W) values_tile<Arch, R, DC>(s, ss, v, ts, n, acc, D, d);
+  for (; d < D; d += W) values_tile<Arch, R, 1>(s, ss, v, ts, n, acc, D, d);
+}
+
+template <class T>
+inline void prefetch_rows(const T* p, std::int64_t bytes) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (std::int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
 }
 
 template <class Arch, class T>
 void run_item(const ItemContext& c, const WorkItem& it, float* m, float* l, float* acc,
               ItemScratch scratch) {
-  using B = fbatch<Arch>;
-  constexpr int W = static_cast<int>(B::size);
   const int D = c.layout.head_dim, BS = c.layout.block_size, G = c.group_size;
+  const std::int64_t ts = c.layout.token_stride;
   const int L = c.context_lens[it.seq];
   const float* q =
       c.q_scaled + (static_cast<std::int64_t>(it.seq) * c.num_heads + it.kv_head * G) * D;
   const T* k_cache = static_cast<const T*>(c.k_cache);
   const T* v_cache = static_cast<const T*>(c.v_cache);
-  float* s = scratch.scores;  // [G][BS]: logits, then weights
+  const int ss = scores_stride(BS);
+  float* s = scratch.scores;  // [kHeadTile][ss]: logits, then weights
+  int kv = it.kv_head;
+  if (c.fault == Fault::kWrongKvHead && kv == 1) kv = 0;
 
   for (int g = 0; g < G; ++g) {
     m[g] = -INFINITY;
@@ -46,46 +169,41 @@ void run_item(const ItemContext& c, const WorkItem& it, float* m, float* l, floa
   }
   std::fill(acc, acc + static_cast<std::int64_t>(G) * D, 0.f);
 
+  // Prefetches only blocks of this item: table entries past it may be past the context.
+  auto prefetch = [&](int blk) {
+    if (blk >= it.block_end) return;
+    const std::int64_t base = c.layout.offset(c.table.block(it.seq, blk), kv, 0);
+    const std::int64_t bytes =
+        static_cast<std::int64_t>(valid_in_block(L, BS, blk) - 1) * ts * sizeof(T) + D * sizeof(T);
+    prefetch_rows(k_cache + base, bytes);
+    prefetch_rows(v_cache + base, bytes);
+  };
+  for (int i = 1; i <= kPrefetchBlocks; ++i) prefetch(it.block_begin + i - 1);
+
   for (int blk = it.block_begin; blk < it.block_end; ++blk) {
+    prefetch(blk + kPrefetchBlocks);
     const int id = c.table.block(it.seq, blk);
     int n = valid_in_block(L, BS, blk);
-    int kv = it.kv_head;
     if (c.fault == Fault::kLastBlockOffByOne && n < BS) ++n;
-    if (c.fault == Fault::kWrongKvHead && kv == 1) kv = 0;
     const std::int64_t base = c.layout.offset(id, kv, 0);
     const T* kb = k_cache + base;
     const T* vb = v_cache + base;
-
-    // Logits for the whole group, each key row read once.
-    for (int t = 0; t < n; ++t) {
-      const T* kt = kb + t * c.layout.token_stride;
-      int g = 0;
-      for (; g + 4 <= G; g += 4) dot_rows<Arch, 4>(q + g * D, kt, D, s + g * BS + t, BS);
-      for (; g < G; ++g) dot_rows<Arch, 1>(q + g * D, kt, D, s + g * BS + t, BS);
-    }
-
-    // Online softmax per head; rescale the accumulator only when the max moved.
-    for (int g = 0; g < G; ++g) {
-      SoftmaxState state{m[g], l[g]};
-      const float alpha = softmax_update(state, s + g * BS, s + g * BS, n);
-      m[g] = state.m;
-      l[g] = state.l;
-      if (alpha != 1.f) {
-        float* a = acc + static_cast<std::int64_t>(g) * D;
-        const B va(alpha);
-        for (int d = 0; d < D; d += W) (B::load_unaligned(a + d) * va).store_unaligned(a + d);
-      }
-    }
-
-    // acc[g] += sum_t p[g][t] * V_t, each value row read once.
-    for (int t = 0; t < n; ++t) {
-      const T* vt = vb + t * c.layout.token_stride;
-      for (int d = 0; d < D; d += W) {
-        const B vv = Widen<Arch>::load(vt + d);
-        for (int g = 0; g < G; ++g) {
-          float* a = acc + static_cast<std::int64_t>(g) * D + d;
-          xsimd::fma(B(s[g * BS + t]), vv, B::load_unaligned(a)).store_unaligned(a);
-        }
+    for (int g = 0; g < G; g += kHeadTile) {
+      const float* qg = q + static_cast<std::int64_t>(g) * D;
+      float* ag = acc + static_cast<std::int64_t>(g) * D;
+      switch (std::min(kHeadTile, G - g)) {
+        case 4:
+          block_tile<Arch, 4>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag);
+          break;
+        case 3:
+          block_tile<Arch, 3>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag);
+          break;
+        case 2:
+          block_tile<Arch, 2>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag);
+          break;
+        default:
+          block_tile<Arch, 1>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag);
+          break;
       }
     }
   }

@@ -1,0 +1,189 @@
+// The fast CPU kernel's own risks: every instruction set's kernel in one run (whatever
+// PAGEDATTN_CPU_ISA picks), head tiles that do not divide the group, token tiles that do not
+// divide the block, long contexts split across threads, and the scratch and plan the backend
+// keeps across calls (reused, invalidated and thread-safe).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu_kernel.hpp"
+#include "pagedattn/online_softmax.hpp"
+#include "pagedattn/reference.hpp"
+#include "random_case.hpp"
+#include "test_seed.hpp"
+
+namespace pagedattn {
+namespace {
+
+using detail::cpu::ItemContext;
+using detail::cpu::ItemKernel;
+using detail::cpu::ItemScratch;
+
+testkit::CaseSpec spec_of(int batch, int heads, int kv_heads, int head_dim, int block_size,
+                          std::vector<int> lens, DType dtype, std::uint64_t salt) {
+  testkit::CaseSpec s;
+  s.batch = batch;
+  s.num_heads = heads;
+  s.num_kv_heads = kv_heads;
+  s.head_dim = head_dim;
+  s.block_size = block_size;
+  s.context_lens = std::move(lens);
+  s.q_dtype = s.kv_dtype = s.out_dtype = dtype;
+  s.table_padding = 2;
+  s.spare_blocks = 4;
+  s.seed = testing::seed_for(salt);
+  return s;
+}
+
+void expect_matches_reference(testkit::HostCase& c, const std::string& what) {
+  const testkit::Comparison cmp = testkit::compare_with_reference(c);
+  SCOPED_TRACE(what + ": " + testkit::describe(c.spec) + " " + testing::seed_note(c.spec.seed));
+  EXPECT_TRUE(cmp.all_finite) << "first bad element: " << cmp.first_bad;
+  EXPECT_LE(cmp.rel_err(), testkit::out_tolerance(c.spec.out_dtype));
+  EXPECT_LE(cmp.max_abs_err_lse, testkit::lse_tolerance());
+}
+
+// Runs one instruction set's kernel over every (sequence, kv head) as a single item, finalizes
+// in f32 and compares with the f64 reference.
+template <class Arch>
+void check_kernel_on(Arch, const char* name, const testkit::CaseSpec& spec) {
+  testkit::HostCase c = testkit::make_case(spec);
+  const DecodeArgs a = c.args();
+  const int H = a.num_heads, D = a.head_dim, G = a.group_size();
+  std::vector<float> q(static_cast<std::size_t>(a.batch) * H * D);
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    q[i] = load_as_float(a.q, a.q_dtype, i) * a.effective_scale();
+  }
+  ItemContext ctx;
+  ctx.q_scaled = q.data();
+  ctx.k_cache = a.k_cache;
+  ctx.v_cache = a.v_cache;
+  ctx.kv_dtype = a.k_dtype;
+  ctx.layout = CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, D);
+  ctx.table = BlockTableView{a.block_table, a.max_blocks_per_seq, a.table_stride()};
+  ctx.context_lens = a.context_lens;
+  ctx.num_heads = H;
+  ctx.group_size = G;
+  ctx.fault = detail::Fault::kNone;
+  alignas(64) float scores[detail::cpu::kHeadTile * 256];
+  std::vector<float> m(G), l(G), acc(static_cast<std::size_t>(G) * D);
+
+  const ReferenceResult ref = reference_decode(a);
+  double scale = 1e-30, err = 0, lse_err = 0;
+  for (int b = 0; b < a.batch; ++b) {
+    const int L = a.context_lens[b];
+    for (int kv = 0; kv < a.num_kv_heads; ++kv) {
+      const WorkItem item{b, kv, 0, 0, blocks_for(L, a.block_size)};
+      ItemKernel{}(Arch{}, ctx, item, m.data(), l.data(), acc.data(), ItemScratch{scores});
+      for (int g = 0; g < G; ++g) {
+        const std::size_t row = static_cast<std::size_t>(b) * H + kv * G + g;
+        const SoftmaxState st{m[g], l[g]};
+        const float inv = softmax_inv_sum(st);
+        for (int d = 0; d < D; ++d) {
+          const double want = ref.out[row * D + d];
+          scale = std::max(scale, std::fabs(want));
+          err = std::max(err, std::fabs(acc[static_cast<std::size_t>(g) * D + d] * inv - want));
+        }
+        const double lse = softmax_lse(st), want_lse = ref.lse[row];
+        if (std::isinf(want_lse)) {
+          EXPECT_EQ(lse, want_lse) << name << " row " << row;
+        } else {
+          lse_err = std::max(lse_err, std::fabs(lse - want_lse));
+        }
+      }
+    }
+  }
+  SCOPED_TRACE(std::string(name) + ": " + testkit::describe(spec) + " " +
+               testing::seed_note(spec.seed));
+  EXPECT_LE(err / scale, testkit::out_tolerance(DType::kF32));
+  EXPECT_LE(lse_err, testkit::lse_tolerance());
+}
+
+void check_every_kernel(const testkit::CaseSpec& spec) {
+  check_kernel_on(xsimd::sse2{}, "sse2", spec);
+  if (xsimd::available_architectures().fma3_avx2 && __builtin_cpu_supports("f16c")) {
+    check_kernel_on(xsimd::fma3<xsimd::avx2>{}, "avx2", spec);
+  }
+  if (xsimd::available_architectures().avx512bw && __builtin_cpu_supports("f16c")) {
+    check_kernel_on(xsimd::avx512bw{}, "avx512", spec);
+  }
+}
+
+TEST(CpuPerfKernel, EveryIsaOnOddGroupsAndBlocks) {
+  // Groups 2, 3, 5, 6 leave partial head tiles; blocks 5, 13, 31 leave partial token tiles.
+  std::uint64_t salt = 1;
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int group : {2, 3, 5, 6}) {
+      for (int bs : {5, 13, 31}) {
+        check_every_kernel(spec_of(3, 2 * group, 2, 64, bs, {0, 1 + bs * 3, 97}, t, salt++));
+      }
+    }
+    check_every_kernel(spec_of(2, 8, 1, 112, 16, {300, 17}, t, salt++));
+    check_every_kernel(spec_of(2, 4, 2, 192, 256, {600, 255}, t, salt++));
+  }
+}
+
+TEST(CpuPerfKernel, LongContextSplitAcrossThreads) {
+  // One kv head, one sequence: only splitting the context can use more than one thread.
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    testkit::HostCase c =
+        testkit::make_case(spec_of(1, 4, 1, 128, 16, {20000}, t, 100 + static_cast<int>(t)));
+    DecodeOptions o;
+    o.backend = Backend::kCpu;
+    o.num_threads = 2;
+    decode(c.args(), o);
+    expect_matches_reference(c, "split");
+  }
+}
+
+TEST(CpuPerfKernel, PlanAndScratchFollowChangingShapes) {
+  // The backend keeps its plan and buffers across calls: new lengths in the same array, a new
+  // batch and a new head_dim must each be planned and sized afresh.
+  DecodeOptions o;
+  o.backend = Backend::kCpu;
+  o.num_threads = 2;
+  testkit::HostCase big =
+      testkit::make_case(spec_of(2, 8, 2, 128, 16, {3000, 900}, DType::kF32, 7));
+  decode(big.args(), o);
+  expect_matches_reference(big, "first call");
+
+  testkit::HostCase same =
+      testkit::make_case(spec_of(2, 8, 2, 128, 16, {3000, 900}, DType::kF32, 8));
+  same.context_lens = {40, 899};  // same batch and array size, fewer blocks for both
+  decode(same.args(), o);
+  expect_matches_reference(same, "new lengths");
+
+  testkit::HostCase small =
+      testkit::make_case(spec_of(5, 16, 4, 64, 8, {1, 0, 77, 8, 9}, DType::kBF16, 9));
+  decode(small.args(), o);
+  expect_matches_reference(small, "smaller shape");
+  decode(big.args(), o);
+  expect_matches_reference(big, "back to the first shape");
+}
+
+TEST(CpuPerfKernel, ConcurrentCallersDoNotShareState) {
+  std::vector<testkit::HostCase> cases;
+  for (int i = 0; i < 4; ++i) {
+    cases.push_back(testkit::make_case(spec_of(1 + i, 4 * (i + 1), i + 1, i % 2 ? 64 : 128, 16,
+                                               std::vector<int>(1 + i, 500 + 300 * i),
+                                               i % 2 ? DType::kF16 : DType::kF32, 20 + i)));
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&cases, i] {
+      DecodeOptions o;
+      o.backend = Backend::kCpu;
+      o.num_threads = 2;
+      for (int rep = 0; rep < 5; ++rep) decode(cases[i].args(), o);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (testkit::HostCase& c : cases) expect_matches_reference(c, "concurrent");
+}
+
+}  // namespace
+}  // namespace pagedattn
