@@ -241,7 +241,6 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "pagedattn-fuzz: the cuda backend is unavailable: %s\n", why.c_str());
         return 2;
       }
-      draw.table_malformations_only = true;
     }
   }
 

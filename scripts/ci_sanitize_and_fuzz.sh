@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# CI: (a) the unit tests (and the fuzzer's own tests) under AddressSanitizer + UBSan, CPU only;
+#     (b) a bounded CPU fuzz run with the release build's pagedattn-fuzz.
+#
+#   scripts/ci_sanitize_and_fuzz.sh RELEASE_BUILD_DIR
+#
+# RELEASE_BUILD_DIR (or PAGEDATTN_RELEASE_BUILD) is a configured and built release tree holding
+# fuzz/pagedattn-fuzz. Environment knobs:
+#   ASAN_BUILD_DIR   sanitizer build tree              (default build-asan)
+#   FUZZ_SECONDS     length of the fuzz run            (default 120)
+#   FUZZ_SEED        fuzz seed                         (default: derived from the commit, so a
+#                                                      rerun replays and each commit fuzzes anew)
+#   FUZZ_OUT         where a failing, shrunk case is saved (default fuzz-failures)
+#   JOBS             build parallelism                 (default 2)
+#   SKIP_SANITIZE=1 / SKIP_FUZZ=1 run one half only.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+release="${1:-${PAGEDATTN_RELEASE_BUILD:-}}"
+asan="${ASAN_BUILD_DIR:-build-asan}"
+jobs="${JOBS:-2}"
+seconds="${FUZZ_SECONDS:-120}"
+out="${FUZZ_OUT:-fuzz-failures}"
+t0=$SECONDS
+status=0
+
+phase() { echo "=== $* ($((SECONDS - t0)) s)"; }
+
+if [[ "${SKIP_SANITIZE:-0}" != 1 ]]; then
+  phase "sanitizer build: configure $asan"
+  san="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+  cmake -S . -B "$asan" -DPAGEDATTN_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DPAGEDATTN_BUILD_TESTS=ON -DPAGEDATTN_BUILD_FUZZ=ON -DPAGEDATTN_BUILD_BENCH=OFF \
+    -DPAGEDATTN_BUILD_TOOLS=OFF -DPAGEDATTN_INSTALL=OFF \
+    -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san" -DCMAKE_SHARED_LINKER_FLAGS="$san"
+  phase "sanitizer build: build"
+  cmake --build "$asan" -j "$jobs"
+  phase "sanitizer build: ctest"
+  export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:strict_string_checks=1}"
+  export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+  # The fuzzer's clean run and planted-bug tests run under the sanitizers too.
+  if ! ctest --test-dir "$asan" --output-on-failure -j "$jobs"; then
+    echo "ci_sanitize_and_fuzz: tests failed under ASan/UBSan" >&2
+    status=1
+  fi
+fi
+
+if [[ "${SKIP_FUZZ:-0}" != 1 ]]; then
+  if [[ -z "$release" ]]; then
+    echo "ci_sanitize_and_fuzz: pass the release build directory (or PAGEDATTN_RELEASE_BUILD)" >&2
+    exit 2
+  fi
+  fuzz="$release/fuzz/pagedattn-fuzz"
+  if [[ ! -x "$fuzz" ]]; then
+    echo "ci_sanitize_and_fuzz: $fuzz not found; build the release tree with PAGEDATTN_BUILD_FUZZ" >&2
+    exit 2
+  fi
+  seed="${FUZZ_SEED:-}"
+  if [[ -z "$seed" ]]; then
+    head="$(git rev-parse --short=12 HEAD 2>/dev/null || echo 1)"
+    seed=$((16#${head:0:12}))
+  fi
+  mkdir -p "$out"
+  phase "fuzz: $fuzz --backend cpu --seconds $seconds --seed $seed"
+  if ! "$fuzz" --backend cpu --seconds "$seconds" --seed "$seed" --out "$out"; then
+    echo "ci_sanitize_and_fuzz: the fuzzer found a failure; the shrunk case is in $out" >&2
+    status=1
+  fi
+fi
+
+phase "done, status $status"
+exit "$status"
