@@ -482,7 +482,9 @@ int Simulator::run() {
   const Clock::time_point start = Clock::now();
   while (finished_requests_ < o_.requests) {
     int arrivals = std::min(poisson_arrivals(), o_.requests - arrived_);
-    if (arrivals == 0 && running_.empty() && waiting_.empty()) arrivals = 1;  // skip idle time
+    if (arrivals == 0 && running_.empty() && waiting_.empty() && arrived_ < o_.requests) {
+      arrivals = 1;  // skip idle time
+    }
     for (int i = 0; i < arrivals; ++i) waiting_.push_back(new_request());
     arrived_ += arrivals;
     admit();
