@@ -13,9 +13,8 @@
 #include <vector>
 
 #include "pagedattn/cache_layout.hpp"
-#include "sim/device_memory.hpp"
 #include "pagedattn/cache_ops.hpp"
-
+#include "sim/device_memory.hpp"
 
 namespace pagedattn {
 namespace {

@@ -29,8 +29,8 @@ struct Options {
   LengthDist output_len = LengthDist::parse("16:128", "--output-len");
   double fork_prob = 0.25;  // chance a request forks once, at a random point of its output
   std::uint64_t seed = 1;
-  int max_batch = 32;     // running sequences at most
-  int num_blocks = 512;   // cache blocks per layer
+  int max_batch = 32;    // running sequences at most
+  int num_blocks = 512;  // cache blocks per layer
   int block_size = 16;
   int num_heads = 16;
   int num_kv_heads = 2;
