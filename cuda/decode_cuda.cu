@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -48,10 +49,20 @@ int sm_count() {
   return cache[dev];
 }
 
+// PAGEDATTN_CUDA_ITEMS_PER_SM / PAGEDATTN_CUDA_MIN_CHUNK_TOKENS override the two constants for
+// tuning experiments only (read once per process; the workspace size follows them).
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  const int x = v != nullptr ? std::atoi(v) : 0;
+  return x > 0 ? x : fallback;
+}
+
 PlanOptions plan_options(int sms, bool single_split) {
+  static const int items_per_sm = env_int("PAGEDATTN_CUDA_ITEMS_PER_SM", kItemsPerSm);
+  static const int min_chunk = env_int("PAGEDATTN_CUDA_MIN_CHUNK_TOKENS", kMinChunkTokens);
   PlanOptions o;
-  o.parallelism = sms * kItemsPerSm;
-  o.min_chunk_tokens = kMinChunkTokens;
+  o.parallelism = sms * items_per_sm;
+  o.min_chunk_tokens = min_chunk;
   o.max_splits_per_seq = kMaxSplitsPerSeq;
   o.single_split = single_split;
   return o;

@@ -173,30 +173,36 @@ struct RowGeom {
   static constexpr int kRowBytes = (kChunks + 1) * 16;
 };
 
+// The table entry of token t (read one pipeline iteration before its tile is issued, so the
+// table's latency hides behind a tile's compute), or -1 past the split.
+__device__ __forceinline__ int fetch_id(const SplitParams& p, const std::int32_t* row_table, int t,
+                                        int tok_end) {
+  return t < tok_end ? __ldg(row_table + t / p.block_size) : -1;
+}
+
+// Byte offset of token t's row from the kv head's base, or -1 when it must not be read (past the
+// split, or a block id outside the pool: unchecked mode skips such tokens).
+template <typename T, int D>
+__device__ __forceinline__ long long row_offset(const SplitParams& p, int id, int t, int tok_end) {
+  if (t >= tok_end || id < 0 || id >= p.num_blocks) return -1;
+  return (static_cast<long long>(id) * p.num_kv_heads * p.block_size + t % p.block_size) *
+         (D * static_cast<long long>(sizeof(T)));
+}
+
+// Issues the cp.async copies of one tile; rows with offset -1 are zero-filled and flagged invalid.
 template <typename T, int D, int TT>
-__device__ __forceinline__ void load_tile(char* sK, char* sV, unsigned char* sValid,
-                                          const SplitParams& p, const std::int32_t* row_table,
-                                          const char* gK, const char* gV, int t0, int tok_end) {
+__device__ __forceinline__ void issue_tile(char* sK, char* sV, unsigned char* sValid,
+                                           const long long* s_off, const char* gK,
+                                           const char* gV) {
   constexpr int CH = RowGeom<T, D>::kChunks;
   constexpr int ROW = RowGeom<T, D>::kRowBytes;
-  constexpr std::int64_t kTokBytes = D * static_cast<std::int64_t>(sizeof(T));
   for (int idx = threadIdx.x; idx < TT * CH; idx += kThreads) {
     const int r = idx / CH, c = idx - r * CH;
-    const int t = t0 + r;
-    bool ok = t < tok_end;
-    std::int64_t off = 0;
-    if (ok) {
-      const int blk = t / p.block_size;
-      const int id = __ldg(row_table + blk);
-      ok = id >= 0 && id < p.num_blocks;  // unchecked mode: tokens of bad ids are skipped
-      if (ok) {
-        off = (static_cast<std::int64_t>(id) * p.num_kv_heads * p.block_size +
-               (t - blk * p.block_size)) *
-              kTokBytes;
-      }
-    }
-    cp_async16(sK + r * ROW + c * 16, gK + off + c * 16, ok);
-    cp_async16(sV + r * ROW + c * 16, gV + off + c * 16, ok);
+    const long long off = s_off[r];
+    const bool ok = off >= 0;
+    const long long src = (ok ? off : 0) + c * 16;
+    cp_async16(sK + r * ROW + c * 16, gK + src, ok);
+    cp_async16(sV + r * ROW + c * 16, gV + src, ok);
     if (c == 0) sValid[r] = ok ? 1 : 0;
   }
 }
@@ -225,6 +231,10 @@ __device__ __forceinline__ void load_slice(const char* row, int l16, float (&out
   for (int i = 0; i < E; ++i) out[i] = to_f(e[i]);
 }
 
+// Shared memory for the pipeline stages of one CTA: two CTAs of the D = 128 MMA kernel
+// (3 stages of 64 tokens) fit on one SM.
+constexpr int kStageBudget = 106 * 1024;
+
 constexpr int kSimtHeadsPerWarp = 4;
 constexpr int kSimtHeadsPerCta = kSimtHeadsPerWarp * kWarps;  // a head chunk
 
@@ -234,11 +244,13 @@ struct SimtCfg {
   static constexpr int ROW = RowGeom<T, D>::kRowBytes;
   static constexpr int TILE = 2 * TT * ROW;
   static constexpr int STAGES =
-      (110 * 1024) / TILE < 2 ? 2 : ((110 * 1024) / TILE > 4 ? 4 : (110 * 1024) / TILE);
+      kStageBudget / TILE < 2 ? 2 : (kStageBudget / TILE > 4 ? 4 : kStageBudget / TILE);
   static constexpr int E = D / 16;
   static constexpr int SCRATCH = kWarps * kSimtHeadsPerWarp * (D + 2) * 4;
   static constexpr int STAGE_AREA = STAGES * TILE > SCRATCH ? STAGES* TILE : SCRATCH;
-  static constexpr int SMEM = STAGE_AREA + STAGES * TT;
+  static constexpr int QBYTES = 0;
+  // + per stage: row offsets (8 bytes per row) and valid flags (1 byte per row)
+  static constexpr int SMEM = STAGE_AREA + QBYTES + STAGES * TT * 9;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -306,11 +318,14 @@ struct MmaCfg {
   static constexpr int ROW = RowGeom<T, D>::kRowBytes;
   static constexpr int TILE = 2 * TT * ROW;
   static constexpr int STAGES =
-      (110 * 1024) / TILE < 2 ? 2 : ((110 * 1024) / TILE > 4 ? 4 : (110 * 1024) / TILE);
+      kStageBudget / TILE < 2 ? 2 : (kStageBudget / TILE > 4 ? 4 : kStageBudget / TILE);
+  // Q fragments live in registers up to D = 128; larger head dims read them from shared memory.
+  static constexpr bool kQInSmem = D > 128;
   static constexpr int QROWS = 64;  // up to 4 head tiles of 16
   static constexpr int SCRATCH = (kWarps - 1) * 16 * (D + 2) * 4;
   static constexpr int STAGE_AREA = STAGES * TILE > SCRATCH ? STAGES* TILE : SCRATCH;
-  static constexpr int SMEM = STAGE_AREA + QROWS * ROW + STAGES * TT;
+  static constexpr int QBYTES = kQInSmem ? QROWS * ROW : 0;
+  static constexpr int SMEM = STAGE_AREA + QBYTES + STAGES * TT * 9;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -324,8 +339,9 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   constexpr int STAGES = Cfg::STAGES;
   extern __shared__ __align__(16) char smem[];
   char* stage_base = smem;
-  unsigned char* valid_base = reinterpret_cast<unsigned char*>(
-      smem + Cfg::STAGE_AREA + (kMma ? MmaCfg<T, D>::QROWS * ROW : 0));
+  long long* off_base = reinterpret_cast<long long*>(smem + Cfg::STAGE_AREA + Cfg::QBYTES);
+  unsigned char* valid_base =
+      reinterpret_cast<unsigned char*>(off_base + STAGES * TT);
   __shared__ ItemInfo item;
 
   const int i = blockIdx.x;
@@ -355,6 +371,44 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   auto sK = [&](int st) { return stage_base + st * Cfg::TILE; };
   auto sV = [&](int st) { return stage_base + st * Cfg::TILE + TT * ROW; };
   auto sValid = [&](int st) { return valid_base + st * TT; };
+  // Row offsets of tile n live in off_base[n % STAGES]: written (from table entries fetched at the
+  // top of the iteration) at the end of iteration n - STAGES, read when tile n is issued.
+  auto tok_of = [&](int n) { return tok_begin + n * TT + tid; };
+  auto pipeline_prologue = [&]() {
+    if (tid < TT) {
+      int ids[STAGES];
+#pragma unroll
+      for (int n = 0; n < STAGES; ++n) ids[n] = fetch_id(p, row_table, tok_of(n), tok_end);
+#pragma unroll
+      for (int n = 0; n < STAGES; ++n) {
+        off_base[n * TT + tid] = row_offset<T, D>(p, ids[n], tok_of(n), tok_end);
+      }
+    }
+    __syncthreads();
+    for (int n = 0; n < STAGES - 1; ++n) {
+      if (n < ntiles) issue_tile<T, D, TT>(sK(n), sV(n), sValid(n), off_base + n * TT, gK, gV);
+      cp_async_commit();
+    }
+  };
+  // Top of iteration `it`: wait for tile it, fetch the table entry of tile it + STAGES, issue
+  // tile it + STAGES - 1. Returns the fetched entry for pipeline_end.
+  auto pipeline_begin = [&](int it) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    const int id = tid < TT ? fetch_id(p, row_table, tok_of(it + STAGES), tok_end) : -1;
+    const int nxt = it + STAGES - 1;
+    if (nxt < ntiles) {
+      const int st = nxt % STAGES;
+      issue_tile<T, D, TT>(sK(st), sV(st), sValid(st), off_base + st * TT, gK, gV);
+    }
+    cp_async_commit();
+    return id;
+  };
+  auto pipeline_end = [&](int it, int id) {
+    if (tid < TT) {
+      off_base[(it % STAGES) * TT + tid] = row_offset<T, D>(p, id, tok_of(it + STAGES), tok_end);
+    }
+  };
 
   if constexpr (kMma) {
     // ---- tensor-core path ----
@@ -363,29 +417,39 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
     const int WH = G <= 16 ? 1 : (G <= 32 ? 2 : 4);
     const int WT = kWarps / WH;
     const int wh = warp / WT, wt = warp % WT;
-    // Q rows of the group (same dtype as the cache, so the copy is exact), zero-padded.
-    {
+    const int g = lane >> 2, q4 = lane & 3;
+    const char* gq = static_cast<const char*>(p.q) +
+                     (static_cast<std::int64_t>(b) * p.num_heads + head0) * D * sizeof(T);
+    // Q of the group (same dtype as the cache, so exact), rows past the group zero.
+    constexpr int kQK = MmaCfg<T, D>::kQInSmem ? 1 : D / 16;
+    std::uint32_t qf[kQK][4];
+    if constexpr (MmaCfg<T, D>::kQInSmem) {
       constexpr int CH = RowGeom<T, D>::kChunks;
-      const char* gq = static_cast<const char*>(p.q) +
-                       (static_cast<std::int64_t>(b) * p.num_heads + head0) * D * sizeof(T);
       for (int idx = tid; idx < WH * 16 * CH; idx += kThreads) {
         const int r = idx / CH, c = idx - r * CH;
         uint4 v = make_uint4(0, 0, 0, 0);
         if (r < G) v = *reinterpret_cast<const uint4*>(gq + r * D * sizeof(T) + c * 16);
         *reinterpret_cast<uint4*>(sQ + r * ROW + c * 16) = v;
       }
+    } else {
+      // A fragments straight from global: a0 (row g, k 2q4), a1 (row g+8), a2 (k+8), a3.
+#pragma unroll
+      for (int kk = 0; kk < kQK; ++kk) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int row = wh * 16 + g + (r & 1) * 8;
+          const int col = kk * 16 + 2 * q4 + (r >> 1) * 8;
+          qf[kk][r] = row < G ? *reinterpret_cast<const std::uint32_t*>(
+                                    gq + (static_cast<std::int64_t>(row) * D + col) * sizeof(T))
+                              : 0u;
+        }
+      }
     }
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < ntiles)
-        load_tile<T, D, TT>(sK(s), sV(s), sValid(s), p, row_table, gK, gV, tok_begin + s * TT,
-                            tok_end);
-      cp_async_commit();
-    }
+    pipeline_prologue();
     float o[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
-    const int g = lane >> 2, q4 = lane & 3;
     // ldmatrix lane addressing
     const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
     const int k_tok = (lane & 7) + (lane >> 4) * 8, k_col = ((lane >> 3) & 1) * 8;
@@ -393,13 +457,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
     const char* q_lane = sQ + (wh * 16 + a_row) * ROW + a_col * sizeof(T);
 
     for (int it = 0; it < ntiles; ++it) {
-      cp_async_wait<STAGES - 2>();
-      __syncthreads();
-      const int nxt = it + STAGES - 1;
-      if (nxt < ntiles)
-        load_tile<T, D, TT>(sK(nxt % STAGES), sV(nxt % STAGES), sValid(nxt % STAGES), p, row_table,
-                            gK, gV, tok_begin + nxt * TT, tok_end);
-      cp_async_commit();
+      const int next_id = pipeline_begin(it);
       const int st = it % STAGES;
       const int rows = min(TT, tok_end - (tok_begin + it * TT));
       const char* kS = sK(st);
@@ -412,11 +470,17 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
         const char* k_lane = kS + (sl * 16 + k_tok) * ROW + k_col * sizeof(T);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-          std::uint32_t a[4], bk[4];
-          ldmatrix_x4(a, q_lane + kk * 16 * sizeof(T));
+          std::uint32_t bk[4];
           ldmatrix_x4(bk, k_lane + kk * 16 * sizeof(T));
-          Op::mma(s[0], a, bk[0], bk[1]);
-          Op::mma(s[1], a, bk[2], bk[3]);
+          if constexpr (MmaCfg<T, D>::kQInSmem) {
+            std::uint32_t a[4];
+            ldmatrix_x4(a, q_lane + kk * 16 * sizeof(T));
+            Op::mma(s[0], a, bk[0], bk[1]);
+            Op::mma(s[1], a, bk[2], bk[3]);
+          } else {
+            Op::mma(s[0], qf[kk], bk[0], bk[1]);
+            Op::mma(s[1], qf[kk], bk[2], bk[3]);
+          }
         }
         // Scale, mask, row max (rows g and g + 8; a quad shares a row).
         float mx[2] = {-INFINITY, -INFINITY};
@@ -481,6 +545,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
           Op::mma(o[2 * dp + 1], pl, bv[2], bv[3]);
         }
       }
+      pipeline_end(it, next_id);
     }
     cp_async_wait<0>();
     __syncthreads();  // the stage area becomes the merge scratch
@@ -570,12 +635,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
                    : 0.f;
       }
     }
-    for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < ntiles)
-        load_tile<T, D, TT>(sK(s), sV(s), sValid(s), p, row_table, gK, gV, tok_begin + s * TT,
-                            tok_end);
-      cp_async_commit();
-    }
+    pipeline_prologue();
     float acc[HW][E], m_h[HW], l_h[HW];
 #pragma unroll
     for (int h = 0; h < HW; ++h) {
@@ -585,16 +645,9 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
       for (int e = 0; e < E; ++e) acc[h][e] = 0.f;
     }
     for (int it = 0; it < ntiles; ++it) {
-      cp_async_wait<STAGES - 2>();
-      __syncthreads();
-      const int nxt = it + STAGES - 1;
-      if (nxt < ntiles)
-        load_tile<T, D, TT>(sK(nxt % STAGES), sV(nxt % STAGES), sValid(nxt % STAGES), p, row_table,
-                            gK, gV, tok_begin + nxt * TT, tok_end);
-      cp_async_commit();
+      const int next_id = pipeline_begin(it);
       const int st = it % STAGES;
-      const int rows = min(TT, tok_end - (tok_begin + it * TT));
-      if (nh == 0) continue;
+      const int rows = nh > 0 ? min(TT, tok_end - (tok_begin + it * TT)) : 0;
       const char* kS = sK(st);
       const char* vS = sV(st);
       const unsigned char* vf = sValid(st);
@@ -629,6 +682,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
           }
         }
       }
+      pipeline_end(it, next_id);
     }
     cp_async_wait<0>();
     // Merge the two half-warps (lanes l and l ^ 16 hold the same elements).

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The GPU job, run on the H200 machine from the repository root over a build made elsewhere:
-#   scripts/gpu_job.sh [stage...]     stages: tests sanitize bench anchors ncu (default: all but ncu)
+#   scripts/gpu_job.sh [stage...]     stages: tests sanitize bench anchors tune ncu
+#                                     (default: tests sanitize bench anchors)
 # Env: BUILD (default build-gpu), OUT (logs; default ./out), ANCHORS (the seed benchmark folder,
 # default .anchors), SHAPES=quick for a short benchmark list.
 # Logs: tests.log, sanitize.log, bench.csv, bench.log, anchors.log (+ the anchors' own CSV),
-# ncu.log, summary.txt. Every stage has its own timeout so a hang cannot eat the job.
+# tune.csv, ncu.log, summary.txt. Every stage has its own timeout so a hang cannot eat the job.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 BUILD=${BUILD:-build-gpu}
 OUT=${OUT:-out}
 ANCHORS=${ANCHORS:-.anchors}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(tests sanitize bench anchors)
 TESTS="$BUILD/tests/pagedattn_tests"
@@ -26,21 +28,28 @@ has() { local s; for s in "${STAGES[@]}"; do [ "$s" = "$1" ] && return 0; done; 
 
 if has tests; then
   # Every CUDA test: the shared reference grid's CUDA rows, the CUDA suite, cache writes.
-  timeout 420 "$TESTS" --gtest_filter='*cuda*:*Cuda*' --gtest_brief=1 > "$OUT/tests.log" 2>&1
+  timeout 200 "$TESTS" --gtest_filter='*cuda*:*Cuda*' --gtest_brief=1 > "$OUT/tests.log" 2>&1
   rc=$?
   note "tests rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|tests? from .* ran' "$OUT/tests.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]' "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
+  # The CPU backend on this host too (AgreesWithCpu compares the two on identical inputs).
+  timeout 120 "$TESTS" --gtest_filter='Grid/BackendReferenceTest.*/cpu_*_d128_*' --gtest_brief=1 \
+    > "$OUT/tests_cpu.log" 2>&1
+  note "cpu rows on this host rc=$? $(grep -E '^\[  PASSED  \]|^\[  FAILED  \] [0-9]+ test' "$OUT/tests_cpu.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' "$OUT/tests_cpu.log" | head -5 | tee -a "$SUMMARY"
+  grep -m1 -E 'avx512|model name' /proc/cpuinfo | cut -c1-80 | tee -a "$SUMMARY"
+  grep -o -m1 -E 'avx512[a-z_0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ' | tee -a "$SUMMARY"; echo
 fi
 
 if has sanitize; then
   SMALL='CudaDecode.StreamAndWorkspace:CudaDecode.UncheckedCorruptTablesStayInBounds:CudaDecode.CheckedModeReportsTheCpuErrors:CudaDecode.GraphReplayWithNewLengths:CudaDecode.MixedDtypes:CudaDecode.BlockSizes:*cuda_bf16_d80_bs7_g*_ctx1000:*cuda_f32_d256_bs1_g4_ctxBSp1:*cuda_f16_d64_bs32_gall_ctx1000'
   {
     echo "## memcheck"
-    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTS" \
+    timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTS" \
       --gtest_filter="$SMALL" --gtest_brief=1
     echo "memcheck rc=$?"
     echo "## racecheck"
-    timeout 240 compute-sanitizer --tool racecheck --error-exitcode 3 "$TESTS" \
+    timeout 120 compute-sanitizer --tool racecheck --error-exitcode 3 "$TESTS" \
       --gtest_filter='CudaDecode.StreamAndWorkspace:*cuda_bf16_d128_bs16_g8_ctx1000:*cuda_f32_d64_bs7_g4_ctx1000:*cuda_bf16_d64_bs16_g1_ctx1000' \
       --gtest_brief=1
     echo "racecheck rc=$?"
@@ -53,21 +62,20 @@ if has bench; then
   ANCHOR_SHAPES=(1,32,8,128,4096 1,32,8,128,32768 1,32,8,128,131072 8,32,8,128,4096
     8,32,8,128,32768 32,32,8,128,1024 32,32,8,128,4096 32,32,8,128,16384 128,32,8,128,1024
     128,32,8,128,4096 64,64,8,128,4096 32,32,32,128,4096 32,32,4,64,4096)
-  EXTRA_SHAPES=(32,32,8,256,4096 32,32,8,128,4096,1 32,32,8,128,4096,32 32,32,8,128,4096,64
-    32,32,32,128,4096 32,64,4,128,4096)
+  EXTRA_SHAPES=(32,32,8,256,4096 32,32,8,64,4096 32,32,8,128,4096,1 32,32,8,128,4096,32
+    32,32,8,128,4096,64 32,64,4,128,4096)
   [ "${SHAPES:-}" = quick ] && ANCHOR_SHAPES=(1,32,8,128,4096 1,32,8,128,131072 32,32,8,128,4096
     32,32,32,128,4096) && EXTRA_SHAPES=()
   args=()
   for s in "${ANCHOR_SHAPES[@]}"; do args+=(--shape "$s"); done
   extra=()
   for s in "${EXTRA_SHAPES[@]}"; do extra+=(--shape "$s"); done
-  timeout 420 "$BENCH" --backend cuda --dtype bf16 --csv "${args[@]}" "${extra[@]}" \
+  timeout 300 "$BENCH" --backend cuda --dtype bf16 --csv "${args[@]}" "${extra[@]}" \
     > "$OUT/bench.csv" 2> "$OUT/bench.log"
   note "bench bf16 rc=$?"
   if [ "${SHAPES:-}" != quick ]; then
     for dt in f16 f32; do
-      timeout 240 "$BENCH" --backend cuda --dtype $dt --csv --shape 32,32,8,128,4096 \
-        --shape 1,32,8,128,32768 --shape 32,32,8,64,4096 --shape 32,32,8,256,4096 \
+      timeout 120 "$BENCH" --backend cuda --dtype $dt --csv --shape 32,32,8,128,4096 \
         --shape 32,64,4,128,4096 2>> "$OUT/bench.log" | tail -n +2 >> "$OUT/bench.csv"
       note "bench $dt rc=$?"
     done
@@ -82,9 +90,24 @@ if has bench; then
   cat "$OUT/bench.csv" | tee -a "$SUMMARY" > /dev/null
 fi
 
+if has tune; then
+  # Plan-constant sweep (tuning overrides read by the CUDA backend; the defaults are in
+  # cuda/decode_cuda.cu): items per SM x minimum chunk tokens, on the shapes they move most.
+  TS=(--shape 1,32,8,128,4096 --shape 1,32,8,128,131072 --shape 32,32,8,128,4096
+    --shape 128,32,8,128,4096 --shape 32,32,32,128,4096 --shape 8,32,8,128,32768)
+  for cfg in 12:128 4:128 8:128 24:128 12:256 24:64; do
+    ips=${cfg%%:*}; mc=${cfg#*:}
+    PAGEDATTN_CUDA_ITEMS_PER_SM=$ips PAGEDATTN_CUDA_MIN_CHUNK_TOKENS=$mc timeout 120 "$BENCH" \
+      --backend cuda --dtype bf16 --csv "${TS[@]}" 2>/dev/null | tail -n +2 | sed "s/^/$ips,$mc,/" \
+      >> "$OUT/tune.csv"
+  done
+  note "tune: items_per_sm,min_chunk,backend,dtype,B,H,KV,D,ctx,BS,ms,GBps,pct,rel_err"
+  cat "$OUT/tune.csv" >> "$SUMMARY"
+fi
+
 if has anchors; then
   [ -n "$CEILING" ] && export READ_CEILING_GBPS=$CEILING
-  ( cd "$ANCHORS/bench" && OUT="$OLDPWD/$OUT" timeout 540 python3 gpu_anchors.py ) \
+  ( cd "$ANCHORS/bench" && OUT="$OUT" timeout 300 python3 gpu_anchors.py ) \
     > "$OUT/anchors.log" 2>&1
   note "anchors rc=$?"
 fi
