@@ -3,7 +3,8 @@
 #   scripts/gpu_job.sh [stage...]     stages: tests sanitize bench anchors tune ncu
 #                                     (default: tests sanitize bench anchors)
 # Env: BUILD (default build-gpu), OUT (logs; default ./out), ANCHORS (the seed benchmark folder,
-# default .anchors), SHAPES=quick for a short benchmark list.
+# default .anchors), SHAPES=quick for a short benchmark list, SHAPES=anchors
+# for the anchor shapes alone (bf16).
 # Logs: tests.log, sanitize.log, bench.csv, bench.log, anchors.log (+ the anchors' own CSV),
 # tune.csv, ncu.log, summary.txt. Every stage has its own timeout so a hang cannot eat the job.
 set -uo pipefail
@@ -66,6 +67,7 @@ if has bench; then
     32,32,8,128,4096,64 32,64,4,128,4096)
   [ "${SHAPES:-}" = quick ] && ANCHOR_SHAPES=(1,32,8,128,4096 1,32,8,128,131072 32,32,8,128,4096
     32,32,32,128,4096) && EXTRA_SHAPES=()
+  [ "${SHAPES:-}" = anchors ] && EXTRA_SHAPES=()
   args=()
   for s in "${ANCHOR_SHAPES[@]}"; do args+=(--shape "$s"); done
   extra=()
@@ -73,7 +75,7 @@ if has bench; then
   timeout 300 "$BENCH" --backend cuda --dtype bf16 --csv "${args[@]}" "${extra[@]}" \
     > "$OUT/bench.csv" 2> "$OUT/bench.log"
   note "bench bf16 rc=$?"
-  if [ "${SHAPES:-}" != quick ]; then
+  if [ -z "${SHAPES:-}" ]; then
     for dt in f16 f32; do
       timeout 120 "$BENCH" --backend cuda --dtype $dt --csv --shape 32,32,8,128,4096 \
         --shape 32,64,4,128,4096 2>> "$OUT/bench.log" | tail -n +2 >> "$OUT/bench.csv"
