@@ -156,16 +156,22 @@ __device__ __forceinline__ void store_out<__nv_bfloat16>(void* out, std::int64_t
 }
 
 constexpr int kCombineWarps = 4;
-constexpr int kMaxDPerLane = 256 / 32;
 
+// One warp per (sequence, query head, 32-element slice of head_dim): B=1 still spreads over
+// H * head_dim / 32 warps. Each warp recomputes the row's max and sum (a few floats per split)
+// and merges its slice over the splits, in split order, eight loads in flight.
 template <typename OutT>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombineParams p) {
   const int lane = threadIdx.x & 31;
-  const std::int64_t idx =
-      static_cast<std::int64_t>(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
-  if (idx >= static_cast<std::int64_t>(p.batch) * p.num_heads) return;
-  const int b = static_cast<int>(idx / p.num_heads), h = static_cast<int>(idx % p.num_heads);
   const int D = p.head_dim;
+  const int dchunks = (D + 31) / 32;
+  const std::int64_t widx =
+      static_cast<std::int64_t>(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
+  if (widx >= static_cast<std::int64_t>(p.batch) * p.num_heads * dchunks) return;
+  const std::int64_t idx = widx / dchunks;  // the (sequence, query head) row
+  const int dc = static_cast<int>(widx - idx * dchunks);
+  const int b = static_cast<int>(idx / p.num_heads), h = static_cast<int>(idx % p.num_heads);
+  const int d = dc * 32 + lane;
   const int off = p.split_offset[b];
   const int ns = p.split_offset[b + 1] - off;
   float mmax = -INFINITY;
@@ -174,11 +180,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) mmax = fmaxf(mmax, __shfl_xor_sync(0xffffffffu, mmax, o));
-  float acc[kMaxDPerLane];
-#pragma unroll
-  for (int k = 0; k < kMaxDPerLane; ++k) acc[k] = 0.f;
-  float lsum = 0.f;
+  float acc = 0.f, lsum = 0.f;
   if (mmax != -INFINITY) {
+    const std::int64_t step = static_cast<std::int64_t>(p.num_heads) * D;  // between splits
     for (int c = 0; c < ns; c += 32) {
       float w = 0.f, lw = 0.f;
       if (c + lane < ns) {
@@ -188,27 +192,20 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
       }
       lsum += lw;
       const int n = min(32, ns - c);
+      const float* col =
+          p.part_acc + ((static_cast<std::int64_t>(off) + c) * p.num_heads + h) * D + d;
+#pragma unroll 8
       for (int k = 0; k < n; ++k) {
         const float wk = __shfl_sync(0xffffffffu, w, k);
-        const float* src =
-            p.part_acc + ((static_cast<std::int64_t>(off) + c + k) * p.num_heads + h) * D;
-#pragma unroll
-        for (int q = 0; q < kMaxDPerLane; ++q) {
-          const int d = lane + 32 * q;
-          if (d < D) acc[q] = fmaf(wk, src[d], acc[q]);
-        }
+        if (d < D) acc = fmaf(wk, col[k * step], acc);
       }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
   }
   const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-#pragma unroll
-  for (int q = 0; q < kMaxDPerLane; ++q) {
-    const int d = lane + 32 * q;
-    if (d < D) store_out<OutT>(p.out, idx * D + d, acc[q] * inv);
-  }
-  if (p.lse != nullptr && lane == 0) {
+  if (d < D) store_out<OutT>(p.out, idx * D + d, acc * inv);
+  if (p.lse != nullptr && dc == 0 && lane == 0) {
     p.lse[idx] = lsum > 0.f ? (mmax + log2f(lsum)) * 0.6931471805599453f : -INFINITY;
   }
 }
@@ -335,8 +332,9 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   c.batch = a.batch;
   c.num_heads = a.num_heads;
   c.head_dim = a.head_dim;
-  const std::int64_t rows = static_cast<std::int64_t>(a.batch) * a.num_heads;
-  const int cgrid = static_cast<int>((rows + kCombineWarps - 1) / kCombineWarps);
+  const std::int64_t warps =
+      static_cast<std::int64_t>(a.batch) * a.num_heads * ((a.head_dim + 31) / 32);
+  const int cgrid = static_cast<int>((warps + kCombineWarps - 1) / kCombineWarps);
   switch (a.out_dtype) {
     case DType::kF32:
       combine_kernel<float><<<cgrid, kCombineWarps * 32, 0, stream>>>(c);
