@@ -25,9 +25,11 @@ void check(cudaError_t err, const char* what) {
   }
 }
 
-// Work items the planner aims for per SM: several waves of small items, so the hardware block
-// scheduler evens out a skewed batch and the last wave is short.
-constexpr int kItemsPerSm = 12;
+// Work items the planner aims for per SM: about two waves of two CTAs per SM. Each CTA pays a
+// fixed start (plan, Q and page-id loads, pipeline fill: ~3 dependent memory round trips), so
+// items must stay large; on the H200, 12 items per SM (tiles of 2-10 per CTA) left every
+// small-context shape at 13-40% of the read ceiling (docs/cuda.md).
+constexpr int kItemsPerSm = 4;
 // A split covers at least this many tokens; keeps the combine cheap while letting a single
 // 4096-token sequence spread over 256 CTAs.
 constexpr int kMinChunkTokens = 128;

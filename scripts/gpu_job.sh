@@ -97,7 +97,7 @@ if has tune; then
   # cuda/decode_cuda.cu): items per SM x minimum chunk tokens, on the shapes they move most.
   TS=(--shape 1,32,8,128,4096 --shape 1,32,8,128,131072 --shape 32,32,8,128,4096
     --shape 128,32,8,128,4096 --shape 32,32,32,128,4096 --shape 8,32,8,128,32768)
-  for cfg in 12:128 4:128 8:128 24:128 12:256 24:64; do
+  for cfg in 4:128 2:128 3:128 6:128 8:128 12:128 4:256 4:512; do
     ips=${cfg%%:*}; mc=${cfg#*:}
     PAGEDATTN_CUDA_ITEMS_PER_SM=$ips PAGEDATTN_CUDA_MIN_CHUNK_TOKENS=$mc timeout 120 "$BENCH" \
       --backend cuda --dtype bf16 --csv "${TS[@]}" 2>/dev/null | tail -n +2 | sed "s/^/$ips,$mc,/" \
