@@ -14,7 +14,8 @@
 #include "random_case.hpp"
 #include "test_seed.hpp"
 
-#if __has_include(<cuda_runtime.h>)
+// The CUDA runtime is linked only when the CUDA backend is built (tests/CMakeLists.txt).
+#if defined(PAGEDATTN_TESTS_WITH_CUDA) && PAGEDATTN_TESTS_WITH_CUDA
 #include <cuda_runtime.h>
 #define PAGEDATTN_TEST_HAS_CUDA_RUNTIME 1
 #endif
