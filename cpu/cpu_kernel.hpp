@@ -27,7 +27,7 @@ struct ItemContext {
 };
 
 // Query heads per register tile of the kernel.
-constexpr int kHeadTile = 4;
+constexpr int kHeadTile = 8;
 
 // Floats between the score rows of two heads: block_size rounded up to a 64-byte multiple.
 inline int scores_stride(int block_size) { return (block_size + 15) / 16 * 16; }

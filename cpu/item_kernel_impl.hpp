@@ -1,6 +1,6 @@
 // The body of ItemKernel, included by exactly one translation unit per instruction set.
 //
-// Per physical block and per tile of up to four query heads of the GQA group:
+// Per physical block and per tile of up to eight query heads of the GQA group:
 //   scores  S[r][t] = dot(q_r, k_t)          R heads x TT tokens of accumulators, reduced W at a
 //                                            time with haddp; each K row widened once per tile
 //   softmax p[r][t] = exp(S[r][t] - m_r)      vector exp over the block; acc and l rescaled only
@@ -28,33 +28,59 @@ template <class Arch>
 struct TileShape {
   static constexpr int W = static_cast<int>(fbatch<Arch>::size);
   static constexpr int kRegs = W == 16 ? 32 : 16;
-  // Tokens per scores tile for R heads: R * TT accumulators fill at most one haddp (W rows).
+  // Tokens per scores tile for R heads: R * TT accumulators, reduced W at a time by haddp.
   static constexpr int tokens(int R) { return R >= W ? 1 : W / R; }
-  // Vectors of head_dim per values tile for R heads: R * DC accumulators + DC loads + 1 weight.
+  // Heads per values tile (at most 4) and vectors of head_dim per values tile: R * DC
+  // accumulators + DC value vectors + 1 weight stay in registers.
+  static constexpr int value_heads(int R) { return R < 4 ? R : 4; }
   static constexpr int vectors(int R) { return kRegs == 32 ? (R <= 2 ? 8 : 4) : (R <= 2 ? 4 : 2); }
 };
 
-// s[r * ss + j] = dot(q_r, k_j) for r < R, j < TT; q_r = q + r * D, k_j = k + j * ts.
+// s[r * ss + j] = dot(q_r, k_j) for r < R, j < TT; q_r = q + r * D, k_j = k + j * ts. Every K
+// row is widened once for the R heads.
 template <class Arch, int R, int TT, class T>
 inline void scores_tile(const float* q, int D, const T* k, std::int64_t ts, float* s, int ss) {
   using B = fbatch<Arch>;
   constexpr int W = static_cast<int>(B::size);
-  static_assert(R * TT <= W, "one haddp reduces the whole tile");
-  B acc[R * TT];
-  for (int i = 0; i < R * TT; ++i) acc[i] = B(0.f);
-  for (int d = 0; d < D; d += W) {
-    B qq[R];
-    for (int r = 0; r < R; ++r) qq[r] = B::load_unaligned(q + r * D + d);
+  constexpr int N = R * TT;
+  constexpr int NR = (N + W - 1) / W * W;  // accumulators rounded up to whole haddp groups
+  B acc[NR];
+#pragma GCC unroll 16
+  for (int i = 0; i < NR; ++i) acc[i] = B(0.f);
+  if constexpr (R >= 4) {
+    // Many heads: token by token, so each q load feeds one FMA and folds into it.
+#pragma GCC unroll 16
     for (int j = 0; j < TT; ++j) {
-      const B kk = Widen<Arch>::load(k + j * ts + d);
-      for (int r = 0; r < R; ++r) acc[r * TT + j] = xsimd::fma(qq[r], kk, acc[r * TT + j]);
+      const T* kj = k + j * ts;
+#pragma GCC unroll 2
+      for (int d = 0; d < D; d += W) {
+        const B kk = Widen<Arch>::load(kj + d);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          acc[r * TT + j] = xsimd::fma(B::load_unaligned(q + r * D + d), kk, acc[r * TT + j]);
+        }
+      }
+    }
+  } else {
+    // Few heads, many tokens: q stays in registers across the tokens of one step.
+#pragma GCC unroll 2
+    for (int d = 0; d < D; d += W) {
+      B qq[R];
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) qq[r] = B::load_unaligned(q + r * D + d);
+#pragma GCC unroll 16
+      for (int j = 0; j < TT; ++j) {
+        const B kk = Widen<Arch>::load(k + j * ts + d);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) acc[r * TT + j] = xsimd::fma(qq[r], kk, acc[r * TT + j]);
+      }
     }
   }
-  B rows[W];
-  for (int i = 0; i < W; ++i) rows[i] = i < R * TT ? acc[i] : B(0.f);
-  alignas(64) float sums[W];
-  xsimd::haddp(rows).store_aligned(sums);
+  alignas(64) float sums[NR];
+  for (int i = 0; i < NR; i += W) xsimd::haddp(acc + i).store_aligned(sums + i);
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
     for (int j = 0; j < TT; ++j) s[r * ss + j] = sums[r * TT + j];
   }
 }
@@ -66,18 +92,26 @@ inline void values_tile(const float* p, int ps, const T* v, std::int64_t ts, int
   using B = fbatch<Arch>;
   constexpr int W = static_cast<int>(B::size);
   B a[R * DC];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
     for (int c = 0; c < DC; ++c) a[r * DC + c] = B::load_unaligned(acc + r * D + d0 + c * W);
   }
+#pragma GCC unroll 2
   for (int t = 0; t < n; ++t) {
     B vv[DC];
+#pragma GCC unroll 16
     for (int c = 0; c < DC; ++c) vv[c] = Widen<Arch>::load(v + t * ts + d0 + c * W);
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const B pp(p[r * ps + t]);
+#pragma GCC unroll 16
       for (int c = 0; c < DC; ++c) a[r * DC + c] = xsimd::fma(pp, vv[c], a[r * DC + c]);
     }
   }
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
     for (int c = 0; c < DC; ++c) a[r * DC + c].store_unaligned(acc + r * D + d0 + c * W);
   }
 }
@@ -97,6 +131,7 @@ inline void softmax_tile(float* s, int ss, int n, float* m, float* l, float* acc
     alignas(64) float lanes[W];
     vmax.store_aligned(lanes);
     float m_new = m[r];
+#pragma GCC unroll 16
     for (int i = 0; i < W; ++i) m_new = std::max(m_new, lanes[i]);
     if (m_new == -INFINITY) {  // no finite logit yet: nothing to add
       for (int t = 0; t < nw; ++t) sr[t] = 0.f;
@@ -132,14 +167,20 @@ inline void block_tile(const float* q, const T* k, const T* v, std::int64_t ts, 
   using Shape = TileShape<Arch>;
   constexpr int W = Shape::W;
   constexpr int TT = Shape::tokens(R);
-  constexpr int DC = Shape::vectors(R);
+  constexpr int RV = Shape::value_heads(R);
+  constexpr int DC = Shape::vectors(RV);
+  static_assert(R % RV == 0, "values tiles cover the scores tile");
   int t = 0;
   for (; t + TT <= n; t += TT) scores_tile<Arch, R, TT>(q, D, k + t * ts, ts, s + t, ss);
   for (; t < n; ++t) scores_tile<Arch, R, 1>(q, D, k + t * ts, ts, s + t, ss);
   softmax_tile<Arch, R>(s, ss, n, m, l, acc, D);
-  int d = 0;
-  for (; d + DC * W <= D; d += DC * W) values_tile<Arch, R, DC>(s, ss, v, ts, n, acc, D, d);
-  for (; d < D; d += W) values_tile<Arch, R, 1>(s, ss, v, ts, n, acc, D, d);
+  for (int r = 0; r < R; r += RV) {
+    const float* p = s + r * ss;
+    float* a = acc + static_cast<std::int64_t>(r) * D;
+    int d = 0;
+    for (; d + DC * W <= D; d += DC * W) values_tile<Arch, RV, DC>(p, ss, v, ts, n, a, D, d);
+    for (; d < D; d += W) values_tile<Arch, RV, 1>(p, ss, v, ts, n, a, D, d);
+  }
 }
 
 template <class T>
@@ -188,10 +229,16 @@ void run_item(const ItemContext& c, const WorkItem& it, float* m, float* l, floa
     const std::int64_t base = c.layout.offset(id, kv, 0);
     const T* kb = k_cache + base;
     const T* vb = v_cache + base;
-    for (int g = 0; g < G; g += kHeadTile) {
+    for (int g = 0; g < G;) {
       const float* qg = q + static_cast<std::int64_t>(g) * D;
       float* ag = acc + static_cast<std::int64_t>(g) * D;
-      switch (std::min(kHeadTile, G - g)) {
+      // Tiles of 8 heads, then 4, then the rest (1 to 3).
+      const int rest = G - g;
+      const int R = rest >= 8 ? 8 : rest >= 4 ? 4 : rest;
+      switch (R) {
+        case 8:
+          block_tile<Arch, 8>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag);
+          break;
         case 4:
           block_tile<Arch, 4>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag);
           break;
@@ -205,6 +252,7 @@ void run_item(const ItemContext& c, const WorkItem& it, float* m, float* l, floa
           block_tile<Arch, 1>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag);
           break;
       }
+      g += R;
     }
   }
 }
