@@ -35,14 +35,18 @@ if [[ "${SKIP_SANITIZE:-0}" != 1 ]]; then
     -DPAGEDATTN_BUILD_TOOLS=OFF -DPAGEDATTN_INSTALL=OFF \
     -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san" -DCMAKE_SHARED_LINKER_FLAGS="$san"
   phase "sanitizer build: build"
-  cmake --build "$asan" -j "$jobs"
-  phase "sanitizer build: ctest"
-  export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:strict_string_checks=1}"
-  export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-  # The fuzzer's clean run and planted-bug tests run under the sanitizers too.
-  if ! ctest --test-dir "$asan" --output-on-failure -j "$jobs"; then
-    echo "ci_sanitize_and_fuzz: tests failed under ASan/UBSan" >&2
+  if ! cmake --build "$asan" -j "$jobs"; then
+    echo "ci_sanitize_and_fuzz: the sanitizer build failed" >&2
     status=1
+  else
+    phase "sanitizer build: ctest"
+    export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:strict_string_checks=1}"
+    export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+    # The fuzzer's clean run and planted-bug tests run under the sanitizers too.
+    if ! ctest --test-dir "$asan" --output-on-failure -j "$jobs"; then
+      echo "ci_sanitize_and_fuzz: tests failed under ASan/UBSan" >&2
+      status=1
+    fi
   fi
 fi
 
