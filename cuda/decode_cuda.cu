@@ -78,18 +78,10 @@ int head_chunks(const DecodeArgs& a) {
   return use_mma(a) ? 1 : (a.group_size() + kSimtHeadsPerCta - 1) / kSimtHeadsPerCta;
 }
 
-// Upper bound on the plan's total splits for any context lengths within the table's capacity.
-// With chunk >= work / parallelism, sum_b ceil(nb_b / chunk) <= parallelism / kv_heads + batch;
-// and no sequence has more than min(max_splits, ceil(max_blocks / min_chunk_blocks)) splits.
+// Upper bound on the plan's total splits for any context lengths within the table's capacity
+// (core/split_plan.hpp): the grid covers it, so any later lengths fit the same launch.
 std::int64_t max_total_splits(const DecodeArgs& a, const PlanOptions& o) {
-  if (a.batch == 0 || a.max_blocks_per_seq == 0) return 0;
-  const std::int64_t min_chunk = blocks_for(o.min_chunk_tokens, a.block_size);
-  const std::int64_t per_seq = std::min<std::int64_t>(
-      o.max_splits_per_seq, (a.max_blocks_per_seq + min_chunk - 1) / min_chunk);
-  const std::int64_t by_seq = static_cast<std::int64_t>(a.batch) * per_seq;
-  const std::int64_t by_work =
-      (o.parallelism + a.num_kv_heads - 1) / a.num_kv_heads + static_cast<std::int64_t>(a.batch);
-  return std::min(by_seq, by_work);
+  return max_plan_splits(a.batch, a.max_blocks_per_seq, a.num_kv_heads, a.block_size, o);
 }
 
 constexpr std::size_t align256(std::size_t n) { return (n + 255) & ~std::size_t(255); }

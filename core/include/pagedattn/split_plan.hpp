@@ -77,4 +77,24 @@ PAGEDATTN_HOST_DEVICE int choose_chunk_blocks(std::int64_t total_blocks, int max
   return static_cast<int>(chunk < max_blocks ? chunk : max_blocks);
 }
 
+// An upper bound on a plan's total splits for any context lengths of at most
+// max_blocks_per_seq blocks each: what a fixed launch grid (the CUDA backend, CUDA graphs) must
+// cover. chunk >= kv_heads * total_blocks / parallelism gives
+// sum_b ceil(nb_b / chunk) <= parallelism / kv_heads + batch, and no sequence has more than
+// min(max_splits_per_seq, ceil(max_blocks_per_seq / min_chunk_blocks)) splits.
+inline std::int64_t max_plan_splits(int batch, int max_blocks_per_seq, int num_kv_heads,
+                                    int block_size, const PlanOptions& o) {
+  if (batch <= 0 || max_blocks_per_seq <= 0) return 0;
+  const std::int64_t min_chunk =
+      blocks_for(o.min_chunk_tokens > 1 ? o.min_chunk_tokens : 1, block_size);
+  const std::int64_t max_splits = o.max_splits_per_seq > 1 ? o.max_splits_per_seq : 1;
+  const std::int64_t by_chunk = (max_blocks_per_seq + min_chunk - 1) / min_chunk;
+  const std::int64_t by_seq =
+      static_cast<std::int64_t>(batch) * (by_chunk < max_splits ? by_chunk : max_splits);
+  const std::int64_t kv = num_kv_heads > 1 ? num_kv_heads : 1;
+  const std::int64_t parallel = o.parallelism > 1 ? o.parallelism : 1;
+  const std::int64_t by_work = (parallel + kv - 1) / kv + batch;
+  return by_seq < by_work ? by_seq : by_work;
+}
+
 }  // namespace pagedattn
