@@ -13,6 +13,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -192,8 +193,7 @@ __device__ __forceinline__ long long row_offset(const SplitParams& p, int id, in
 // Issues the cp.async copies of one tile; rows with offset -1 are zero-filled and flagged invalid.
 template <typename T, int D, int TT>
 __device__ __forceinline__ void issue_tile(char* sK, char* sV, unsigned char* sValid,
-                                           const long long* s_off, const char* gK,
-                                           const char* gV) {
+                                           const long long* s_off, const char* gK, const char* gV) {
   constexpr int CH = RowGeom<T, D>::kChunks;
   constexpr int ROW = RowGeom<T, D>::kRowBytes;
   for (int idx = threadIdx.x; idx < TT * CH; idx += kThreads) {
@@ -340,8 +340,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   extern __shared__ __align__(16) char smem[];
   char* stage_base = smem;
   long long* off_base = reinterpret_cast<long long*>(smem + Cfg::STAGE_AREA + Cfg::QBYTES);
-  unsigned char* valid_base =
-      reinterpret_cast<unsigned char*>(off_base + STAGES * TT);
+  unsigned char* valid_base = reinterpret_cast<unsigned char*>(off_base + STAGES * TT);
   __shared__ ItemInfo item;
 
   const int i = blockIdx.x;
@@ -757,9 +756,17 @@ void launch_split_bf16(const SplitParams& p, int head_dim, bool mma, int grid, c
 template <typename T, int D, bool kMma>
 void launch_split_typed(const SplitParams& p, int grid, cudaStream_t stream) {
   using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      split_kernel<T, D, kMma>, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM);
-  (void)attr;
+  // The dynamic shared-memory limit is a per-device attribute: raise it once per device.
+  static std::atomic<unsigned long long> raised{0};
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const unsigned long long bit = 1ull << (dev & 63);
+  if ((raised.load(std::memory_order_relaxed) & bit) == 0) {
+    if (cudaFuncSetAttribute(split_kernel<T, D, kMma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             Cfg::SMEM) == cudaSuccess) {
+      raised.fetch_or(bit, std::memory_order_relaxed);
+    }  // on failure the launch reports the error
+  }
   split_kernel<T, D, kMma><<<grid, kThreads, Cfg::SMEM, stream>>>(p);
 }
 
