@@ -2,7 +2,7 @@
 //
 // Per physical block and per tile of up to eight query heads of the GQA group:
 //   scores  S[r][t] = dot(q_r, k_t)          R heads x TT tokens of accumulators, reduced W at a
-//                                            time with haddp; each K row widened once per tile
+//                                            time by RowSums; each K row widened once per tile
 //   softmax p[r][t] = exp(S[r][t] - m_r)      vector exp over the block; acc and l rescaled only
 //                                            when the block raises the running max m_r
 //   values  acc_r  += sum_t p[r][t] * v_t    R heads x DC vectors of acc held in registers over
@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "cpu_kernel.hpp"
+#include "row_sums.hpp"
 #include "widen.hpp"
 
 namespace pagedattn::detail::cpu {
@@ -28,7 +29,7 @@ template <class Arch>
 struct TileShape {
   static constexpr int W = static_cast<int>(fbatch<Arch>::size);
   static constexpr int kRegs = W == 16 ? 32 : 16;
-  // Tokens per scores tile for R heads: R * TT accumulators, reduced W at a time by haddp.
+  // Tokens per scores tile for R heads: R * TT accumulators, reduced W at a time by RowSums.
   static constexpr int tokens(int R) { return R >= W ? 1 : W / R; }
   // Heads per values tile (at most 4) and vectors of head_dim per values tile: R * DC
   // accumulators + DC value vectors + 1 weight stay in registers.
@@ -43,7 +44,7 @@ inline void scores_tile(const float* q, int D, const T* k, std::int64_t ts, floa
   using B = fbatch<Arch>;
   constexpr int W = static_cast<int>(B::size);
   constexpr int N = R * TT;
-  constexpr int NR = (N + W - 1) / W * W;  // accumulators rounded up to whole haddp groups
+  constexpr int NR = (N + W - 1) / W * W;  // accumulators rounded up to whole RowSums groups
   B acc[NR];
 #pragma GCC unroll 16
   for (int i = 0; i < NR; ++i) acc[i] = B(0.f);
@@ -77,7 +78,7 @@ inline void scores_tile(const float* q, int D, const T* k, std::int64_t ts, floa
     }
   }
   alignas(64) float sums[NR];
-  for (int i = 0; i < NR; i += W) xsimd::haddp(acc + i).store_aligned(sums + i);
+  for (int i = 0; i < NR; i += W) RowSums<Arch>::of(acc + i).store_aligned(sums + i);
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 16
@@ -156,7 +157,10 @@ inline void softmax_tile(float* s, int ss, int n, float* m, float* l, float* acc
       p.store_aligned(sr + t);
       vsum += p;
     }
-    l[r] += xsimd::hadd(vsum);
+    vsum.store_aligned(lanes);
+    float sum = 0.f;
+    for (int i = 0; i < W; ++i) sum += lanes[i];
+    l[r] += sum;
   }
 }
 
@@ -183,12 +187,6 @@ inline void block_tile(const float* q, const T* k, const T* v, std::int64_t ts, 
   }
 }
 
-template <class T>
-inline void prefetch_rows(const T* p, std::int64_t bytes) {
-  const char* c = reinterpret_cast<const char*>(p);
-  for (std::int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
-}
-
 template <class Arch, class T>
 void run_item(const ItemContext& c, const WorkItem& it, float* m, float* l, float* acc,
               ItemScratch scratch) {
@@ -210,19 +208,23 @@ void run_item(const ItemContext& c, const WorkItem& it, float* m, float* l, floa
   }
   std::fill(acc, acc + static_cast<std::int64_t>(G) * D, 0.f);
 
-  // Prefetches only blocks of this item: table entries past it may be past the context.
-  auto prefetch = [&](int blk) {
-    if (blk >= it.block_end) return;
-    const std::int64_t base = c.layout.offset(c.table.block(it.seq, blk), kv, 0);
-    const std::int64_t bytes =
-        static_cast<std::int64_t>(valid_in_block(L, BS, blk) - 1) * ts * sizeof(T) + D * sizeof(T);
-    prefetch_rows(k_cache + base, bytes);
-    prefetch_rows(v_cache + base, bytes);
-  };
-  for (int i = 1; i <= kPrefetchBlocks; ++i) prefetch(it.block_begin + i - 1);
-
+  // Keeps the next kPrefetchBlocks blocks of this item in flight (never blocks past the item:
+  // table entries past the context may be garbage). Written inline: GCC treats a function that
+  // only prefetches as free of side effects and deletes its calls.
+  int prefetched = it.block_begin;
   for (int blk = it.block_begin; blk < it.block_end; ++blk) {
-    prefetch(blk + kPrefetchBlocks);
+    for (; prefetched < it.block_end && prefetched <= blk + kPrefetchBlocks; ++prefetched) {
+      const std::int64_t pbase = c.layout.offset(c.table.block(it.seq, prefetched), kv, 0);
+      const std::int64_t bytes =
+          (static_cast<std::int64_t>(valid_in_block(L, BS, prefetched) - 1) * ts + D) *
+          static_cast<std::int64_t>(sizeof(T));
+      const char* pk = reinterpret_cast<const char*>(k_cache + pbase);
+      const char* pv = reinterpret_cast<const char*>(v_cache + pbase);
+      for (std::int64_t off = 0; off < bytes; off += 64) {
+        __builtin_prefetch(pk + off, 0, 3);
+        __builtin_prefetch(pv + off, 0, 3);
+      }
+    }
     const int id = c.table.block(it.seq, blk);
     int n = valid_in_block(L, BS, blk);
     if (c.fault == Fault::kLastBlockOffByOne && n < BS) ++n;
