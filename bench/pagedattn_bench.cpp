@@ -1,10 +1,9 @@
 // pagedattn-bench: times decode attention per shape and reports KV GB/s against the machine's
 // read bandwidth measured in the same run, with the error against the f64 reference.
 //
-//   pagedattn-bench [--backend cpu|cuda|naive] [--dtype f32|f16|bf16] [--shape
-//   B,H,KV,D,CTX[,BS]]...
-//                   [--threads N] [--csv] [--contiguous] [--iters N] [--min-time S]
-//                   [--bw-mib N] [--no-naive]
+//   pagedattn-bench [--backend cpu|cuda|naive] [--dtype f32|f16|bf16[,...]]
+//                   [--shape B,H,KV,D,CTX[,BS]]... [--threads N] [--csv] [--contiguous]
+//                   [--iters N] [--min-time S] [--bw-mib N] [--no-naive]
 //
 // CPU timings rotate the inputs across enough copies of the cache that together they exceed the
 // last-level cache several times, so no step is served from it. The CPU backend's shapes are also
@@ -43,7 +42,7 @@ const Shape kDefaultShapes[] = {
 
 struct Options {
   std::string backend = "cpu";
-  DType dtype = DType::kBF16;
+  std::vector<DType> dtypes;  // --dtype, comma-separated; bf16 when not given
   std::vector<Shape> shapes;
   int threads = 0;
   bool csv = false;
@@ -57,7 +56,7 @@ struct Options {
 
 [[noreturn]] void usage(const char* prog, const std::string& why) {
   std::fprintf(stderr,
-               "%s\nusage: %s [--backend cpu|cuda|naive] [--dtype f32|f16|bf16]\n"
+               "%s\nusage: %s [--backend cpu|cuda|naive] [--dtype f32|f16|bf16[,...]]\n"
                "       [--shape B,H,KV,D,CTX[,BLOCK]]... [--threads N] [--csv] [--contiguous]\n"
                "       [--iters N] [--min-time SECONDS] [--bw-mib MIB] [--no-naive]\n",
                why.c_str(), prog);
@@ -96,15 +95,18 @@ Options parse(int argc, char** argv) {
         usage(argv[0], "--backend = '" + o.backend + "': expected cpu, cuda or naive");
       }
     } else if (a == "--dtype") {
-      const std::string d = value(i);
-      if (d == "f32") {
-        o.dtype = DType::kF32;
-      } else if (d == "f16") {
-        o.dtype = DType::kF16;
-      } else if (d == "bf16") {
-        o.dtype = DType::kBF16;
-      } else {
-        usage(argv[0], "--dtype = '" + d + "': expected f32, f16 or bf16");
+      std::stringstream ss(value(i));
+      std::string d;
+      while (std::getline(ss, d, ',')) {
+        if (d == "f32") {
+          o.dtypes.push_back(DType::kF32);
+        } else if (d == "f16") {
+          o.dtypes.push_back(DType::kF16);
+        } else if (d == "bf16") {
+          o.dtypes.push_back(DType::kBF16);
+        } else {
+          usage(argv[0], "--dtype = '" + d + "': expected f32, f16 or bf16 (or a list: f32,bf16)");
+        }
       }
     } else if (a == "--shape") {
       o.shapes.push_back(parse_shape(value(i), argv[0]));
@@ -131,6 +133,7 @@ Options parse(int argc, char** argv) {
   }
   if (o.shapes.empty()) o.shapes.assign(std::begin(kDefaultShapes), std::end(kDefaultShapes));
   if (o.threads == 0) o.threads = omp_get_max_threads();
+  if (o.dtypes.empty()) o.dtypes.push_back(DType::kBF16);
   return o;
 }
 
@@ -190,15 +193,15 @@ struct Row {
   double ms, gbps, pct, rel_err;
 };
 
-void print_row(const Options& o, const Row& r) {
+void print_row(const Options& o, DType dtype, const Row& r) {
   const Shape& s = r.shape;
   if (o.csv) {
     std::printf("%s,%s,%d,%d,%d,%d,%d,%d,%.4f,%.2f,%.1f,%.3g\n", r.backend.c_str(),
-                dtype_name(o.dtype), s.batch, s.heads, s.kv_heads, s.head_dim, s.context,
+                dtype_name(dtype), s.batch, s.heads, s.kv_heads, s.head_dim, s.context,
                 s.block_size, r.ms, r.gbps, r.pct, r.rel_err);
   } else {
     std::printf("%-6s %-5s %4d %4d %4d %4d %7d %4d %10.3f %8.2f %7.1f%% %10.3g\n",
-                r.backend.c_str(), dtype_name(o.dtype), s.batch, s.heads, s.kv_heads, s.head_dim,
+                r.backend.c_str(), dtype_name(dtype), s.batch, s.heads, s.kv_heads, s.head_dim,
                 s.context, s.block_size, r.ms, r.gbps, r.pct, r.rel_err);
   }
   std::fflush(stdout);
@@ -220,7 +223,7 @@ struct RotatingCase {
   }
 };
 
-RotatingCase make_rotating_case(const Options& o, const Shape& s) {
+RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s) {
   testkit::CaseSpec spec;
   spec.batch = s.batch;
   spec.num_heads = s.heads;
@@ -228,7 +231,7 @@ RotatingCase make_rotating_case(const Options& o, const Shape& s) {
   spec.head_dim = s.head_dim;
   spec.block_size = s.block_size;
   spec.context_lens.assign(s.batch, s.context);
-  spec.q_dtype = spec.kv_dtype = spec.out_dtype = o.dtype;
+  spec.q_dtype = spec.kv_dtype = spec.out_dtype = dtype;
   spec.fragmented = !o.contiguous;
   spec.seed = 20261129u + static_cast<std::uint64_t>(s.batch) * 131 + s.context;
   RotatingCase rc{testkit::make_case(spec), {}, {}};
@@ -267,55 +270,56 @@ int main(int argc, char** argv) {
                   "H", "KV", "D", "ctx", "BS", "ms", "GB/s", "%readBW", "rel_err");
     }
     bool accurate = true;
-    for (const Shape& s : o.shapes) {
-      const double bytes = kv_bytes(s, o.dtype);
-      auto row_for = [&](const std::string& name, double ms, double err) {
-        const double gbps = bytes / (ms * 1e-3) / 1e9;
-        return Row{name, s, ms, gbps, 100.0 * gbps / read_bw, err};
-      };
-      const double tol = testkit::out_tolerance(o.dtype);
-      if (o.backend == "cuda") {
-        bench::CudaTimingOptions co;
-        co.contiguous = o.contiguous;
-        co.min_iterations = std::max(o.iters, 50);
-        const bench::Timing t = bench::cuda_time_shape(s, o.dtype, co);
-        const Row r = row_for("cuda", t.ms, t.rel_err);
-        accurate = accurate && !(r.rel_err > tol);
-        print_row(o, r);
-        continue;
-      }
-      RotatingCase rc = make_rotating_case(o, s);
-      double ours_ms = 0;
-      if (o.backend == "cpu") {
-        DecodeOptions opt;
-        opt.backend = Backend::kCpu;
-        opt.num_threads = o.threads;
-        decode(rc.args(0), opt);
-        const double err = rel_err_vs_reference(rc.args(0));
-        ours_ms = median_ms([&](int i) { decode(rc.args(i), opt); }, std::max(2, rc.copies()),
-                            o.iters, o.min_time, o.max_time);
-        const Row r = row_for("cpu", ours_ms, err);
-        accurate = accurate && !(r.rel_err > tol);
-        print_row(o, r);
-      }
-      if (o.backend == "naive" || o.naive) {
-        bench::naive_decode(rc.args(0), o.threads);
-        const double err = rel_err_vs_reference(rc.args(0));
-        const double naive_ms =
-            median_ms([&](int i) { bench::naive_decode(rc.args(i), o.threads); }, 1,
-                      o.backend == "naive" ? o.iters : 3, 0.0, o.max_time);
-        const Row r = row_for("naive", naive_ms, err);
-        accurate = accurate && !(r.rel_err > tol);
-        print_row(o, r);
+    for (DType dtype : o.dtypes) {
+      for (const Shape& s : o.shapes) {
+        const double bytes = kv_bytes(s, dtype);
+        auto row_for = [&](const std::string& name, double ms, double err) {
+          const double gbps = bytes / (ms * 1e-3) / 1e9;
+          return Row{name, s, ms, gbps, 100.0 * gbps / read_bw, err};
+        };
+        const double tol = testkit::out_tolerance(dtype);
+        if (o.backend == "cuda") {
+          bench::CudaTimingOptions co;
+          co.contiguous = o.contiguous;
+          co.min_iterations = std::max(o.iters, 50);
+          const bench::Timing t = bench::cuda_time_shape(s, dtype, co);
+          const Row r = row_for("cuda", t.ms, t.rel_err);
+          accurate = accurate && !(r.rel_err > tol);
+          print_row(o, dtype, r);
+          continue;
+        }
+        RotatingCase rc = make_rotating_case(o, dtype, s);
+        double ours_ms = 0;
         if (o.backend == "cpu") {
-          std::fprintf(info, "  speed-up over naive: %.1fx\n", naive_ms / ours_ms);
-          std::fflush(info);
+          DecodeOptions opt;
+          opt.backend = Backend::kCpu;
+          opt.num_threads = o.threads;
+          decode(rc.args(0), opt);
+          const double err = rel_err_vs_reference(rc.args(0));
+          ours_ms = median_ms([&](int i) { decode(rc.args(i), opt); }, std::max(2, rc.copies()),
+                              o.iters, o.min_time, o.max_time);
+          const Row r = row_for("cpu", ours_ms, err);
+          accurate = accurate && !(r.rel_err > tol);
+          print_row(o, dtype, r);
+        }
+        if (o.backend == "naive" || o.naive) {
+          bench::naive_decode(rc.args(0), o.threads);
+          const double err = rel_err_vs_reference(rc.args(0));
+          const double naive_ms =
+              median_ms([&](int i) { bench::naive_decode(rc.args(i), o.threads); }, 1,
+                        o.backend == "naive" ? o.iters : 3, 0.0, o.max_time);
+          const Row r = row_for("naive", naive_ms, err);
+          accurate = accurate && !(r.rel_err > tol);
+          print_row(o, dtype, r);
+          if (o.backend == "cpu") {
+            std::fprintf(info, "  speed-up over naive: %.1fx\n", naive_ms / ours_ms);
+            std::fflush(info);
+          }
         }
       }
     }
     if (!accurate) {
-      std::fprintf(stderr, "pagedattn-bench: a rel_err exceeds the %s tolerance %.3g\n",
-                   dtype_name(o.dtype), testkit::out_tolerance(o.dtype));
+      std::fprintf(stderr, "pagedattn-bench: a rel_err exceeds its dtype's tolerance\n");
       return 1;
     }
     return 0;
