@@ -8,32 +8,16 @@
 #include <unordered_set>
 
 #include "pagedattn/detail/cache_backends.hpp"
+#include "pagedattn/validate.hpp"
 
 namespace pagedattn {
 namespace {
-
-void require_positive(const char* name, int v) {
-  if (v <= 0) fail(ErrorCode::kInvalidArgument, name, v, "must be positive");
-}
-
-void require_non_null(const char* name, const void* p) {
-  if (p == nullptr) fail(ErrorCode::kInvalidArgument, name, "null", "pointer must not be null");
-}
-
-void require_dtype(const char* name, DType t) {
-  if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) {
-    fail(ErrorCode::kInvalidArgument, name, static_cast<int>(t), "not a DType");
-  }
-}
 
 // The pool shape both operations share.
 void validate_pool(int num_kv_heads, int head_dim, int block_size, int num_blocks) {
   require_positive("num_kv_heads", num_kv_heads);
   require_positive("head_dim", head_dim);
-  if (block_size < 1 || block_size > kMaxBlockSize) {
-    fail(ErrorCode::kUnsupported, "block_size", block_size,
-         "unsupported (supported: 1 to " + std::to_string(kMaxBlockSize) + ")");
-  }
+  require_block_size(block_size);
   if (num_blocks < 0) {
     fail(ErrorCode::kInvalidArgument, "num_blocks", num_blocks, "must not be negative");
   }

@@ -19,6 +19,8 @@ std::string supported_head_dims_text() {
   return os.str();
 }
 
+}  // namespace
+
 void require_positive(const char* name, int v) {
   if (v <= 0) fail(ErrorCode::kInvalidArgument, name, v, "must be positive");
 }
@@ -33,7 +35,12 @@ void require_dtype(const char* name, DType t) {
   }
 }
 
-}  // namespace
+void require_block_size(int block_size) {
+  if (block_size < 1 || block_size > kMaxBlockSize) {
+    fail(ErrorCode::kUnsupported, "block_size", block_size,
+         "unsupported (supported: 1 to " + std::to_string(kMaxBlockSize) + ")");
+  }
+}
 
 bool is_supported_head_dim(int head_dim) {
   for (int d : kSupportedHeadDims) {
@@ -61,10 +68,7 @@ void validate_shapes(const DecodeArgs& a, bool require_out) {
   if (!is_supported_head_dim(a.head_dim)) {
     fail(ErrorCode::kUnsupported, "head_dim", a.head_dim, supported_head_dims_text());
   }
-  if (a.block_size < 1 || a.block_size > kMaxBlockSize) {
-    fail(ErrorCode::kUnsupported, "block_size", a.block_size,
-         "unsupported (supported: 1 to " + std::to_string(kMaxBlockSize) + ")");
-  }
+  require_block_size(a.block_size);
   if (a.num_blocks < 0) {
     fail(ErrorCode::kInvalidArgument, "num_blocks", a.num_blocks, "must not be negative");
   }

@@ -10,6 +10,12 @@ namespace pagedattn {
 
 bool is_supported_head_dim(int head_dim);
 
+// The argument checks every entry point shares; each throws an Error naming `name`.
+void require_positive(const char* name, int value);
+void require_non_null(const char* name, const void* pointer);
+void require_dtype(const char* name, DType dtype);
+void require_block_size(int block_size);  // in [1, kMaxBlockSize]
+
 // Sizes, pointers and supported configurations. Reads no tensor. The reference, which writes no
 // `out`, passes require_out = false.
 void validate_shapes(const DecodeArgs& args, bool require_out = true);
