@@ -15,8 +15,13 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--backend") == 0 && i + 1 < argc) {
       backend_text = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--backend auto|cpu|cuda]\n", argv[0]);
-      return 2;
+      const bool help = std::strcmp(argv[i], "--help") == 0;
+      std::fprintf(help ? stdout : stderr,
+                   "usage: %s [--backend auto|cpu|cuda]\n"
+                   "Runs one decode step over a random paged cache and checks it against the f64 "
+                   "reference.\n",
+                   argv[0]);
+      return help ? 0 : 2;
     }
   }
   try {
