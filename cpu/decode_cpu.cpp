@@ -1,4 +1,5 @@
 // The CPU backend: executes the split plan with OpenMP threads, then combines the splits.
+#include <cpuid.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -29,12 +30,14 @@ struct IsaChoice {
   const char* name;
 };
 
-bool has_avx512() {
-  return xsimd::available_architectures().avx512bw && __builtin_cpu_supports("f16c");
+// F16C from CPUID leaf 1 (ECX bit 29): the f16 widening of the AVX2 and AVX-512 kernels needs
+// it. Read directly, since not every compiler's __builtin_cpu_supports knows "f16c".
+bool has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
 }
-bool has_avx2() {
-  return xsimd::available_architectures().fma3_avx2 && __builtin_cpu_supports("f16c");
-}
+bool has_avx512() { return xsimd::available_architectures().avx512bw && has_f16c(); }
+bool has_avx2() { return xsimd::available_architectures().fma3_avx2 && has_f16c(); }
 
 // The best instruction set of this machine, or the one PAGEDATTN_CPU_ISA names (for testing
 // every path on one machine). Chosen once.

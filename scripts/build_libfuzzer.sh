@@ -44,9 +44,6 @@ for src in "$root"/cpu/*.cpp; do
   case "$(basename "$src")" in
     isa_avx2.cpp) compile "$src" -mavx2 -mfma -mf16c ;;
     isa_avx512.cpp) compile "$src" -mavx512f -mavx512cd -mavx512dq -mavx512bw -mfma -mf16c ;;
-    # clang 14 does not know the "f16c" feature string of __builtin_cpu_supports; every CPU
-    # with AVX2 has F16C, so the AVX2 test stands in for it in this build only.
-    decode_cpu.cpp) compile "$src" '-D__builtin_cpu_supports(feature)=__builtin_cpu_supports("avx2")' ;;
     *) compile "$src" ;;
   esac
 done

@@ -60,8 +60,9 @@ struct BlockTableView {
 };
 
 // Blocks a context of `len` tokens spans, and the valid tokens in logical block `i` of it.
+// (Written without len + block_size - 1, which could overflow int near INT32_MAX.)
 PAGEDATTN_HOST_DEVICE int blocks_for(int len, int block_size) {
-  return (len + block_size - 1) / block_size;
+  return len / block_size + (len % block_size != 0);
 }
 PAGEDATTN_HOST_DEVICE int valid_in_block(int len, int block_size, int i) {
   const int rest = len - i * block_size;
