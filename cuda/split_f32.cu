@@ -4,24 +4,7 @@
 namespace pagedattn::detail::cuda {
 
 void launch_split_f32(const SplitParams& p, int head_dim, int grid, cudaStream_t stream) {
-  switch (head_dim) {
-    case 64:
-      return launch_split_typed<float, 64, false>(p, grid, stream);
-    case 80:
-      return launch_split_typed<float, 80, false>(p, grid, stream);
-    case 96:
-      return launch_split_typed<float, 96, false>(p, grid, stream);
-    case 112:
-      return launch_split_typed<float, 112, false>(p, grid, stream);
-    case 128:
-      return launch_split_typed<float, 128, false>(p, grid, stream);
-    case 192:
-      return launch_split_typed<float, 192, false>(p, grid, stream);
-    case 256:
-      return launch_split_typed<float, 256, false>(p, grid, stream);
-    default:
-      return;  // rejected by validate_shapes before any launch
-  }
+  launch_split_for_dtype<float, false>(p, head_dim, false, grid, stream);
 }
 
 }  // namespace pagedattn::detail::cuda

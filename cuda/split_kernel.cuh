@@ -770,4 +770,37 @@ void launch_split_typed(const SplitParams& p, int grid, cudaStream_t stream) {
   split_kernel<T, D, kMma><<<grid, kThreads, Cfg::SMEM, stream>>>(p);
 }
 
+// head_dim to the compile-time kernels of one cache dtype T. kCanMma instantiates the
+// tensor-core variant too (f16/bf16), taken when `mma` is set. Each split_<dtype>.cu instantiates
+// this once, so the dtypes compile in parallel.
+template <typename T, bool kCanMma>
+void launch_split_for_dtype(const SplitParams& p, int head_dim, bool mma, int grid,
+                            cudaStream_t stream) {
+  const auto launch = [&](auto dim) {
+    constexpr int D = decltype(dim)::value;
+    if constexpr (kCanMma) {
+      if (mma) return launch_split_typed<T, D, true>(p, grid, stream);
+    }
+    launch_split_typed<T, D, false>(p, grid, stream);
+  };
+  switch (head_dim) {
+    case 64:
+      return launch(std::integral_constant<int, 64>{});
+    case 80:
+      return launch(std::integral_constant<int, 80>{});
+    case 96:
+      return launch(std::integral_constant<int, 96>{});
+    case 112:
+      return launch(std::integral_constant<int, 112>{});
+    case 128:
+      return launch(std::integral_constant<int, 128>{});
+    case 192:
+      return launch(std::integral_constant<int, 192>{});
+    case 256:
+      return launch(std::integral_constant<int, 256>{});
+    default:
+      return;  // rejected by validate_shapes before any launch
+  }
+}
+
 }  // namespace pagedattn::detail::cuda
