@@ -48,7 +48,11 @@ inline void scores_tile(const float* q, int D, const T* k, std::int64_t ts, floa
   B acc[NR];
 #pragma GCC unroll 16
   for (int i = 0; i < NR; ++i) acc[i] = B(0.f);
-  if constexpr (R >= 4) {
+  // Keeping q in registers needs R + N + 1 of them. When it fits, every FMA of one d step is
+  // independent of the others (N chains interleaved), which hides the FMA latency; the
+  // token-outer order below leaves only R chains in flight per token.
+  constexpr int kRegs = TileShape<Arch>::kRegs;
+  if constexpr (R + N + 1 > kRegs) {
     // Many heads: token by token, so each q load feeds one FMA and folds into it.
 #pragma GCC unroll 16
     for (int j = 0; j < TT; ++j) {
@@ -63,7 +67,7 @@ inline void scores_tile(const float* q, int D, const T* k, std::int64_t ts, floa
       }
     }
   } else {
-    // Few heads, many tokens: q stays in registers across the tokens of one step.
+    // q stays in registers across the tokens of one d step.
 #pragma GCC unroll 2
     for (int d = 0; d < D; d += W) {
       B qq[R];
@@ -164,10 +168,48 @@ inline void softmax_tile(float* s, int ss, int n, float* m, float* l, float* acc
   }
 }
 
+// Prefetches one later block (its K and V rows) a few cache lines at a time, interleaved with
+// the compute of the current block. Issuing a whole block's lines at once fills the core's miss
+// buffers, and the burst then stalls the kernel until memory catches up: compute and memory
+// time add up instead of overlapping. It changes its own state, so GCC keeps the calls.
+struct PacedPrefetch {
+  const char* k = nullptr;
+  const char* v = nullptr;
+  std::int64_t off = 0, bytes = 0, step = 0;
+
+  void start(const void* kb, const void* vb, std::int64_t n_bytes, int pieces) {
+    k = static_cast<const char*>(kb);
+    v = static_cast<const char*>(vb);
+    off = 0;
+    bytes = n_bytes;
+    const std::int64_t lines = (n_bytes + 63) / 64;
+    step = std::max<std::int64_t>(1, (lines + pieces - 1) / pieces) * 64;
+  }
+  // The next piece (step bytes of K and of V).
+  inline void piece() {
+    const std::int64_t end = std::min(off + step, bytes);
+    for (; off < end; off += 64) {
+      __builtin_prefetch(k + off, 0, 3);
+      __builtin_prefetch(v + off, 0, 3);
+    }
+  }
+  // Whatever is left.
+  inline void rest() {
+    for (; off < bytes; off += 64) {
+      __builtin_prefetch(k + off, 0, 3);
+      __builtin_prefetch(v + off, 0, 3);
+    }
+  }
+};
+
+// Pieces one block's prefetch is cut into: about one per scores or values tile of a 16-token
+// block, so the lines go out spread over the block's compute.
+constexpr int kPrefetchPieces = 16;
+
 // One block of n tokens (k, v: its first slot) for R query heads starting at q.
 template <class Arch, int R, class T>
 inline void block_tile(const float* q, const T* k, const T* v, std::int64_t ts, int n, int D,
-                       float* s, int ss, float* m, float* l, float* acc) {
+                       float* s, int ss, float* m, float* l, float* acc, PacedPrefetch& pf) {
   using Shape = TileShape<Arch>;
   constexpr int W = Shape::W;
   constexpr int TT = Shape::tokens(R);
@@ -175,14 +217,20 @@ inline void block_tile(const float* q, const T* k, const T* v, std::int64_t ts, 
   constexpr int DC = Shape::vectors(RV);
   static_assert(R % RV == 0, "values tiles cover the scores tile");
   int t = 0;
-  for (; t + TT <= n; t += TT) scores_tile<Arch, R, TT>(q, D, k + t * ts, ts, s + t, ss);
+  for (; t + TT <= n; t += TT) {
+    pf.piece();
+    scores_tile<Arch, R, TT>(q, D, k + t * ts, ts, s + t, ss);
+  }
   for (; t < n; ++t) scores_tile<Arch, R, 1>(q, D, k + t * ts, ts, s + t, ss);
   softmax_tile<Arch, R>(s, ss, n, m, l, acc, D);
   for (int r = 0; r < R; r += RV) {
     const float* p = s + r * ss;
     float* a = acc + static_cast<std::int64_t>(r) * D;
     int d = 0;
-    for (; d + DC * W <= D; d += DC * W) values_tile<Arch, RV, DC>(p, ss, v, ts, n, a, D, d);
+    for (; d + DC * W <= D; d += DC * W) {
+      pf.piece();
+      values_tile<Arch, RV, DC>(p, ss, v, ts, n, a, D, d);
+    }
     for (; d < D; d += W) values_tile<Arch, RV, 1>(p, ss, v, ts, n, a, D, d);
   }
 }
@@ -208,22 +256,26 @@ void run_item(const ItemContext& c, const WorkItem& it, float* m, float* l, floa
   }
   std::fill(acc, acc + static_cast<std::int64_t>(G) * D, 0.f);
 
-  // Keeps the next kPrefetchBlocks blocks of this item in flight (never blocks past the item:
-  // table entries past the context may be garbage). Written inline: GCC treats a function that
-  // only prefetches as free of side effects and deletes its calls.
-  int prefetched = it.block_begin;
+  // Blocks [begin, begin + kPrefetchBlocks) are prefetched at once (nothing to overlap with
+  // yet); then, while block blk is computed, block blk + kPrefetchBlocks is prefetched in pieces.
+  // Never past the item: table entries past the context may be garbage.
+  auto block_bytes = [&](int b) {
+    return (static_cast<std::int64_t>(valid_in_block(L, BS, b) - 1) * ts + D) *
+           static_cast<std::int64_t>(sizeof(T));
+  };
+  PacedPrefetch pf;
+  for (int b = it.block_begin; b < std::min(it.block_end, it.block_begin + kPrefetchBlocks); ++b) {
+    const std::int64_t pbase = c.layout.offset(c.table.block(it.seq, b), kv, 0);
+    pf.start(k_cache + pbase, v_cache + pbase, block_bytes(b), 1);
+    pf.rest();
+  }
   for (int blk = it.block_begin; blk < it.block_end; ++blk) {
-    for (; prefetched < it.block_end && prefetched <= blk + kPrefetchBlocks; ++prefetched) {
-      const std::int64_t pbase = c.layout.offset(c.table.block(it.seq, prefetched), kv, 0);
-      const std::int64_t bytes =
-          (static_cast<std::int64_t>(valid_in_block(L, BS, prefetched) - 1) * ts + D) *
-          static_cast<std::int64_t>(sizeof(T));
-      const char* pk = reinterpret_cast<const char*>(k_cache + pbase);
-      const char* pv = reinterpret_cast<const char*>(v_cache + pbase);
-      for (std::int64_t off = 0; off < bytes; off += 64) {
-        __builtin_prefetch(pk + off, 0, 3);
-        __builtin_prefetch(pv + off, 0, 3);
-      }
+    const int ahead = blk + kPrefetchBlocks;
+    if (ahead < it.block_end) {
+      const std::int64_t pbase = c.layout.offset(c.table.block(it.seq, ahead), kv, 0);
+      pf.start(k_cache + pbase, v_cache + pbase, block_bytes(ahead), kPrefetchPieces);
+    } else {
+      pf.start(nullptr, nullptr, 0, 1);
     }
     const int id = c.table.block(it.seq, blk);
     int n = valid_in_block(L, BS, blk);
@@ -234,28 +286,30 @@ void run_item(const ItemContext& c, const WorkItem& it, float* m, float* l, floa
     for (int g = 0; g < G;) {
       const float* qg = q + static_cast<std::int64_t>(g) * D;
       float* ag = acc + static_cast<std::int64_t>(g) * D;
-      // Tiles of 8 heads, then 4, then the rest (1 to 3).
+      // Tiles of 8 heads, then 4, then the rest (1 to 3). With 16 registers an 8-head tile
+      // cannot keep q in registers (see scores_tile), so two 4-head tiles run faster there.
       const int rest = G - g;
-      const int R = rest >= 8 ? 8 : rest >= 4 ? 4 : rest;
+      const int R = rest >= 8 && TileShape<Arch>::kRegs == 32 ? 8 : rest >= 4 ? 4 : rest;
       switch (R) {
         case 8:
-          block_tile<Arch, 8>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag);
+          block_tile<Arch, 8>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag, pf);
           break;
         case 4:
-          block_tile<Arch, 4>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag);
+          block_tile<Arch, 4>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag, pf);
           break;
         case 3:
-          block_tile<Arch, 3>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag);
+          block_tile<Arch, 3>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag, pf);
           break;
         case 2:
-          block_tile<Arch, 2>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag);
+          block_tile<Arch, 2>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag, pf);
           break;
         default:
-          block_tile<Arch, 1>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag);
+          block_tile<Arch, 1>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag, pf);
           break;
       }
       g += R;
     }
+    pf.rest();
   }
 }
 
