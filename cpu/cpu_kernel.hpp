@@ -43,6 +43,12 @@ struct ItemKernel {
   template <class Arch>
   void operator()(Arch, const ItemContext& ctx, const WorkItem& item, float* m, float* l,
                   float* acc, ItemScratch scratch) const;
+  // The same for kv_count consecutive kv heads from item.kv_head over the item's blocks (the
+  // plan's items of one (sequence, split)), block by block: m, l and acc hold kv_count *
+  // group_size heads, in head order.
+  template <class Arch>
+  void operator()(Arch, const ItemContext& ctx, const WorkItem& item, int kv_count, float* m,
+                  float* l, float* acc, ItemScratch scratch) const;
 };
 
 extern template void ItemKernel::operator()<xsimd::avx512bw>(xsimd::avx512bw, const ItemContext&,
@@ -56,6 +62,17 @@ extern template void ItemKernel::operator()<xsimd::fma3<xsimd::avx2>>(xsimd::fma
 extern template void ItemKernel::operator()<xsimd::sse2>(xsimd::sse2, const ItemContext&,
                                                          const WorkItem&, float*, float*, float*,
                                                          ItemScratch) const;
+extern template void ItemKernel::operator()<xsimd::avx512bw>(xsimd::avx512bw, const ItemContext&,
+                                                             const WorkItem&, int, float*, float*,
+                                                             float*, ItemScratch) const;
+extern template void ItemKernel::operator()<xsimd::fma3<xsimd::avx2>>(xsimd::fma3<xsimd::avx2>,
+                                                                      const ItemContext&,
+                                                                      const WorkItem&, int, float*,
+                                                                      float*, float*,
+                                                                      ItemScratch) const;
+extern template void ItemKernel::operator()<xsimd::sse2>(xsimd::sse2, const ItemContext&,
+                                                         const WorkItem&, int, float*, float*,
+                                                         float*, ItemScratch) const;
 
 // The name of the instruction set the dispatcher picks on this machine ("avx512", "avx2" or
 // "sse2").

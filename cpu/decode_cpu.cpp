@@ -17,12 +17,13 @@
 namespace pagedattn::detail::cpu {
 namespace {
 
-using KernelFn = void (*)(const ItemContext&, const WorkItem&, float*, float*, float*, ItemScratch);
+using KernelFn = void (*)(const ItemContext&, const WorkItem&, int, float*, float*, float*,
+                          ItemScratch);
 
 template <class Arch>
-void kernel_for(const ItemContext& c, const WorkItem& it, float* m, float* l, float* acc,
-                ItemScratch s) {
-  ItemKernel{}(Arch{}, c, it, m, l, acc, s);
+void kernel_for(const ItemContext& c, const WorkItem& it, int kv_count, float* m, float* l,
+                float* acc, ItemScratch s) {
+  ItemKernel{}(Arch{}, c, it, kv_count, m, l, acc, s);
 }
 
 struct IsaChoice {
@@ -94,6 +95,13 @@ struct WorkerScratch {
   FloatBuffer merged;  // the combine's accumulator
 };
 
+// One unit of scheduling: the plan's items `item`, item + 1, ... for kv_count consecutive kv
+// heads of one (sequence, split), which share one block range.
+struct Task {
+  std::int64_t item;
+  int kv_count;
+};
+
 // State of one calling thread: the scaled queries, the partials and the last plan. A plan is
 // reused while the context lengths and the shape are unchanged (every layer of a decode step).
 struct CallerState {
@@ -101,6 +109,7 @@ struct CallerState {
   FloatBuffer partials;  // m[P], l[P], acc[P][D]
   SplitPlan plan;
   std::vector<std::int32_t> plan_lens;
+  std::vector<Task> tasks;  // built from the plan on every call (grow-only)
   int plan_kv_heads = -1, plan_block_size = -1, plan_parallelism = -1;
   bool plan_single = false;
 
@@ -160,14 +169,31 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   const int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   const int H = a.num_heads, D = a.head_dim, G = a.group_size(), BS = a.block_size;
 
-  // Several items per thread let dynamic scheduling even out uneven contexts; a sequence is split
-  // when batch x kv_heads alone would leave threads idle (one long sequence uses every core).
+  // A task runs every kv head of one (sequence, split) block by block, so it reads each physical
+  // block as one contiguous stretch (see run_item); the planner is asked for kv_heads times the
+  // parallelism, so that the tasks (not the items) number about 8 per thread: dynamic scheduling
+  // evens out uneven contexts, and one long sequence is split across every core.
+  const int KV = a.num_kv_heads;
+  constexpr int kTasksPerThread = 8;
   PlanOptions po;
-  po.parallelism = threads * 8;
+  po.parallelism = threads * kTasksPerThread * KV;
   po.min_chunk_tokens = 256;
   po.single_split = options.single_split;
   CallerState& st = caller_state();
   const SplitPlan& plan = st.plan_for(a, po);
+
+  // When the splits alone are too few to keep every thread busy (a short batch, min_chunk_tokens
+  // or single_split), a task takes fewer kv heads: halve until there are 4 tasks per thread.
+  int kv_per_task = KV;
+  const std::int64_t splits = plan.total_splits();
+  while (kv_per_task > 1 && splits * ((KV + kv_per_task - 1) / kv_per_task) < 4 * threads) {
+    kv_per_task = (kv_per_task + 1) / 2;
+  }
+  st.tasks.clear();
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(plan.items.size()); ++i) {
+    const int kv = plan.items[i].kv_head;
+    if (kv % kv_per_task == 0) st.tasks.push_back(Task{i, std::min(kv_per_task, KV - kv)});
+  }
 
   // q widened once and pre-multiplied by the scale.
   const float scale = a.effective_scale();
@@ -193,7 +219,8 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   ctx.fault = active_fault();
   const int dropped_splits = ctx.fault == Fault::kDropSplit ? 1 : 0;
 
-  const std::int64_t num_items = static_cast<std::int64_t>(plan.items.size());
+  const std::int64_t num_tasks = static_cast<std::int64_t>(st.tasks.size());
+  const Task* tasks = st.tasks.data();
   const std::int64_t num_rows = static_cast<std::int64_t>(a.batch) * H;
   const std::size_t scores_floats = static_cast<std::size_t>(kHeadTile) * scores_stride(BS);
 #pragma omp parallel num_threads(threads)
@@ -203,10 +230,11 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
     float* merged = ws.merged.get(D);
 
 #pragma omp for schedule(dynamic, 1)
-    for (std::int64_t i = 0; i < num_items; ++i) {
-      const WorkItem& it = plan.items[i];
+    for (std::int64_t i = 0; i < num_tasks; ++i) {
+      const WorkItem& it = plan.items[tasks[i].item];
+      // The heads of consecutive kv heads of one (sequence, split) are consecutive partials.
       const std::int64_t p0 = plan.partial_index(it.seq, it.split, it.kv_head * G, H);
-      kernel.fn(ctx, it, &part_m[p0], &part_l[p0], &part_acc[p0 * D], scratch);
+      kernel.fn(ctx, it, tasks[i].kv_count, &part_m[p0], &part_l[p0], &part_acc[p0 * D], scratch);
     }
 
     // Combine: merge each (sequence, head)'s splits in split order (deterministic), finalize.

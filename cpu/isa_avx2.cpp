@@ -6,4 +6,8 @@ template void ItemKernel::operator()<xsimd::fma3<xsimd::avx2>>(xsimd::fma3<xsimd
                                                                const ItemContext&, const WorkItem&,
                                                                float*, float*, float*,
                                                                ItemScratch) const;
+template void ItemKernel::operator()<xsimd::fma3<xsimd::avx2>>(xsimd::fma3<xsimd::avx2>,
+                                                               const ItemContext&, const WorkItem&,
+                                                               int, float*, float*, float*,
+                                                               ItemScratch) const;
 }  // namespace pagedattn::detail::cpu

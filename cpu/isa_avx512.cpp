@@ -5,4 +5,7 @@ namespace pagedattn::detail::cpu {
 template void ItemKernel::operator()<xsimd::avx512bw>(xsimd::avx512bw, const ItemContext&,
                                                       const WorkItem&, float*, float*, float*,
                                                       ItemScratch) const;
+template void ItemKernel::operator()<xsimd::avx512bw>(xsimd::avx512bw, const ItemContext&,
+                                                      const WorkItem&, int, float*, float*, float*,
+                                                      ItemScratch) const;
 }  // namespace pagedattn::detail::cpu

@@ -4,4 +4,6 @@
 namespace pagedattn::detail::cpu {
 template void ItemKernel::operator()<xsimd::sse2>(xsimd::sse2, const ItemContext&, const WorkItem&,
                                                   float*, float*, float*, ItemScratch) const;
+template void ItemKernel::operator()<xsimd::sse2>(xsimd::sse2, const ItemContext&, const WorkItem&,
+                                                  int, float*, float*, float*, ItemScratch) const;
 }  // namespace pagedattn::detail::cpu

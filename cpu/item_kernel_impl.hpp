@@ -235,79 +235,98 @@ inline void block_tile(const float* q, const T* k, const T* v, std::int64_t ts, 
   }
 }
 
+// Folds the blocks of `it` for kv heads [it.kv_head, it.kv_head + kv_count) into their states
+// (m, l: kv_count * G entries; acc: kv_count * G rows of D). Block by block, every kv head of the
+// range in turn: in the [block][kv head][slot][dim] layout this walks one contiguous stretch of
+// K and of V per block (kv_count x 4 KB for bf16, D = 128, block 16) instead of one 4 KB piece
+// per kv head at a random place, which the memory system serves much faster.
 template <class Arch, class T>
-void run_item(const ItemContext& c, const WorkItem& it, float* m, float* l, float* acc,
-              ItemScratch scratch) {
+void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, float* l,
+              float* acc, ItemScratch scratch) {
   const int D = c.layout.head_dim, BS = c.layout.block_size, G = c.group_size;
   const std::int64_t ts = c.layout.token_stride;
   const int L = c.context_lens[it.seq];
-  const float* q =
-      c.q_scaled + (static_cast<std::int64_t>(it.seq) * c.num_heads + it.kv_head * G) * D;
   const T* k_cache = static_cast<const T*>(c.k_cache);
   const T* v_cache = static_cast<const T*>(c.v_cache);
   const int ss = scores_stride(BS);
   float* s = scratch.scores;  // [kHeadTile][ss]: logits, then weights
-  int kv = it.kv_head;
-  if (c.fault == Fault::kWrongKvHead && kv == 1) kv = 0;
+  const int kv_first = it.kv_head, kv_last = it.kv_head + kv_count - 1;
+  const int heads = kv_count * G;
 
-  for (int g = 0; g < G; ++g) {
+  for (int g = 0; g < heads; ++g) {
     m[g] = -INFINITY;
     l[g] = 0.f;
   }
-  std::fill(acc, acc + static_cast<std::int64_t>(G) * D, 0.f);
+  std::fill(acc, acc + static_cast<std::int64_t>(heads) * D, 0.f);
 
   // Blocks [begin, begin + kPrefetchBlocks) are prefetched at once (nothing to overlap with
   // yet); then, while block blk is computed, block blk + kPrefetchBlocks is prefetched in pieces.
-  // Never past the item: table entries past the context may be garbage.
-  auto block_bytes = [&](int b) {
-    return (static_cast<std::int64_t>(valid_in_block(L, BS, b) - 1) * ts + D) *
-           static_cast<std::int64_t>(sizeof(T));
+  // Never past the item: table entries past the context may be garbage. Within a block the range
+  // runs from the first kv head's first slot to the last kv head's last valid row, so with
+  // several kv heads it also covers unused slots of a partial last block: prefetches of memory
+  // inside the cache cannot fault, and those slots are never loaded.
+  auto prefetch_range = [&](int b, std::int64_t* base) {
+    const int id = c.table.block(it.seq, b);
+    *base = c.layout.offset(id, kv_first, 0);
+    const std::int64_t last = c.layout.offset(id, kv_last, valid_in_block(L, BS, b) - 1) + D;
+    return (last - *base) * static_cast<std::int64_t>(sizeof(T));
   };
   PacedPrefetch pf;
   for (int b = it.block_begin; b < std::min(it.block_end, it.block_begin + kPrefetchBlocks); ++b) {
-    const std::int64_t pbase = c.layout.offset(c.table.block(it.seq, b), kv, 0);
-    pf.start(k_cache + pbase, v_cache + pbase, block_bytes(b), 1);
+    std::int64_t pbase = 0;
+    const std::int64_t bytes = prefetch_range(b, &pbase);
+    pf.start(k_cache + pbase, v_cache + pbase, bytes, 1);
     pf.rest();
   }
   for (int blk = it.block_begin; blk < it.block_end; ++blk) {
     const int ahead = blk + kPrefetchBlocks;
     if (ahead < it.block_end) {
-      const std::int64_t pbase = c.layout.offset(c.table.block(it.seq, ahead), kv, 0);
-      pf.start(k_cache + pbase, v_cache + pbase, block_bytes(ahead), kPrefetchPieces);
+      std::int64_t pbase = 0;
+      const std::int64_t bytes = prefetch_range(ahead, &pbase);
+      pf.start(k_cache + pbase, v_cache + pbase, bytes, kPrefetchPieces * kv_count);
     } else {
       pf.start(nullptr, nullptr, 0, 1);
     }
     const int id = c.table.block(it.seq, blk);
     int n = valid_in_block(L, BS, blk);
     if (c.fault == Fault::kLastBlockOffByOne && n < BS) ++n;
-    const std::int64_t base = c.layout.offset(id, kv, 0);
-    const T* kb = k_cache + base;
-    const T* vb = v_cache + base;
-    for (int g = 0; g < G;) {
-      const float* qg = q + static_cast<std::int64_t>(g) * D;
-      float* ag = acc + static_cast<std::int64_t>(g) * D;
-      // Tiles of 8 heads, then 4, then the rest (1 to 3). With 16 registers an 8-head tile
-      // cannot keep q in registers (see scores_tile), so two 4-head tiles run faster there.
-      const int rest = G - g;
-      const int R = rest >= 8 && TileShape<Arch>::kRegs == 32 ? 8 : rest >= 4 ? 4 : rest;
-      switch (R) {
-        case 8:
-          block_tile<Arch, 8>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag, pf);
-          break;
-        case 4:
-          block_tile<Arch, 4>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag, pf);
-          break;
-        case 3:
-          block_tile<Arch, 3>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag, pf);
-          break;
-        case 2:
-          block_tile<Arch, 2>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag, pf);
-          break;
-        default:
-          block_tile<Arch, 1>(qg, kb, vb, ts, n, D, s, ss, m + g, l + g, ag, pf);
-          break;
+    for (int i = 0; i < kv_count; ++i) {
+      int kv = kv_first + i;
+      if (c.fault == Fault::kWrongKvHead && kv == 1) kv = 0;
+      const std::int64_t base = c.layout.offset(id, kv, 0);
+      const T* kb = k_cache + base;
+      const T* vb = v_cache + base;
+      const std::int64_t h0 = static_cast<std::int64_t>(kv_first + i) * G;  // first head of kv
+      const float* q = c.q_scaled + (static_cast<std::int64_t>(it.seq) * c.num_heads + h0) * D;
+      float* mi = m + i * G;
+      float* li = l + i * G;
+      float* ai = acc + static_cast<std::int64_t>(i) * G * D;
+      for (int g = 0; g < G;) {
+        const float* qg = q + static_cast<std::int64_t>(g) * D;
+        float* ag = ai + static_cast<std::int64_t>(g) * D;
+        // Tiles of 8 heads, then 4, then the rest (1 to 3). With 16 registers an 8-head tile
+        // cannot keep q in registers (see scores_tile), so two 4-head tiles run faster there.
+        const int rest = G - g;
+        const int R = rest >= 8 && TileShape<Arch>::kRegs == 32 ? 8 : rest >= 4 ? 4 : rest;
+        switch (R) {
+          case 8:
+            block_tile<Arch, 8>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
+            break;
+          case 4:
+            block_tile<Arch, 4>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
+            break;
+          case 3:
+            block_tile<Arch, 3>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
+            break;
+          case 2:
+            block_tile<Arch, 2>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
+            break;
+          default:
+            block_tile<Arch, 1>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
+            break;
+        }
+        g += R;
       }
-      g += R;
     }
     pf.rest();
   }
@@ -316,19 +335,25 @@ void run_item(const ItemContext& c, const WorkItem& it, float* m, float* l, floa
 }  // namespace
 
 template <class Arch>
-void ItemKernel::operator()(Arch, const ItemContext& ctx, const WorkItem& item, float* m, float* l,
-                            float* acc, ItemScratch scratch) const {
+void ItemKernel::operator()(Arch, const ItemContext& ctx, const WorkItem& item, int kv_count,
+                            float* m, float* l, float* acc, ItemScratch scratch) const {
   switch (ctx.kv_dtype) {
     case DType::kF32:
-      run_item<Arch, float>(ctx, item, m, l, acc, scratch);
+      run_item<Arch, float>(ctx, item, kv_count, m, l, acc, scratch);
       break;
     case DType::kF16:
-      run_item<Arch, f16_t>(ctx, item, m, l, acc, scratch);
+      run_item<Arch, f16_t>(ctx, item, kv_count, m, l, acc, scratch);
       break;
     case DType::kBF16:
-      run_item<Arch, bf16_t>(ctx, item, m, l, acc, scratch);
+      run_item<Arch, bf16_t>(ctx, item, kv_count, m, l, acc, scratch);
       break;
   }
+}
+
+template <class Arch>
+void ItemKernel::operator()(Arch, const ItemContext& ctx, const WorkItem& item, float* m, float* l,
+                            float* acc, ItemScratch scratch) const {
+  (*this)(Arch{}, ctx, item, 1, m, l, acc, scratch);
 }
 
 }  // namespace pagedattn::detail::cpu
