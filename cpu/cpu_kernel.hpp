@@ -34,7 +34,9 @@ inline int scores_stride(int block_size) { return (block_size + 15) / 16 * 16; }
 
 // Per-thread scratch: scores, then weights, for one block of one head tile.
 struct ItemScratch {
-  float* scores;  // kHeadTile * scores_stride(block_size) floats, 64-byte aligned
+  float* scores;       // kHeadTile * scores_stride(block_size) floats, 64-byte aligned
+  float* q = nullptr;  // num_heads * head_dim floats: q in the kernel's widening order, or null
+                       // (then the kernel widens bf16 the plain, slower way)
 };
 
 // Folds the blocks of `item` into the group's partial states: m[g], l[g], acc[g * head_dim + d]

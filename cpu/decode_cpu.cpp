@@ -93,6 +93,7 @@ class FloatBuffer {
 struct WorkerScratch {
   FloatBuffer scores;  // ItemScratch
   FloatBuffer merged;  // the combine's accumulator
+  FloatBuffer q;       // ItemScratch::q
 };
 
 // One unit of scheduling: the plan's items `item`, item + 1, ... for kv_count consecutive kv
@@ -226,7 +227,8 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
 #pragma omp parallel num_threads(threads)
   {
     WorkerScratch& ws = worker_scratch();
-    const ItemScratch scratch{ws.scores.get(scores_floats)};
+    const ItemScratch scratch{ws.scores.get(scores_floats),
+                              ws.q.get(static_cast<std::size_t>(H) * D)};
     float* merged = ws.merged.get(D);
 
 #pragma omp for schedule(dynamic, 1)

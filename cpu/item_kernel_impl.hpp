@@ -39,7 +39,7 @@ struct TileShape {
 
 // s[r * ss + j] = dot(q_r, k_j) for r < R, j < TT; q_r = q + r * D, k_j = k + j * ts. Every K
 // row is widened once for the R heads.
-template <class Arch, int R, int TT, class T>
+template <class Arch, int R, int TT, bool P, class T>
 inline void scores_tile(const float* q, int D, const T* k, std::int64_t ts, float* s, int ss) {
   using B = fbatch<Arch>;
   constexpr int W = static_cast<int>(B::size);
@@ -52,7 +52,22 @@ inline void scores_tile(const float* q, int D, const T* k, std::int64_t ts, floa
   // independent of the others (N chains interleaved), which hides the FMA latency; the
   // token-outer order below leaves only R chains in flight per token.
   constexpr int kRegs = TileShape<Arch>::kRegs;
-  if constexpr (R + N + 1 > kRegs) {
+  if constexpr (P) {
+    // K in widened pairs (q is in the matching pair order): d steps of 2W.
+#pragma GCC unroll 1
+    for (int d = 0; d < D; d += 2 * W) {
+#pragma GCC unroll 16
+      for (int j = 0; j < TT; ++j) {
+        B ka, kb;
+        Widen<Arch>::load_pair(k + j * ts + d, ka, kb);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          acc[r * TT + j] = xsimd::fma(B::load_unaligned(q + r * D + d), ka, acc[r * TT + j]);
+          acc[r * TT + j] = xsimd::fma(B::load_unaligned(q + r * D + d + W), kb, acc[r * TT + j]);
+        }
+      }
+    }
+  } else if constexpr (R + N + 1 > kRegs) {
     // Many heads: token by token, so each q load feeds one FMA and folds into it.
 #pragma GCC unroll 16
     for (int j = 0; j < TT; ++j) {
@@ -91,7 +106,7 @@ inline void scores_tile(const float* q, int D, const T* k, std::int64_t ts, floa
 }
 
 // acc_r[d0, d0 + DC * W) += sum_{t < n} p[r * ps + t] * v_t[d0, d0 + DC * W) for r < R.
-template <class Arch, int R, int DC, class T>
+template <class Arch, int R, int DC, bool P, class T>
 inline void values_tile(const float* p, int ps, const T* v, std::int64_t ts, int n, float* acc,
                         int D, int d0) {
   using B = fbatch<Arch>;
@@ -105,8 +120,15 @@ inline void values_tile(const float* p, int ps, const T* v, std::int64_t ts, int
 #pragma GCC unroll 2
   for (int t = 0; t < n; ++t) {
     B vv[DC];
+    if constexpr (P) {
+      static_assert(DC % 2 == 0, "pairs of vectors");
 #pragma GCC unroll 16
-    for (int c = 0; c < DC; ++c) vv[c] = Widen<Arch>::load(v + t * ts + d0 + c * W);
+      for (int c = 0; c < DC; c += 2)
+        Widen<Arch>::load_pair(v + t * ts + d0 + c * W, vv[c], vv[c + 1]);
+    } else {
+#pragma GCC unroll 16
+      for (int c = 0; c < DC; ++c) vv[c] = Widen<Arch>::load(v + t * ts + d0 + c * W);
+    }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const B pp(p[r * ps + t]);
@@ -207,7 +229,7 @@ struct PacedPrefetch {
 constexpr int kPrefetchPieces = 16;
 
 // One block of n tokens (k, v: its first slot) for R query heads starting at q.
-template <class Arch, int R, class T>
+template <class Arch, int R, bool P, class T>
 inline void block_tile(const float* q, const T* k, const T* v, std::int64_t ts, int n, int D,
                        float* s, int ss, float* m, float* l, float* acc, PacedPrefetch& pf) {
   using Shape = TileShape<Arch>;
@@ -219,9 +241,9 @@ inline void block_tile(const float* q, const T* k, const T* v, std::int64_t ts, 
   int t = 0;
   for (; t + TT <= n; t += TT) {
     pf.piece();
-    scores_tile<Arch, R, TT>(q, D, k + t * ts, ts, s + t, ss);
+    scores_tile<Arch, R, TT, P>(q, D, k + t * ts, ts, s + t, ss);
   }
-  for (; t < n; ++t) scores_tile<Arch, R, 1>(q, D, k + t * ts, ts, s + t, ss);
+  for (; t < n; ++t) scores_tile<Arch, R, 1, P>(q, D, k + t * ts, ts, s + t, ss);
   softmax_tile<Arch, R>(s, ss, n, m, l, acc, D);
   for (int r = 0; r < R; r += RV) {
     const float* p = s + r * ss;
@@ -229,9 +251,13 @@ inline void block_tile(const float* q, const T* k, const T* v, std::int64_t ts, 
     int d = 0;
     for (; d + DC * W <= D; d += DC * W) {
       pf.piece();
-      values_tile<Arch, RV, DC>(p, ss, v, ts, n, a, D, d);
+      values_tile<Arch, RV, DC, P>(p, ss, v, ts, n, a, D, d);
     }
-    for (; d < D; d += W) values_tile<Arch, RV, 1>(p, ss, v, ts, n, a, D, d);
+    if constexpr (P) {  // D is a multiple of 2W here
+      for (; d < D; d += 2 * W) values_tile<Arch, RV, 2, P>(p, ss, v, ts, n, a, D, d);
+    } else {
+      for (; d < D; d += W) values_tile<Arch, RV, 1, P>(p, ss, v, ts, n, a, D, d);
+    }
   }
 }
 
@@ -240,9 +266,9 @@ inline void block_tile(const float* q, const T* k, const T* v, std::int64_t ts, 
 // range in turn: in the [block][kv head][slot][dim] layout this walks one contiguous stretch of
 // K and of V per block (kv_count x 4 KB for bf16, D = 128, block 16) instead of one 4 KB piece
 // per kv head at a random place, which the memory system serves much faster.
-template <class Arch, class T>
-void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, float* l,
-              float* acc, ItemScratch scratch) {
+template <class Arch, class T, bool P>
+void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const float* q_heads,
+              float* m, float* l, float* acc, ItemScratch scratch) {
   const int D = c.layout.head_dim, BS = c.layout.block_size, G = c.group_size;
   const std::int64_t ts = c.layout.token_stride;
   const int L = c.context_lens[it.seq];
@@ -296,8 +322,7 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, 
       const std::int64_t base = c.layout.offset(id, kv, 0);
       const T* kb = k_cache + base;
       const T* vb = v_cache + base;
-      const std::int64_t h0 = static_cast<std::int64_t>(kv_first + i) * G;  // first head of kv
-      const float* q = c.q_scaled + (static_cast<std::int64_t>(it.seq) * c.num_heads + h0) * D;
+      const float* q = q_heads + static_cast<std::int64_t>(i) * G * D;
       float* mi = m + i * G;
       float* li = l + i * G;
       float* ai = acc + static_cast<std::int64_t>(i) * G * D;
@@ -310,19 +335,19 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, 
         const int R = rest >= 8 && TileShape<Arch>::kRegs == 32 ? 8 : rest >= 4 ? 4 : rest;
         switch (R) {
           case 8:
-            block_tile<Arch, 8>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
+            block_tile<Arch, 8, P>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
             break;
           case 4:
-            block_tile<Arch, 4>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
+            block_tile<Arch, 4, P>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
             break;
           case 3:
-            block_tile<Arch, 3>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
+            block_tile<Arch, 3, P>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
             break;
           case 2:
-            block_tile<Arch, 2>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
+            block_tile<Arch, 2, P>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
             break;
           default:
-            block_tile<Arch, 1>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
+            block_tile<Arch, 1, P>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
             break;
         }
         g += R;
@@ -333,6 +358,52 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, 
 }
 
 }  // namespace
+
+// Pair order (see Widen::load_pair): in every chunk of 2W elements, the even ones, then the odd
+// ones. q is copied into it, the accumulators run in it and are put back in order at the end.
+template <int W>
+void to_pair_order(const float* in, float* out, int D) {
+  for (int c = 0; c < D; c += 2 * W) {
+    for (int i = 0; i < W; ++i) {
+      out[c + i] = in[c + 2 * i];
+      out[c + W + i] = in[c + 2 * i + 1];
+    }
+  }
+}
+template <int W>
+void from_pair_order(float* row, float* tmp, int D) {
+  for (int c = 0; c < D; c += 2 * W) {
+    for (int i = 0; i < W; ++i) {
+      tmp[2 * i] = row[c + i];
+      tmp[2 * i + 1] = row[c + W + i];
+    }
+    std::copy(tmp, tmp + 2 * W, row + c);
+  }
+}
+
+template <class Arch, class T>
+void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, float* l,
+              float* acc, ItemScratch scratch) {
+  constexpr int W = static_cast<int>(fbatch<Arch>::size);
+  const int D = c.layout.head_dim;
+  const int heads = kv_count * c.group_size;
+  const float* q = c.q_scaled + (static_cast<std::int64_t>(it.seq) * c.num_heads +
+                                 static_cast<std::int64_t>(it.kv_head) * c.group_size) *
+                                    D;
+  if constexpr (Widen<Arch>::template kPairs<T>) {
+    if (scratch.q != nullptr && D % (2 * W) == 0) {
+      for (int h = 0; h < heads; ++h) {
+        to_pair_order<W>(q + static_cast<std::int64_t>(h) * D, scratch.q + h * D, D);
+      }
+      run_item<Arch, T, true>(c, it, kv_count, scratch.q, m, l, acc, scratch);
+      alignas(64) float tmp[2 * W];
+      for (int h = 0; h < heads; ++h)
+        from_pair_order<W>(acc + static_cast<std::int64_t>(h) * D, tmp, D);
+      return;
+    }
+  }
+  run_item<Arch, T, false>(c, it, kv_count, q, m, l, acc, scratch);
+}
 
 template <class Arch>
 void ItemKernel::operator()(Arch, const ItemContext& ctx, const WorkItem& item, int kv_count,
