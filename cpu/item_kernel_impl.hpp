@@ -21,9 +21,10 @@
 namespace pagedattn::detail::cpu {
 namespace {
 
-// Physical blocks ahead to prefetch. Fragmented tables defeat the hardware prefetcher at every
-// block boundary; two blocks ahead covers the memory latency at one block's compute time.
-constexpr int kPrefetchBlocks = 2;
+// (block, kv head) units ahead to prefetch (see run_item). Fragmented tables defeat the hardware
+// prefetcher at every block boundary; two units ahead covers the memory latency at one unit's
+// compute time.
+constexpr int kPrefetchUnits = 2;
 
 template <class Arch>
 struct TileShape {
@@ -224,8 +225,8 @@ struct PacedPrefetch {
   }
 };
 
-// Pieces one block's prefetch is cut into: about one per scores or values tile of a 16-token
-// block, so the lines go out spread over the block's compute.
+// Pieces one unit's prefetch is cut into: about one per scores or values tile of a 16-token
+// block, so the lines go out spread over the unit's compute.
 constexpr int kPrefetchPieces = 16;
 
 // One block of n tokens (k, v: its first slot) for R query heads starting at q.
@@ -285,38 +286,37 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const floa
   }
   std::fill(acc, acc + static_cast<std::int64_t>(heads) * D, 0.f);
 
-  // Blocks [begin, begin + kPrefetchBlocks) are prefetched at once (nothing to overlap with
-  // yet); then, while block blk is computed, block blk + kPrefetchBlocks is prefetched in pieces.
-  // Never past the item: table entries past the context may be garbage. Within a block the range
-  // runs from the first kv head's first slot to the last kv head's last valid row, so with
-  // several kv heads it also covers unused slots of a partial last block: prefetches of memory
-  // inside the cache cannot fault, and those slots are never loaded.
-  auto prefetch_range = [&](int b, std::int64_t* base) {
-    const int id = c.table.block(it.seq, b);
-    *base = c.layout.offset(id, kv_first, 0);
-    const std::int64_t last = c.layout.offset(id, kv_last, valid_in_block(L, BS, b) - 1) + D;
-    return (last - *base) * static_cast<std::int64_t>(sizeof(T));
+  // The item's (block, kv head) units in compute order: unit u is kv head kv_first + u % kv_count
+  // of logical block block_begin + u / kv_count, its valid rows of K and of V. Units
+  // [0, kPrefetchUnits) are prefetched at once (nothing to overlap with yet); then, while unit u
+  // is computed, unit u + kPrefetchUnits is prefetched in pieces. A short distance in units
+  // keeps the prefetched lines in L1 until they are used; the hardware prefetcher follows the
+  // contiguous stretch of several kv heads beyond it. Never past the item: table entries past
+  // the context may be garbage.
+  const int units = (it.block_end - it.block_begin) * kv_count;
+  auto start_unit = [&](PacedPrefetch& p, int u, int pieces) {
+    if (u >= units) {
+      p.start(nullptr, nullptr, 0, 1);
+      return;
+    }
+    const int b = it.block_begin + u / kv_count;
+    const std::int64_t base = c.layout.offset(c.table.block(it.seq, b), kv_first + u % kv_count, 0);
+    const std::int64_t bytes = (static_cast<std::int64_t>(valid_in_block(L, BS, b) - 1) * ts + D) *
+                               static_cast<std::int64_t>(sizeof(T));
+    p.start(k_cache + base, v_cache + base, bytes, pieces);
   };
   PacedPrefetch pf;
-  for (int b = it.block_begin; b < std::min(it.block_end, it.block_begin + kPrefetchBlocks); ++b) {
-    std::int64_t pbase = 0;
-    const std::int64_t bytes = prefetch_range(b, &pbase);
-    pf.start(k_cache + pbase, v_cache + pbase, bytes, 1);
+  for (int u = 0; u < std::min(units, kPrefetchUnits); ++u) {
+    start_unit(pf, u, 1);
     pf.rest();
   }
   for (int blk = it.block_begin; blk < it.block_end; ++blk) {
-    const int ahead = blk + kPrefetchBlocks;
-    if (ahead < it.block_end) {
-      std::int64_t pbase = 0;
-      const std::int64_t bytes = prefetch_range(ahead, &pbase);
-      pf.start(k_cache + pbase, v_cache + pbase, bytes, kPrefetchPieces * kv_count);
-    } else {
-      pf.start(nullptr, nullptr, 0, 1);
-    }
     const int id = c.table.block(it.seq, blk);
     int n = valid_in_block(L, BS, blk);
     if (c.fault == Fault::kLastBlockOffByOne && n < BS) ++n;
     for (int i = 0; i < kv_count; ++i) {
+      pf.rest();
+      start_unit(pf, (blk - it.block_begin) * kv_count + i + kPrefetchUnits, kPrefetchPieces);
       int kv = kv_first + i;
       if (c.fault == Fault::kWrongKvHead && kv == 1) kv = 0;
       const std::int64_t base = c.layout.offset(id, kv, 0);
@@ -353,8 +353,8 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const floa
         g += R;
       }
     }
-    pf.rest();
   }
+  pf.rest();
 }
 
 }  // namespace
