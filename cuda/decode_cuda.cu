@@ -25,14 +25,17 @@ void check(cudaError_t err, const char* what) {
   }
 }
 
-// Work items the planner aims for per SM: about two waves of two CTAs per SM. Each CTA pays a
-// fixed start (plan, Q and page-id loads, pipeline fill: ~3 dependent memory round trips), so
-// items must stay large; on the H200, 12 items per SM (tiles of 2-10 per CTA) left every
-// small-context shape at 13-40% of the read ceiling (docs/cuda.md).
-constexpr int kItemsPerSm = 4;
-// A split covers at least this many tokens; keeps the combine cheap while letting a single
-// 4096-token sequence spread over 256 CTAs.
-constexpr int kMinChunkTokens = 128;
+// Waves of split CTAs the planner aims for: items = SMs x (split CTAs resident per SM) x kWaves.
+// Each CTA pays a fixed start (plan, Q and page-id loads, pipeline fill: ~3 dependent memory
+// round trips), so items must stay large: on the H200 one wave beat two on the single long
+// sequences (B = 1, 32768 tokens: 61% of the read ceiling against 48%) and matched it elsewhere
+// but for D = 64 (docs/cuda.md). Whole waves matter: the planner keeps a few long sequences'
+// items within them (choose_chunk_blocks).
+constexpr int kWaves = 1;
+// A split covers at least this many tokens: amortizes each CTA's fixed start and keeps the
+// combine cheap, while a single 4096-token sequence still spreads over 128 CTAs at 8 kv heads
+// (on the H200, 256 beat 128 there, 15.7 against 17.8 us; 512 was slower again).
+constexpr int kMinChunkTokens = 256;
 constexpr int kMaxSplitsPerSeq = 1024;
 
 int sm_count() {
@@ -51,23 +54,14 @@ int sm_count() {
   return cache[dev];
 }
 
-// PAGEDATTN_CUDA_ITEMS_PER_SM / PAGEDATTN_CUDA_MIN_CHUNK_TOKENS override the two constants for
-// tuning experiments only (read once per process; the workspace size follows them).
+// PAGEDATTN_CUDA_WAVES / PAGEDATTN_CUDA_MIN_CHUNK_TOKENS override the two constants and
+// PAGEDATTN_CUDA_PDL=0 turns off the programmatic launch of the combine, for tuning experiments
+// only (read once per process; the workspace size follows them).
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
-  const int x = v != nullptr ? std::atoi(v) : 0;
-  return x > 0 ? x : fallback;
-}
-
-PlanOptions plan_options(int sms, bool single_split) {
-  static const int items_per_sm = env_int("PAGEDATTN_CUDA_ITEMS_PER_SM", kItemsPerSm);
-  static const int min_chunk = env_int("PAGEDATTN_CUDA_MIN_CHUNK_TOKENS", kMinChunkTokens);
-  PlanOptions o;
-  o.parallelism = sms * items_per_sm;
-  o.min_chunk_tokens = min_chunk;
-  o.max_splits_per_seq = kMaxSplitsPerSeq;
-  o.single_split = single_split;
-  return o;
+  if (v == nullptr || *v == '\0') return fallback;
+  const int x = std::atoi(v);
+  return x >= 0 ? x : fallback;
 }
 
 bool use_mma(const DecodeArgs& a) {
@@ -76,6 +70,43 @@ bool use_mma(const DecodeArgs& a) {
 
 int head_chunks(const DecodeArgs& a) {
   return use_mma(a) ? 1 : (a.group_size() + kSimtHeadsPerCta - 1) / kSimtHeadsPerCta;
+}
+
+// Split CTAs of this call's kernel that fit on one SM (from the occupancy calculator, cached).
+int split_ctas_per_sm(const DecodeArgs& a) {
+  const bool mma = use_mma(a);
+  int n = 0;
+  switch (a.k_dtype) {
+    case DType::kF32:
+      n = split_ctas_per_sm_f32(a.head_dim);
+      break;
+    case DType::kF16:
+      n = split_ctas_per_sm_f16(a.head_dim, mma);
+      break;
+    case DType::kBF16:
+      n = split_ctas_per_sm_bf16(a.head_dim, mma);
+      break;
+  }
+  return n > 0 ? n : 1;
+}
+
+// The plan's options for this call: the parallelism is whole waves of the split kernel's
+// resident CTAs over the device's SMs, counted in work items (an item may take several CTAs).
+PlanOptions plan_options(const DecodeArgs& a, bool single_split) {
+  static const int waves = std::max(1, env_int("PAGEDATTN_CUDA_WAVES", kWaves));
+  static const int min_chunk =
+      std::max(1, env_int("PAGEDATTN_CUDA_MIN_CHUNK_TOKENS", kMinChunkTokens));
+  PlanOptions o;
+  o.parallelism = std::max(1, sm_count() * split_ctas_per_sm(a) * waves / head_chunks(a));
+  o.min_chunk_tokens = min_chunk;
+  o.max_splits_per_seq = kMaxSplitsPerSeq;
+  o.single_split = single_split;
+  return o;
+}
+
+bool use_pdl() {
+  static const bool on = env_int("PAGEDATTN_CUDA_PDL", 1) != 0;
+  return on;
 }
 
 // Upper bound on the plan's total splits for any context lengths within the table's capacity
@@ -153,9 +184,12 @@ constexpr int kCombineWarps = 4;
 
 // One warp per (sequence, query head, 32-element slice of head_dim): B=1 still spreads over
 // H * head_dim / 32 warps. Each warp recomputes the row's max and sum (a few floats per split)
-// and merges its slice over the splits, in split order, eight loads in flight.
+// and merges its slice over the splits, in split order, 32 loads in flight.
 template <typename OutT>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombineParams p) {
+  // Launched programmatically after the split kernel: wait until its partials are complete and
+  // visible (a no-op for a plain launch).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int lane = threadIdx.x & 31;
   const int D = p.head_dim;
   const int dchunks = (D + 31) / 32;
@@ -168,31 +202,43 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   const int d = dc * 32 + lane;
   const int off = p.split_offset[b];
   const int ns = p.split_offset[b + 1] - off;
-  float mmax = -INFINITY;
-  for (int s = lane; s < ns; s += 32) {
+  const std::int64_t step = static_cast<std::int64_t>(p.num_heads) * D;  // between splits
+  const float* col0 = p.part_acc + (static_cast<std::int64_t>(off) * p.num_heads + h) * D + d;
+  // The first 32 splits' (m, l) and accumulator loads go out together, before the max is known:
+  // one memory round trip for the common case instead of one per few splits.
+  float m_first = -INFINITY, l_first = 0.f;
+  if (lane < ns) {
+    const std::int64_t pi = (static_cast<std::int64_t>(off) + lane) * p.num_heads + h;
+    m_first = p.part_ml[2 * pi];
+    l_first = p.part_ml[2 * pi + 1];
+  }
+  float v[32];
+#pragma unroll
+  for (int k = 0; k < 32; ++k) v[k] = k < ns && d < D ? col0[k * step] : 0.f;
+  float mmax = m_first;
+  for (int s = 32 + lane; s < ns; s += 32) {
     mmax = fmaxf(mmax, p.part_ml[2 * ((static_cast<std::int64_t>(off) + s) * p.num_heads + h)]);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) mmax = fmaxf(mmax, __shfl_xor_sync(0xffffffffu, mmax, o));
   float acc = 0.f, lsum = 0.f;
   if (mmax != -INFINITY) {
-    const std::int64_t step = static_cast<std::int64_t>(p.num_heads) * D;  // between splits
-    for (int c = 0; c < ns; c += 32) {
-      float w = 0.f, lw = 0.f;
+    float w = lane < ns ? exp2f(m_first - mmax) : 0.f;
+    lsum = w * l_first;
+#pragma unroll
+    for (int k = 0; k < 32; ++k) acc = fmaf(__shfl_sync(0xffffffffu, w, k), v[k], acc);
+    for (int c = 32; c < ns; c += 32) {  // long sequences: the remaining splits, 32 at a time
+      w = 0.f;
       if (c + lane < ns) {
         const std::int64_t pi = (static_cast<std::int64_t>(off) + c + lane) * p.num_heads + h;
         w = exp2f(p.part_ml[2 * pi] - mmax);
-        lw = w * p.part_ml[2 * pi + 1];
+        lsum += w * p.part_ml[2 * pi + 1];
       }
-      lsum += lw;
-      const int n = min(32, ns - c);
-      const float* col =
-          p.part_acc + ((static_cast<std::int64_t>(off) + c) * p.num_heads + h) * D + d;
-#pragma unroll 8
-      for (int k = 0; k < n; ++k) {
-        const float wk = __shfl_sync(0xffffffffu, w, k);
-        if (d < D) acc = fmaf(wk, col[k * step], acc);
-      }
+      const float* col = col0 + c * step;
+#pragma unroll
+      for (int k = 0; k < 32; ++k) v[k] = c + k < ns && d < D ? col[k * step] : 0.f;
+#pragma unroll
+      for (int k = 0; k < 32; ++k) acc = fmaf(__shfl_sync(0xffffffffu, w, k), v[k], acc);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
@@ -202,6 +248,21 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   if (p.lse != nullptr && dc == 0 && lane == 0) {
     p.lse[idx] = lsum > 0.f ? (mmax + log2f(lsum)) * 0.6931471805599453f : -INFINITY;
   }
+}
+
+template <typename OutT>
+void launch_combine(const CombineParams& c, int grid, bool pdl, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kCombineWarps * 32);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  check(cudaLaunchKernelEx(&cfg, combine_kernel<OutT>, c), "combine_kernel launch");
 }
 
 void require_aligned(const char* name, const void* ptr) {
@@ -226,7 +287,7 @@ bool available(std::string* why) {
 }
 
 std::size_t workspace_size(const DecodeArgs& a) {
-  const PlanOptions o = plan_options(sm_count(), false);
+  const PlanOptions o = plan_options(a, false);
   return workspace_layout(a, max_total_splits(a, o)).total;
 }
 
@@ -236,9 +297,9 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   require_aligned("k_cache", a.k_cache);
   require_aligned("v_cache", a.v_cache);
   cudaStream_t stream = static_cast<cudaStream_t>(options.cuda_stream);
-  const PlanOptions plan = plan_options(sm_count(), options.single_split);
+  const PlanOptions plan = plan_options(a, options.single_split);
   // The grid and the workspace depend on shapes only; single_split needs fewer splits.
-  const std::int64_t splits = max_total_splits(a, plan_options(sm_count(), false));
+  const std::int64_t splits = max_total_splits(a, plan_options(a, false));
   const Layout lay = workspace_layout(a, splits);
   char* ws = nullptr;
   if (options.workspace != nullptr) {
@@ -329,15 +390,19 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   const std::int64_t warps =
       static_cast<std::int64_t>(a.batch) * a.num_heads * ((a.head_dim + 31) / 32);
   const int cgrid = static_cast<int>((warps + kCombineWarps - 1) / kCombineWarps);
+  // With splits, the combine is a programmatic dependent launch: its CTAs are scheduled while
+  // the split grid drains and wait on the device (griddepcontrol.wait) instead of paying a
+  // launch after it.
+  const bool pdl = splits > 0 && use_pdl();
   switch (a.out_dtype) {
     case DType::kF32:
-      combine_kernel<float><<<cgrid, kCombineWarps * 32, 0, stream>>>(c);
+      launch_combine<float>(c, cgrid, pdl, stream);
       break;
     case DType::kF16:
-      combine_kernel<__half><<<cgrid, kCombineWarps * 32, 0, stream>>>(c);
+      launch_combine<__half>(c, cgrid, pdl, stream);
       break;
     case DType::kBF16:
-      combine_kernel<__nv_bfloat16><<<cgrid, kCombineWarps * 32, 0, stream>>>(c);
+      launch_combine<__nv_bfloat16>(c, cgrid, pdl, stream);
       break;
   }
   check(cudaGetLastError(), "combine_kernel launch");

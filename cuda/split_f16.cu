@@ -7,4 +7,8 @@ void launch_split_f16(const SplitParams& p, int head_dim, bool mma, int grid, cu
   launch_split_for_dtype<__half, true>(p, head_dim, mma, grid, stream);
 }
 
+int split_ctas_per_sm_f16(int head_dim, bool mma) {
+  return split_ctas_per_sm_for_dtype<__half, true>(head_dim, mma);
+}
+
 }  // namespace pagedattn::detail::cuda

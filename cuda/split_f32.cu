@@ -7,4 +7,8 @@ void launch_split_f32(const SplitParams& p, int head_dim, int grid, cudaStream_t
   launch_split_for_dtype<float, false>(p, head_dim, false, grid, stream);
 }
 
+int split_ctas_per_sm_f32(int head_dim) {
+  return split_ctas_per_sm_for_dtype<float, false>(head_dim, false);
+}
+
 }  // namespace pagedattn::detail::cuda

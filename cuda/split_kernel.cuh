@@ -120,7 +120,7 @@ __device__ inline void plan_item(const SplitParams& p, int j, ItemInfo* item) {
       s += red_l[w];
       m = max(m, red_i[w]);
     }
-    item->chunk = choose_chunk_blocks(s, m, p.num_kv_heads, p.block_size, p.plan);
+    item->chunk = choose_chunk_blocks(s, m, p.batch, p.num_kv_heads, p.block_size, p.plan);
     item->found = 0;
   }
   __syncthreads();
@@ -130,8 +130,7 @@ __device__ inline void plan_item(const SplitParams& p, int j, ItemInfo* item) {
     const int b = base + tid;
     int ns = 0;
     if (b < p.batch) {
-      const int nb = blocks_for(clamp_len(__ldg(p.lens + b), cap), p.block_size);
-      ns = (nb + chunk - 1) / chunk;
+      ns = splits_for(blocks_for(clamp_len(__ldg(p.lens + b), cap), p.block_size), chunk);
     }
     int incl = ns;
 #pragma unroll
@@ -191,19 +190,35 @@ __device__ __forceinline__ long long row_offset(const SplitParams& p, int id, in
 }
 
 // Issues the cp.async copies of one tile; rows with offset -1 are zero-filled and flagged invalid.
+// When the CTA's threads cover whole rows (CH divides kThreads), each thread keeps one chunk
+// column and walks rows at a fixed stride: the addresses are a few adds per copy instead of a
+// division per copy, which matters because every thread issues these for every tile.
 template <typename T, int D, int TT>
 __device__ __forceinline__ void issue_tile(char* sK, char* sV, unsigned char* sValid,
                                            const long long* s_off, const char* gK, const char* gV) {
   constexpr int CH = RowGeom<T, D>::kChunks;
   constexpr int ROW = RowGeom<T, D>::kRowBytes;
-  for (int idx = threadIdx.x; idx < TT * CH; idx += kThreads) {
-    const int r = idx / CH, c = idx - r * CH;
+  auto copy = [&](int r, int c) {
     const long long off = s_off[r];
     const bool ok = off >= 0;
     const long long src = (ok ? off : 0) + c * 16;
     cp_async16(sK + r * ROW + c * 16, gK + src, ok);
     cp_async16(sV + r * ROW + c * 16, gV + src, ok);
     if (c == 0) sValid[r] = ok ? 1 : 0;
+  };
+  if constexpr (kThreads % CH == 0) {
+    constexpr int RP = kThreads / CH;  // rows per pass
+    const int c = threadIdx.x % CH, r0 = threadIdx.x / CH;
+#pragma unroll
+    for (int k = 0; k < (TT + RP - 1) / RP; ++k) {
+      const int r = r0 + k * RP;
+      if (TT % RP == 0 || r < TT) copy(r, c);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < TT * CH; idx += kThreads) {
+      const int r = idx / CH;
+      copy(r, idx - r * CH);
+    }
   }
 }
 
@@ -231,9 +246,18 @@ __device__ __forceinline__ void load_slice(const char* row, int l16, float (&out
   for (int i = 0; i < E; ++i) out[i] = to_f(e[i]);
 }
 
-// Shared memory for the pipeline stages of one CTA: two CTAs of the D = 128 MMA kernel
-// (3 stages of 64 tokens) fit on one SM.
-constexpr int kStageBudget = 106 * 1024;
+// Pipeline depth against CTAs per SM, by tile size. A large tile (>= 30 KB: 16-bit D >= 112,
+// f32 D >= 112) keeps three stages, two tiles in flight per CTA, two CTAs per SM. A smaller tile
+// gets about 52 KB of stages so four CTAs fit on an SM: more warps to overlap each warp's
+// dependent compute. Measured on the H200 (docs/cuda.md): the 52 KB budget took MHA (CUDA
+// cores, D = 128) from 76% to 86% of the read ceiling and the D = 64 MMA kernel from 49% to
+// 64%, while the D = 128 MMA kernel lost 10-15 points with it (two stages, three CTAs).
+constexpr int kDeepStageBudget = 106 * 1024;
+constexpr int kWideStageBudget = 52 * 1024;
+constexpr int stages_for_tile(int tile_bytes) {
+  const int budget = tile_bytes >= 30 * 1024 ? kDeepStageBudget : kWideStageBudget;
+  return budget / tile_bytes < 2 ? 2 : (budget / tile_bytes > 4 ? 4 : budget / tile_bytes);
+}
 
 constexpr int kSimtHeadsPerWarp = 4;
 constexpr int kSimtHeadsPerCta = kSimtHeadsPerWarp * kWarps;  // a head chunk
@@ -243,8 +267,7 @@ struct SimtCfg {
   static constexpr int TT = 32;
   static constexpr int ROW = RowGeom<T, D>::kRowBytes;
   static constexpr int TILE = 2 * TT * ROW;
-  static constexpr int STAGES =
-      kStageBudget / TILE < 2 ? 2 : (kStageBudget / TILE > 4 ? 4 : kStageBudget / TILE);
+  static constexpr int STAGES = stages_for_tile(TILE);
   static constexpr int E = D / 16;
   static constexpr int SCRATCH = kWarps * kSimtHeadsPerWarp * (D + 2) * 4;
   static constexpr int STAGE_AREA = STAGES * TILE > SCRATCH ? STAGES* TILE : SCRATCH;
@@ -317,8 +340,7 @@ struct MmaCfg {
   static constexpr int TT = 64;  // 4 slices of 16 tokens
   static constexpr int ROW = RowGeom<T, D>::kRowBytes;
   static constexpr int TILE = 2 * TT * ROW;
-  static constexpr int STAGES =
-      kStageBudget / TILE < 2 ? 2 : (kStageBudget / TILE > 4 ? 4 : kStageBudget / TILE);
+  static constexpr int STAGES = stages_for_tile(TILE);
   // Q fragments live in registers up to D = 128; larger head dims read them from shared memory.
   static constexpr bool kQInSmem = D > 128;
   static constexpr int QROWS = 64;  // up to 4 head tiles of 16
@@ -343,6 +365,9 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   unsigned char* valid_base = reinterpret_cast<unsigned char*>(off_base + STAGES * TT);
   __shared__ ItemInfo item;
 
+  // The combine is launched as a programmatic dependent of this grid: once every CTA here has
+  // started, its CTAs may take free SM slots and wait (griddepcontrol.wait) for this grid's end.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int i = blockIdx.x;
   const int hc = i % p.head_chunks;
   const int kv = (i / p.head_chunks) % p.num_kv_heads;
@@ -353,8 +378,8 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   const int cap = p.max_blocks * p.block_size;
   const int len = clamp_len(__ldg(p.lens + b), cap);
   const int nb = blocks_for(len, p.block_size);
-  const int blk_begin = item.split * item.chunk;
-  const int blk_end = min(blk_begin + item.chunk, nb);
+  int blk_begin = 0, blk_end = 0;
+  split_block_range(nb, item.chunk, item.split, &blk_begin, &blk_end);
   const int tok_begin = blk_begin * p.block_size;
   const int tok_end = min(blk_end * p.block_size, len);
   const int ntiles = (tok_end - tok_begin + TT - 1) / TT;
@@ -463,23 +488,34 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
       const char* vS = sV(st);
       const unsigned char* vf = sValid(st);
       for (int sl = wt; sl * 16 < rows; sl += WT) {
-        float s[2][4];
+        // S = Q K^T over D / 16 k-steps, into two accumulator sets (even and odd steps) so the
+        // dependent MMA chains are half as long; summed after.
+        float s[2][4], s_odd[2][4];
 #pragma unroll
-        for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[n][e] = s_odd[n][e] = 0.f;
+        }
         const char* k_lane = kS + (sl * 16 + k_tok) * ROW + k_col * sizeof(T);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
           std::uint32_t bk[4];
           ldmatrix_x4(bk, k_lane + kk * 16 * sizeof(T));
+          float(&acc)[2][4] = kk % 2 == 0 ? s : s_odd;
           if constexpr (MmaCfg<T, D>::kQInSmem) {
             std::uint32_t a[4];
             ldmatrix_x4(a, q_lane + kk * 16 * sizeof(T));
-            Op::mma(s[0], a, bk[0], bk[1]);
-            Op::mma(s[1], a, bk[2], bk[3]);
+            Op::mma(acc[0], a, bk[0], bk[1]);
+            Op::mma(acc[1], a, bk[2], bk[3]);
           } else {
-            Op::mma(s[0], qf[kk], bk[0], bk[1]);
-            Op::mma(s[1], qf[kk], bk[2], bk[3]);
+            Op::mma(acc[0], qf[kk], bk[0], bk[1]);
+            Op::mma(acc[1], qf[kk], bk[2], bk[3]);
           }
+        }
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[n][e] += s_odd[n][e];
         }
         // Scale, mask, row max (rows g and g + 8; a quad shares a row).
         float mx[2] = {-INFINITY, -INFINITY};
@@ -514,12 +550,16 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
         }
         l_r[0] = l_r[0] * alpha[0] + ps[0];
         l_r[1] = l_r[1] * alpha[1] + ps[1];
+        // Rescale the accumulator only when some row's max grew (alpha is exactly 1 otherwise):
+        // after the first tiles of a split the max rarely moves.
+        if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          o[n][0] *= alpha[0];
-          o[n][1] *= alpha[0];
-          o[n][2] *= alpha[1];
-          o[n][3] *= alpha[1];
+          for (int n = 0; n < D / 8; ++n) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+          }
         }
         // P as the A operand: hi and lo parts.
         std::uint32_t ph[4], pl[4];
@@ -658,6 +698,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
         float sc[HW];
 #pragma unroll
         for (int h = 0; h < HW; ++h) {
+          if (h >= nh) break;  // warp-uniform: a small group leaves a warp's last slots empty
           float d = 0.f;
 #pragma unroll
           for (int e = 0; e < E; ++e) d = fmaf(q[h][e], kr[e], d);
@@ -748,59 +789,105 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   }
 }
 
-// Launches the split kernel for one cache dtype (defined per dtype in split_<dtype>.cu).
+// Per cache dtype (defined in split_<dtype>.cu): launch the split kernel, or report how many of
+// its CTAs fit on one SM (the planner sizes its waves with it). f32 has no tensor-core variant.
 void launch_split_f32(const SplitParams& p, int head_dim, int grid, cudaStream_t stream);
 void launch_split_f16(const SplitParams& p, int head_dim, bool mma, int grid, cudaStream_t stream);
 void launch_split_bf16(const SplitParams& p, int head_dim, bool mma, int grid, cudaStream_t stream);
+int split_ctas_per_sm_f32(int head_dim);
+int split_ctas_per_sm_f16(int head_dim, bool mma);
+int split_ctas_per_sm_bf16(int head_dim, bool mma);
+
+// Once per device and kernel: raise the dynamic shared-memory limit (a per-device attribute)
+// and read the kernel's occupancy. Returns CTAs per SM, or 0 when the attribute could not be
+// set (the launch then reports the error).
+template <typename T, int D, bool kMma>
+int prepare_split_typed() {
+  using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> ctas[kMaxDevices] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 0;
+  std::atomic<int>* slot = dev < kMaxDevices ? &ctas[dev] : nullptr;
+  if (slot != nullptr) {
+    const int known = slot->load(std::memory_order_relaxed);
+    if (known > 0) return known;
+  }
+  if (cudaFuncSetAttribute(split_kernel<T, D, kMma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           Cfg::SMEM) != cudaSuccess) {
+    return 0;
+  }
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, split_kernel<T, D, kMma>, kThreads,
+                                                    Cfg::SMEM) != cudaSuccess ||
+      n < 1) {
+    cudaGetLastError();  // clear it: the estimate falls back to one CTA per SM
+    n = 1;
+  }
+  if (slot != nullptr) slot->store(n, std::memory_order_relaxed);
+  return n;
+}
 
 template <typename T, int D, bool kMma>
 void launch_split_typed(const SplitParams& p, int grid, cudaStream_t stream) {
   using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
-  // The dynamic shared-memory limit is a per-device attribute: raise it once per device.
-  static std::atomic<unsigned long long> raised{0};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  const unsigned long long bit = 1ull << (dev & 63);
-  if ((raised.load(std::memory_order_relaxed) & bit) == 0) {
-    if (cudaFuncSetAttribute(split_kernel<T, D, kMma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             Cfg::SMEM) == cudaSuccess) {
-      raised.fetch_or(bit, std::memory_order_relaxed);
-    }  // on failure the launch reports the error
-  }
+  prepare_split_typed<T, D, kMma>();
   split_kernel<T, D, kMma><<<grid, kThreads, Cfg::SMEM, stream>>>(p);
 }
 
-// head_dim to the compile-time kernels of one cache dtype T. kCanMma instantiates the
-// tensor-core variant too (f16/bf16), taken when `mma` is set. Each split_<dtype>.cu instantiates
-// this once, so the dtypes compile in parallel.
+// Calls f(std::integral_constant<int, D>) for the compile-time head_dim D; nothing for a head
+// dim validate_shapes rejects.
+template <typename F>
+void with_head_dim(int head_dim, F&& f) {
+  switch (head_dim) {
+    case 64:
+      return f(std::integral_constant<int, 64>{});
+    case 80:
+      return f(std::integral_constant<int, 80>{});
+    case 96:
+      return f(std::integral_constant<int, 96>{});
+    case 112:
+      return f(std::integral_constant<int, 112>{});
+    case 128:
+      return f(std::integral_constant<int, 128>{});
+    case 192:
+      return f(std::integral_constant<int, 192>{});
+    case 256:
+      return f(std::integral_constant<int, 256>{});
+    default:
+      return;
+  }
+}
+
+// The kernels of one cache dtype T. kCanMma instantiates the tensor-core variant too (f16/bf16),
+// taken when `mma` is set. Each split_<dtype>.cu instantiates these once, so the dtypes compile
+// in parallel.
 template <typename T, bool kCanMma>
 void launch_split_for_dtype(const SplitParams& p, int head_dim, bool mma, int grid,
                             cudaStream_t stream) {
-  const auto launch = [&](auto dim) {
+  with_head_dim(head_dim, [&](auto dim) {
     constexpr int D = decltype(dim)::value;
     if constexpr (kCanMma) {
       if (mma) return launch_split_typed<T, D, true>(p, grid, stream);
     }
     launch_split_typed<T, D, false>(p, grid, stream);
-  };
-  switch (head_dim) {
-    case 64:
-      return launch(std::integral_constant<int, 64>{});
-    case 80:
-      return launch(std::integral_constant<int, 80>{});
-    case 96:
-      return launch(std::integral_constant<int, 96>{});
-    case 112:
-      return launch(std::integral_constant<int, 112>{});
-    case 128:
-      return launch(std::integral_constant<int, 128>{});
-    case 192:
-      return launch(std::integral_constant<int, 192>{});
-    case 256:
-      return launch(std::integral_constant<int, 256>{});
-    default:
-      return;  // rejected by validate_shapes before any launch
-  }
+  });
+}
+
+template <typename T, bool kCanMma>
+int split_ctas_per_sm_for_dtype(int head_dim, bool mma) {
+  int n = 0;
+  with_head_dim(head_dim, [&](auto dim) {
+    constexpr int D = decltype(dim)::value;
+    if constexpr (kCanMma) {
+      if (mma) {
+        n = prepare_split_typed<T, D, true>();
+        return;
+      }
+    }
+    n = prepare_split_typed<T, D, false>();
+  });
+  return n;
 }
 
 }  // namespace pagedattn::detail::cuda

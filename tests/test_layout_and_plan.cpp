@@ -1,7 +1,10 @@
 // Cache layout offsets, block-table views, and the split plan's coverage rules.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "pagedattn/cache_layout.hpp"
@@ -108,6 +111,55 @@ TEST(SplitPlan, LongSequenceInASkewedBatchGetsManySplits) {
   const int total_blocks = 63 * 64 + 131072 / 16;
   EXPECT_LE(p.chunk_blocks, (8 * total_blocks + o.parallelism - 1) / o.parallelism);
   EXPECT_EQ(p.num_splits[0], blocks_for(64, p.chunk_blocks));
+}
+
+// A sequence's splits differ by at most one block: no short remainder split.
+TEST(SplitPlan, SplitsOfASequenceAreBalanced) {
+  const std::uint64_t seed = testing::seed_for(32);
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int nb = 1 + static_cast<int>(rng() % 5000);
+    const int chunk = 1 + static_cast<int>(rng() % 700);
+    const int ns = splits_for(nb, chunk);
+    SCOPED_TRACE(testing::seed_note(seed) + " nb " + std::to_string(nb) + " chunk " +
+                 std::to_string(chunk));
+    ASSERT_EQ(ns, (nb + chunk - 1) / chunk);
+    int lo = nb, hi = 0, next = 0;
+    for (int s = 0; s < ns; ++s) {
+      int begin = -1, end = -1;
+      split_block_range(nb, chunk, s, &begin, &end);
+      EXPECT_EQ(begin, next);
+      lo = std::min(lo, end - begin);
+      hi = std::max(hi, end - begin);
+      next = end;
+    }
+    EXPECT_EQ(next, nb);
+    EXPECT_GE(lo, 1);
+    EXPECT_LE(hi, chunk);
+    EXPECT_LE(hi - lo, 1);
+  }
+  EXPECT_EQ(splits_for(0, 8), 0);
+}
+
+// A few long sequences fill whole waves: items stay within the parallelism instead of spilling
+// a handful into one more wave (the rounding slack is planned for).
+TEST(SplitPlan, FewLongSequencesStayWithinTheParallelism) {
+  PlanOptions o;
+  o.parallelism = 528;  // 132 SMs x 2 CTAs x 2 waves
+  o.min_chunk_tokens = 128;
+  o.max_splits_per_seq = 1024;
+  for (const auto& shape : std::vector<std::pair<int, int>>{
+           {1, 131072}, {1, 32768}, {8, 32768}, {2, 100000}, {4, 4096}}) {
+    const std::vector<std::int32_t> lens(shape.first, shape.second);
+    const SplitPlan p = make_split_plan(lens.data(), shape.first, 8, 16, o);
+    SCOPED_TRACE("batch " + std::to_string(shape.first) + " ctx " + std::to_string(shape.second));
+    EXPECT_LE(static_cast<int>(p.items.size()), o.parallelism);
+    EXPECT_GE(static_cast<int>(p.items.size()), o.parallelism * 3 / 4);
+  }
+  // One 131072-token sequence with 8 kv heads: 65 splits of 126 or 127 blocks, not 67.
+  const std::vector<std::int32_t> one(1, 131072);
+  const SplitPlan p = make_split_plan(one.data(), 1, 8, 16, o);
+  EXPECT_EQ(p.num_splits[0], 65);
 }
 
 TEST(SplitPlan, PartialIndicesAreDisjoint) {

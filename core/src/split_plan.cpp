@@ -20,12 +20,12 @@ SplitPlan make_split_plan(const std::int32_t* context_lens, int batch, int num_k
     max_blocks = std::max(max_blocks, nb);
   }
   plan.chunk_blocks =
-      choose_chunk_blocks(total_blocks, max_blocks, num_kv_heads, block_size, options);
+      choose_chunk_blocks(total_blocks, max_blocks, batch, num_kv_heads, block_size, options);
   plan.num_splits.resize(batch);
   plan.split_offset.assign(batch + 1, 0);
   for (int b = 0; b < batch; ++b) {
     const int nb = blocks_for(context_lens[b], block_size);
-    plan.num_splits[b] = (nb + plan.chunk_blocks - 1) / plan.chunk_blocks;
+    plan.num_splits[b] = splits_for(nb, plan.chunk_blocks);
     plan.split_offset[b + 1] = plan.split_offset[b] + plan.num_splits[b];
   }
   plan.items.reserve(static_cast<std::size_t>(plan.total_splits()) * num_kv_heads);
@@ -33,8 +33,9 @@ SplitPlan make_split_plan(const std::int32_t* context_lens, int batch, int num_k
     const int nb = blocks_for(context_lens[b], block_size);
     for (int kv = 0; kv < num_kv_heads; ++kv) {
       for (int s = 0; s < plan.num_splits[b]; ++s) {
-        const int begin = s * plan.chunk_blocks;
-        plan.items.push_back({b, kv, s, begin, std::min(begin + plan.chunk_blocks, nb)});
+        int begin = 0, end = 0;
+        split_block_range(nb, plan.chunk_blocks, s, &begin, &end);
+        plan.items.push_back({b, kv, s, begin, end});
       }
     }
   }

@@ -32,7 +32,7 @@ struct SplitPlan {
   int batch = 0;
   int num_kv_heads = 0;
   int block_size = 0;
-  int chunk_blocks = 0;           // logical blocks per split (the last split may hold fewer)
+  int chunk_blocks = 0;           // at most this many logical blocks per split
   std::vector<int> num_splits;    // per sequence; 0 for an empty context
   std::vector<int> split_offset;  // prefix sums of num_splits, batch + 1 entries
   std::vector<WorkItem> items;    // ordered by (seq, kv_head, split)
@@ -50,22 +50,30 @@ struct SplitPlan {
 
 // Plans `batch` sequences of context_lens (host memory, already validated). One chunk size for
 // the whole batch, so a long sequence gets many splits and a short one few: a skewed batch does
-// not wait on one long split.
+// not wait on one long split. A sequence's splits are balanced (split_block_range).
 SplitPlan make_split_plan(const std::int32_t* context_lens, int batch, int num_kv_heads,
                           int block_size, const PlanOptions& options);
 
-// The chunk size (in blocks) the planner picks for a batch whose largest context is
+// The chunk size (in blocks) the planner picks for `batch` sequences whose largest context is
 // max_blocks and whose total blocks (summed over sequences) is total_blocks. Host and device
 // alike: the CUDA backend plans on the device with this same rule.
-PAGEDATTN_HOST_DEVICE int choose_chunk_blocks(std::int64_t total_blocks, int max_blocks,
+PAGEDATTN_HOST_DEVICE int choose_chunk_blocks(std::int64_t total_blocks, int max_blocks, int batch,
                                               int num_kv_heads, int block_size,
                                               const PlanOptions& o) {
   if (max_blocks <= 0) return 1;
   if (o.single_split) return max_blocks;
   // Enough items to fill the machine: kv_heads * total_blocks / chunk ~= parallelism.
-  const std::int64_t work = total_blocks * (num_kv_heads > 1 ? num_kv_heads : 1);
+  const std::int64_t kv = num_kv_heads > 1 ? num_kv_heads : 1;
+  const std::int64_t work = total_blocks * kv;
   const std::int64_t parallel = o.parallelism > 1 ? o.parallelism : 1;
-  std::int64_t chunk = (work + parallel - 1) / parallel;
+  // Rounding each sequence's split count up adds up to kv items per sequence. When that slack
+  // is small, aim below the target by it, so that a few long sequences fill whole waves of the
+  // machine instead of spilling a handful of items into one more (1 x 131072 tokens: 65 splits
+  // x 8 kv heads = 520 items, not 67 x 8 = 536 against 528). Many sequences keep the plain rule:
+  // their items are small next to a wave, so the spill costs little.
+  const std::int64_t slack = static_cast<std::int64_t>(batch > 0 ? batch : 0) * kv;
+  const std::int64_t target = slack * 4 <= parallel ? parallel - slack : parallel;
+  std::int64_t chunk = (work + target - 1) / target;
   // Not so small that the combine costs more than the split saves.
   const std::int64_t min_chunk =
       blocks_for(o.min_chunk_tokens > 1 ? o.min_chunk_tokens : 1, block_size);
@@ -75,6 +83,19 @@ PAGEDATTN_HOST_DEVICE int choose_chunk_blocks(std::int64_t total_blocks, int max
   const std::int64_t by_splits = (max_blocks + max_splits - 1) / max_splits;
   chunk = chunk > by_splits ? chunk : by_splits;
   return static_cast<int>(chunk < max_blocks ? chunk : max_blocks);
+}
+
+// The splits of a sequence of nb blocks under chunk size `chunk`: ceil(nb / chunk) of them, of
+// balanced sizes (floor or ceil of nb / splits, never empty, never above chunk), so that no
+// short remainder split becomes an item of its own size class. Split s covers logical blocks
+// [*begin, *end).
+PAGEDATTN_HOST_DEVICE int splits_for(int nb, int chunk) {
+  return nb <= 0 ? 0 : (nb + chunk - 1) / chunk;
+}
+PAGEDATTN_HOST_DEVICE void split_block_range(int nb, int chunk, int s, int* begin, int* end) {
+  const std::int64_t ns = splits_for(nb, chunk);
+  *begin = static_cast<int>(s * static_cast<std::int64_t>(nb) / ns);
+  *end = static_cast<int>((s + 1) * static_cast<std::int64_t>(nb) / ns);
 }
 
 // An upper bound on a plan's total splits for any context lengths of at most
