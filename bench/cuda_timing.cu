@@ -176,8 +176,14 @@ double cuda_read_ceiling_gbps() {
 
 Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& options) {
   const int B = s.batch, H = s.heads, KV = s.kv_heads, D = s.head_dim, BS = s.block_size;
-  const int max_blocks = blocks_for(s.context, BS);
-  const int num_blocks = B * max_blocks + 7;
+  std::vector<std::int32_t> host_lens(B);
+  int max_blocks = 0, used_blocks = 0;
+  for (int b = 0; b < B; ++b) {
+    host_lens[b] = s.context_of(b);
+    max_blocks = std::max(max_blocks, blocks_for(host_lens[b], BS));
+    used_blocks += blocks_for(host_lens[b], BS);
+  }
+  const int num_blocks = used_blocks + 7;
   const CacheLayout layout = CacheLayout::dense(num_blocks, KV, BS, D);
   const std::size_t cache_elems = static_cast<std::size_t>(layout.elements());
   const std::size_t esz = dtype_size(dtype);
@@ -195,13 +201,19 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
   in.reserve(sets);
   const std::size_t qo = static_cast<std::size_t>(B) * H * D;
   std::vector<std::int32_t> host_table(static_cast<std::size_t>(B) * max_blocks);
-  std::vector<std::int32_t> host_lens(B, s.context);
   std::vector<std::vector<std::int32_t>> tables;
   for (int i = 0; i < sets; ++i) {
     std::vector<std::int32_t> pool(num_blocks);
     std::iota(pool.begin(), pool.end(), 0);
     if (!options.contiguous) std::shuffle(pool.begin(), pool.end(), rng);
-    std::copy(pool.begin(), pool.begin() + host_table.size(), host_table.begin());
+    // Each row takes its sequence's blocks from the (shuffled) pool; -1 past its context.
+    std::fill(host_table.begin(), host_table.end(), -1);
+    for (int b = 0, next = 0; b < B; ++b) {
+      const int nb = blocks_for(host_lens[b], BS);
+      std::copy(pool.begin() + next, pool.begin() + next + nb,
+                host_table.begin() + static_cast<std::size_t>(b) * max_blocks);
+      next += nb;
+    }
     tables.push_back(host_table);
     InputSet set{DeviceMem(qo * esz),
                  DeviceMem(cache_elems * esz),
@@ -260,7 +272,10 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     check(cudaMemcpy(hk.data(), in[0].k.p, hk.size(), cudaMemcpyDeviceToHost), "copy k");
     check(cudaMemcpy(hv.data(), in[0].v.p, hv.size(), cudaMemcpyDeviceToHost), "copy v");
     check(cudaMemcpy(hout.data(), in[0].out.p, hout.size(), cudaMemcpyDeviceToHost), "copy out");
-    const int sub = std::max(1, std::min(B, 65536 / std::max(s.context, 1)));
+    int sub = 0;
+    for (double tokens = 0; sub < B && (sub == 0 || tokens + host_lens[sub] <= 65536); ++sub) {
+      tokens += host_lens[sub];
+    }
     DecodeArgs h = in[0].args;
     h.batch = sub;
     h.q = hq.data();

@@ -8,6 +8,14 @@ namespace pagedattn::bench {
 
 struct Shape {
   int batch, heads, kv_heads, head_dim, context, block_size;
+  int long_first = 0;  // > 0: sequence 0 holds this many tokens instead (a skewed batch)
+
+  int context_of(int b) const { return b == 0 && long_first > 0 ? long_first : context; }
+  double total_tokens() const {
+    return batch <= 0
+               ? 0.0
+               : static_cast<double>(batch - 1) * context + static_cast<double>(context_of(0));
+  }
 };
 
 struct CudaTimingOptions {
@@ -25,8 +33,8 @@ struct Timing {
 // far larger than L2, best grid).
 double cuda_read_ceiling_gbps();
 
-// Times decode on the CUDA backend for one shape (every sequence at `context` tokens), with
-// inputs rotated across more than the L2 size.
+// Times decode on the CUDA backend for one shape (every sequence at `context` tokens, sequence 0
+// at long_first when set), with inputs rotated across more than the L2 size.
 Timing cuda_time_shape(const Shape& shape, DType dtype, const CudaTimingOptions& options);
 
 }  // namespace pagedattn::bench

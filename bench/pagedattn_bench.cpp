@@ -3,7 +3,8 @@
 //
 //   pagedattn-bench [--backend cpu|cuda|naive] [--dtype f32|f16|bf16[,...]]
 //                   [--shape B,H,KV,D,CTX[,BS]]... [--threads N] [--csv] [--contiguous]
-//                   [--iters N] [--min-time S] [--bw-mib N] [--no-naive]
+//                   [--iters N] [--min-time S] [--bw-mib N] [--no-naive] [--plain]
+//                   [--long-first TOKENS]
 //
 // CPU timings rotate the inputs across enough copies of the cache that together they exceed the
 // last-level cache several times, so no step is served from it. The CPU backend's shapes are also
@@ -48,6 +49,8 @@ struct Options {
   bool csv = false;
   bool contiguous = false;
   bool naive = true;
+  bool plain = false;      // CUDA: plain launches instead of CUDA-graph replays
+  int long_first = 0;      // > 0: sequence 0 of every shape holds this many tokens
   int iters = 20;          // timed runs at least
   double min_time = 0.5;   // seconds of timed runs at least
   double max_time = 10.0;  // stop after this many seconds (at least 3 runs)
@@ -58,7 +61,11 @@ struct Options {
   std::fprintf(stderr,
                "%s\nusage: %s [--backend cpu|cuda|naive] [--dtype f32|f16|bf16[,...]]\n"
                "       [--shape B,H,KV,D,CTX[,BLOCK]]... [--threads N] [--csv] [--contiguous]\n"
-               "       [--iters N] [--min-time SECONDS] [--bw-mib MIB] [--no-naive]\n",
+               "       [--iters N] [--min-time SECONDS] [--bw-mib MIB] [--no-naive] [--plain]\n"
+               "       [--long-first TOKENS]\n"
+               "  --plain       CUDA: time plain launches (default: CUDA-graph replays)\n"
+               "  --long-first  sequence 0 of each shape holds TOKENS tokens, the others CTX\n"
+               "                (a skewed batch; the context column shows CTX)\n",
                why.c_str(), prog);
   std::exit(2);
 }
@@ -125,6 +132,16 @@ Options parse(int argc, char** argv) {
       o.min_time = std::atof(value(i).c_str());
     } else if (a == "--bw-mib") {
       o.bw_mib = static_cast<std::size_t>(std::max(1, std::atoi(value(i).c_str())));
+    } else if (a == "--plain") {
+      o.plain = true;
+    } else if (a == "--long-first") {
+      const std::string v = value(i);
+      char* end = nullptr;
+      const long x = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || x <= 0 || x > (1L << 30)) {
+        usage(argv[0], "--long-first = '" + v + "': expected a positive token count");
+      }
+      o.long_first = static_cast<int>(x);
     } else if (a == "--help" || a == "-h") {
       usage(argv[0], "pagedattn-bench: decode attention GB/s against the read bandwidth");
     } else {
@@ -132,6 +149,7 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.shapes.empty()) o.shapes.assign(std::begin(kDefaultShapes), std::end(kDefaultShapes));
+  for (Shape& s : o.shapes) s.long_first = o.long_first;
   if (o.threads == 0) o.threads = omp_get_max_threads();
   if (o.dtypes.empty()) o.dtypes.push_back(DType::kBF16);
   return o;
@@ -139,8 +157,7 @@ Options parse(int argc, char** argv) {
 
 // Bytes of K and V one decode step must read: every sequence's tokens, each kv head, once.
 double kv_bytes(const Shape& s, DType t) {
-  return 2.0 * s.batch * static_cast<double>(s.context) * s.kv_heads * s.head_dim *
-         static_cast<double>(dtype_size(t));
+  return 2.0 * s.total_tokens() * s.kv_heads * s.head_dim * static_cast<double>(dtype_size(t));
 }
 
 // Median wall time (ms) of fn(i) for i = 0, 1, ... after `warmup` untimed calls.
@@ -230,7 +247,8 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s) {
   spec.num_kv_heads = s.kv_heads;
   spec.head_dim = s.head_dim;
   spec.block_size = s.block_size;
-  spec.context_lens.assign(s.batch, s.context);
+  spec.context_lens.resize(s.batch);
+  for (int b = 0; b < s.batch; ++b) spec.context_lens[b] = s.context_of(b);
   spec.q_dtype = spec.kv_dtype = spec.out_dtype = dtype;
   spec.fragmented = !o.contiguous;
   spec.seed = 20261129u + static_cast<std::uint64_t>(s.batch) * 131 + s.context;
@@ -281,6 +299,7 @@ int main(int argc, char** argv) {
         if (o.backend == "cuda") {
           bench::CudaTimingOptions co;
           co.contiguous = o.contiguous;
+          co.graph = !o.plain;
           co.min_iterations = std::max(o.iters, 50);
           const bench::Timing t = bench::cuda_time_shape(s, dtype, co);
           const Row r = row_for("cuda", t.ms, t.rel_err);

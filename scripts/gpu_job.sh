@@ -6,7 +6,8 @@
 # default .anchors), SHAPES=quick for a short benchmark list, SHAPES=anchors
 # for the anchor shapes alone (bf16).
 # Logs: tests.log, sanitize.log, bench.csv, bench.log, anchors.log (+ the anchors' own CSV),
-# tune.csv, ncu.log, summary.txt. Every stage has its own timeout so a hang cannot eat the job.
+# tune.csv, ncu.log, summary.txt. TUNE_CONFIGS: waves:min_chunk:pdl triples for the tune stage.
+# Every stage has its own timeout so a hang cannot eat the job.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 BUILD=${BUILD:-build-gpu}
@@ -85,25 +86,27 @@ if has bench; then
   CEILING=$(grep -oE 'GPU read bandwidth: [0-9.]+' "$OUT/bench.log" | head -1 | awk '{print $4}')
   note "read ceiling ${CEILING} GB/s"
   # Skewed batch: one 131072-token sequence among 63 of 1024 (bf16, block 16, graph replay).
-  READ_CEILING_GBPS=${CEILING:-0} timeout 120 "$TESTS" --gtest_also_run_disabled_tests \
-    --gtest_filter='CudaPerf.DISABLED_*' >> "$OUT/bench.log" 2>&1
-  note "skew probe rc=$?"
-  grep -E '^perf' "$OUT/bench.log" | tee -a "$SUMMARY"
+  timeout 120 "$BENCH" --backend cuda --dtype bf16 --csv --shape 64,32,8,128,1024 \
+    --long-first 131072 2>> "$OUT/bench.log" | tail -n +2 | sed 's/^cuda,/cuda-skew131072,/' \
+    >> "$OUT/bench.csv"
+  note "skewed batch rc=$?"
   cat "$OUT/bench.csv" | tee -a "$SUMMARY" > /dev/null
 fi
 
 if has tune; then
   # Plan-constant sweep (tuning overrides read by the CUDA backend; the defaults are in
-  # cuda/decode_cuda.cu): items per SM x minimum chunk tokens, on the shapes they move most.
-  TS=(--shape 1,32,8,128,4096 --shape 1,32,8,128,131072 --shape 32,32,8,128,4096
-    --shape 128,32,8,128,4096 --shape 32,32,32,128,4096 --shape 8,32,8,128,32768)
-  for cfg in 4:128 2:128 3:128 6:128 8:128 12:128 4:256 4:512; do
-    ips=${cfg%%:*}; mc=${cfg#*:}
-    PAGEDATTN_CUDA_ITEMS_PER_SM=$ips PAGEDATTN_CUDA_MIN_CHUNK_TOKENS=$mc timeout 120 "$BENCH" \
-      --backend cuda --dtype bf16 --csv "${TS[@]}" 2>/dev/null | tail -n +2 | sed "s/^/$ips,$mc,/" \
-      >> "$OUT/tune.csv"
+  # cuda/decode_cuda.cu): waves x minimum chunk tokens x programmatic combine launch, on the
+  # shapes they move most.
+  TS=(--shape 1,32,8,128,4096 --shape 1,32,8,128,32768 --shape 1,32,8,128,131072
+    --shape 8,32,8,128,32768 --shape 32,32,8,128,4096 --shape 128,32,8,128,1024
+    --shape 32,32,32,128,4096 --shape 32,32,4,64,4096)
+  for cfg in ${TUNE_CONFIGS:-2:128:1 1:128:1 3:128:1 4:128:1 2:64:1 2:256:1 2:128:0}; do
+    IFS=: read -r waves mc pdl <<< "$cfg"
+    PAGEDATTN_CUDA_WAVES=$waves PAGEDATTN_CUDA_MIN_CHUNK_TOKENS=$mc PAGEDATTN_CUDA_PDL=$pdl \
+      timeout 120 "$BENCH" --backend cuda --dtype bf16 --csv "${TS[@]}" 2>/dev/null \
+      | tail -n +2 | sed "s/^/$waves,$mc,$pdl,/" >> "$OUT/tune.csv"
   done
-  note "tune: items_per_sm,min_chunk,backend,dtype,B,H,KV,D,ctx,BS,ms,GBps,pct,rel_err"
+  note "tune: waves,min_chunk,pdl,backend,dtype,B,H,KV,D,ctx,BS,ms,GBps,pct,rel_err"
   cat "$OUT/tune.csv" >> "$SUMMARY"
 fi
 
@@ -115,14 +118,19 @@ if has anchors; then
 fi
 
 if has ncu; then
-  # One long single sequence and one large batch: achieved bandwidth and stall reasons.
-  timeout 240 ncu --clock-control none --kernel-name regex:split_kernel --launch-skip 40 \
-    --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
-    --section WarpStateStats --section Occupancy --section LaunchStats \
-    "$BENCH" --backend cuda --dtype bf16 --csv --shape 1,32,8,128,131072 > "$OUT/ncu.log" 2>&1
-  timeout 200 ncu --clock-control none --kernel-name regex:split_kernel --launch-skip 40 \
-    --launch-count 1 --section SpeedOfLight --section WarpStateStats \
-    "$BENCH" --backend cuda --dtype bf16 --csv --shape 32,32,8,128,16384 >> "$OUT/ncu.log" 2>&1
-  note "ncu rc=$?"
+  # A long single sequence, a large GQA batch and the MHA shape (CUDA cores): achieved
+  # bandwidth, occupancy and stall reasons of one split-kernel launch each (NCU_SHAPES,
+  # NCU_KERNELS as a regex and NCU_COUNT launches override).
+  for shape in ${NCU_SHAPES:-1,32,8,128,131072 32,32,8,128,16384 32,32,32,128,4096}; do
+    echo "## ncu bf16 $shape" >> "$OUT/ncu.log"
+    timeout 150 ncu --clock-control none --kernel-name "regex:${NCU_KERNELS:-split_kernel}" \
+      --launch-skip 40 \
+      --launch-count "${NCU_COUNT:-1}" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section Occupancy --section LaunchStats \
+      --section SchedulerStats --metrics 'regex:smsp__warp_issue_stalled_.*_per_warp_active\.pct' \
+      "$BENCH" --backend cuda --dtype bf16 --csv --shape "$shape" \
+      >> "$OUT/ncu.log" 2>&1
+    note "ncu $shape rc=$?"
+  done
 fi
 note "# done $(date -u +%FT%TZ)"
