@@ -328,7 +328,14 @@ int main(int argc, char** argv) {
               median_ms([&](int i) { bench::naive_decode(rc.args(i), o.threads); }, 1,
                         o.backend == "naive" ? o.iters : 3, 0.0, o.max_time);
           const Row r = row_for("naive", naive_ms, err);
-          accurate = accurate && !(r.rel_err > tol);
+          // The baseline is what a user would write first, not the library: its f32 sums over a
+          // quarter-million tokens may drift past the tolerance. Reported, and fatal only when
+          // the baseline itself is what was asked for.
+          if (r.rel_err > tol) {
+            std::fprintf(info, "  naive baseline rel_err %.3g exceeds the %s tolerance %.3g\n",
+                         r.rel_err, dtype_name(dtype), tol);
+            if (o.backend == "naive") accurate = false;
+          }
           print_row(o, dtype, r);
           if (o.backend == "cpu") {
             std::fprintf(info, "  speed-up over naive: %.1fx\n", naive_ms / ours_ms);
