@@ -48,9 +48,12 @@ void expect_matches_reference(testkit::HostCase& c, const std::string& what) {
 }
 
 // Runs one instruction set's kernel over every (sequence, kv head) as a single item, finalizes
-// in f32 and compares with the f64 reference.
+// in f32 and compares with the f64 reference. all_kv_heads: one call per sequence covering every
+// kv head block by block, with the q buffer that lets the kernel widen bf16 in pairs (the path
+// the backend takes); otherwise one call per (sequence, kv head) without it.
 template <class Arch>
-void check_kernel_on(Arch, const char* name, const testkit::CaseSpec& spec) {
+void check_kernel_on(Arch, const char* name, const testkit::CaseSpec& spec,
+                     bool all_kv_heads = false) {
   testkit::HostCase c = testkit::make_case(spec);
   const DecodeArgs a = c.args();
   const int H = a.num_heads, D = a.head_dim, G = a.group_size();
@@ -70,23 +73,35 @@ void check_kernel_on(Arch, const char* name, const testkit::CaseSpec& spec) {
   ctx.group_size = G;
   ctx.fault = detail::Fault::kNone;
   alignas(64) float scores[detail::cpu::kHeadTile * 256];
-  std::vector<float> m(G), l(G), acc(static_cast<std::size_t>(G) * D);
+  const int KV = a.num_kv_heads;
+  std::vector<float> m(KV * G), l(KV * G), acc(static_cast<std::size_t>(KV) * G * D);
+  std::vector<float> q_buffer(static_cast<std::size_t>(H) * D + 16);
 
   const ReferenceResult ref = reference_decode(a);
   double scale = 1e-30, err = 0, lse_err = 0;
   for (int b = 0; b < a.batch; ++b) {
     const int L = a.context_lens[b];
-    for (int kv = 0; kv < a.num_kv_heads; ++kv) {
-      const WorkItem item{b, kv, 0, 0, blocks_for(L, a.block_size)};
-      ItemKernel{}(Arch{}, ctx, item, m.data(), l.data(), acc.data(), ItemScratch{scores});
+    if (all_kv_heads) {
+      const WorkItem item{b, 0, 0, 0, blocks_for(L, a.block_size)};
+      ItemKernel{}(Arch{}, ctx, item, KV, m.data(), l.data(), acc.data(),
+                   ItemScratch{scores, q_buffer.data()});
+    }
+    for (int kv = 0; kv < KV; ++kv) {
+      int s0 = kv * G;  // this kv head's first state in m, l and acc
+      if (!all_kv_heads) {
+        const WorkItem item{b, kv, 0, 0, blocks_for(L, a.block_size)};
+        ItemKernel{}(Arch{}, ctx, item, m.data(), l.data(), acc.data(), ItemScratch{scores});
+        s0 = 0;
+      }
       for (int g = 0; g < G; ++g) {
         const std::size_t row = static_cast<std::size_t>(b) * H + kv * G + g;
-        const SoftmaxState st{m[g], l[g]};
+        const SoftmaxState st{m[s0 + g], l[s0 + g]};
         const float inv = softmax_inv_sum(st);
         for (int d = 0; d < D; ++d) {
           const double want = ref.out[row * D + d];
           scale = std::max(scale, std::fabs(want));
-          err = std::max(err, std::fabs(acc[static_cast<std::size_t>(g) * D + d] * inv - want));
+          const float got = acc[static_cast<std::size_t>(s0 + g) * D + d];
+          err = std::max(err, std::fabs(got * inv - want));
         }
         const double lse = softmax_lse(st), want_lse = ref.lse[row];
         if (std::isinf(want_lse)) {
@@ -103,13 +118,13 @@ void check_kernel_on(Arch, const char* name, const testkit::CaseSpec& spec) {
   EXPECT_LE(lse_err, testkit::lse_tolerance());
 }
 
-void check_every_kernel(const testkit::CaseSpec& spec) {
-  check_kernel_on(xsimd::sse2{}, "sse2", spec);
+void check_every_kernel(const testkit::CaseSpec& spec, bool all_kv_heads = false) {
+  check_kernel_on(xsimd::sse2{}, "sse2", spec, all_kv_heads);
   if (xsimd::available_architectures().fma3_avx2 && __builtin_cpu_supports("f16c")) {
-    check_kernel_on(xsimd::fma3<xsimd::avx2>{}, "avx2", spec);
+    check_kernel_on(xsimd::fma3<xsimd::avx2>{}, "avx2", spec, all_kv_heads);
   }
   if (xsimd::available_architectures().avx512bw && __builtin_cpu_supports("f16c")) {
-    check_kernel_on(xsimd::avx512bw{}, "avx512", spec);
+    check_kernel_on(xsimd::avx512bw{}, "avx512", spec, all_kv_heads);
   }
 }
 
@@ -124,6 +139,21 @@ TEST(CpuPerfKernel, EveryIsaOnOddGroupsAndBlocks) {
     }
     check_every_kernel(spec_of(2, 8, 1, 112, 16, {300, 17}, t, salt++));
     check_every_kernel(spec_of(2, 4, 2, 192, 256, {600, 255}, t, salt++));
+  }
+}
+
+TEST(CpuPerfKernel, EveryIsaOverAllKvHeadsWithPairedWidening) {
+  // The backend's path: one call per (sequence, split) over every kv head, block by block, with
+  // the q buffer (bf16 widened in pairs where head_dim allows; 80 and 112 on AVX2 do not).
+  std::uint64_t salt = 200;
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int group : {1, 3, 4, 8}) {
+      for (int d : {64, 80, 128}) {
+        check_every_kernel(spec_of(3, 4 * group, 4, d, 16, {0, 1 + 16 * 5, 97}, t, salt++), true);
+      }
+    }
+    check_every_kernel(spec_of(2, 12, 3, 112, 7, {300, 20}, t, salt++), true);
+    check_every_kernel(spec_of(2, 8, 2, 256, 32, {600, 33}, t, salt++), true);
   }
 }
 
