@@ -90,9 +90,10 @@ int split_ctas_per_sm(const DecodeArgs& a) {
   return n > 0 ? n : 1;
 }
 
-// The plan's options for this call: the parallelism is whole waves of the split kernel's
-// resident CTAs over the device's SMs, counted in work items (an item may take several CTAs).
-PlanOptions plan_options(const DecodeArgs& a, bool single_split) {
+// The plan's options for this call's shapes: the parallelism is whole waves of the split
+// kernel's resident CTAs over the device's SMs, counted in work items (an item may take several
+// CTAs).
+PlanOptions plan_options(const DecodeArgs& a) {
   static const int waves = std::max(1, env_int("PAGEDATTN_CUDA_WAVES", kWaves));
   static const int min_chunk =
       std::max(1, env_int("PAGEDATTN_CUDA_MIN_CHUNK_TOKENS", kMinChunkTokens));
@@ -100,7 +101,6 @@ PlanOptions plan_options(const DecodeArgs& a, bool single_split) {
   o.parallelism = std::max(1, sm_count() * split_ctas_per_sm(a) * waves / head_chunks(a));
   o.min_chunk_tokens = min_chunk;
   o.max_splits_per_seq = kMaxSplitsPerSeq;
-  o.single_split = single_split;
   return o;
 }
 
@@ -287,8 +287,7 @@ bool available(std::string* why) {
 }
 
 std::size_t workspace_size(const DecodeArgs& a) {
-  const PlanOptions o = plan_options(a, false);
-  return workspace_layout(a, max_total_splits(a, o)).total;
+  return workspace_layout(a, max_total_splits(a, plan_options(a))).total;
 }
 
 void decode(const DecodeArgs& a, const DecodeOptions& options) {
@@ -297,9 +296,11 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   require_aligned("k_cache", a.k_cache);
   require_aligned("v_cache", a.v_cache);
   cudaStream_t stream = static_cast<cudaStream_t>(options.cuda_stream);
-  const PlanOptions plan = plan_options(a, options.single_split);
-  // The grid and the workspace depend on shapes only; single_split needs fewer splits.
-  const std::int64_t splits = max_total_splits(a, plan_options(a, false));
+  // The grid and the workspace depend on shapes only, sized for the split plan; single_split
+  // needs fewer splits, so the same grid and workspace serve it.
+  PlanOptions plan = plan_options(a);
+  const std::int64_t splits = max_total_splits(a, plan);
+  plan.single_split = options.single_split;
   const Layout lay = workspace_layout(a, splits);
   char* ws = nullptr;
   if (options.workspace != nullptr) {
