@@ -63,18 +63,9 @@ testkit::HostCase make_fast_case(const testkit::CaseSpec& spec) {
   Xoshiro rng(spec.seed);
   const int B = spec.batch, H = spec.num_heads, KV = spec.num_kv_heads, D = spec.head_dim,
             BS = spec.block_size;
-  c.context_lens.assign(spec.context_lens.begin(), spec.context_lens.end());
-  c.context_lens.resize(B, 0);
-  int max_used = 0, total_used = 0;
-  for (int L : c.context_lens) {
-    max_used = std::max(max_used, blocks_for(L, BS));
-    total_used += blocks_for(L, BS);
-  }
-  c.max_blocks_per_seq = max_used + spec.table_padding;
-  c.table_stride = c.max_blocks_per_seq + spec.table_stride_extra;
-  c.num_blocks = total_used + spec.spare_blocks;
+  testkit::size_case(c);
 
-  // Physical ids: a permutation of the pool; the first total_used go to the sequences.
+  // Physical ids: a permutation of the pool; the first ones go to the sequences.
   std::vector<std::int32_t> pool(c.num_blocks);
   std::iota(pool.begin(), pool.end(), 0);
   if (spec.fragmented) {

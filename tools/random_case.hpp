@@ -49,6 +49,11 @@ struct HostCase {
 
 HostCase make_case(const CaseSpec& spec);
 
+// The geometry every case generator shares: c.spec's lengths (0 past those given, up to batch)
+// into c.context_lens, and the table and pool sizes: rows of the largest context's blocks plus
+// table_padding, the row stride, and every sequence's blocks plus spare_blocks.
+void size_case(HostCase& c);
+
 // Relative-to-scale comparison of a backend's out/lse with the f64 reference.
 struct Comparison {
   double max_abs_err_out = 0;  // max |out - ref|
