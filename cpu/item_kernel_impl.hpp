@@ -60,7 +60,7 @@ inline void scores_tile(const float* q, int D, const T* k, std::int64_t ts, floa
 #pragma GCC unroll 16
       for (int j = 0; j < TT; ++j) {
         B ka, kb;
-        Widen<Arch>::load_pair(k + j * ts + d, ka, kb);
+        load_pair<Arch>(k + j * ts + d, ka, kb);
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
           acc[r * TT + j] = xsimd::fma(B::load_unaligned(q + r * D + d), ka, acc[r * TT + j]);
@@ -124,8 +124,7 @@ inline void values_tile(const float* p, int ps, const T* v, std::int64_t ts, int
     if constexpr (P) {
       static_assert(DC % 2 == 0, "pairs of vectors");
 #pragma GCC unroll 16
-      for (int c = 0; c < DC; c += 2)
-        Widen<Arch>::load_pair(v + t * ts + d0 + c * W, vv[c], vv[c + 1]);
+      for (int c = 0; c < DC; c += 2) load_pair<Arch>(v + t * ts + d0 + c * W, vv[c], vv[c + 1]);
     } else {
 #pragma GCC unroll 16
       for (int c = 0; c < DC; ++c) vv[c] = Widen<Arch>::load(v + t * ts + d0 + c * W);
@@ -359,8 +358,8 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const floa
 
 }  // namespace
 
-// Pair order (see Widen::load_pair): in every chunk of 2W elements, the even ones, then the odd
-// ones. q is copied into it, the accumulators run in it and are put back in order at the end.
+// Pair order (see load_pair in widen.hpp): in every chunk of 2W elements, the even ones, then the
+// odd ones. q is copied into it, the accumulators run in it and are put back in order at the end.
 template <int W>
 void to_pair_order(const float* in, float* out, int D) {
   for (int c = 0; c < D; c += 2 * W) {

@@ -15,19 +15,15 @@ namespace {
 template <class Arch>
 using fbatch = xsimd::batch<float, Arch>;
 
-// Two consecutive batches p[0, 2W): a = p[0, W), b = p[W, 2W) in order, unless the set widens
-// in pairs (kPairs<T>): then a holds the even and b the odd elements of p[0, 2W), which is
-// cheaper for bf16 (one load, one shift, one and, instead of two zero-extending loads and two
-// shifts). Callers that use pairs permute q and the accumulators to match (see PairOrder).
+// Two consecutive batches p[0, 2W) (load_pair below): a = p[0, W), b = p[W, 2W) in order, unless
+// the set widens in pairs (kPairs<T>, with load_even_odd): then a holds the even and b the odd
+// elements of p[0, 2W), which is cheaper for bf16 (one load, one shift, one and, instead of two
+// zero-extending loads and two shifts). Callers that use pairs permute q and the accumulators to
+// match (see PairOrder).
 template <class Arch>
 struct Widen {
   template <class T>
   static constexpr bool kPairs = false;
-  template <class T>
-  static void load_pair(const T* p, fbatch<Arch>& a, fbatch<Arch>& b) {
-    a = Widen::load(p);
-    b = Widen::load(p + fbatch<Arch>::size);
-  }
   // Portable fallback: convert element by element into an aligned buffer.
   template <class T>
   static fbatch<Arch> load(const T* p) {
@@ -44,11 +40,6 @@ struct Widen<xsimd::sse2> {
   using A = xsimd::sse2;
   template <class T>
   static constexpr bool kPairs = false;
-  template <class T>
-  static void load_pair(const T* p, fbatch<A>& a, fbatch<A>& b) {
-    a = load(p);
-    b = load(p + fbatch<A>::size);
-  }
   static fbatch<A> load(const float* p) { return fbatch<A>::load_unaligned(p); }
   static fbatch<A> load(const bf16_t* p) {
     const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
@@ -68,18 +59,13 @@ struct Widen<xsimd::fma3<xsimd::avx2>> {
   using A = xsimd::fma3<xsimd::avx2>;
   template <class T>
   static constexpr bool kPairs = std::is_same_v<T, bf16_t>;
-  template <class T>
-  static void load_pair(const T* p, fbatch<A>& a, fbatch<A>& b) {
-    if constexpr (kPairs<T>) {
-      // Each 32-bit lane holds elements (2i, 2i + 1): the even one is its low half, shifted up
-      // it is the f32; the odd one is its high half, already in place once the low half is 0.
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-      a = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
-      b = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(-65536)));
-    } else {
-      a = load(p);
-      b = load(p + 8);
-    }
+  // kPairs<bf16_t>: each 32-bit lane holds elements (2i, 2i + 1): the even one is its low half,
+  // shifted up it is the f32; the odd one is its high half, already in place once the low half
+  // is 0.
+  static void load_even_odd(const bf16_t* p, fbatch<A>& a, fbatch<A>& b) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    a = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    b = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(-65536)));
   }
   static fbatch<A> load(const float* p) { return fbatch<A>::load_unaligned(p); }
   static fbatch<A> load(const bf16_t* p) {
@@ -98,11 +84,6 @@ struct Widen<xsimd::avx512bw> {
   using A = xsimd::avx512bw;
   template <class T>
   static constexpr bool kPairs = false;
-  template <class T>
-  static void load_pair(const T* p, fbatch<A>& a, fbatch<A>& b) {
-    a = load(p);
-    b = load(p + fbatch<A>::size);
-  }
   static fbatch<A> load(const float* p) { return fbatch<A>::load_unaligned(p); }
   static fbatch<A> load(const bf16_t* p) {
     const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -113,6 +94,18 @@ struct Widen<xsimd::avx512bw> {
   }
 };
 #endif
+
+// Two consecutive batches of p (see Widen): in order, or as even and odd elements where the
+// instruction set widens T in pairs.
+template <class Arch, class T>
+inline void load_pair(const T* p, fbatch<Arch>& a, fbatch<Arch>& b) {
+  if constexpr (Widen<Arch>::template kPairs<T>) {
+    Widen<Arch>::load_even_odd(p, a, b);
+  } else {
+    a = Widen<Arch>::load(p);
+    b = Widen<Arch>::load(p + fbatch<Arch>::size);
+  }
+}
 
 }  // namespace
 }  // namespace pagedattn::detail::cpu
