@@ -30,3 +30,25 @@ foreach(dtype f32 bf16)
     message(FATAL_ERROR "no read bandwidth line in:\n${err}")
   endif()
 endforeach()
+
+# A skewed batch (--long-first): sequence 0 holds 700 tokens, the others 40. The exit status
+# carries the CPU backend's accuracy against the f64 reference on it.
+execute_process(
+  COMMAND ${BENCH} --csv --dtype bf16 --threads 2 --iters 2 --min-time 0 --bw-mib 64
+          --shape 4,8,2,64,40,16 --long-first 700
+  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "pagedattn-bench --long-first exited with ${rc}:\n${out}\n${err}")
+endif()
+string(REPLACE "\n" ";" lines "${out}")
+list(FILTER lines EXCLUDE REGEX "^$")
+list(LENGTH lines n)
+if(NOT n EQUAL 3)  # header + cpu + naive
+  message(FATAL_ERROR "expected 2 CSV rows for --long-first, got:\n${out}")
+endif()
+foreach(i RANGE 1 2)
+  list(GET lines ${i} row)
+  if(NOT row MATCHES "^(cpu|naive),bf16,4,8,2,64,40,16,")
+    message(FATAL_ERROR "malformed --long-first row: '${row}'")
+  endif()
+endforeach()
