@@ -258,8 +258,8 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
           softmax_merge(state, merged, SoftmaxState{part_m[p], part_l[p]}, &part_acc[p * D], D);
         }
       }
-      store_row(a.out, a.out_dtype, row * D, acc, softmax_inv_sum(state), D);
-      if (a.lse) a.lse[row] = softmax_lse(state);
+      store_row(a.out, a.out_dtype, row * D, acc, state.inv_sum(), D);
+      if (a.lse) a.lse[row] = state.lse();
     }
   }
 }

@@ -96,14 +96,14 @@ void check_kernel_on(Arch, const char* name, const testkit::CaseSpec& spec,
       for (int g = 0; g < G; ++g) {
         const std::size_t row = static_cast<std::size_t>(b) * H + kv * G + g;
         const SoftmaxState st{m[s0 + g], l[s0 + g]};
-        const float inv = softmax_inv_sum(st);
+        const float inv = st.inv_sum();
         for (int d = 0; d < D; ++d) {
           const double want = ref.out[row * D + d];
           scale = std::max(scale, std::fabs(want));
           const float got = acc[static_cast<std::size_t>(s0 + g) * D + d];
           err = std::max(err, std::fabs(got * inv - want));
         }
-        const double lse = softmax_lse(st), want_lse = ref.lse[row];
+        const double lse = st.lse(), want_lse = ref.lse[row];
         if (std::isinf(want_lse)) {
           EXPECT_EQ(lse, want_lse) << name << " row " << row;
         } else {

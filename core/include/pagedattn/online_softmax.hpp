@@ -1,8 +1,13 @@
-// The online-softmax state of one query head: running max m, running sum l = sum exp(s - m), and
-// the accumulator acc = sum exp(s - m) * v (held by the caller, head_dim floats).
+// The online-softmax state: the one definition of the running max, the running sum, the rescale
+// when the max grows, the merge of two states and the finalization to out and lse. Every backend
+// folds logits through it: the CPU tile kernels and combine (natural-log units), the CUDA split
+// kernel and combine (log2 units, so exponentials are one exp2).
 //
-// See docs/online_softmax.md for the math. The empty state is (m = -inf, l = 0, acc = 0). Every
-// operation guards against exp(-inf - -inf) so that empty states never produce NaN.
+// One state per query head: m = the largest logit seen, l = sum exp(s - m). The accumulator
+// acc = sum exp(s - m) * v (head_dim floats, or a lane's slice of them) is held by the caller,
+// who applies the factors these functions return. The empty state is (m = -inf, l = 0, acc = 0);
+// no operation ever evaluates exp(-inf - -inf), so empty states never produce NaN.
+// docs/online_softmax.md has the math.
 #pragma once
 
 #include <cmath>
@@ -11,69 +16,118 @@
 
 namespace pagedattn {
 
-struct SoftmaxState {
-  float m;  // max logit seen so far (-inf when empty)
-  float l;  // sum of exp(s - m) over the logits seen
-
-  static PAGEDATTN_HOST_DEVICE SoftmaxState empty() { return SoftmaxState{-INFINITY, 0.f}; }
-  PAGEDATTN_HOST_DEVICE bool is_empty() const { return l == 0.f; }
+// Logits in natural units: weights exp(s - m), lse = m + log(l).
+struct NaturalExp {
+  static PAGEDATTN_HOST_DEVICE float exp(float x) { return expf(x); }
+  static PAGEDATTN_HOST_DEVICE float lse(float m, float l) { return m + logf(l); }
 };
 
-// exp(a - b), defined as 0 when a is -inf (so -inf - -inf never reaches exp).
-PAGEDATTN_HOST_DEVICE float exp_diff(float a, float b) {
-  return a == -INFINITY ? 0.f : expf(a - b);
-}
+// Logits in log2 units (scale * log2(e) folded into q or the scores): weights exp2(s - m), and
+// the natural-log lse = (m + log2(l)) * ln(2).
+struct Log2Exp {
+  static PAGEDATTN_HOST_DEVICE float exp(float x) { return exp2f(x); }
+  static PAGEDATTN_HOST_DEVICE float lse(float m, float l) {
+    return (m + log2f(l)) * 0.693147180559945309f;
+  }
+};
+
+template <class Base>
+struct OnlineSoftmax {
+  float m;  // largest logit seen (-inf while empty)
+  float l;  // sum of Base::exp(s - m) over the logits seen
+
+  static PAGEDATTN_HOST_DEVICE OnlineSoftmax empty() { return OnlineSoftmax{-INFINITY, 0.f}; }
+  PAGEDATTN_HOST_DEVICE bool is_empty() const { return l == 0.f; }
+
+  // Base::exp(a - b), 0 when a is -inf (b may be -inf too then).
+  static PAGEDATTN_HOST_DEVICE float factor(float a, float b) {
+    return a == -INFINITY ? 0.f : Base::exp(a - b);
+  }
+
+  // Raises the running max to cover a tile whose largest logit is tile_max, scaling l. Returns
+  // alpha, the factor the caller's accumulator must be multiplied by: exactly 1 when the max did
+  // not move (callers may skip the rescale then), and 1 as well while the state is empty (its
+  // accumulator is 0).
+  PAGEDATTN_HOST_DEVICE float rescale_to(float tile_max) {
+    float alpha = 1.f;
+    if (tile_max > m) {
+      if (m != -INFINITY) {
+        alpha = Base::exp(m - tile_max);
+        l *= alpha;
+      }
+      m = tile_max;
+    }
+    return alpha;
+  }
+
+  // What logits are shifted by before exponentiating: the running max, or 0 while it is -inf
+  // (so a masked logit gives exp(-inf) = 0, never exp(-inf - -inf)).
+  PAGEDATTN_HOST_DEVICE float shift() const { return m == -INFINITY ? 0.f : m; }
+
+  // The weight of one logit under the current max (0 for a masked logit of -inf).
+  PAGEDATTN_HOST_DEVICE float weight(float s) const { return Base::exp(s - shift()); }
+
+  // Adds the weights of a tile (computed with weight() or an equivalent vector exp).
+  PAGEDATTN_HOST_DEVICE void add(float weight_sum) { l += weight_sum; }
+
+  // Merges state o into this one. fa and fb are the factors for this state's accumulator and
+  // o's (acc = acc * fa + acc_o * fb). Returns false, changing nothing, when both are empty.
+  // Associative and commutative up to rounding; the empty state is the identity.
+  PAGEDATTN_HOST_DEVICE bool merge(const OnlineSoftmax& o, float& fa, float& fb) {
+    const float mm = m > o.m ? m : o.m;
+    if (mm == -INFINITY) return false;
+    fa = factor(m, mm);
+    fb = factor(o.m, mm);
+    l = l * fa + o.l * fb;
+    m = mm;
+    return true;
+  }
+
+  // 1 / l for the final normalization; 0 for the empty state (out = 0 rather than NaN).
+  PAGEDATTN_HOST_DEVICE float inv_sum() const { return l > 0.f ? 1.f / l : 0.f; }
+  // The natural-log sum of exp over every logit seen; -inf for the empty state.
+  PAGEDATTN_HOST_DEVICE float lse() const { return l > 0.f ? Base::lse(m, l) : -INFINITY; }
+};
+
+using SoftmaxState = OnlineSoftmax<NaturalExp>;  // the CPU backend's units
+using SoftmaxState2 = OnlineSoftmax<Log2Exp>;    // the CUDA kernels' units
+
+// ---- Array forms over one head's accumulator, built from the state's operations. ----
 
 // Folds n logits s[0..n) into the state. On return p[i] = exp(s[i] - m_new) and the returned
-// alpha = exp(m_old - m_new) is the factor the caller applies to acc before adding sum p[i] v_i.
-// Logits of -inf (masked tokens) get weight 0. p may alias s.
-PAGEDATTN_HOST_DEVICE float softmax_update(SoftmaxState& st, const float* s, float* p, int n) {
-  float m_new = st.m;
-  for (int i = 0; i < n; ++i) m_new = s[i] > m_new ? s[i] : m_new;
-  if (m_new == -INFINITY) {  // nothing but masked logits: state unchanged
-    for (int i = 0; i < n; ++i) p[i] = 0.f;
-    return 1.f;
-  }
-  const float alpha = exp_diff(st.m, m_new);
+// alpha is the factor the caller applies to acc before adding sum p[i] v_i. Logits of -inf
+// (masked tokens) get weight 0. p may alias s.
+template <class Base>
+PAGEDATTN_HOST_DEVICE float softmax_update(OnlineSoftmax<Base>& st, const float* s, float* p,
+                                           int n) {
+  float tile_max = -INFINITY;
+  for (int i = 0; i < n; ++i) tile_max = s[i] > tile_max ? s[i] : tile_max;
+  const float alpha = st.rescale_to(tile_max);
   float sum = 0.f;
   for (int i = 0; i < n; ++i) {
-    p[i] = exp_diff(s[i], m_new);
+    p[i] = st.weight(s[i]);
     sum += p[i];
   }
-  st.l = st.l * alpha + sum;
-  st.m = m_new;
+  st.add(sum);
   return alpha;
 }
 
-// Merges state b (with accumulator acc_b) into a (acc_a), over d elements. Associative and
-// commutative up to rounding; the empty state is the identity and two empty states stay empty.
-PAGEDATTN_HOST_DEVICE void softmax_merge(SoftmaxState& a, float* acc_a, const SoftmaxState& b,
-                                         const float* acc_b, int d) {
-  const float m = a.m > b.m ? a.m : b.m;
-  if (m == -INFINITY) return;  // both empty
-  const float fa = exp_diff(a.m, m);
-  const float fb = exp_diff(b.m, m);
+// Merges state b (with accumulator acc_b) into a (acc_a), over d elements.
+template <class Base>
+PAGEDATTN_HOST_DEVICE void softmax_merge(OnlineSoftmax<Base>& a, float* acc_a,
+                                         const OnlineSoftmax<Base>& b, const float* acc_b, int d) {
+  float fa = 0.f, fb = 0.f;
+  if (!a.merge(b, fa, fb)) return;
   for (int i = 0; i < d; ++i) acc_a[i] = acc_a[i] * fa + acc_b[i] * fb;
-  a.l = a.l * fa + b.l * fb;
-  a.m = m;
 }
 
-// 1 / l for the final normalization, 0 for the empty state (so out = 0 rather than NaN).
-PAGEDATTN_HOST_DEVICE float softmax_inv_sum(const SoftmaxState& st) {
-  return st.l > 0.f ? 1.f / st.l : 0.f;
-}
-
-// Natural-log sum of exp over every logit seen: m + log(l); -inf for the empty state.
-PAGEDATTN_HOST_DEVICE float softmax_lse(const SoftmaxState& st) {
-  return st.l > 0.f ? st.m + logf(st.l) : -INFINITY;
-}
-
-// Writes out = acc / l (0 when empty) and returns the lse.
-PAGEDATTN_HOST_DEVICE float softmax_finalize(const SoftmaxState& st, const float* acc, float* out,
-                                             int d) {
-  const float inv = softmax_inv_sum(st);
+// Writes out = acc / l (0 when empty) and returns the natural-log lse.
+template <class Base>
+PAGEDATTN_HOST_DEVICE float softmax_finalize(const OnlineSoftmax<Base>& st, const float* acc,
+                                             float* out, int d) {
+  const float inv = st.inv_sum();
   for (int i = 0; i < d; ++i) out[i] = acc[i] * inv;
-  return softmax_lse(st);
+  return st.lse();
 }
 
 }  // namespace pagedattn
