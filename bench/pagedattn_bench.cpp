@@ -6,10 +6,14 @@
 //                   [--iters N] [--min-time S] [--bw-mib N] [--no-naive] [--plain]
 //                   [--long-first TOKENS]
 //
+// Every flag is parsed strictly (cli/args.hpp) and every shape checked before anything is
+// measured; a bad one is a message naming the flag and the value, and exit status 2.
+//
 // CPU timings rotate the inputs across enough copies of the cache that together they exceed the
 // last-level cache several times, so no step is served from it. The CPU backend's shapes are also
 // run through the naive baseline (naive_decode.hpp) and the speed-up is printed.
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -23,9 +27,11 @@
 #include <string>
 #include <vector>
 
+#include "cli/args.hpp"
 #include "cuda_timing.hpp"
 #include "naive_decode.hpp"
 #include "pagedattn/reference.hpp"
+#include "pagedattn/validate.hpp"
 #include "random_case.hpp"
 #include "read_bandwidth.hpp"
 
@@ -42,9 +48,11 @@ const Shape kDefaultShapes[] = {
 };
 
 struct Options {
+  bool help = false;
   std::string backend = "cpu";
   std::vector<DType> dtypes;  // --dtype, comma-separated; bf16 when not given
   std::vector<Shape> shapes;
+  std::vector<std::string> shape_texts;  // as given, for the messages
   int threads = 0;
   bool csv = false;
   bool contiguous = false;
@@ -57,101 +65,149 @@ struct Options {
   std::size_t bw_mib = 2048;
 };
 
-[[noreturn]] void usage(const char* prog, const std::string& why) {
-  std::fprintf(stderr,
-               "%s\nusage: %s [--backend cpu|cuda|naive] [--dtype f32|f16|bf16[,...]]\n"
-               "       [--shape B,H,KV,D,CTX[,BLOCK]]... [--threads N] [--csv] [--contiguous]\n"
-               "       [--iters N] [--min-time SECONDS] [--bw-mib MIB] [--no-naive] [--plain]\n"
-               "       [--long-first TOKENS]\n"
-               "  --plain       CUDA: time plain launches (default: CUDA-graph replays)\n"
-               "  --long-first  sequence 0 of each shape holds TOKENS tokens, the others CTX\n"
-               "                (a skewed batch; the context column shows CTX)\n",
-               why.c_str(), prog);
-  std::exit(2);
+constexpr int kMaxTokens = 1 << 30;  // a context, a batch, a head count
+constexpr long long kMaxIters = 1000000000;
+constexpr double kMaxSeconds = 3600;    // --min-time
+constexpr long long kMaxBwMib = 65536;  // --bw-mib: 64 GiB
+
+void print_help(const char* prog) {
+  std::printf(
+      "usage: %s [flags]\n"
+      "Times decode attention per shape and reports K/V GB/s against the read bandwidth measured\n"
+      "in the same run, with the error against the f64 reference (exit 1 when it exceeds the\n"
+      "dtype's tolerance).\n\n"
+      "  --backend B        cpu, cuda or naive (default cpu; cpu also times the naive baseline)\n"
+      "  --dtype LIST       f32, f16, bf16 or a list of them: f32,bf16 (default bf16)\n"
+      "  --shape B,H,KV,D,CTX[,BLOCK]\n"
+      "                     batch, heads, kv heads, head dim, context tokens per sequence and\n"
+      "                     block size (default 16); repeatable (default: the standard grid).\n"
+      "                     B and CTX at least 1, H a multiple of KV with at most %d heads per\n"
+      "                     kv head, D one of the supported head dims, BLOCK in [1, %d]\n"
+      "  --threads N        CPU threads, 1 to %d (default: OpenMP's default)\n"
+      "  --csv              CSV on stdout (the bandwidth line goes to stderr)\n"
+      "  --contiguous       block tables in order instead of a random permutation\n"
+      "  --iters N          timed runs at least, 1 to %lld (default 20)\n"
+      "  --min-time S       seconds of timed runs at least, 0 to %g (default 0.5)\n"
+      "  --bw-mib N         MiB streamed per read-bandwidth pass, 1 to %lld (default 2048)\n"
+      "  --no-naive         skip the naive baseline on the cpu backend\n"
+      "  --plain            CUDA: time plain launches (default: CUDA-graph replays)\n"
+      "  --long-first T     sequence 0 of each shape holds T tokens (1 to %d), the others CTX\n"
+      "                     (a skewed batch; the context column shows CTX)\n"
+      "  --help, -h         this text\n",
+      prog, kMaxGroupSize, kMaxBlockSize, kMaxThreads, kMaxIters, kMaxSeconds, kMaxBwMib,
+      kMaxTokens);
 }
 
-Shape parse_shape(const std::string& text, const char* prog) {
+Shape parse_shape(const std::string& text) {
   std::vector<int> v;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    char* end = nullptr;
-    const long x = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || x < 0 || x > (1L << 30)) {
-      usage(prog, "--shape = '" + text + "': expected B,H,KV,D,CTX[,BLOCK] (non-negative ints)");
+  for (const std::string& item : cli::split_list("--shape", text)) {
+    try {
+      v.push_back(static_cast<int>(cli::parse_int("--shape", item, 0, kMaxTokens)));
+    } catch (const cli::UsageError&) {
+      cli::bad_value("--shape", text,
+                     "'" + item + "' is not an integer in [0, " + std::to_string(kMaxTokens) + "]");
     }
-    v.push_back(static_cast<int>(x));
   }
   if (v.size() != 5 && v.size() != 6) {
-    usage(prog, "--shape = '" + text + "': expected 5 or 6 comma-separated integers");
+    cli::bad_value("--shape", text, "expected B,H,KV,D,CTX[,BLOCK]: 5 or 6 integers");
   }
   return Shape{v[0], v[1], v[2], v[3], v[4], v.size() == 6 ? v[5] : 16};
 }
 
-Options parse(int argc, char** argv) {
-  Options o;
-  auto value = [&](int& i) -> std::string {
-    if (i + 1 >= argc) usage(argv[0], std::string(argv[i]) + " needs a value");
-    return argv[++i];
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--backend") {
-      o.backend = value(i);
-      if (o.backend != "cpu" && o.backend != "cuda" && o.backend != "naive") {
-        usage(argv[0], "--backend = '" + o.backend + "': expected cpu, cuda or naive");
-      }
-    } else if (a == "--dtype") {
-      std::stringstream ss(value(i));
-      std::string d;
-      while (std::getline(ss, d, ',')) {
-        if (d == "f32") {
-          o.dtypes.push_back(DType::kF32);
-        } else if (d == "f16") {
-          o.dtypes.push_back(DType::kF16);
-        } else if (d == "bf16") {
-          o.dtypes.push_back(DType::kBF16);
-        } else {
-          usage(argv[0], "--dtype = '" + d + "': expected f32, f16 or bf16 (or a list: f32,bf16)");
-        }
-      }
-    } else if (a == "--shape") {
-      o.shapes.push_back(parse_shape(value(i), argv[0]));
-    } else if (a == "--threads") {
-      o.threads = std::atoi(value(i).c_str());
-      if (o.threads <= 0) usage(argv[0], "--threads must be a positive integer");
-    } else if (a == "--csv") {
-      o.csv = true;
-    } else if (a == "--contiguous") {
-      o.contiguous = true;
-    } else if (a == "--no-naive") {
-      o.naive = false;
-    } else if (a == "--iters") {
-      o.iters = std::max(1, std::atoi(value(i).c_str()));
-    } else if (a == "--min-time") {
-      o.min_time = std::atof(value(i).c_str());
-    } else if (a == "--bw-mib") {
-      o.bw_mib = static_cast<std::size_t>(std::max(1, std::atoi(value(i).c_str())));
-    } else if (a == "--plain") {
-      o.plain = true;
-    } else if (a == "--long-first") {
-      const std::string v = value(i);
-      char* end = nullptr;
-      const long x = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || x <= 0 || x > (1L << 30)) {
-        usage(argv[0], "--long-first = '" + v + "': expected a positive token count");
-      }
-      o.long_first = static_cast<int>(x);
-    } else if (a == "--help" || a == "-h") {
-      usage(argv[0], "pagedattn-bench: decode attention GB/s against the read bandwidth");
-    } else {
-      usage(argv[0], "unknown argument '" + a + "'");
+// Physical memory in bytes (0 when unknown).
+double physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * page : 0.0;
+}
+
+// Every shape is checked before anything is measured: what decode() would refuse, an empty
+// batch or context (nothing to time), and a cache larger than the machine's memory.
+void validate_shape(const Shape& s, const std::string& text, const Options& o) {
+  const auto bad = [&](const std::string& why) { cli::bad_value("--shape", text, why); };
+  if (s.batch < 1) bad("batch = 0: must be at least 1 (an empty batch reads nothing to time)");
+  if (s.context < 1) bad("context = 0: must be at least 1 (an empty context reads nothing)");
+  DecodeArgs a;  // batch 0: the shape checks of decode(), without its buffers
+  a.num_heads = s.heads;
+  a.num_kv_heads = s.kv_heads;
+  a.head_dim = s.head_dim;
+  a.block_size = s.block_size;
+  a.max_blocks_per_seq =
+      (std::max(s.context, o.long_first) + s.block_size - 1) / std::max(s.block_size, 1);
+  try {
+    validate_shapes(a, false);
+  } catch (const Error& e) {
+    bad(std::string(e.what()).substr(std::strlen("pagedattn: ")));
+  }
+  for (DType t : o.dtypes) {
+    const double blocks =
+        (s.batch - 1.0) * std::ceil(static_cast<double>(s.context) / s.block_size) +
+        std::ceil(static_cast<double>(s.context_of(0)) / s.block_size);
+    const double bytes = 2.0 * blocks * s.block_size * s.kv_heads * s.head_dim * dtype_size(t);
+    const double have = physical_memory_bytes();
+    if (have > 0 && bytes > 0.5 * have) {
+      char why[160];
+      std::snprintf(why, sizeof why,
+                    "its %s K/V cache takes %.1f GiB, more than half of this machine's %.1f GiB",
+                    dtype_name(t), bytes / (1 << 30), have / (1 << 30));
+      bad(why);
     }
   }
-  if (o.shapes.empty()) o.shapes.assign(std::begin(kDefaultShapes), std::end(kDefaultShapes));
-  for (Shape& s : o.shapes) s.long_first = o.long_first;
-  if (o.threads == 0) o.threads = omp_get_max_threads();
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  cli::Args args(argc, argv);
+  const std::vector<std::pair<std::string, DType>> dtypes = {
+      {"f32", DType::kF32}, {"f16", DType::kF16}, {"bf16", DType::kBF16}};
+  while (args.next()) {
+    if (args.is_help()) {
+      o.help = true;
+    } else if (args.is("--backend")) {
+      o.backend = args.choice<std::string>({{"cpu", "cpu"}, {"cuda", "cuda"}, {"naive", "naive"}});
+    } else if (args.is("--dtype")) {
+      o.dtypes = args.choice_list(dtypes);
+    } else if (args.is("--shape")) {
+      o.shape_texts.push_back(args.value());
+      o.shapes.push_back(parse_shape(o.shape_texts.back()));
+    } else if (args.is("--threads")) {
+      o.threads = static_cast<int>(args.integer(1, kMaxThreads));
+    } else if (args.is("--csv")) {
+      o.csv = true;
+    } else if (args.is("--contiguous")) {
+      o.contiguous = true;
+    } else if (args.is("--no-naive")) {
+      o.naive = false;
+    } else if (args.is("--iters")) {
+      o.iters = static_cast<int>(args.integer(1, kMaxIters));
+    } else if (args.is("--min-time")) {
+      o.min_time = args.number(0, kMaxSeconds);
+    } else if (args.is("--bw-mib")) {
+      o.bw_mib = static_cast<std::size_t>(args.integer(1, kMaxBwMib));
+    } else if (args.is("--plain")) {
+      o.plain = true;
+    } else if (args.is("--long-first")) {
+      o.long_first = static_cast<int>(args.integer(1, kMaxTokens));
+    } else {
+      args.unknown();
+    }
+  }
+  if (o.help) return o;
+  if (o.shapes.empty()) {
+    o.shapes.assign(std::begin(kDefaultShapes), std::end(kDefaultShapes));
+    for (const Shape& s : o.shapes) {
+      o.shape_texts.push_back(std::to_string(s.batch) + "," + std::to_string(s.heads) + "," +
+                              std::to_string(s.kv_heads) + "," + std::to_string(s.head_dim) + "," +
+                              std::to_string(s.context) + "," + std::to_string(s.block_size));
+    }
+  }
   if (o.dtypes.empty()) o.dtypes.push_back(DType::kBF16);
+  for (std::size_t i = 0; i < o.shapes.size(); ++i) {
+    o.shapes[i].long_first = o.long_first;
+    validate_shape(o.shapes[i], o.shape_texts[i], o);
+  }
+  if (o.threads == 0) o.threads = omp_get_max_threads();
+  o.max_time = std::max(o.max_time, o.min_time);
   return o;
 }
 
@@ -263,94 +319,97 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s) {
   return rc;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const Options o = parse(argc, argv);
+  if (o.help) {
+    print_help(argv[0]);
+    return 0;
+  }
   FILE* info = o.csv ? stderr : stdout;  // the CSV on stdout stays machine-readable
-  try {
-    double read_bw = 0;
-    if (o.backend == "cuda") {
-      read_bw = bench::cuda_read_ceiling_gbps();
-      std::fprintf(info, "GPU read bandwidth: %.1f GB/s\n", read_bw);
-    } else {
-      read_bw = bench::measure_read_bandwidth_gbps(o.bw_mib << 20, o.threads);
-      std::fprintf(info, "read bandwidth: %.2f GB/s (%d threads, %zu MiB streamed per pass)\n",
-                   read_bw, o.threads, o.bw_mib);
-    }
-    std::fflush(info);
-    if (o.csv) {
-      std::printf(
-          "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,"
-          "pct_read_bw,rel_err\n");
-    } else {
-      std::printf("%-6s %-5s %4s %4s %4s %4s %7s %4s %10s %8s %8s %10s\n", "impl", "dtype", "B",
-                  "H", "KV", "D", "ctx", "BS", "ms", "GB/s", "%readBW", "rel_err");
-    }
-    bool accurate = true;
-    for (DType dtype : o.dtypes) {
-      for (const Shape& s : o.shapes) {
-        const double bytes = kv_bytes(s, dtype);
-        auto row_for = [&](const std::string& name, double ms, double err) {
-          const double gbps = bytes / (ms * 1e-3) / 1e9;
-          return Row{name, s, ms, gbps, 100.0 * gbps / read_bw, err};
-        };
-        const double tol = testkit::out_tolerance(dtype);
-        if (o.backend == "cuda") {
-          bench::CudaTimingOptions co;
-          co.contiguous = o.contiguous;
-          co.graph = !o.plain;
-          co.min_iterations = std::max(o.iters, 50);
-          const bench::Timing t = bench::cuda_time_shape(s, dtype, co);
-          const Row r = row_for("cuda", t.ms, t.rel_err);
-          accurate = accurate && !(r.rel_err > tol);
-          print_row(o, dtype, r);
-          continue;
+  double read_bw = 0;
+  if (o.backend == "cuda") {
+    read_bw = bench::cuda_read_ceiling_gbps();
+    std::fprintf(info, "GPU read bandwidth: %.1f GB/s\n", read_bw);
+  } else {
+    read_bw = bench::measure_read_bandwidth_gbps(o.bw_mib << 20, o.threads);
+    std::fprintf(info, "read bandwidth: %.2f GB/s (%d threads, %zu MiB streamed per pass)\n",
+                 read_bw, o.threads, o.bw_mib);
+  }
+  std::fflush(info);
+  if (o.csv) {
+    std::printf(
+        "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,"
+        "pct_read_bw,rel_err\n");
+  } else {
+    std::printf("%-6s %-5s %4s %4s %4s %4s %7s %4s %10s %8s %8s %10s\n", "impl", "dtype", "B", "H",
+                "KV", "D", "ctx", "BS", "ms", "GB/s", "%readBW", "rel_err");
+  }
+  bool accurate = true;
+  for (DType dtype : o.dtypes) {
+    for (const Shape& s : o.shapes) {
+      const double bytes = kv_bytes(s, dtype);
+      auto row_for = [&](const std::string& name, double ms, double err) {
+        const double gbps = bytes / (ms * 1e-3) / 1e9;
+        return Row{name, s, ms, gbps, 100.0 * gbps / read_bw, err};
+      };
+      const double tol = testkit::out_tolerance(dtype);
+      if (o.backend == "cuda") {
+        bench::CudaTimingOptions co;
+        co.contiguous = o.contiguous;
+        co.graph = !o.plain;
+        co.min_iterations = std::max(o.iters, 50);
+        const bench::Timing t = bench::cuda_time_shape(s, dtype, co);
+        const Row r = row_for("cuda", t.ms, t.rel_err);
+        accurate = accurate && !(r.rel_err > tol);
+        print_row(o, dtype, r);
+        continue;
+      }
+      RotatingCase rc = make_rotating_case(o, dtype, s);
+      double ours_ms = 0;
+      if (o.backend == "cpu") {
+        DecodeOptions opt;
+        opt.backend = Backend::kCpu;
+        opt.num_threads = o.threads;
+        decode(rc.args(0), opt);
+        const double err = rel_err_vs_reference(rc.args(0));
+        ours_ms = median_ms([&](int i) { decode(rc.args(i), opt); }, std::max(2, rc.copies()),
+                            o.iters, o.min_time, o.max_time);
+        const Row r = row_for("cpu", ours_ms, err);
+        accurate = accurate && !(r.rel_err > tol);
+        print_row(o, dtype, r);
+      }
+      if (o.backend == "naive" || o.naive) {
+        bench::naive_decode(rc.args(0), o.threads);
+        const double err = rel_err_vs_reference(rc.args(0));
+        const double naive_ms =
+            median_ms([&](int i) { bench::naive_decode(rc.args(i), o.threads); }, 1,
+                      o.backend == "naive" ? o.iters : 3, 0.0, o.max_time);
+        const Row r = row_for("naive", naive_ms, err);
+        // The baseline is what a user would write first, not the library: its f32 sums over a
+        // quarter-million tokens may drift past the tolerance. Reported, and fatal only when
+        // the baseline itself is what was asked for.
+        if (r.rel_err > tol) {
+          std::fprintf(info, "  naive baseline rel_err %.3g exceeds the %s tolerance %.3g\n",
+                       r.rel_err, dtype_name(dtype), tol);
+          if (o.backend == "naive") accurate = false;
         }
-        RotatingCase rc = make_rotating_case(o, dtype, s);
-        double ours_ms = 0;
+        print_row(o, dtype, r);
         if (o.backend == "cpu") {
-          DecodeOptions opt;
-          opt.backend = Backend::kCpu;
-          opt.num_threads = o.threads;
-          decode(rc.args(0), opt);
-          const double err = rel_err_vs_reference(rc.args(0));
-          ours_ms = median_ms([&](int i) { decode(rc.args(i), opt); }, std::max(2, rc.copies()),
-                              o.iters, o.min_time, o.max_time);
-          const Row r = row_for("cpu", ours_ms, err);
-          accurate = accurate && !(r.rel_err > tol);
-          print_row(o, dtype, r);
-        }
-        if (o.backend == "naive" || o.naive) {
-          bench::naive_decode(rc.args(0), o.threads);
-          const double err = rel_err_vs_reference(rc.args(0));
-          const double naive_ms =
-              median_ms([&](int i) { bench::naive_decode(rc.args(i), o.threads); }, 1,
-                        o.backend == "naive" ? o.iters : 3, 0.0, o.max_time);
-          const Row r = row_for("naive", naive_ms, err);
-          // The baseline is what a user would write first, not the library: its f32 sums over a
-          // quarter-million tokens may drift past the tolerance. Reported, and fatal only when
-          // the baseline itself is what was asked for.
-          if (r.rel_err > tol) {
-            std::fprintf(info, "  naive baseline rel_err %.3g exceeds the %s tolerance %.3g\n",
-                         r.rel_err, dtype_name(dtype), tol);
-            if (o.backend == "naive") accurate = false;
-          }
-          print_row(o, dtype, r);
-          if (o.backend == "cpu") {
-            std::fprintf(info, "  speed-up over naive: %.1fx\n", naive_ms / ours_ms);
-            std::fflush(info);
-          }
+          std::fprintf(info, "  speed-up over naive: %.1fx\n", naive_ms / ours_ms);
+          std::fflush(info);
         }
       }
     }
-    if (!accurate) {
-      std::fprintf(stderr, "pagedattn-bench: a rel_err exceeds its dtype's tolerance\n");
-      return 1;
-    }
-    return 0;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
   }
+  if (!accurate) {
+    std::fprintf(stderr, "pagedattn-bench: a rel_err exceeds its dtype's tolerance\n");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return cli::guarded_main("pagedattn-bench", [&] { return run(argc, argv); });
 }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/args.hpp"
 #include "fuzz_case.hpp"
 #include "oracle.hpp"
 #include "pagedattn/detail/fault_injection.hpp"
@@ -26,13 +27,14 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 struct Config {
+  bool help = false;
   std::vector<Backend> backends = {Backend::kCpu};
   std::string backend_text = "cpu";
   std::uint64_t seed = 1;
-  long long iters = -1;
-  double seconds = -1;
+  long long iters = -1;  // -1: not given
+  double seconds = -1;   // -1: not given
   int threads = 0;
-  long long index = -1;
+  long long index = -1;  // -1: not given
   std::string replay;
   std::string fault;
   std::string out_dir = ".";
@@ -42,102 +44,98 @@ struct Config {
   bool print_case = false;
 };
 
-[[noreturn]] void usage(int code) {
-  std::fprintf(code ? stderr : stdout,
-               "usage: pagedattn-fuzz [options]\n"
-               "  --backend LIST    backends to test, comma separated: cpu,cuda (default cpu)\n"
-               "  --seed S          run seed (default 1); case i is a function of (S, i)\n"
-               "  --iters N         run N cases (default 1000 when --seconds is not given)\n"
-               "  --seconds T       run for T seconds (with --iters: whichever ends first)\n"
-               "  --threads N       CPU backend threads for every case (default: drawn per case)\n"
-               "  --index I         run only case I of the seed (a replay)\n"
-               "  --replay FILE     run the case saved in FILE\n"
-               "  --print-case      with --index or --replay: print the case file, do not run it\n"
-               "  --out DIR         where failing cases are saved (default .)\n"
-               "  --max-shrink N    shrink evaluations at most (default 400; 0 disables)\n"
-               "  --no-progress     no live progress line\n"
-               "  --fault NAME      test only: plant a bug (last-block-off-by-one, wrong-kv-head,\n"
-               "                    drop-split)\n"
-               "  --expect-failure  test only: succeed iff a failure is found (and shrunk)\n");
-  std::exit(code);
+constexpr long long kMaxCount = 1LL << 62;  // --iters, --index
+constexpr double kMaxSeconds = 1e7;         // --seconds: about four months
+constexpr int kMaxShrink = 1 << 30;
+
+void print_help() {
+  std::printf(
+      "usage: pagedattn-fuzz [flags]\n"
+      "Random shapes, block tables and cache contents through every requested backend against\n"
+      "the f64 reference. Exit status: 0 clean, 1 a failure (shrunk and saved), 2 a bad flag or\n"
+      "case file, 3 a generator bug.\n\n"
+      "  --backend LIST    backends to test, comma separated: cpu,cuda (default cpu)\n"
+      "  --seed S          run seed, an unsigned 64-bit integer (default 1); case i is a\n"
+      "                    function of (S, i)\n"
+      "  --iters N         run N cases, 1 to %lld (default 1000 when --seconds is not given)\n"
+      "  --seconds T       run for T seconds, more than 0 and at most %g (with --iters:\n"
+      "                    whichever ends first)\n"
+      "  --threads N       CPU backend threads for every case, 1 to %d (default: drawn per case)\n"
+      "  --index I         run only case I of the seed, 0 to %lld (a replay)\n"
+      "  --replay FILE     run the case saved in FILE\n"
+      "  --print-case      with --index or --replay: print the case file, do not run it\n"
+      "  --out DIR         where failing cases are saved (default .)\n"
+      "  --max-shrink N    shrink evaluations at most, 0 to %d (default 400; 0 disables)\n"
+      "  --no-progress     no live progress line\n"
+      "  --fault NAME      test only: plant a bug (last-block-off-by-one, wrong-kv-head,\n"
+      "                    drop-split)\n"
+      "  --expect-failure  test only: succeed iff a failure is found (and shrunk)\n"
+      "  --help, -h        this text\n",
+      kMaxCount, kMaxSeconds, pagedattn::kMaxThreads, kMaxCount, kMaxShrink);
 }
 
 Config parse(int argc, char** argv) {
+  namespace cli = pagedattn::cli;
   Config c;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "pagedattn-fuzz: %s needs a value\n", a.c_str());
-        usage(2);
+  cli::Args args(argc, argv);
+  while (args.next()) {
+    if (args.is_help()) {
+      c.help = true;
+    } else if (args.is("--backend")) {
+      c.backends = args.choice_list<Backend>({{"cpu", Backend::kCpu}, {"cuda", Backend::kCuda}});
+      c.backend_text.clear();
+      for (Backend b : c.backends) {
+        c.backend_text += (c.backend_text.empty() ? "" : ",") + std::string(backend_name(b));
       }
-      return argv[++i];
-    };
-    try {
-      if (a == "--backend") {
-        c.backend_text = value();
-        c.backends.clear();
-        std::stringstream ss(c.backend_text);
-        std::string item;
-        while (std::getline(ss, item, ',')) {
-          const Backend b = pagedattn::parse_backend(item, "--backend");
-          if (b == Backend::kAuto) {
-            std::fprintf(stderr, "pagedattn-fuzz: --backend takes cpu and/or cuda\n");
-            std::exit(2);
-          }
-          c.backends.push_back(b);
-        }
-        if (c.backends.empty()) usage(2);
-      } else if (a == "--seed") {
-        c.seed = std::stoull(value());
-      } else if (a == "--iters") {
-        c.iters = std::stoll(value());
-      } else if (a == "--seconds") {
-        c.seconds = std::stod(value());
-      } else if (a == "--threads") {
-        c.threads = std::stoi(value());
-      } else if (a == "--index") {
-        c.index = std::stoll(value());
-      } else if (a == "--replay") {
-        c.replay = value();
-      } else if (a == "--out") {
-        c.out_dir = value();
-      } else if (a == "--max-shrink") {
-        c.max_shrink = std::stoi(value());
-      } else if (a == "--fault") {
-        c.fault = value();
-      } else if (a == "--print-case") {
-        c.print_case = true;
-      } else if (a == "--no-progress") {
-        c.progress = false;
-      } else if (a == "--expect-failure") {
-        c.expect_failure = true;
-      } else if (a == "--help" || a == "-h") {
-        usage(0);
-      } else {
-        std::fprintf(stderr, "pagedattn-fuzz: unknown option %s\n", a.c_str());
-        usage(2);
-      }
-    } catch (const std::logic_error&) {  // stoi and friends
-      std::fprintf(stderr, "pagedattn-fuzz: bad value for %s\n", a.c_str());
-      usage(2);
+    } else if (args.is("--seed")) {
+      c.seed = args.u64();
+    } else if (args.is("--iters")) {
+      c.iters = args.integer(1, kMaxCount);
+    } else if (args.is("--seconds")) {
+      c.seconds = args.number(0, kMaxSeconds, /*lo_open=*/true);
+    } else if (args.is("--threads")) {
+      c.threads = static_cast<int>(args.integer(1, pagedattn::kMaxThreads));
+    } else if (args.is("--index")) {
+      c.index = args.integer(0, kMaxCount);
+    } else if (args.is("--replay")) {
+      c.replay = args.text();
+    } else if (args.is("--out")) {
+      c.out_dir = args.text();
+    } else if (args.is("--max-shrink")) {
+      c.max_shrink = static_cast<int>(args.integer(0, kMaxShrink));
+    } else if (args.is("--fault")) {
+      c.fault = args.choice<std::string>({{"none", ""},
+                                          {"last-block-off-by-one", "last-block-off-by-one"},
+                                          {"wrong-kv-head", "wrong-kv-head"},
+                                          {"drop-split", "drop-split"}});
+    } else if (args.is("--print-case")) {
+      c.print_case = true;
+    } else if (args.is("--no-progress")) {
+      c.progress = false;
+    } else if (args.is("--expect-failure")) {
+      c.expect_failure = true;
+    } else {
+      args.unknown();
     }
+  }
+  if (c.help) return c;
+  if (c.index >= 0 && !c.replay.empty()) {
+    throw cli::UsageError("--index", "cannot be combined with --replay");
+  }
+  if (c.print_case && c.index < 0 && c.replay.empty()) {
+    throw cli::UsageError("--print-case", "needs --index or --replay");
   }
   if (c.iters < 0 && c.seconds < 0) c.iters = 1000;
   return c;
 }
 
+// The name was checked by parse().
 pagedattn::detail::Fault parse_fault(const std::string& name) {
   using pagedattn::detail::Fault;
-  if (name.empty() || name == "none") return Fault::kNone;
   if (name == "last-block-off-by-one") return Fault::kLastBlockOffByOne;
   if (name == "wrong-kv-head") return Fault::kWrongKvHead;
   if (name == "drop-split") return Fault::kDropSplit;
-  std::fprintf(stderr,
-               "pagedattn-fuzz: unknown fault '%s' (last-block-off-by-one, wrong-kv-head, "
-               "drop-split)\n",
-               name.c_str());
-  std::exit(2);
+  return Fault::kNone;
 }
 
 // The options every replay line repeats.
@@ -222,12 +220,12 @@ std::string handle_failure(const Config& cfg, const pf::CheckOptions& check, con
   return path;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // Many small parallel regions on a shared machine: waiting threads should sleep, not spin.
-  setenv("OMP_WAIT_POLICY", "passive", 0);
+int run(int argc, char** argv) {
   const Config cfg = parse(argc, argv);
+  if (cfg.help) {
+    print_help();
+    return 0;
+  }
   pagedattn::detail::set_fault(parse_fault(cfg.fault));
 
   pf::CheckOptions check;
@@ -310,4 +308,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Many small parallel regions on a shared machine: waiting threads should sleep, not spin.
+  setenv("OMP_WAIT_POLICY", "passive", 0);
+  return pagedattn::cli::guarded_main("pagedattn-fuzz", [&] { return run(argc, argv); });
 }

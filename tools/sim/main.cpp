@@ -2,14 +2,17 @@
 // and copy-on-write, decode attention per layer), checked against the f64 reference.
 #include <cstdio>
 
+#include "cli/args.hpp"
 #include "sim/options.hpp"
 #include "sim/simulator.hpp"
 
 int main(int argc, char** argv) {
-  try {
-    return pagedattn::sim::run(pagedattn::sim::parse_options(argc, argv));
-  } catch (const pagedattn::Error& e) {
-    std::fprintf(stderr, "pagedattn-sim: %s\n", e.what());
-    return 2;
-  }
+  return pagedattn::cli::guarded_main("pagedattn-sim", [&] {
+    const pagedattn::sim::Options options = pagedattn::sim::parse_options(argc, argv);
+    if (options.help) {
+      std::fputs(pagedattn::sim::usage(argv[0]).c_str(), stdout);
+      return 0;
+    }
+    return pagedattn::sim::run(options);
+  });
 }

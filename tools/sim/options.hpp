@@ -20,9 +20,13 @@ struct LengthDist {
   int max() const;  // the largest value sample() returns
   std::string text() const;
   static LengthDist parse(const std::string& text, const std::string& option);
+
+ private:
+  static LengthDist parse_parts(const std::string& text, const std::string& option);
 };
 
 struct Options {
+  bool help = false;  // --help: print usage() and run nothing
   int requests = 64;  // requests in the whole run
   double rate = 1.0;  // mean new requests per decode step (Poisson)
   LengthDist prompt_len = LengthDist::parse("16:384", "--prompt-len");
@@ -45,7 +49,8 @@ struct Options {
   int threads = 0;
 };
 
-// Parses argv; prints usage and exits for --help; throws pagedattn::Error on a bad option.
+// Parses argv strictly (cli/args.hpp); a bad flag, or a shape decode() refuses, throws
+// cli::UsageError naming the flag and the value.
 Options parse_options(int argc, char** argv);
 std::string usage(const char* argv0);
 

@@ -34,6 +34,8 @@ bool cuda_available(std::string* why = nullptr);
 inline constexpr int kSupportedHeadDims[] = {64, 80, 96, 112, 128, 192, 256};
 inline constexpr int kMaxBlockSize = 256;
 inline constexpr int kMaxGroupSize = 64;
+// The most CPU threads a tool asks for.
+inline constexpr int kMaxThreads = 4096;
 
 // One decode step. Shapes:
 //   q, out:       [batch][num_heads][head_dim]
