@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "cpu_kernel.hpp"
+#include "pagedattn/online_softmax.hpp"
 #include "row_sums.hpp"
 #include "widen.hpp"
 
@@ -144,7 +145,8 @@ inline void values_tile(const float* p, int ps, const T* v, std::int64_t ts, int
 }
 
 // Folds one block's n logits per head (s[r * ss + t], t < n) into the states of R heads. On
-// return s holds the weights p = exp(s - m_new), zero from n up to the next multiple of W.
+// return s holds the weights p = exp(s - m_new), zero from n up to the next multiple of W. The
+// state update (rescale_to, add) is SoftmaxState's; only the vector max and exp are done here.
 template <class Arch, int R>
 inline void softmax_tile(float* s, int ss, int n, float* m, float* l, float* acc, int D) {
   using B = fbatch<Arch>;
@@ -157,24 +159,21 @@ inline void softmax_tile(float* s, int ss, int n, float* m, float* l, float* acc
     for (int t = 0; t < nw; t += W) vmax = xsimd::max(vmax, B::load_aligned(sr + t));
     alignas(64) float lanes[W];
     vmax.store_aligned(lanes);
-    float m_new = m[r];
+    float tile_max = -INFINITY;
 #pragma GCC unroll 16
-    for (int i = 0; i < W; ++i) m_new = std::max(m_new, lanes[i]);
-    if (m_new == -INFINITY) {  // no finite logit yet: nothing to add
+    for (int i = 0; i < W; ++i) tile_max = std::max(tile_max, lanes[i]);
+    SoftmaxState st{m[r], l[r]};
+    const float alpha = st.rescale_to(tile_max);
+    if (st.m == -INFINITY) {  // no finite logit yet: every weight is 0, the state stays empty
       for (int t = 0; t < nw; ++t) sr[t] = 0.f;
       continue;
     }
-    if (m_new > m[r]) {  // the max grew: rescale what was accumulated under the old one
-      if (m[r] != -INFINITY) {
-        const float alpha = std::exp(m[r] - m_new);
-        l[r] *= alpha;
-        const B va(alpha);
-        float* ar = acc + r * D;
-        for (int d = 0; d < D; d += W) (B::load_unaligned(ar + d) * va).store_unaligned(ar + d);
-      }
-      m[r] = m_new;
+    if (alpha != 1.f) {  // the max grew: rescale what was accumulated under the old one
+      const B va(alpha);
+      float* ar = acc + r * D;
+      for (int d = 0; d < D; d += W) (B::load_unaligned(ar + d) * va).store_unaligned(ar + d);
     }
-    const B vm(m_new);
+    const B vm(st.shift());
     B vsum(0.f);
     for (int t = 0; t < nw; t += W) {
       const B x = B::load_aligned(sr + t);
@@ -186,7 +185,9 @@ inline void softmax_tile(float* s, int ss, int n, float* m, float* l, float* acc
     vsum.store_aligned(lanes);
     float sum = 0.f;
     for (int i = 0; i < W; ++i) sum += lanes[i];
-    l[r] += sum;
+    st.add(sum);
+    m[r] = st.m;
+    l[r] = st.l;
   }
 }
 

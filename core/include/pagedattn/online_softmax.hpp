@@ -1,7 +1,7 @@
 // The online-softmax state: the one definition of the running max, the running sum, the rescale
-// when the max grows, the merge of two states and the finalization to out and lse. Every backend
-// folds logits through it: the CPU tile kernels and combine (natural-log units), the CUDA split
-// kernel and combine (log2 units, so exponentials are one exp2).
+// when the max grows, the merge of two states and the finalization to out and lse. The CPU tile
+// kernels and combine fold logits through it in natural-log units (NaturalExp); Log2Exp is the
+// same state in the log2 units of the CUDA kernels (so exponentials are one exp2).
 //
 // One state per query head: m = the largest logit seen, l = sum exp(s - m). The accumulator
 // acc = sum exp(s - m) * v (head_dim floats, or a lane's slice of them) is held by the caller,
