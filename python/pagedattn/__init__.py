@@ -1,0 +1,411 @@
+"""pagedattn: paged decode attention over a block-table KV cache.
+
+One decode step attends each sequence's new query token over its whole context, whose keys and
+values live in fixed-size blocks of a shared cache pool found through a per-sequence block table::
+
+    out[b,h,:] = sum_t softmax(scale * q[b,h,:] . K_t)_t * V_t     over t < context_lens[b]
+    lse[b,h]   = log(sum_t exp(scale * q[b,h,:] . K_t))
+
+Every function takes any DLPack tensor (NumPy, PyTorch, CuPy, JAX, ...) and uses it in place,
+without copies: dtypes, shapes, devices and strides are read from the tensors. CPU tensors run on
+the CPU backend, CUDA tensors on the CUDA backend on the tensors' device. A bad input raises
+pagedattn.Error (a ValueError) naming the argument, before anything is written.
+
+Functions: decode, write_cache, copy_blocks, workspace_size, bf16; class BlockManager.
+See docs/python.md in the source tree for the whole story.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+from ._errors import Error
+from . import _ext
+from ._ext import (
+    MAX_BLOCK_SIZE,
+    MAX_GROUP_SIZE,
+    SUPPORTED_HEAD_DIMS,
+    BlockManager,
+    built_with_cuda,
+)
+
+__all__ = [
+    "Error",
+    "BlockManager",
+    "BF16Bits",
+    "bf16",
+    "decode",
+    "write_cache",
+    "copy_blocks",
+    "workspace_size",
+    "cuda_available",
+    "built_with_cuda",
+    "SUPPORTED_HEAD_DIMS",
+    "MAX_BLOCK_SIZE",
+    "MAX_GROUP_SIZE",
+]
+
+try:
+    from importlib.metadata import PackageNotFoundError, version as _version
+
+    try:
+        __version__ = _version("pagedattn")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        __version__ = "unknown"
+except ImportError:  # pragma: no cover
+    __version__ = "unknown"
+
+Tensor = Any
+"""Any object exporting DLPack (``__dlpack__``) or the buffer protocol."""
+
+Stream = Union[None, int, Any]
+"""None (the caller's current stream), a ``cudaStream_t`` as an int, or a stream object with a
+``cuda_stream`` (PyTorch) or ``ptr`` (CuPy) attribute."""
+
+
+class BF16Bits:
+    """A 16-bit integer tensor (uint16 or int16) whose elements are bf16 bit patterns.
+
+    NumPy has no bfloat16 dtype of its own; ``pagedattn.bf16(x)`` marks such a tensor so that it
+    is read (or written) as bf16. Tensors whose dtype is bfloat16 already (PyTorch, JAX, CuPy, or
+    NumPy arrays of ``ml_dtypes.bfloat16``) need no marking.
+    """
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: Tensor) -> None:
+        self.tensor = tensor
+
+    def __repr__(self) -> str:
+        return f"pagedattn.bf16({self.tensor!r})"
+
+
+def bf16(tensor: Tensor) -> BF16Bits:
+    """Marks ``tensor`` (uint16 or int16 elements) as holding bf16 bit patterns."""
+    return BF16Bits(tensor)
+
+
+def cuda_available() -> Tuple[bool, str]:
+    """(available, why): whether the CUDA backend was built and a device is usable; ``why``
+    says what is missing when it is not."""
+    return _ext.cuda_available()
+
+
+# ----------------------------------------------------------------------------------------------
+# Tensors of the frameworks we know, without importing any framework that the caller has not.
+
+
+def _module(name: str) -> Any:
+    return sys.modules.get(name)
+
+
+def _is_torch(x: Any) -> bool:
+    torch = _module("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _is_numpy(x: Any) -> bool:
+    np = _module("numpy")
+    return np is not None and isinstance(x, np.ndarray)
+
+
+def _is_cupy(x: Any) -> bool:
+    cupy = _module("cupy")
+    return cupy is not None and isinstance(x, cupy.ndarray)
+
+
+def _is_ml_bf16(x: Any) -> bool:
+    return _is_numpy(x) and x.dtype.name == "bfloat16"
+
+
+def _looks_like_tensor(x: Any) -> bool:
+    if hasattr(x, "__dlpack__") or _is_numpy(x):
+        return True
+    try:
+        memoryview(x)
+    except TypeError:
+        return False
+    return True
+
+
+def _cuda_device(x: Any) -> Optional[int]:
+    """The CUDA device index of x, or None when x is not on a CUDA device."""
+    if _is_torch(x):
+        return x.device.index if x.device.type == "cuda" else None
+    if _is_numpy(x):
+        return None
+    dev = getattr(x, "__dlpack_device__", None)
+    if dev is not None:
+        try:
+            kind, index = dev()
+        except Exception:  # noqa: BLE001 - not our error to report here
+            return None
+        return int(index) if int(kind) == 2 else None
+    return None
+
+
+def _unwrap(x: Any, name: str, tags: List[str]) -> Any:
+    """The object handed to the module: bf16 markings noted in ``tags``, autograd detached."""
+    if isinstance(x, BF16Bits):
+        tags.append(name)
+        x = x.tensor
+    elif _is_ml_bf16(x):
+        tags.append(name)
+        return x.view(_module("numpy").uint16)
+    if _is_torch(x) and x.requires_grad:
+        x = x.detach()
+    return x
+
+
+def _empty(like: Any, shape: Tuple[int, ...], float32: bool, name: str) -> Any:
+    """An uninitialised tensor of the same framework and device as ``like``: of its dtype, or
+    float32."""
+    if _is_torch(like):
+        torch = _module("torch")
+        return torch.empty(shape, dtype=torch.float32 if float32 else like.dtype, device=like.device)
+    if _is_numpy(like):
+        np = _module("numpy")
+        return np.empty(shape, dtype=np.float32 if float32 else like.dtype)
+    if _is_cupy(like):
+        cupy = _module("cupy")
+        with cupy.cuda.Device(like.device.id):
+            return cupy.empty(shape, dtype=cupy.float32 if float32 else like.dtype)
+    if _cuda_device(like) is None and _looks_like_tensor(like):
+        import numpy as np
+
+        try:
+            return np.empty(shape, dtype=np.float32 if float32 else np.dtype(like.dtype))
+        except TypeError:
+            pass
+    raise Error(
+        f"pagedattn: {name} = None: cannot allocate it like a {type(like).__name__}; "
+        f"pass {name}= explicitly",
+        name,
+    )
+
+
+def _stream(stream: Stream, like: Any) -> int:
+    if stream is None:
+        if _is_torch(like) and like.device.type == "cuda":
+            torch = _module("torch")
+            return int(torch.cuda.current_stream(like.device).cuda_stream)
+        if _is_cupy(like):
+            cupy = _module("cupy")
+            with cupy.cuda.Device(like.device.id):
+                return int(cupy.cuda.get_current_stream().ptr)
+        return 0
+    if isinstance(stream, bool):
+        pass
+    elif isinstance(stream, int):
+        if stream >= 0:
+            return stream
+    else:
+        for attr in ("cuda_stream", "ptr"):
+            value = getattr(stream, attr, None)
+            if isinstance(value, int):
+                return value
+    raise Error(
+        f"pagedattn: stream = {stream!r}: expected None, a cudaStream_t as a non-negative int, "
+        f"or a stream object with .cuda_stream (PyTorch) or .ptr (CuPy)",
+        "stream",
+    )
+
+
+def _check_tensor(x: Any, name: str) -> None:
+    if not _looks_like_tensor(x):
+        raise Error(
+            f"pagedattn: {name} = an object of type {type(x).__name__}: expected a tensor "
+            f"supporting DLPack or the buffer protocol (NumPy, PyTorch, CuPy, JAX, ...)",
+            name,
+        )
+
+
+def _check_backend(backend: Any) -> str:
+    if not isinstance(backend, str):
+        raise Error(f"pagedattn: backend = {backend!r}: expected 'auto', 'cpu' or 'cuda'", "backend")
+    return backend
+
+
+# ----------------------------------------------------------------------------------------------
+# The functions
+
+
+def decode(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_table: Tensor,
+    context_lens: Tensor,
+    *,
+    scale: Optional[float] = None,
+    out: Optional[Tensor] = None,
+    lse: Optional[Tensor] = None,
+    return_lse: bool = False,
+    backend: str = "auto",
+    stream: Stream = None,
+    workspace: Optional[Tensor] = None,
+    checked: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """One decode step of attention over a paged KV cache.
+
+    For sequence b and query head h (kv = h // (num_heads // num_kv_heads)), over the tokens
+    t < context_lens[b], token t living in block block_table[b, t // block_size] at slot
+    t % block_size::
+
+        out[b,h,:] = sum_t softmax(scale * q[b,h,:] . K_t)_t * V_t
+        lse[b,h]   = log(sum_t exp(scale * q[b,h,:] . K_t))
+
+    A context of 0 gives out = 0 and lse = -inf. Table entries past a context are never read.
+
+    Args:
+        q: [batch, num_heads, head_dim], float32, float16 or bfloat16, contiguous.
+        k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim], one dtype,
+            contiguous. num_heads must be a multiple of num_kv_heads (GQA/MQA).
+        block_table: int32 [batch, max_blocks_per_seq]; rows contiguous, any row stride.
+        context_lens: int32 [batch].
+        scale: softmax scale; default 1 / sqrt(head_dim).
+        out: [batch, num_heads, head_dim], any of the three float dtypes; allocated like q
+            (same framework, device and dtype) when None.
+        lse: float32 [batch, num_heads], written when given; allocated when None and
+            ``return_lse``.
+        return_lse: return (out, lse) instead of out.
+        backend: "auto" (the tensors' device decides), "cpu" or "cuda"; an explicit choice
+            must match the tensors' device.
+        stream: CUDA stream to run on. None takes ``torch.cuda.current_stream()`` for PyTorch
+            tensors, CuPy's current stream for CuPy arrays, else the default stream.
+        workspace: CUDA device scratch of at least ``workspace_size(q, k_cache, block_table)``
+            bytes (any dtype, contiguous). With one, decode allocates nothing and does not
+            synchronize, so it can be captured in a CUDA graph; without one the library keeps
+            a cached buffer per device. Ignored on the CPU.
+        checked: CUDA: copy context_lens and block_table to the host and check them (the same
+            errors as the CPU path) before running; synchronizes the stream, so not under
+            graph capture. Unchecked, bad lengths are clamped and bad block ids skipped. The
+            CPU backend always checks.
+
+    All tensors must be on one device. The input tensors are read in place and ``out``/``lse``
+    written in place: nothing is copied.
+
+    Returns:
+        out, or (out, lse) when ``return_lse``.
+
+    Raises:
+        pagedattn.Error: naming the argument, before anything is written.
+    """
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+                    ("block_table", block_table), ("context_lens", context_lens)):
+        _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+    backend = _check_backend(backend)
+    tags: List[str] = []
+    q_in = _unwrap(q, "q", tags)
+    k_in = _unwrap(k_cache, "k_cache", tags)
+    v_in = _unwrap(v_cache, "v_cache", tags)
+    like = q.tensor if isinstance(q, BF16Bits) else q
+    shape = tuple(int(s) for s in q_in.shape)
+    if out is None:
+        out = _empty(like, shape, False, "out")
+        if isinstance(q, BF16Bits):
+            out = BF16Bits(out)
+    if lse is None and return_lse:
+        lse = _empty(like, shape[:2], True, "lse")
+    out_user = out.tensor if isinstance(out, BF16Bits) else out
+    out_in = _unwrap(out, "out", tags)
+    lse_in = None if lse is None else _unwrap(lse, "lse", tags)
+    ws_in = None if workspace is None else _unwrap(workspace, "workspace", [])
+    _ext.decode(
+        q_in, k_in, v_in,
+        _unwrap(block_table, "block_table", []), _unwrap(context_lens, "context_lens", []),
+        out_in, lse_in, None if scale is None else float(scale), backend,
+        _stream(stream, q_in), ws_in, bool(checked), tags,
+    )
+    if return_lse:
+        return out_user, lse
+    return out_user
+
+
+def workspace_size(q: Tensor, k_cache: Tensor, block_table: Tensor, *, backend: str = "auto") -> int:
+    """Bytes of CUDA workspace decode needs for these shapes on the tensors' device.
+
+    Depends on batch, num_heads, head_dim, num_kv_heads, block_size and the table's width
+    only (not on the context lengths), so one workspace serves every later step of the same
+    shapes, CUDA-graph replays included. 0 for CPU tensors.
+    """
+    for name, x in (("q", q), ("k_cache", k_cache), ("block_table", block_table)):
+        _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+    tags: List[str] = []
+    return _ext.workspace_size(
+        _unwrap(q, "q", tags), _unwrap(k_cache, "k_cache", tags),
+        _unwrap(block_table, "block_table", tags), _check_backend(backend),
+    )
+
+
+def write_cache(
+    key: Tensor,
+    value: Tensor,
+    slot_mapping: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    *,
+    backend: str = "auto",
+    stream: Stream = None,
+    check_slots: bool = True,
+) -> None:
+    """Writes new tokens' keys and values into the paged cache: token i goes to slot
+    ``slot_mapping[i]`` (slot = block * block_size + offset; -1 skips the token).
+
+    Args:
+        key, value: [num_tokens, num_kv_heads, head_dim], one float dtype (converted to the
+            cache's dtype, rounding to nearest even); each token's row contiguous, tokens any
+            stride apart (the same in both).
+        slot_mapping: int32 [num_tokens]; slots of one call must be distinct.
+        k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim], written in place.
+        backend, stream: as for decode().
+        check_slots: CUDA: copy slot_mapping to the host and check every slot first (one
+            synchronization; turn off under graph capture). Unchecked, out-of-range slots are
+            skipped. The CPU backend always checks.
+
+    Raises:
+        pagedattn.Error: naming the argument (``slot_mapping[i]`` for a slot out of range),
+            before anything is written.
+    """
+    for name, x in (("key", key), ("value", value), ("slot_mapping", slot_mapping),
+                    ("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+    backend = _check_backend(backend)
+    tags: List[str] = []
+    k_in = _unwrap(k_cache, "k_cache", tags)
+    _ext.write_cache(
+        _unwrap(key, "key", tags), _unwrap(value, "value", tags),
+        _unwrap(slot_mapping, "slot_mapping", []), k_in, _unwrap(v_cache, "v_cache", tags),
+        backend, _stream(stream, k_in), bool(check_slots), tags,
+    )
+
+
+def copy_blocks(
+    k_cache: Tensor,
+    v_cache: Tensor,
+    pairs: Union[Sequence[Tuple[int, int]], Tensor],
+    *,
+    backend: str = "auto",
+    stream: Stream = None,
+) -> None:
+    """Copies whole blocks src -> dst in both caches (every kv head and slot): the copy half of
+    copy-on-write, as BlockManager.append_token() asks for it.
+
+    Args:
+        k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim], written in place.
+        pairs: (src, dst) block ids: a sequence of pairs or an int32/int64 CPU tensor [n, 2]
+            (host memory for both backends). A dst may not appear twice nor be any pair's src.
+        backend, stream: as for decode().
+
+    Raises:
+        pagedattn.Error: naming the argument, before anything is copied.
+    """
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+    backend = _check_backend(backend)
+    tags: List[str] = []
+    k_in = _unwrap(k_cache, "k_cache", tags)
+    _ext.copy_blocks(
+        k_in, _unwrap(v_cache, "v_cache", tags), pairs, backend, _stream(stream, k_in), tags,
+    )

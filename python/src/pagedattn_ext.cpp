@@ -1,0 +1,826 @@
+// pagedattn._ext: the nanobind module under the pagedattn Python package.
+//
+// Every tensor argument arrives as any DLPack-capable object (NumPy, PyTorch, CuPy, JAX, ...) and is
+// used in place: dtype, shape, strides and device are read from the tensor, checked, and turned
+// into the library's argument structs. A mismatch throws pagedattn::Error naming the Python
+// argument before anything is written; the Python side turns it into pagedattn.Error.
+// The Python wrapper (pagedattn/__init__.py) allocates missing outputs, picks the default stream
+// and unwraps bf16-tagged integer tensors; this file does the checking and the calls.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pagedattn/block_manager.hpp"
+#include "pagedattn/pagedattn.hpp"
+
+#if PAGEDATTN_PY_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+using pagedattn::Backend;
+using pagedattn::DType;
+using pagedattn::Error;
+using pagedattn::ErrorCode;
+
+// ----------------------------------------------------------------------------------------------
+// Errors
+
+[[noreturn]] void bad(ErrorCode code, const std::string& argument, const std::string& what,
+                      const std::string& value, const std::string& reason) {
+  throw Error(code, argument, argument + what + " = " + value + ": " + reason);
+}
+
+const char* code_name(ErrorCode c) {
+  switch (c) {
+    case ErrorCode::kInvalidArgument:
+      return "invalid_argument";
+    case ErrorCode::kOutOfRange:
+      return "out_of_range";
+    case ErrorCode::kUnsupported:
+      return "unsupported";
+    case ErrorCode::kBackendUnavailable:
+      return "backend_unavailable";
+    case ErrorCode::kDeviceError:
+      return "device_error";
+  }
+  return "unknown";
+}
+
+// ----------------------------------------------------------------------------------------------
+// Devices
+
+enum class DeviceKind { kCpu, kCuda };
+
+struct Device {
+  DeviceKind kind = DeviceKind::kCpu;
+  int id = 0;
+  bool operator==(const Device& o) const {
+    return kind == o.kind && (kind == DeviceKind::kCpu || id == o.id);
+  }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+  std::string str() const { return kind == DeviceKind::kCpu ? "cpu" : "cuda:" + std::to_string(id); }
+};
+
+// Makes the tensors' device current for the library's CUDA calls, and restores the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(const Device& d) {
+#if PAGEDATTN_PY_CUDA
+    if (d.kind != DeviceKind::kCuda) return;
+    int current = 0;
+    check(cudaGetDevice(&current), "cudaGetDevice");
+    if (current != d.id) {
+      check(cudaSetDevice(d.id), "cudaSetDevice");
+      previous_ = current;
+    }
+#else
+    (void)d;
+#endif
+  }
+  ~DeviceGuard() {
+#if PAGEDATTN_PY_CUDA
+    if (previous_ >= 0) cudaSetDevice(previous_);
+#endif
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+#if PAGEDATTN_PY_CUDA
+  static void check(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) {
+      throw Error(ErrorCode::kDeviceError, "device",
+                  std::string("device = ") + what + ": " + cudaGetErrorString(e));
+    }
+  }
+#endif
+  int previous_ = -1;
+};
+
+// ----------------------------------------------------------------------------------------------
+// Tensors
+
+std::string dtype_str(nb::dlpack::dtype dt) {
+  std::string base;
+  switch (static_cast<nb::dlpack::dtype_code>(dt.code)) {
+    case nb::dlpack::dtype_code::Int:
+      base = "int";
+      break;
+    case nb::dlpack::dtype_code::UInt:
+      base = "uint";
+      break;
+    case nb::dlpack::dtype_code::Float:
+      base = "float";
+      break;
+    case nb::dlpack::dtype_code::Bfloat:
+      base = "bfloat";
+      break;
+    case nb::dlpack::dtype_code::Complex:
+      base = "complex";
+      break;
+    case nb::dlpack::dtype_code::Bool:
+      return "bool";
+    default:
+      base = "code" + std::to_string(dt.code) + "_";
+  }
+  std::string s = base + std::to_string(dt.bits);
+  if (dt.lanes != 1) s += "x" + std::to_string(dt.lanes);
+  return s;
+}
+
+bool is(nb::dlpack::dtype dt, nb::dlpack::dtype_code code, int bits) {
+  return dt.code == static_cast<std::uint8_t>(code) && dt.bits == bits && dt.lanes == 1;
+}
+
+// What the binding reads from one tensor argument. Holds the import, so the memory stays alive.
+struct Tensor {
+  std::string name;
+  nb::ndarray<nb::ro> in;  // set for inputs
+  nb::ndarray<> out;       // set for outputs
+  void* data = nullptr;
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;  // in elements
+  nb::dlpack::dtype dt{};
+  Device device;
+  bool bf16_bits = false;  // a 16-bit integer tensor tagged with pagedattn.bf16()
+
+  int ndim() const { return static_cast<int>(shape.size()); }
+  std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (auto s : shape) n *= s;
+    return n;
+  }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * ((dt.bits + 7) / 8); }
+
+  std::string shape_str() const {
+    std::ostringstream os;
+    os << '(';
+    for (std::size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+    os << (shape.size() == 1 ? ",)" : ")");
+    return os.str();
+  }
+
+  // The storage dtype of a float tensor.
+  DType float_dtype() const {
+    if (bf16_bits) {
+      if (is(dt, nb::dlpack::dtype_code::UInt, 16) || is(dt, nb::dlpack::dtype_code::Int, 16)) {
+        return DType::kBF16;
+      }
+      bad(ErrorCode::kInvalidArgument, name, ".dtype", dtype_str(dt),
+          "pagedattn.bf16() marks a 16-bit integer tensor holding bf16 bit patterns");
+    }
+    if (is(dt, nb::dlpack::dtype_code::Float, 32)) return DType::kF32;
+    if (is(dt, nb::dlpack::dtype_code::Float, 16)) return DType::kF16;
+    if (is(dt, nb::dlpack::dtype_code::Bfloat, 16)) return DType::kBF16;
+    bad(ErrorCode::kInvalidArgument, name, ".dtype", dtype_str(dt),
+        "expected float32, float16 or bfloat16 (bf16 bits in a uint16 tensor: wrap it with "
+        "pagedattn.bf16())");
+  }
+
+  void require_int32() const {
+    if (!is(dt, nb::dlpack::dtype_code::Int, 32)) {
+      bad(ErrorCode::kInvalidArgument, name, ".dtype", dtype_str(dt), "expected int32");
+    }
+  }
+
+  void require_float32() const {
+    if (!is(dt, nb::dlpack::dtype_code::Float, 32)) {
+      bad(ErrorCode::kInvalidArgument, name, ".dtype", dtype_str(dt), "expected float32");
+    }
+  }
+
+  void require_ndim(int n, const char* layout) const {
+    if (ndim() != n) {
+      bad(ErrorCode::kInvalidArgument, name, ".shape", shape_str(),
+          "expected " + std::to_string(n) + " dimensions " + layout);
+    }
+  }
+
+  void require_dim(int i, std::int64_t expected, const std::string& why) const {
+    if (shape[i] != expected) {
+      bad(ErrorCode::kInvalidArgument, name, ".shape", shape_str(),
+          "dimension " + std::to_string(i) + " must be " + std::to_string(expected) + " (" + why +
+              ")");
+    }
+  }
+
+  // Row-major contiguity over dimensions [first, ndim); dimensions of size 1 are free.
+  bool contiguous_from(int first) const {
+    std::int64_t expected = 1;
+    for (int i = ndim() - 1; i >= first; --i) {
+      if (shape[i] != 1 && strides[i] != expected) return false;
+      expected *= shape[i];
+    }
+    return true;
+  }
+
+  void require_contiguous() const {
+    if (numel() > 1 && !contiguous_from(0)) {
+      bad(ErrorCode::kInvalidArgument, name, ".strides", strides_str(),
+          "must be contiguous (row-major); pass a contiguous tensor");
+    }
+  }
+
+  std::string strides_str() const {
+    std::ostringstream os;
+    os << '(';
+    for (std::size_t i = 0; i < strides.size(); ++i) os << (i ? ", " : "") << strides[i];
+    os << (strides.size() == 1 ? ",)" : ")");
+    return os.str();
+  }
+
+  int dim_int(int i) const {
+    if (shape[i] > INT_MAX) {
+      bad(ErrorCode::kInvalidArgument, name, ".shape", shape_str(),
+          "dimension " + std::to_string(i) + " exceeds the int32 range");
+    }
+    return static_cast<int>(shape[i]);
+  }
+
+  void require_device(const Device& d, const std::string& ref) const {
+    if (device != d) {
+      bad(ErrorCode::kInvalidArgument, name, ".device", device.str(),
+          "must be on the same device as " + ref + " (" + d.str() + ")");
+    }
+  }
+};
+
+Device device_of(int type, int id, const std::string& name) {
+  if (type == nb::device::cpu::value || type == nb::device::cuda_host::value) {
+    return {DeviceKind::kCpu, 0};
+  }
+  if (type == nb::device::cuda::value) return {DeviceKind::kCuda, id};
+  bad(ErrorCode::kInvalidArgument, name, ".device", "dlpack device type " + std::to_string(type),
+      "only CPU and CUDA tensors are supported");
+}
+
+template <typename Array>
+void describe(Tensor& t, const Array& a) {
+  t.data = const_cast<void*>(static_cast<const void*>(a.data()));
+  t.dt = a.dtype();
+  t.shape.resize(a.ndim());
+  t.strides.resize(a.ndim());
+  for (std::size_t i = 0; i < a.ndim(); ++i) {
+    t.shape[i] = static_cast<std::int64_t>(a.shape(i));
+    t.strides[i] = a.stride(i);
+  }
+  t.device = device_of(a.device_type(), a.device_id(), t.name);
+}
+
+// Imports a tensor without copying. Outputs must be writable.
+Tensor import_tensor(nb::handle h, const std::string& name, bool writable, bool bf16_bits) {
+  Tensor t;
+  t.name = name;
+  t.bf16_bits = bf16_bits;
+  if (writable) {
+    if (nb::try_cast(h, t.out, /*convert=*/false)) {
+      describe(t, t.out);
+      return t;
+    }
+    nb::ndarray<nb::ro> probe;
+    if (nb::try_cast(h, probe, /*convert=*/false)) {
+      bad(ErrorCode::kInvalidArgument, name, "", "a read-only tensor",
+          "must be writable (it is an output)");
+    }
+  } else if (nb::try_cast(h, t.in, /*convert=*/false)) {
+    describe(t, t.in);
+    return t;
+  }
+  std::string type_name = nb::type_name(h.type()).c_str();
+  bad(ErrorCode::kInvalidArgument, name, "", "an object of type " + type_name,
+      "expected a tensor supporting DLPack or the buffer protocol (NumPy, PyTorch, CuPy, JAX, "
+      "...)");
+}
+
+bool tagged(const std::vector<std::string>& bf16, const char* name) {
+  return std::find(bf16.begin(), bf16.end(), name) != bf16.end();
+}
+
+Tensor input(nb::handle h, const char* name, const std::vector<std::string>& bf16 = {}) {
+  return import_tensor(h, name, false, tagged(bf16, name));
+}
+
+Tensor output(nb::handle h, const char* name, const std::vector<std::string>& bf16 = {}) {
+  return import_tensor(h, name, true, tagged(bf16, name));
+}
+
+// The backend for tensors on `device`: "auto" follows the device; an explicit choice must match.
+Backend pick_backend(const std::string& requested, const Device& device, const char* ref) {
+  const Backend b = pagedattn::parse_backend(requested, "backend");
+  const Backend want = device.kind == DeviceKind::kCuda ? Backend::kCuda : Backend::kCpu;
+  if (b != Backend::kAuto && b != want) {
+    bad(ErrorCode::kInvalidArgument, "backend", "", "'" + requested + "'",
+        std::string("does not match the device of ") + ref + " (" + device.str() + ")");
+  }
+  return want;
+}
+
+// ----------------------------------------------------------------------------------------------
+// decode
+
+struct DecodeCall {
+  pagedattn::DecodeArgs args;
+  Device device;
+  std::vector<Tensor> keep;  // the imports, alive until the call returns
+};
+
+// Reads and checks the decode tensors (everything but `out`, `lse` and the workspace).
+DecodeCall decode_inputs(nb::handle q_h, nb::handle k_h, nb::handle v_h, nb::handle table_h,
+                         nb::handle lens_h, const std::vector<std::string>& bf16) {
+  DecodeCall c;
+  Tensor q = input(q_h, "q", bf16);
+  Tensor k = input(k_h, "k_cache", bf16);
+  Tensor v = input(v_h, "v_cache", bf16);
+  Tensor table = input(table_h, "block_table");
+  Tensor lens = input(lens_h, "context_lens");
+
+  q.require_ndim(3, "[batch, num_heads, head_dim]");
+  k.require_ndim(4, "[num_blocks, num_kv_heads, block_size, head_dim]");
+  v.require_ndim(4, "[num_blocks, num_kv_heads, block_size, head_dim]");
+  table.require_ndim(2, "[batch, max_blocks_per_seq]");
+  lens.require_ndim(1, "[batch]");
+
+  auto& a = c.args;
+  a.q_dtype = q.float_dtype();
+  a.k_dtype = k.float_dtype();
+  a.v_dtype = v.float_dtype();
+  if (a.v_dtype != a.k_dtype) {
+    bad(ErrorCode::kInvalidArgument, "v_cache", ".dtype", dtype_str(v.dt),
+        "must equal k_cache.dtype (" + dtype_str(k.dt) + ")");
+  }
+  table.require_int32();
+  lens.require_int32();
+
+  for (int i = 0; i < 4; ++i) {
+    if (v.shape[i] != k.shape[i]) {
+      bad(ErrorCode::kInvalidArgument, "v_cache", ".shape", v.shape_str(),
+          "must equal k_cache.shape " + k.shape_str());
+    }
+  }
+  k.require_dim(3, q.shape[2], "head_dim, q.shape[2]");
+  table.require_dim(0, q.shape[0], "batch, q.shape[0]");
+  lens.require_dim(0, q.shape[0], "batch, q.shape[0]");
+
+  q.require_contiguous();
+  k.require_contiguous();
+  v.require_contiguous();
+  lens.require_contiguous();
+  if (table.shape[1] > 1 && table.strides[1] != 1) {
+    bad(ErrorCode::kInvalidArgument, "block_table", ".strides", table.strides_str(),
+        "each row must be contiguous (rows may be any stride apart)");
+  }
+
+  c.device = q.device;
+  k.require_device(c.device, "q");
+  v.require_device(c.device, "q");
+  table.require_device(c.device, "q");
+  lens.require_device(c.device, "q");
+
+  a.batch = q.dim_int(0);
+  a.num_heads = q.dim_int(1);
+  a.head_dim = q.dim_int(2);
+  a.num_blocks = k.dim_int(0);
+  a.num_kv_heads = k.dim_int(1);
+  a.block_size = k.dim_int(2);
+  a.max_blocks_per_seq = table.dim_int(1);
+  if (a.batch > 1 && table.shape[1] > 0) {
+    if (table.strides[0] < table.shape[1] || table.strides[0] > INT_MAX) {
+      bad(ErrorCode::kInvalidArgument, "block_table", ".strides", table.strides_str(),
+          "rows must not overlap and must lie within the int32 range");
+    }
+    a.block_table_stride = static_cast<int>(table.strides[0]);
+  }
+
+  a.q = q.data;
+  a.k_cache = k.data;
+  a.v_cache = v.data;
+  a.block_table = static_cast<const std::int32_t*>(table.data);
+  a.context_lens = static_cast<const std::int32_t*>(lens.data);
+
+  c.keep.push_back(std::move(q));
+  c.keep.push_back(std::move(k));
+  c.keep.push_back(std::move(v));
+  c.keep.push_back(std::move(table));
+  c.keep.push_back(std::move(lens));
+  return c;
+}
+
+void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle block_table,
+            nb::handle context_lens, nb::handle out_h, nb::handle lse_h,
+            std::optional<double> scale, const std::string& backend, std::uintptr_t stream,
+            nb::handle workspace_h, bool checked, const std::vector<std::string>& bf16) {
+  DecodeCall c = decode_inputs(q, k_cache, v_cache, block_table, context_lens, bf16);
+  auto& a = c.args;
+  const Tensor& qt = c.keep[0];
+
+  Tensor out = output(out_h, "out", bf16);
+  out.require_ndim(3, "[batch, num_heads, head_dim]");
+  for (int i = 0; i < 3; ++i) {
+    if (out.shape[i] != qt.shape[i]) {
+      bad(ErrorCode::kInvalidArgument, "out", ".shape", out.shape_str(),
+          "must equal q.shape " + qt.shape_str());
+    }
+  }
+  a.out_dtype = out.float_dtype();
+  out.require_contiguous();
+  out.require_device(c.device, "q");
+  a.out = out.data;
+
+  Tensor lse;
+  if (!lse_h.is_none()) {
+    lse = output(lse_h, "lse");
+    lse.require_ndim(2, "[batch, num_heads]");
+    lse.require_dim(0, qt.shape[0], "batch, q.shape[0]");
+    lse.require_dim(1, qt.shape[1], "num_heads, q.shape[1]");
+    lse.require_float32();
+    lse.require_contiguous();
+    lse.require_device(c.device, "q");
+    a.lse = static_cast<float*>(lse.data);
+  }
+
+  if (scale) a.scale = static_cast<float>(*scale);
+
+  pagedattn::DecodeOptions o;
+  o.backend = pick_backend(backend, c.device, "q");
+  o.cuda_stream = reinterpret_cast<void*>(stream);
+  o.cuda_checked = checked;
+
+  Tensor ws;
+  if (!workspace_h.is_none()) {
+    ws = output(workspace_h, "workspace");
+    ws.require_contiguous();
+    ws.require_device(c.device, "q");
+    if (o.backend == Backend::kCuda) {
+      o.workspace = ws.data;
+      o.workspace_bytes = ws.nbytes();
+    }
+  }
+
+  DeviceGuard guard(c.device);
+  nb::gil_scoped_release release;
+  pagedattn::decode(a, o);
+}
+
+std::size_t workspace_size(nb::handle q, nb::handle k_cache, nb::handle block_table,
+                           const std::string& backend) {
+  Tensor qt = input(q, "q");
+  Tensor k = input(k_cache, "k_cache");
+  Tensor table = input(block_table, "block_table");
+  qt.require_ndim(3, "[batch, num_heads, head_dim]");
+  k.require_ndim(4, "[num_blocks, num_kv_heads, block_size, head_dim]");
+  table.require_ndim(2, "[batch, max_blocks_per_seq]");
+  k.require_dim(3, qt.shape[2], "head_dim, q.shape[2]");
+  table.require_dim(0, qt.shape[0], "batch, q.shape[0]");
+  k.require_device(qt.device, "q");
+  table.require_device(qt.device, "q");
+  if (pick_backend(backend, qt.device, "q") != Backend::kCuda) return 0;
+
+  pagedattn::DecodeArgs a;
+  a.batch = qt.dim_int(0);
+  a.num_heads = qt.dim_int(1);
+  a.head_dim = qt.dim_int(2);
+  a.num_blocks = k.dim_int(0);
+  a.num_kv_heads = k.dim_int(1);
+  a.block_size = k.dim_int(2);
+  a.max_blocks_per_seq = table.dim_int(1);
+  // Only shapes matter for the size; the pointers just have to be non-null.
+  static const std::int32_t dummy[4] = {};
+  a.q = a.k_cache = a.v_cache = a.out = const_cast<std::int32_t*>(dummy);
+  a.block_table = a.context_lens = dummy;
+  DeviceGuard guard(qt.device);
+  return pagedattn::cuda_workspace_size(a);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Cache writes and block copies
+
+struct Cache {
+  Tensor k, v;
+  DType dtype = DType::kF32;
+};
+
+Cache cache_pair(nb::handle k_h, nb::handle v_h, const std::vector<std::string>& bf16) {
+  Cache c;
+  c.k = output(k_h, "k_cache", bf16);
+  c.v = output(v_h, "v_cache", bf16);
+  c.k.require_ndim(4, "[num_blocks, num_kv_heads, block_size, head_dim]");
+  c.v.require_ndim(4, "[num_blocks, num_kv_heads, block_size, head_dim]");
+  c.dtype = c.k.float_dtype();
+  if (c.v.float_dtype() != c.dtype) {
+    bad(ErrorCode::kInvalidArgument, "v_cache", ".dtype", dtype_str(c.v.dt),
+        "must equal k_cache.dtype (" + dtype_str(c.k.dt) + ")");
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (c.v.shape[i] != c.k.shape[i]) {
+      bad(ErrorCode::kInvalidArgument, "v_cache", ".shape", c.v.shape_str(),
+          "must equal k_cache.shape " + c.k.shape_str());
+    }
+  }
+  c.k.require_contiguous();
+  c.v.require_contiguous();
+  c.v.require_device(c.k.device, "k_cache");
+  return c;
+}
+
+void write_cache(nb::handle key_h, nb::handle value_h, nb::handle slots_h, nb::handle k_cache,
+                 nb::handle v_cache, const std::string& backend, std::uintptr_t stream,
+                 bool check_slots, const std::vector<std::string>& bf16) {
+  Tensor key = input(key_h, "key", bf16);
+  Tensor value = input(value_h, "value", bf16);
+  Tensor slots = input(slots_h, "slot_mapping");
+  Cache c = cache_pair(k_cache, v_cache, bf16);
+
+  key.require_ndim(3, "[num_tokens, num_kv_heads, head_dim]");
+  value.require_ndim(3, "[num_tokens, num_kv_heads, head_dim]");
+  slots.require_ndim(1, "[num_tokens]");
+  const DType src = key.float_dtype();
+  if (value.float_dtype() != src) {
+    bad(ErrorCode::kInvalidArgument, "value", ".dtype", dtype_str(value.dt),
+        "must equal key.dtype (" + dtype_str(key.dt) + ")");
+  }
+  slots.require_int32();
+  for (int i = 0; i < 3; ++i) {
+    if (value.shape[i] != key.shape[i]) {
+      bad(ErrorCode::kInvalidArgument, "value", ".shape", value.shape_str(),
+          "must equal key.shape " + key.shape_str());
+    }
+  }
+  key.require_dim(1, c.k.shape[1], "num_kv_heads, k_cache.shape[1]");
+  key.require_dim(2, c.k.shape[3], "head_dim, k_cache.shape[3]");
+  slots.require_dim(0, key.shape[0], "num_tokens, key.shape[0]");
+  slots.require_contiguous();
+  // Each token's [num_kv_heads, head_dim] must be contiguous; tokens may be any stride apart,
+  // the same stride in key and value.
+  for (Tensor* t : {&key, &value}) {
+    if (!t->contiguous_from(1)) {
+      bad(ErrorCode::kInvalidArgument, t->name, ".strides", t->strides_str(),
+          "each token's [num_kv_heads, head_dim] must be contiguous");
+    }
+  }
+  std::int64_t token_stride = 0;
+  if (key.shape[0] > 1) {
+    const std::int64_t row = key.shape[1] * key.shape[2];
+    if (key.strides[0] < row) {
+      bad(ErrorCode::kInvalidArgument, "key", ".strides", key.strides_str(),
+          "tokens must not overlap");
+    }
+    if (value.strides[0] != key.strides[0]) {
+      bad(ErrorCode::kInvalidArgument, "value", ".strides", value.strides_str(),
+          "must step tokens like key.strides " + key.strides_str());
+    }
+    token_stride = key.strides[0];
+  }
+  key.require_device(c.k.device, "k_cache");
+  value.require_device(c.k.device, "k_cache");
+  slots.require_device(c.k.device, "k_cache");
+
+  pagedattn::CacheWriteArgs a;
+  a.num_tokens = key.dim_int(0);
+  a.num_kv_heads = c.k.dim_int(1);
+  a.head_dim = c.k.dim_int(3);
+  a.block_size = c.k.dim_int(2);
+  a.num_blocks = c.k.dim_int(0);
+  a.key = key.data;
+  a.value = value.data;
+  a.src_dtype = src;
+  a.src_token_stride = token_stride;
+  a.slot_mapping = static_cast<const std::int32_t*>(slots.data);
+  a.k_cache = c.k.data;
+  a.v_cache = c.v.data;
+  a.cache_dtype = c.dtype;
+
+  pagedattn::CacheOpOptions o;
+  o.backend = pick_backend(backend, c.k.device, "k_cache");
+  o.cuda_stream = reinterpret_cast<void*>(stream);
+  o.check_device_slots = check_slots;
+
+  DeviceGuard guard(c.k.device);
+  nb::gil_scoped_release release;
+  pagedattn::write_cache(a, o);
+}
+
+// Block copy pairs: an int32 host tensor [n, 2], or any sequence of (src, dst) pairs.
+std::vector<pagedattn::BlockCopy> read_pairs(nb::handle h) {
+  std::vector<pagedattn::BlockCopy> pairs;
+  nb::ndarray<nb::ro> arr;
+  if (nb::try_cast(h, arr, /*convert=*/false)) {
+    Tensor t;
+    t.name = "pairs";
+    describe(t, arr);
+    if (t.device.kind != DeviceKind::kCpu) {
+      bad(ErrorCode::kInvalidArgument, "pairs", ".device", t.device.str(),
+          "block copy pairs are host memory (a CPU tensor or a list of (src, dst) pairs)");
+    }
+    if (t.ndim() != 2 || t.shape[1] != 2) {
+      bad(ErrorCode::kInvalidArgument, "pairs", ".shape", t.shape_str(), "expected [n, 2]");
+    }
+    const bool i32 = is(t.dt, nb::dlpack::dtype_code::Int, 32);
+    const bool i64 = is(t.dt, nb::dlpack::dtype_code::Int, 64);
+    if (!i32 && !i64) {
+      bad(ErrorCode::kInvalidArgument, "pairs", ".dtype", dtype_str(t.dt),
+          "expected int32 or int64");
+    }
+    pairs.resize(static_cast<std::size_t>(t.shape[0]));
+    for (std::int64_t i = 0; i < t.shape[0]; ++i) {
+      for (int j = 0; j < 2; ++j) {
+        const std::int64_t off = i * t.strides[0] + j * t.strides[1];
+        const std::int64_t id = i32 ? static_cast<const std::int32_t*>(t.data)[off]
+                                    : static_cast<const std::int64_t*>(t.data)[off];
+        if (id < INT32_MIN || id > INT32_MAX) {
+          bad(ErrorCode::kOutOfRange, "pairs", "[" + std::to_string(i) + "]",
+              std::to_string(id), "block id outside the int32 range");
+        }
+        (j == 0 ? pairs[i].src : pairs[i].dst) = static_cast<std::int32_t>(id);
+      }
+    }
+    return pairs;
+  }
+  if (!nb::isinstance<nb::sequence>(h) || nb::isinstance<nb::str>(h)) {
+    bad(ErrorCode::kInvalidArgument, "pairs", "",
+        std::string("an object of type ") + nb::type_name(h.type()).c_str(),
+        "expected a sequence of (src, dst) pairs or an int tensor [n, 2]");
+  }
+  std::size_t i = 0;
+  for (nb::handle item : h) {
+    std::int64_t src = 0, dst = 0;
+    bool ok = nb::isinstance<nb::sequence>(item) && nb::len(item) == 2 &&
+              nb::try_cast(item[0], src) && nb::try_cast(item[1], dst);
+    if (!ok || src < INT32_MIN || src > INT32_MAX || dst < INT32_MIN || dst > INT32_MAX) {
+      bad(ErrorCode::kInvalidArgument, "pairs", "[" + std::to_string(i) + "]",
+          nb::repr(item).c_str(), "expected a pair of int32 block ids (src, dst)");
+    }
+    pairs.push_back({static_cast<std::int32_t>(src), static_cast<std::int32_t>(dst)});
+    ++i;
+  }
+  return pairs;
+}
+
+void copy_blocks(nb::handle k_cache, nb::handle v_cache, nb::handle pairs_h,
+                 const std::string& backend, std::uintptr_t stream,
+                 const std::vector<std::string>& bf16) {
+  Cache c = cache_pair(k_cache, v_cache, bf16);
+  std::vector<pagedattn::BlockCopy> pairs = read_pairs(pairs_h);
+  if (pairs.size() > static_cast<std::size_t>(INT_MAX)) {
+    bad(ErrorCode::kInvalidArgument, "pairs", ".length", std::to_string(pairs.size()),
+        "too many pairs");
+  }
+  pagedattn::CopyBlocksArgs a;
+  a.num_kv_heads = c.k.dim_int(1);
+  a.head_dim = c.k.dim_int(3);
+  a.block_size = c.k.dim_int(2);
+  a.num_blocks = c.k.dim_int(0);
+  a.k_cache = c.k.data;
+  a.v_cache = c.v.data;
+  a.cache_dtype = c.dtype;
+  a.pairs = pairs.data();
+  a.num_pairs = static_cast<int>(pairs.size());
+
+  pagedattn::CacheOpOptions o;
+  o.backend = pick_backend(backend, c.k.device, "k_cache");
+  o.cuda_stream = reinterpret_cast<void*>(stream);
+
+  DeviceGuard guard(c.k.device);
+  nb::gil_scoped_release release;
+  pagedattn::copy_blocks(a, o);
+}
+
+// ----------------------------------------------------------------------------------------------
+// BlockManager helpers
+
+using Int32Array = nb::ndarray<nb::numpy, std::int32_t>;
+
+Int32Array to_numpy(std::vector<std::int32_t>&& v, std::size_t rows, std::size_t cols, int ndim) {
+  if (v.empty()) v.reserve(1);  // a valid pointer even for an empty array
+  auto* heap = new std::vector<std::int32_t>(std::move(v));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<std::int32_t>*>(p); });
+  if (ndim == 1) return Int32Array(heap->data(), {rows}, owner);
+  return Int32Array(heap->data(), {rows, cols}, owner);
+}
+
+using AppendResult =
+    std::pair<std::int32_t, std::optional<std::pair<std::int32_t, std::int32_t>>>;
+
+AppendResult append_result(const pagedattn::BlockManager::Append& a) {
+  AppendResult r{a.slot, std::nullopt};
+  if (a.copy) r.second = std::make_pair(a.copy->src, a.copy->dst);
+  return r;
+}
+
+}  // namespace
+
+NB_MODULE(_ext, m) {
+  m.doc() = "pagedattn's compiled core; use the functions of the pagedattn package.";
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      nb::object cls = nb::module_::import_("pagedattn._errors").attr("Error");
+      nb::object exc = cls(e.what(), e.argument(), code_name(e.code()));
+      PyErr_SetObject(cls.ptr(), exc.ptr());
+    }
+  });
+
+  m.def("decode", &decode, "q"_a, "k_cache"_a, "v_cache"_a, "block_table"_a, "context_lens"_a,
+        "out"_a, "lse"_a.none(), "scale"_a.none(), "backend"_a, "stream"_a, "workspace"_a.none(),
+        "checked"_a, "bf16"_a);
+  m.def("workspace_size", &workspace_size, "q"_a, "k_cache"_a, "block_table"_a, "backend"_a);
+  m.def("write_cache", &write_cache, "key"_a, "value"_a, "slot_mapping"_a, "k_cache"_a,
+        "v_cache"_a, "backend"_a, "stream"_a, "check_slots"_a, "bf16"_a);
+  m.def("copy_blocks", &copy_blocks, "k_cache"_a, "v_cache"_a, "pairs"_a, "backend"_a,
+        "stream"_a, "bf16"_a);
+
+  m.def("cuda_available", []() {
+    std::string why;
+    const bool ok = pagedattn::cuda_available(&why);
+    return std::make_pair(ok, why);
+  });
+  m.attr("built_with_cuda") = bool(PAGEDATTN_PY_CUDA);
+  {
+    nb::list dims;
+    for (int d : pagedattn::kSupportedHeadDims) dims.append(d);
+    m.attr("SUPPORTED_HEAD_DIMS") = nb::tuple(dims);
+  }
+  m.attr("MAX_BLOCK_SIZE") = pagedattn::kMaxBlockSize;
+  m.attr("MAX_GROUP_SIZE") = pagedattn::kMaxGroupSize;
+
+  using BM = pagedattn::BlockManager;
+  nb::class_<BM>(m, "BlockManager",
+                 "Host-side block allocation for a paged cache of `num_blocks` blocks of\n"
+                 "`block_size` tokens: which blocks each sequence owns, reference counts so a\n"
+                 "forked sequence shares its parent's blocks, and copy-on-write of a shared,\n"
+                 "partly filled last block. Every method either completes or raises\n"
+                 "pagedattn.Error leaving the manager unchanged (running out of blocks too).")
+      .def(nb::init<int, int>(), "num_blocks"_a, "block_size"_a)
+      .def_prop_ro("num_blocks", &BM::num_blocks, "Blocks in the pool.")
+      .def_prop_ro("block_size", &BM::block_size, "Tokens per block.")
+      .def_prop_ro("num_free_blocks", &BM::num_free_blocks, "Blocks no sequence references.")
+      .def_prop_ro("num_used_blocks", &BM::num_used_blocks, "Blocks some sequence references.")
+      .def_prop_ro("num_sequences", &BM::num_sequences, "Sequences held.")
+      .def("add_sequence",
+           [](BM& bm, BM::SeqId id, int prompt_len) {
+             std::vector<std::int32_t> slots = bm.add_sequence(id, prompt_len);
+             const std::size_t n = slots.size();
+             return to_numpy(std::move(slots), n, 0, 1);
+           },
+           "seq_id"_a, "prompt_len"_a,
+           "Adds sequence `seq_id` (a new id) with a prompt of `prompt_len` tokens and returns\n"
+           "the prompt's slot mapping: an int32 NumPy array of `prompt_len` slots in token\n"
+           "order, for write_cache().")
+      .def("append_token", [](BM& bm, BM::SeqId id) { return append_result(bm.append_token(id)); },
+           "seq_id"_a,
+           "Appends one token to `seq_id`. Returns (slot, copy): the slot to write the token\n"
+           "to, and None or a (src, dst) block copy to perform first with copy_blocks() when\n"
+           "the last block was shared (copy-on-write).")
+      .def("free_sequence", &BM::free_sequence, "seq_id"_a,
+           "Releases `seq_id`'s blocks; blocks nobody references become free.")
+      .def("fork", &BM::fork, "parent"_a, "child"_a,
+           "Makes `child` (a new id) share every block of `parent`. Allocates nothing.")
+      .def("blocks_for_prompt", &BM::blocks_for_prompt, "prompt_len"_a,
+           "Blocks add_sequence(_, prompt_len) would allocate now.")
+      .def("blocks_to_append", &BM::blocks_to_append, "seq_id"_a,
+           "Blocks append_token(seq_id) would allocate now (0 or 1).")
+      .def("__contains__", &BM::contains, "seq_id"_a)
+      .def("__len__", &BM::num_sequences)
+      .def("length", &BM::length, "seq_id"_a, "Tokens in `seq_id`.")
+      .def("blocks", [](const BM& bm, BM::SeqId id) { return bm.blocks(id); }, "seq_id"_a,
+           "The block ids of `seq_id`, in token order.")
+      .def("sequences", &BM::sequences, "The sequence ids held, ascending.")
+      .def("ref_count", &BM::ref_count, "block"_a, "How many sequences reference `block`.")
+      .def("slot", &BM::slot, "seq_id"_a, "pos"_a, "The slot of token `pos` of `seq_id`.")
+      .def("tables",
+           [](const BM& bm, const std::vector<BM::SeqId>& seqs, int min_width) {
+             BM::Tables t = bm.tables(seqs, min_width);
+             const std::size_t n = t.context_lens.size();
+             const std::size_t w = static_cast<std::size_t>(t.max_blocks_per_seq);
+             return std::make_pair(to_numpy(std::move(t.block_table), n, w, 2),
+                                   to_numpy(std::move(t.context_lens), n, 0, 1));
+           },
+           "seq_ids"_a, "min_width"_a = 0,
+           "Decode tables for `seq_ids`, in that order: (block_table, context_lens), int32\n"
+           "NumPy arrays of shapes [n, width] (-1 padded; width is the widest sequence's\n"
+           "block count, at least 1 and at least `min_width`) and [n].")
+      .def("fragmentation", &BM::fragmentation,
+           "Unfilled token slots in used blocks over all slots of used blocks (0 when none).")
+      .def("stored_tokens", &BM::stored_tokens, "Tokens stored, shared tokens counted once.")
+      .def("check_invariants", &BM::check_invariants,
+           "Recomputes the reference counts and the free list; raises pagedattn.Error on any\n"
+           "disagreement.");
+}
