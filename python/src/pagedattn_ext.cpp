@@ -223,6 +223,7 @@ struct Tensor {
 
   // Row-major contiguity over dimensions [first, ndim); dimensions of size 1 are free.
   bool contiguous_from(int first) const {
+    if (numel() == 0) return true;
     std::int64_t expected = 1;
     for (int i = ndim() - 1; i >= first; --i) {
       if (shape[i] != 1 && strides[i] != expected) return false;
@@ -321,10 +322,14 @@ Tensor output(nb::handle h, const char* name, const std::vector<std::string>& bf
   return import_tensor(h, name, true, tagged(bf16, name));
 }
 
-// The backend for tensors on `device`: "auto" follows the device; an explicit choice must match.
+// The backend for tensors on `device`: "auto" follows the device (PAGEDATTN_BACKEND is not
+// consulted: the tensors' memory decides); an explicit choice must be available and match it.
 Backend pick_backend(const std::string& requested, const Device& device, const char* ref) {
   const Backend b = pagedattn::parse_backend(requested, "backend");
   const Backend want = device.kind == DeviceKind::kCuda ? Backend::kCuda : Backend::kCpu;
+  if (want == Backend::kCuda || b == Backend::kCuda) {
+    pagedattn::resolve_backend(Backend::kCuda);  // kBackendUnavailable, saying why
+  }
   if (b != Backend::kAuto && b != want) {
     bad(ErrorCode::kInvalidArgument, "backend", "", "'" + requested + "'",
         std::string("does not match the device of ") + ref + " (" + device.str() + ")");
@@ -556,14 +561,14 @@ void write_cache(nb::handle key_h, nb::handle value_h, nb::handle slots_h, nb::h
         "must equal key.dtype (" + dtype_str(key.dt) + ")");
   }
   slots.require_int32();
+  key.require_dim(1, c.k.shape[1], "num_kv_heads, k_cache.shape[1]");
+  key.require_dim(2, c.k.shape[3], "head_dim, k_cache.shape[3]");
   for (int i = 0; i < 3; ++i) {
     if (value.shape[i] != key.shape[i]) {
       bad(ErrorCode::kInvalidArgument, "value", ".shape", value.shape_str(),
           "must equal key.shape " + key.shape_str());
     }
   }
-  key.require_dim(1, c.k.shape[1], "num_kv_heads, k_cache.shape[1]");
-  key.require_dim(2, c.k.shape[3], "head_dim, k_cache.shape[3]");
   slots.require_dim(0, key.shape[0], "num_tokens, key.shape[0]");
   slots.require_contiguous();
   // Each token's [num_kv_heads, head_dim] must be contiguous; tokens may be any stride apart,
