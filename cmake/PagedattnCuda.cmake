@@ -10,13 +10,17 @@ if(NOT PAGEDATTN_CUDA STREQUAL "OFF")
   endif()
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
+    # Hopper machine code plus compute_90 PTX, so newer GPUs can JIT it, unless the architectures
+    # were chosen (-DCMAKE_CUDA_ARCHITECTURES, or a parent project). Only pagedattn's own targets
+    # get this default (pagedattn_target_defaults); a parent project's targets keep theirs.
+    set(PAGEDATTN_CUDA_ARCHITECTURES "")
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      # Hopper machine code plus compute_90 PTX, so newer GPUs can JIT it.
-      set(CMAKE_CUDA_ARCHITECTURES 90-real 90-virtual)
+      set(PAGEDATTN_CUDA_ARCHITECTURES 90-real 90-virtual)
+      if(PAGEDATTN_TOP_LEVEL)
+        set(CMAKE_CUDA_ARCHITECTURES ${PAGEDATTN_CUDA_ARCHITECTURES})
+      endif()
     endif()
     enable_language(CUDA)
-    set(CMAKE_CUDA_STANDARD 17)
-    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
     find_package(CUDAToolkit REQUIRED)
     set(PAGEDATTN_WITH_CUDA ON)
   elseif(PAGEDATTN_CUDA STREQUAL "ON")

@@ -6,7 +6,6 @@
 #include <xsimd/xsimd.hpp>
 
 #include "pagedattn/cache_layout.hpp"
-#include "pagedattn/detail/fault_injection.hpp"
 #include "pagedattn/dtype.hpp"
 #include "pagedattn/split_plan.hpp"
 
@@ -23,7 +22,6 @@ struct ItemContext {
   const std::int32_t* context_lens;
   int num_heads;
   int group_size;
-  Fault fault;  // test-only planted bug (kNone in production)
 };
 
 // Query heads per register tile of the kernel.

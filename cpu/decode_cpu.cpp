@@ -110,7 +110,8 @@ struct CallerState {
   FloatBuffer partials;  // m[P], l[P], acc[P][D]
   SplitPlan plan;
   std::vector<std::int32_t> plan_lens;
-  std::vector<Task> tasks;  // built from the plan on every call (grow-only)
+  std::vector<Task> tasks;               // built from the plan on every call (grow-only)
+  std::vector<std::int32_t> fault_lens;  // Fault::kLastBlockOffByOne's context lengths
   int plan_kv_heads = -1, plan_block_size = -1, plan_parallelism = -1;
   bool plan_single = false;
 
@@ -185,7 +186,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
 
   // When the splits alone are too few to keep every thread busy (a short batch, min_chunk_tokens
   // or single_split), a task takes fewer kv heads: halve until there are 4 tasks per thread.
-  int kv_per_task = KV;
+  int kv_per_task = options.fault == Fault::kWrongKvHead ? 1 : KV;  // kv head 1 alone (see below)
   const std::int64_t splits = plan.total_splits();
   while (kv_per_task > 1 && splits * ((KV + kv_per_task - 1) / kv_per_task) < 4 * threads) {
     kv_per_task = (kv_per_task + 1) / 2;
@@ -217,8 +218,19 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   ctx.context_lens = a.context_lens;
   ctx.num_heads = H;
   ctx.group_size = G;
-  ctx.fault = active_fault();
-  const int dropped_splits = ctx.fault == Fault::kDropSplit ? 1 : 0;
+
+  // Test-only planted bugs (detail::Fault, set through the internal options), made around the
+  // kernel so that the kernel carries no test code. kLastBlockOffByOne: the kernel sees each
+  // context one token longer when its last block is partial (the plan keeps the true lengths),
+  // so it reads one slot past the context. kWrongKvHead: kv head 1 runs as kv head 0 with kv
+  // head 1's queries (below). kDropSplit: the combine drops the last split.
+  if (options.fault == Fault::kLastBlockOffByOne) {
+    st.fault_lens.assign(a.context_lens, a.context_lens + a.batch);
+    for (std::int32_t& L : st.fault_lens) L += L % BS != 0;
+    ctx.context_lens = st.fault_lens.data();
+  }
+  const bool wrong_kv_head = options.fault == Fault::kWrongKvHead;
+  const int dropped_splits = options.fault == Fault::kDropSplit ? 1 : 0;
 
   const std::int64_t num_tasks = static_cast<std::int64_t>(st.tasks.size());
   const Task* tasks = st.tasks.data();
@@ -236,6 +248,14 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
       const WorkItem& it = plan.items[tasks[i].item];
       // The heads of consecutive kv heads of one (sequence, split) are consecutive partials.
       const std::int64_t p0 = plan.partial_index(it.seq, it.split, it.kv_head * G, H);
+      if (wrong_kv_head && it.kv_head == 1) {
+        WorkItem wrong = it;
+        wrong.kv_head = 0;
+        ItemContext c = ctx;
+        c.q_scaled += static_cast<std::int64_t>(G) * D;
+        kernel.fn(c, wrong, 1, &part_m[p0], &part_l[p0], &part_acc[p0 * D], scratch);
+        continue;
+      }
       kernel.fn(ctx, it, tasks[i].kv_count, &part_m[p0], &part_l[p0], &part_acc[p0 * D], scratch);
     }
 

@@ -312,13 +312,11 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const floa
   }
   for (int blk = it.block_begin; blk < it.block_end; ++blk) {
     const int id = c.table.block(it.seq, blk);
-    int n = valid_in_block(L, BS, blk);
-    if (c.fault == Fault::kLastBlockOffByOne && n < BS) ++n;
+    const int n = valid_in_block(L, BS, blk);
     for (int i = 0; i < kv_count; ++i) {
       pf.rest();
       start_unit(pf, (blk - it.block_begin) * kv_count + i + kPrefetchUnits, kPrefetchPieces);
-      int kv = kv_first + i;
-      if (c.fault == Fault::kWrongKvHead && kv == 1) kv = 0;
+      const int kv = kv_first + i;
       const std::int64_t base = c.layout.offset(id, kv, 0);
       const T* kb = k_cache + base;
       const T* vb = v_cache + base;

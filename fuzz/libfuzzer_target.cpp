@@ -18,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "pagedattn/detail/dispatch.hpp"
 #include "pagedattn/pagedattn.hpp"
 #include "pagedattn/reference.hpp"
 
@@ -130,7 +131,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   a.lse = with_lse && null_pointer != 6 ? lse.data() : nullptr;
 
   const std::vector<std::uint8_t> out_before(out.data.get(), out.data.get() + out.size);
-  pagedattn::DecodeOptions options;
+  pagedattn::detail::DecodeOptions options;
   options.backend = pagedattn::Backend::kCpu;
   options.num_threads = 1;
   options.single_split = single_split;
@@ -139,7 +140,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   pagedattn::ErrorCode code{};
   std::string argument;
   try {
-    pagedattn::decode(a, options);
+    pagedattn::detail::decode(a, options);
   } catch (const pagedattn::Error& e) {
     decode_threw = true;
     code = e.code();

@@ -16,7 +16,7 @@
 #include "cli/args.hpp"
 #include "fuzz_case.hpp"
 #include "oracle.hpp"
-#include "pagedattn/detail/fault_injection.hpp"
+#include "fault_injection.hpp"
 #include "pagedattn/pagedattn.hpp"
 #include "shrink.hpp"
 
@@ -226,7 +226,7 @@ int run(int argc, char** argv) {
     print_help();
     return 0;
   }
-  pagedattn::detail::set_fault(parse_fault(cfg.fault));
+  pagedattn::testkit::set_fault(parse_fault(cfg.fault));
 
   pf::CheckOptions check;
   check.backends = cfg.backends;

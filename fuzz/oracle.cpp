@@ -9,7 +9,9 @@
 #include <stdexcept>
 
 #include "device_roundtrip.hpp"
+#include "fault_injection.hpp"
 #include "pagedattn/cache_layout.hpp"
+#include "pagedattn/detail/dispatch.hpp"
 #include "pagedattn/reference.hpp"
 
 namespace pagedattn::fuzz {
@@ -34,15 +36,16 @@ Result read_outputs(const testkit::HostCase& h) {
 // `checked`: the CUDA backend validates its device-resident tables (the CPU path always does).
 void run_backend(Backend backend, const DecodeArgs& args, int threads, bool single_split,
                  bool checked) {
-  DecodeOptions o;
+  detail::DecodeOptions o;
   o.backend = backend;
   o.num_threads = threads;
   o.single_split = single_split;
+  o.fault = testkit::planted_fault();
   o.cuda_checked = checked;
   if (backend == Backend::kCuda) {
     testkit::cuda_decode_from_host(args, o);
   } else {
-    decode(args, o);
+    detail::decode(args, o);
   }
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer target (fuzz/libfuzzer_target.cpp) with clang: the core and the CPU backend
-# compiled straight from their sources with coverage, AddressSanitizer and UBSan.
+# Builds the libFuzzer target (fuzz/libfuzzer_target.cpp) with clang: the core, the CPU backend and
+# the dispatch layer (without CUDA) compiled straight from their sources with coverage, AddressSanitizer and UBSan.
 #
 #   scripts/build_libfuzzer.sh [BUILD_DIR]        (default build-libfuzzer)
 #   BUILD_DIR/pagedattn_libfuzzer fuzz/corpus/libfuzzer -max_total_time=60
@@ -29,7 +29,7 @@ fi
 
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 common=(-std=c++17 -g -O1 -fopenmp $san
-  -I"$root/core/include" -I"$root/cpu" -I/usr/include/eigen3)
+  -I"$root/core/include" -I"$root/dispatch/include" -I"$root/cpu" -I/usr/include/eigen3)
 objs=()
 compile() {  # source, extra flags...
   local src="$1"
@@ -39,7 +39,9 @@ compile() {  # source, extra flags...
   objs+=("$obj")
 }
 
-for src in "$root"/core/src/*.cpp "$root"/core/src/no_cuda/*.cpp; do compile "$src"; done
+for src in "$root"/core/src/*.cpp "$root"/dispatch/*.cpp "$root"/dispatch/no_cuda/*.cpp; do
+  compile "$src"
+done
 for src in "$root"/cpu/*.cpp; do
   case "$(basename "$src")" in
     isa_avx2.cpp) compile "$src" -mavx2 -mfma -mf16c ;;

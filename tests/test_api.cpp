@@ -6,6 +6,7 @@
 #include <cmath>
 #include <string>
 
+#include "pagedattn/detail/backends.hpp"
 #include "pagedattn/reference.hpp"
 #include "random_case.hpp"
 #include "test_seed.hpp"
@@ -139,7 +140,7 @@ TEST(Api, CustomScale) {
 
 TEST(Api, ThreadCountsAndSingleSplitGiveTheSameResult) {
   testkit::HostCase base = testkit::make_case(mixed_spec(44));
-  DecodeOptions o;
+  detail::DecodeOptions o;
   o.backend = Backend::kCpu;
   o.num_threads = 1;
   o.single_split = true;

@@ -71,7 +71,6 @@ void check_kernel_on(Arch, const char* name, const testkit::CaseSpec& spec,
   ctx.context_lens = a.context_lens;
   ctx.num_heads = H;
   ctx.group_size = G;
-  ctx.fault = detail::Fault::kNone;
   alignas(64) float scores[detail::cpu::kHeadTile * 256];
   const int KV = a.num_kv_heads;
   std::vector<float> m(KV * G), l(KV * G), acc(static_cast<std::size_t>(KV) * G * D);

@@ -26,10 +26,7 @@ namespace {
 #define SKIP_WITHOUT_CUDA() \
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device"
 
-std::uint64_t test_seed() {
-  return testing::seed_for(
-      std::hash<std::string>{}(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-}
+std::uint64_t test_seed() { return testing::seed_for_test(); }
 
 void expect_matches_reference(testkit::HostCase& c, double tol_scale = 1.0) {
   const testkit::Comparison cmp = testkit::compare_with_reference(c);
@@ -191,7 +188,7 @@ TEST(CudaDecode, SkewedBatch) {
 TEST(CudaDecode, SingleSplit) {
   SKIP_WITHOUT_CUDA();
   testkit::HostCase c = testkit::make_case(spec_for(DType::kBF16, 8, 2, 128, 16, {5000, 0, 77}));
-  DecodeOptions o = cuda_options();
+  detail::DecodeOptions o = cuda_options();
   o.single_split = true;
   testkit::run_decode(c, o);
   expect_matches_reference(c);

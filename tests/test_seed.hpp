@@ -1,6 +1,8 @@
 // Seeds for randomized tests: PAGEDATTN_TEST_SEED replays a run; every failure prints the seed.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -19,6 +21,21 @@ inline std::uint64_t seed_for(std::uint64_t salt) {
   x ^= x >> 31;
   x *= 0xbf58476d1ce4e5b9ull;
   return x ^ (x >> 29);
+}
+
+// FNV-1a of a string: the same value from every standard library (std::hash is not).
+inline std::uint64_t stable_hash(const std::string& s) {
+  std::uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// The seed of the running test, salted with its name.
+inline std::uint64_t seed_for_test() {
+  return seed_for(stable_hash(::testing::UnitTest::GetInstance()->current_test_info()->name()));
 }
 
 inline std::string seed_note(std::uint64_t seed) {

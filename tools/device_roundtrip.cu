@@ -7,6 +7,7 @@
 
 #include "device_roundtrip.hpp"
 #include "pagedattn/cache_layout.hpp"
+#include "pagedattn/detail/dispatch.hpp"
 #include "pagedattn/validate.hpp"
 
 namespace pagedattn::testkit {
@@ -38,10 +39,10 @@ struct DeviceBuffer {
 
 }  // namespace
 
-void cuda_decode_from_host(const DecodeArgs& host, const DecodeOptions& options) {
+void cuda_decode_from_host(const DecodeArgs& host, const detail::DecodeOptions& options) {
   validate_shapes(host);
   if (host.batch == 0) return;
-  DecodeOptions o = options;
+  detail::DecodeOptions o = options;
   o.backend = Backend::kCuda;
   cudaStream_t stream = static_cast<cudaStream_t>(o.cuda_stream);
   const CacheLayout layout =
@@ -65,7 +66,7 @@ void cuda_decode_from_host(const DecodeArgs& host, const DecodeOptions& options)
   dev.out = out.upload(host.out, out_bytes, stream);  // carries the caller's poison
   dev.lse = host.lse ? static_cast<float*>(lse.upload(host.lse, lse_elems * sizeof(float), stream))
                      : nullptr;
-  decode(dev, o);
+  detail::decode(dev, o);
   check(cudaMemcpyAsync(host.out, dev.out, out_bytes, cudaMemcpyDeviceToHost, stream),
         "cudaMemcpyAsync(out)");
   if (host.lse != nullptr) {

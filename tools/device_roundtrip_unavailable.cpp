@@ -3,7 +3,7 @@
 
 namespace pagedattn::testkit {
 
-void cuda_decode_from_host(const DecodeArgs&, const DecodeOptions&) {
+void cuda_decode_from_host(const DecodeArgs&, const detail::DecodeOptions&) {
   fail(ErrorCode::kBackendUnavailable, "backend", "cuda",
        "unavailable: this build of pagedattn has no CUDA backend");
 }

@@ -7,7 +7,9 @@
 #include <sstream>
 
 #include "device_roundtrip.hpp"
+#include "fault_injection.hpp"
 #include "pagedattn/cache_layout.hpp"
+#include "pagedattn/detail/dispatch.hpp"
 #include "pagedattn/reference.hpp"
 
 namespace pagedattn::testkit {
@@ -133,14 +135,14 @@ void HostCase::poison_outputs() {
   std::fill(lse.begin(), lse.end(), std::numeric_limits<float>::quiet_NaN());
 }
 
-Backend run_decode(HostCase& c, const DecodeOptions& options) {
+Backend run_decode(HostCase& c, const detail::DecodeOptions& options) {
   const Backend backend = resolve_backend(options.backend);
-  DecodeOptions o = options;
+  detail::DecodeOptions o = options;
   o.backend = backend;
   if (backend == Backend::kCuda) {
     cuda_decode_from_host(c.args(), o);
   } else {
-    decode(c.args(), o);
+    detail::decode(c.args(), o);
   }
   return backend;
 }
@@ -208,5 +210,12 @@ std::string describe(const CaseSpec& s) {
   os << "]";
   return os.str();
 }
+
+namespace {
+detail::Fault g_fault = detail::Fault::kNone;
+}  // namespace
+
+void set_fault(detail::Fault f) { g_fault = f; }
+detail::Fault planted_fault() { return g_fault; }
 
 }  // namespace pagedattn::testkit

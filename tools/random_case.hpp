@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "pagedattn/detail/backends.hpp"
 #include "pagedattn/pagedattn.hpp"
 
 namespace pagedattn::testkit {
@@ -67,7 +68,9 @@ Comparison compare_with_reference(HostCase& c);
 
 // Runs decode over the case on options.backend (resolved as decode() does); the CUDA backend
 // gets device copies of the buffers and its results are copied back. Returns the backend used.
-Backend run_decode(HostCase& c, const DecodeOptions& options = {});
+// The options are the backends' own (detail::DecodeOptions: single_split, fault); public
+// DecodeOptions convert to them.
+Backend run_decode(HostCase& c, const detail::DecodeOptions& options = {});
 
 // Tolerance on rel_err (|out - ref| / max|ref|) for an output dtype, with the reason in docs.
 double out_tolerance(DType out_dtype);

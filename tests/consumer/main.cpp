@@ -1,7 +1,9 @@
 // One sequence of two tokens, one head: checks the installed library computes softmax attention.
 #include <cmath>
 #include <cstdio>
+#include <pagedattn/block_manager.hpp>
 #include <pagedattn/pagedattn.hpp>
+#include <pagedattn/reference.hpp>
 #include <vector>
 
 int main() {

@@ -80,9 +80,6 @@ struct DecodeOptions {
   void* cuda_stream = nullptr;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
-  // One work item per (sequence, kv head), no split-KV: used to check that the split plan does
-  // not change results. Slower on long contexts.
-  bool single_split = false;
   // CUDA: copy the device-resident context_lens and block_table to the host and validate them
   // (the same errors as the CPU path) before any kernel runs. Synchronizes the stream. Without
   // it, out-of-range lengths are clamped and tokens of out-of-range block ids are skipped.

@@ -1,4 +1,5 @@
-// The internal seam between the API and the backends. Arguments arrive validated.
+// The seam between the dispatch layer and the backends: what each backend implements, and the
+// options it runs with. Arguments arrive validated. Not installed.
 #pragma once
 
 #include <cstddef>
@@ -7,6 +8,28 @@
 #include "pagedattn/pagedattn.hpp"
 
 namespace pagedattn::detail {
+
+// A known bug planted in the CPU backend, so the fuzzer can prove it catches it.
+enum class Fault : int {
+  kNone = 0,
+  kLastBlockOffByOne,  // a partial last block reads one slot past the context
+  kWrongKvHead,        // kv head 1 reads kv head 0's keys and values
+  kDropSplit,          // the combine ignores the last split of a split sequence
+};
+
+// The options a backend runs with: the public DecodeOptions plus knobs only the tests and the
+// fuzzer set, through detail::decode (dispatch/include/pagedattn/detail/dispatch.hpp). The
+// public decode() runs with both off.
+struct DecodeOptions : pagedattn::DecodeOptions {
+  DecodeOptions() = default;
+  DecodeOptions(const pagedattn::DecodeOptions& o) : pagedattn::DecodeOptions(o) {}  // NOLINT
+
+  // One work item per (sequence, kv head), no split-KV: checks that the split plan does not
+  // change results beyond rounding. Slower on long contexts.
+  bool single_split = false;
+  // CPU backend: the planted bug (kNone: none).
+  Fault fault = Fault::kNone;
+};
 
 namespace cpu {
 // Runs on host memory; context_lens and block_table already validated.

@@ -1,15 +1,11 @@
-// The internal seam between the cache-write API and the backends. Arguments arrive validated.
+// The seam between the dispatch layer's cache writes and the backends: what each backend
+// implements. Arguments arrive validated. Not installed.
 #pragma once
 
-#include <cstdint>
-
 #include "pagedattn/cache_ops.hpp"
+#include "pagedattn/detail/cache_validate.hpp"
 
 namespace pagedattn::detail {
-
-// Every slot_mapping entry (given in host memory) is -1 or in [0, num_blocks * block_size);
-// else an Error naming slot_mapping[i] and the value. Shared by both backends.
-void validate_slots(const CacheWriteArgs& args, const std::int32_t* slot_mapping);
 
 namespace cpu {
 // Host memory; every slot already checked.

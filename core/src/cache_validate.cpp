@@ -1,25 +1,25 @@
-// The cache-write entry points: validation shared by both backends, then backend selection
-// exactly as decode() does it.
-#include "pagedattn/cache_ops.hpp"
+// Validation of the cache-write entry points, shared by both backends.
+#include "pagedattn/detail/cache_validate.hpp"
 
 #include <cstdint>
 #include <sstream>
 #include <string>
 #include <unordered_set>
 
-#include "pagedattn/detail/cache_backends.hpp"
 #include "pagedattn/validate.hpp"
 
 namespace pagedattn {
 namespace {
 
 // The pool shape both operations share.
-void validate_pool(int num_kv_heads, int head_dim, int block_size, int num_blocks) {
+void validate_pool(int num_kv_heads, int head_dim, int block_size,
+                   int num_blocks) {
   require_positive("num_kv_heads", num_kv_heads);
   require_positive("head_dim", head_dim);
   require_block_size(block_size);
   if (num_blocks < 0) {
-    fail(ErrorCode::kInvalidArgument, "num_blocks", num_blocks, "must not be negative");
+    fail(ErrorCode::kInvalidArgument, "num_blocks", num_blocks,
+         "must not be negative");
   }
   if (static_cast<std::int64_t>(num_blocks) * block_size > INT32_MAX) {
     fail(ErrorCode::kInvalidArgument, "num_blocks", num_blocks,
@@ -27,23 +27,29 @@ void validate_pool(int num_kv_heads, int head_dim, int block_size, int num_block
   }
 }
 
-void validate_write_shapes(const CacheWriteArgs& a) {
+} // namespace
+
+namespace detail {
+
+void validate_write_args(const CacheWriteArgs &a) {
   if (a.num_tokens < 0) {
-    fail(ErrorCode::kInvalidArgument, "num_tokens", a.num_tokens, "must not be negative");
+    fail(ErrorCode::kInvalidArgument, "num_tokens", a.num_tokens,
+         "must not be negative");
   }
   validate_pool(a.num_kv_heads, a.head_dim, a.block_size, a.num_blocks);
   require_dtype("src_dtype", a.src_dtype);
   require_dtype("cache_dtype", a.cache_dtype);
   if (a.src_token_stride != 0 &&
-      a.src_token_stride < static_cast<std::int64_t>(a.num_kv_heads) * a.head_dim) {
+      a.src_token_stride <
+          static_cast<std::int64_t>(a.num_kv_heads) * a.head_dim) {
     std::ostringstream v;
-    v << a.src_token_stride
-      << " (num_kv_heads * head_dim = " << static_cast<std::int64_t>(a.num_kv_heads) * a.head_dim
-      << ")";
+    v << a.src_token_stride << " (num_kv_heads * head_dim = "
+      << static_cast<std::int64_t>(a.num_kv_heads) * a.head_dim << ")";
     fail(ErrorCode::kInvalidArgument, "src_token_stride", v.str(),
          "must be 0 or at least num_kv_heads * head_dim");
   }
-  if (a.num_tokens == 0) return;  // a no-op: nothing is read or written
+  if (a.num_tokens == 0)
+    return; // a no-op: nothing is read or written
   require_non_null("key", a.key);
   require_non_null("value", a.value);
   require_non_null("slot_mapping", a.slot_mapping);
@@ -51,22 +57,25 @@ void validate_write_shapes(const CacheWriteArgs& a) {
   require_non_null("v_cache", a.v_cache);
 }
 
-void validate_copies(const CopyBlocksArgs& a) {
+void validate_copy_args(const CopyBlocksArgs &a) {
   validate_pool(a.num_kv_heads, a.head_dim, a.block_size, a.num_blocks);
   require_dtype("cache_dtype", a.cache_dtype);
   if (a.num_pairs < 0) {
-    fail(ErrorCode::kInvalidArgument, "num_pairs", a.num_pairs, "must not be negative");
+    fail(ErrorCode::kInvalidArgument, "num_pairs", a.num_pairs,
+         "must not be negative");
   }
-  if (a.num_pairs == 0) return;
+  if (a.num_pairs == 0)
+    return;
   require_non_null("pairs", a.pairs);
   require_non_null("k_cache", a.k_cache);
   require_non_null("v_cache", a.v_cache);
-  const auto check_id = [&](int i, const char* field, std::int32_t id) {
+  const auto check_id = [&](int i, const char *field, std::int32_t id) {
     if (id < 0 || id >= a.num_blocks) {
       std::ostringstream arg;
       arg << "pairs[" << i << "]." << field;
       fail(ErrorCode::kOutOfRange, arg.str(), id,
-           "block id out of range [0, " + std::to_string(a.num_blocks) + ") (num_blocks)");
+           "block id out of range [0, " + std::to_string(a.num_blocks) +
+               ") (num_blocks)");
     }
   };
   std::unordered_set<std::int32_t> srcs, dsts;
@@ -75,28 +84,27 @@ void validate_copies(const CopyBlocksArgs& a) {
     check_id(i, "dst", a.pairs[i].dst);
     srcs.insert(a.pairs[i].src);
   }
-  // Pairs run in parallel: a block written twice, or written while another pair reads it, would
-  // make the result depend on the order.
+  // Pairs run in parallel: a block written twice, or written while another pair
+  // reads it, would make the result depend on the order.
   for (int i = 0; i < a.num_pairs; ++i) {
     const std::int32_t dst = a.pairs[i].dst;
     if (!dsts.insert(dst).second || srcs.count(dst)) {
       std::ostringstream arg;
       arg << "pairs[" << i << "].dst";
       fail(ErrorCode::kInvalidArgument, arg.str(), dst,
-           srcs.count(dst) ? "is also the src of a pair" : "appears as the dst of two pairs");
+           srcs.count(dst) ? "is also the src of a pair"
+                           : "appears as the dst of two pairs");
     }
   }
 }
 
-}  // namespace
-
-namespace detail {
-
-void validate_slots(const CacheWriteArgs& a, const std::int32_t* slot_mapping) {
-  const std::int64_t slots = static_cast<std::int64_t>(a.num_blocks) * a.block_size;
+void validate_slots(const CacheWriteArgs &a, const std::int32_t *slot_mapping) {
+  const std::int64_t slots =
+      static_cast<std::int64_t>(a.num_blocks) * a.block_size;
   for (int i = 0; i < a.num_tokens; ++i) {
     const std::int32_t s = slot_mapping[i];
-    if (s == -1) continue;
+    if (s == -1)
+      continue;
     if (s < 0 || s >= slots) {
       std::ostringstream arg;
       arg << "slot_mapping[" << i << "]";
@@ -107,29 +115,6 @@ void validate_slots(const CacheWriteArgs& a, const std::int32_t* slot_mapping) {
   }
 }
 
-}  // namespace detail
+} // namespace detail
 
-void write_cache(const CacheWriteArgs& args, const CacheOpOptions& options) {
-  validate_write_shapes(args);
-  const Backend backend = resolve_backend(options.backend);
-  if (args.num_tokens == 0) return;
-  if (backend == Backend::kCuda) {
-    detail::cuda::write_cache(args, options);  // checks device-resident slots itself
-    return;
-  }
-  detail::validate_slots(args, args.slot_mapping);
-  detail::cpu::write_cache(args, options);
-}
-
-void copy_blocks(const CopyBlocksArgs& args, const CacheOpOptions& options) {
-  validate_copies(args);
-  const Backend backend = resolve_backend(options.backend);
-  if (args.num_pairs == 0) return;
-  if (backend == Backend::kCuda) {
-    detail::cuda::copy_blocks(args, options);
-    return;
-  }
-  detail::cpu::copy_blocks(args, options);
-}
-
-}  // namespace pagedattn
+} // namespace pagedattn

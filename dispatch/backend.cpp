@@ -1,10 +1,10 @@
-#include <cmath>
+// Backend selection: the one place that turns Backend::kAuto, PAGEDATTN_BACKEND and what was
+// built into the backend a call runs on (decode, write_cache and copy_blocks all ask here).
 #include <cstdlib>
 #include <string>
 
 #include "pagedattn/detail/backends.hpp"
 #include "pagedattn/pagedattn.hpp"
-#include "pagedattn/validate.hpp"
 
 namespace pagedattn {
 
@@ -43,22 +43,6 @@ Backend resolve_backend(Backend requested) {
     }
   }
   return requested;
-}
-
-float DecodeArgs::effective_scale() const {
-  return scale ? *scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
-}
-
-void decode(const DecodeArgs& args, const DecodeOptions& options) {
-  validate_shapes(args);
-  const Backend backend = resolve_backend(options.backend);
-  if (args.batch == 0) return;
-  if (backend == Backend::kCuda) {
-    detail::cuda::decode(args, options);  // validates device-resident tables itself
-    return;
-  }
-  validate_tables(args, args.context_lens, args.block_table);
-  detail::cpu::decode(args, options);
 }
 
 }  // namespace pagedattn

@@ -1,0 +1,19 @@
+// Validation of write_cache and copy_blocks arguments, shared by the dispatch layer and both
+// backends. Each throws pagedattn::Error naming the argument and the value. Not installed.
+#pragma once
+
+#include <cstdint>
+
+#include "pagedattn/cache_ops.hpp"
+
+namespace pagedattn::detail {
+
+// Shapes, dtypes, strides and pointers of a cache write (slots are checked by validate_slots).
+void validate_write_args(const CacheWriteArgs& args);
+// The pool shape and every pair: ids in range, no dst twice, no dst that is also a src.
+void validate_copy_args(const CopyBlocksArgs& args);
+// Every slot_mapping entry (given in host memory) is -1 or in [0, num_blocks * block_size);
+// else an Error naming slot_mapping[i] and the value.
+void validate_slots(const CacheWriteArgs& args, const std::int32_t* slot_mapping);
+
+}  // namespace pagedattn::detail

@@ -1,0 +1,29 @@
+// decode(): validation, backend selection, then the backend.
+#include "pagedattn/detail/backends.hpp"
+#include "pagedattn/detail/dispatch.hpp"
+#include "pagedattn/pagedattn.hpp"
+#include "pagedattn/validate.hpp"
+
+namespace pagedattn {
+
+namespace detail {
+
+void decode(const DecodeArgs& args, const DecodeOptions& options) {
+  validate_shapes(args);
+  const Backend backend = resolve_backend(options.backend);
+  if (args.batch == 0) return;
+  if (backend == Backend::kCuda) {
+    cuda::decode(args, options);  // validates device-resident tables itself
+    return;
+  }
+  validate_tables(args, args.context_lens, args.block_table);
+  cpu::decode(args, options);
+}
+
+}  // namespace detail
+
+void decode(const DecodeArgs& args, const DecodeOptions& options) {
+  detail::decode(args, detail::DecodeOptions(options));
+}
+
+}  // namespace pagedattn

@@ -1,0 +1,12 @@
+// The dispatch layer's internal entry point: decode() with the backends' own options, so tests
+// and the fuzzer can ask for one split per sequence or plant a fault. Not installed.
+#pragma once
+
+#include "pagedattn/detail/backends.hpp"
+
+namespace pagedattn::detail {
+
+// Validates, resolves options.backend and runs that backend, exactly as pagedattn::decode.
+void decode(const DecodeArgs& args, const DecodeOptions& options);
+
+}  // namespace pagedattn::detail
