@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "gtest_printers.hpp"
 #include "random_case.hpp"
 #include "test_seed.hpp"
 
@@ -52,10 +53,6 @@ int ctx_len(Ctx c, int bs) {
 
 // Readable parameter values in test listings.
 void PrintTo(Ctx c, std::ostream* os) { *os << "ctx " << ctx_name(c); }
-}  // namespace
-void PrintTo(Backend b, std::ostream* os) { *os << backend_name(b); }
-void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
-namespace {
 
 // group: query heads per kv head; 0 means every head on one kv head (MQA with 16 heads).
 using Param = std::tuple<Backend, DType, int /*head_dim*/, int /*block_size*/, int /*group*/, Ctx>;
@@ -78,8 +75,7 @@ TEST_P(BackendReferenceTest, MatchesTheReference) {
   spec.spare_blocks = 5;
   spec.table_padding = 2;
   spec.table_stride_extra = 3;
-  spec.seed = testing::seed_for(
-      std::hash<std::string>{}(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+  spec.seed = testing::seed_for_test();
   testkit::HostCase c = testkit::make_case(spec);
   DecodeOptions o;
   o.backend = backend;
@@ -107,6 +103,16 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(Ctx::kZero, Ctx::kOne, Ctx::kBlockMinus1, Ctx::kBlock,
                                          Ctx::kBlockPlus1, Ctx::kThousand)),
     param_name);
+
+// The head dims and GQA groups the main grid leaves out (96, 112, 192; groups above 16), on a
+// few lengths: every head dim with a kernel is checked against the reference.
+INSTANTIATE_TEST_SUITE_P(Dims, BackendReferenceTest,
+                         ::testing::Combine(::testing::Values(Backend::kCpu, Backend::kCuda),
+                                            ::testing::Values(DType::kF32, DType::kBF16),
+                                            ::testing::Values(96, 112, 192), ::testing::Values(16),
+                                            ::testing::Values(4, 24, 64),
+                                            ::testing::Values(Ctx::kBlockPlus1, Ctx::kThousand)),
+                         param_name);
 
 }  // namespace
 }  // namespace pagedattn

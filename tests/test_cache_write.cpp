@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "gtest_printers.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/cache_ops.hpp"
 #include "sim/device_memory.hpp"
@@ -126,7 +127,11 @@ TEST_P(CacheWriteDTypes, CpuMatchesTheReference) {
 INSTANTIATE_TEST_SUITE_P(
     All, CacheWriteDTypes,
     ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
-                       ::testing::Values(DType::kF32, DType::kF16, DType::kBF16)));
+                       ::testing::Values(DType::kF32, DType::kF16, DType::kBF16)),
+    [](const auto& info) {
+      return std::string(dtype_name(std::get<0>(info.param))) + "_to_" +
+             dtype_name(std::get<1>(info.param));
+    });
 
 TEST(CacheWrite, SlotOutOfRangeIsAnErrorAndWritesNothing) {
   for (const std::int32_t bad : {-2, 4 * 16, 1 << 30}) {

@@ -7,8 +7,11 @@
 #include <cstdint>
 #include <map>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
+#include "gtest_printers.hpp"
 #include "pagedattn/block_manager.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/pagedattn.hpp"
@@ -178,7 +181,11 @@ TEST_P(ForkDecode, SharedBlocksDecodeLikeAnUnsharedCopy) {
 
 INSTANTIATE_TEST_SUITE_P(Grid, ForkDecode,
                          ::testing::Combine(::testing::Values(1, 8, 16),
-                                            ::testing::Values(DType::kF32, DType::kBF16)));
+                                            ::testing::Values(DType::kF32, DType::kBF16)),
+                         [](const auto& info) {
+                           return "bs" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  dtype_name(std::get<1>(info.param));
+                         });
 
 }  // namespace
 }  // namespace pagedattn

@@ -156,10 +156,23 @@ TEST(SplitPlan, FewLongSequencesStayWithinTheParallelism) {
     EXPECT_LE(static_cast<int>(p.items.size()), o.parallelism);
     EXPECT_GE(static_cast<int>(p.items.size()), o.parallelism * 3 / 4);
   }
-  // One 131072-token sequence with 8 kv heads: 65 splits of 126 or 127 blocks, not 67.
+  // One 131072-token sequence with 8 kv heads: its balanced splits cover every block once and
+  // differ by at most one block, none above the chunk.
   const std::vector<std::int32_t> one(1, 131072);
   const SplitPlan p = make_split_plan(one.data(), 1, 8, 16, o);
-  EXPECT_EQ(p.num_splits[0], 65);
+  const int nb = 131072 / 16;
+  ASSERT_GE(p.num_splits[0], 1);
+  int covered = 0, smallest = nb, largest = 0;
+  for (const WorkItem& it : p.items) {
+    if (it.kv_head != 0) continue;
+    EXPECT_EQ(it.block_begin, covered);
+    covered = it.block_end;
+    smallest = std::min(smallest, it.block_end - it.block_begin);
+    largest = std::max(largest, it.block_end - it.block_begin);
+  }
+  EXPECT_EQ(covered, nb);
+  EXPECT_LE(largest - smallest, 1);
+  EXPECT_LE(largest, p.chunk_blocks);
 }
 
 TEST(SplitPlan, PartialIndicesAreDisjoint) {
