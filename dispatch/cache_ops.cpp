@@ -1,5 +1,5 @@
-// write_cache() and copy_blocks(): validation, then backend selection exactly
-// as decode() does it, then the backend.
+// write_cache() and copy_blocks(): validation, then backend selection exactly as decode() does
+// it, then the backend.
 #include "pagedattn/cache_ops.hpp"
 
 #include "pagedattn/detail/cache_backends.hpp"
@@ -7,25 +7,24 @@
 
 namespace pagedattn {
 
-void write_cache(const CacheWriteArgs &args, const CacheOpOptions &options) {
+void write_cache(const CacheWriteArgs& args, const CacheOpOptions& options) {
   detail::validate_write_args(args);
+  validate_options(options);
   const Backend backend = resolve_backend(options.backend);
-  if (args.num_tokens == 0)
-    return;
+  if (args.num_tokens == 0) return;
   if (backend == Backend::kCuda) {
-    detail::cuda::write_cache(args,
-                              options); // checks device-resident slots itself
+    detail::cuda::write_cache(args, options);  // checks device-resident slots itself
     return;
   }
   detail::validate_slots(args, args.slot_mapping);
   detail::cpu::write_cache(args, options);
 }
 
-void copy_blocks(const CopyBlocksArgs &args, const CacheOpOptions &options) {
+void copy_blocks(const CopyBlocksArgs& args, const CacheOpOptions& options) {
   detail::validate_copy_args(args);
+  validate_options(options);
   const Backend backend = resolve_backend(options.backend);
-  if (args.num_pairs == 0)
-    return;
+  if (args.num_pairs == 0) return;
   if (backend == Backend::kCuda) {
     detail::cuda::copy_blocks(args, options);
     return;
@@ -33,4 +32,4 @@ void copy_blocks(const CopyBlocksArgs &args, const CacheOpOptions &options) {
   detail::cpu::copy_blocks(args, options);
 }
 
-} // namespace pagedattn
+}  // namespace pagedattn

@@ -10,6 +10,7 @@ namespace detail {
 
 void decode(const DecodeArgs& args, const DecodeOptions& options) {
   validate_shapes(args);
+  validate_options(options);
   const Backend backend = resolve_backend(options.backend);
   if (args.batch == 0) return;
   if (backend == Backend::kCuda) {

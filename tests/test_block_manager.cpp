@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
+#include <limits>
 #include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "pagedattn/block_manager.hpp"
@@ -107,6 +110,41 @@ TEST(BlockManager, ErrorsNameTheArgument) {
   }
   EXPECT_THROW(BlockManager(4, 0), Error);
   EXPECT_THROW(bm.add_sequence(3, -1), Error);
+}
+
+// Negative counts are errors naming the argument, and change nothing.
+TEST(BlockManager, NegativeCountsAreErrors) {
+  const auto expect_error = [](const std::function<void()>& call, const std::string& argument,
+                               const std::string& value) {
+    try {
+      call();
+      ADD_FAILURE() << "a negative " << argument << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_EQ(e.argument(), argument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(argument + " = " + value), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("must not be negative"), std::string::npos) << e.what();
+    }
+  };
+  BlockManager bm(8, 4);
+  bm.add_sequence(1, 5);
+  const auto blocks = bm.blocks(1);
+  const int free_blocks = bm.num_free_blocks();
+  for (const int n : {-1, -5, -4, std::numeric_limits<int>::min()}) {
+    SCOPED_TRACE(n);
+    expect_error([&] { (void)bm.blocks_for_prompt(n); }, "prompt_len", std::to_string(n));
+    expect_error([&] { bm.add_sequence(2, n); }, "prompt_len", std::to_string(n));
+    expect_error([&] { (void)bm.tables({1}, n); }, "min_width", std::to_string(n));
+    expect_error([&] { BlockManager(n, 4); }, "num_blocks", std::to_string(n));
+  }
+  EXPECT_EQ(bm.blocks(1), blocks);
+  EXPECT_EQ(bm.num_free_blocks(), free_blocks);
+  EXPECT_FALSE(bm.contains(2));
+  EXPECT_EQ(bm.blocks_for_prompt(0), 0);
+  EXPECT_EQ(bm.blocks_for_prompt(4), 1);
+  EXPECT_EQ(bm.blocks_for_prompt(5), 2);
+  EXPECT_EQ(bm.tables({1}, 0).max_blocks_per_seq, 2);
 }
 
 // Everything observable about the manager, to compare before and after a failed operation.

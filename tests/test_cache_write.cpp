@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -168,6 +169,117 @@ TEST(CacheWrite, BadShapesAreErrors) {
   EXPECT_NO_THROW(write_cache(a, cpu()));
 }
 
+// Runs write_cache on a mutated case; expects an Error with `code` naming `argument` whose
+// message holds each of `parts`, and both caches untouched.
+void expect_write_rejected(
+    const std::function<void(WriteCase&, CacheWriteArgs&, CacheOpOptions&)>& mutate, ErrorCode code,
+    const std::string& argument, const std::vector<std::string>& parts) {
+  WriteCase c = make_write_case(12, 2, 64, 4, 8, DType::kF32, DType::kBF16, 0, 21);
+  CacheWriteArgs a = c.args();
+  CacheOpOptions o = cpu();
+  mutate(c, a, o);
+  const std::vector<std::uint8_t> k0 = c.k_cache, v0 = c.v_cache;
+  try {
+    write_cache(a, o);
+    ADD_FAILURE() << "write_cache accepted a bad " << argument;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_EQ(e.argument(), argument) << e.what();
+    for (const std::string& p : parts) {
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
+          << "message '" << e.what() << "' lacks '" << p << "'";
+    }
+  }
+  EXPECT_TRUE(c.k_cache == k0) << "k_cache written despite the error";
+  EXPECT_TRUE(c.v_cache == v0) << "v_cache written despite the error";
+}
+
+TEST(CacheWrite, DuplicateSlotsAreAnErrorAndWriteNothing) {
+  // Token 9 repeats token 2's slot; token 11 repeats token 4's, later: token 9 is named.
+  expect_write_rejected(
+      [](WriteCase& c, CacheWriteArgs&, CacheOpOptions&) {
+        c.slots[2] = 17;
+        c.slots[9] = 17;
+        c.slots[4] = 30;
+        c.slots[11] = 30;
+        for (int i : {0, 1, 3, 5, 6, 7, 8, 10}) c.slots[i] = i == 5 ? -1 : 18 + i;
+      },
+      ErrorCode::kInvalidArgument, "slot_mapping[9]",
+      {"slot_mapping[9] = 17", "slot_mapping[2]", "distinct"});
+  // Three tokens in one slot: the second is named, against the first.
+  expect_write_rejected(
+      [](WriteCase& c, CacheWriteArgs&, CacheOpOptions&) {
+        for (int i = 0; i < 12; ++i) c.slots[i] = -1;
+        c.slots[1] = c.slots[6] = c.slots[3] = 0;
+      },
+      ErrorCode::kInvalidArgument, "slot_mapping[3]", {"slot_mapping[3] = 0", "slot_mapping[1]"});
+}
+
+TEST(CacheWrite, SkippedSlotsMayRepeat) {
+  WriteCase got = make_write_case(12, 2, 64, 4, 8, DType::kF32, DType::kF16, 0, 22);
+  for (int i = 0; i < 12; i += 2) got.slots[i] = -1;
+  WriteCase want = got;
+  write_cache(got.args(), cpu());
+  reference_write(want);
+  EXPECT_TRUE(got.k_cache == want.k_cache);
+  EXPECT_TRUE(got.v_cache == want.v_cache);
+}
+
+TEST(CacheWrite, HeadDimsDecodeRefusesAreErrors) {
+  for (const int dim : {1, 32, 100, 512}) {
+    SCOPED_TRACE(dim);
+    expect_write_rejected(
+        [dim](WriteCase&, CacheWriteArgs& a, CacheOpOptions&) { a.head_dim = dim; },
+        ErrorCode::kUnsupported, "head_dim",
+        {"head_dim = " + std::to_string(dim), "unsupported", "64, 80"});
+  }
+  expect_write_rejected([](WriteCase&, CacheWriteArgs& a, CacheOpOptions&) { a.head_dim = 0; },
+                        ErrorCode::kUnsupported, "head_dim", {"head_dim = 0"});
+}
+
+TEST(CacheWrite, EveryFieldIsChecked) {
+  using M = std::function<void(WriteCase&, CacheWriteArgs&, CacheOpOptions&)>;
+  const struct {
+    M mutate;
+    ErrorCode code;
+    std::string argument;
+    std::string part;
+  } cases[] = {
+      {[](WriteCase&, CacheWriteArgs& a, CacheOpOptions&) { a.num_tokens = -1; },
+       ErrorCode::kInvalidArgument, "num_tokens", "num_tokens = -1"},
+      {[](WriteCase&, CacheWriteArgs& a, CacheOpOptions&) { a.num_kv_heads = 0; },
+       ErrorCode::kInvalidArgument, "num_kv_heads", "num_kv_heads = 0"},
+      {[](WriteCase&, CacheWriteArgs& a, CacheOpOptions&) { a.block_size = 257; },
+       ErrorCode::kUnsupported, "block_size", "block_size = 257"},
+      {[](WriteCase&, CacheWriteArgs& a, CacheOpOptions&) { a.num_blocks = -3; },
+       ErrorCode::kInvalidArgument, "num_blocks", "num_blocks = -3"},
+      {[](WriteCase&, CacheWriteArgs& a, CacheOpOptions&) { a.src_dtype = static_cast<DType>(5); },
+       ErrorCode::kInvalidArgument, "src_dtype", "not a DType"},
+      {[](WriteCase&, CacheWriteArgs& a, CacheOpOptions&) {
+         a.cache_dtype = static_cast<DType>(-1);
+       },
+       ErrorCode::kInvalidArgument, "cache_dtype", "not a DType"},
+      {[](WriteCase&, CacheWriteArgs& a, CacheOpOptions&) { a.src_token_stride = -128; },
+       ErrorCode::kInvalidArgument, "src_token_stride", "src_token_stride = -128"},
+      {[](WriteCase&, CacheWriteArgs& a, CacheOpOptions&) { a.value = nullptr; },
+       ErrorCode::kInvalidArgument, "value", "value = null"},
+      {[](WriteCase&, CacheWriteArgs& a, CacheOpOptions&) { a.slot_mapping = nullptr; },
+       ErrorCode::kInvalidArgument, "slot_mapping", "slot_mapping = null"},
+      {[](WriteCase&, CacheWriteArgs& a, CacheOpOptions&) { a.v_cache = nullptr; },
+       ErrorCode::kInvalidArgument, "v_cache", "v_cache = null"},
+      {[](WriteCase&, CacheWriteArgs&, CacheOpOptions& o) { o.num_threads = -2; },
+       ErrorCode::kInvalidArgument, "num_threads", "num_threads = -2"},
+      {[](WriteCase&, CacheWriteArgs&, CacheOpOptions& o) { o.num_threads = kMaxThreads + 1; },
+       ErrorCode::kInvalidArgument, "num_threads", "[0, 4096]"},
+      {[](WriteCase&, CacheWriteArgs&, CacheOpOptions& o) { o.backend = static_cast<Backend>(9); },
+       ErrorCode::kInvalidArgument, "backend", "not a Backend"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.argument);
+    expect_write_rejected(c.mutate, c.code, c.argument, {c.part});
+  }
+}
+
 struct CopyCase {
   std::vector<std::uint8_t> k, v;
   std::int64_t block_bytes;
@@ -234,6 +346,39 @@ TEST(CopyBlocks, BadPairsAreErrorsAndCopyNothing) {
   expect_error({{0, 1}, {2, -1}}, "pairs[1].dst");
   expect_error({{0, 1}, {2, 1}}, "pairs[1].dst");  // written twice
   expect_error({{0, 1}, {1, 2}}, "pairs[0].dst");  // written while another pair reads it
+}
+
+TEST(CopyBlocks, BadShapesAndOptionsAreErrorsAndCopyNothing) {
+  CopyCase c = make_copy_case(DType::kF32);
+  const CopyCase before = c;
+  const std::vector<BlockCopy> pairs = {{0, 5}};
+  const auto expect_error = [&](const std::function<void(CopyBlocksArgs&, CacheOpOptions&)>& mutate,
+                                ErrorCode code, const std::string& arg, const std::string& part) {
+    CopyBlocksArgs a = copy_args(c, pairs, DType::kF32);
+    CacheOpOptions o = cpu();
+    mutate(a, o);
+    try {
+      copy_blocks(a, o);
+      ADD_FAILURE() << "accepted, expected an error about " << arg;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), code) << e.what();
+      EXPECT_EQ(e.argument(), arg) << e.what();
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(c.k == before.k && c.v == before.v);
+  };
+  expect_error([](CopyBlocksArgs& a, CacheOpOptions&) { a.head_dim = 100; },
+               ErrorCode::kUnsupported, "head_dim", "head_dim = 100");
+  expect_error([](CopyBlocksArgs& a, CacheOpOptions&) { a.num_pairs = -1; },
+               ErrorCode::kInvalidArgument, "num_pairs", "num_pairs = -1");
+  expect_error([](CopyBlocksArgs& a, CacheOpOptions&) { a.cache_dtype = static_cast<DType>(3); },
+               ErrorCode::kInvalidArgument, "cache_dtype", "not a DType");
+  expect_error([](CopyBlocksArgs& a, CacheOpOptions&) { a.pairs = nullptr; },
+               ErrorCode::kInvalidArgument, "pairs", "pairs = null");
+  expect_error([](CopyBlocksArgs&, CacheOpOptions& o) { o.num_threads = -1; },
+               ErrorCode::kInvalidArgument, "num_threads", "num_threads = -1");
+  expect_error([](CopyBlocksArgs&, CacheOpOptions& o) { o.backend = static_cast<Backend>(-4); },
+               ErrorCode::kInvalidArgument, "backend", "not a Backend");
 }
 
 TEST(CacheWrite, CudaUnavailableIsAClearError) {

@@ -2,6 +2,7 @@
 // written to out or lse.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -158,6 +159,72 @@ TEST(Validation, UnknownBackendNames) {
   } catch (const Error& e) {
     EXPECT_EQ(e.argument(), "backend");
     EXPECT_NE(std::string(e.what()).find("backend = 'gpu'"), std::string::npos) << e.what();
+  }
+}
+
+// DecodeOptions: a Backend outside the enum and a thread count outside [0, kMaxThreads] are
+// errors naming the field, with out and lse untouched.
+void expect_options_rejected(const std::function<void(DecodeOptions&)>& mutate,
+                             const std::string& argument, const std::vector<std::string>& parts) {
+  testkit::HostCase c = small_case();
+  const std::vector<std::uint8_t> out_before = c.out;
+  const std::vector<float> lse_before = c.lse;
+  DecodeOptions o;
+  o.backend = Backend::kCpu;
+  mutate(o);
+  try {
+    decode(c.args(), o);
+    ADD_FAILURE() << "decode accepted a bad " << argument;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    EXPECT_EQ(e.argument(), argument) << e.what();
+    for (const std::string& p : parts) {
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
+          << "message '" << e.what() << "' lacks '" << p << "'";
+    }
+  }
+  EXPECT_EQ(c.out, out_before) << "out was written despite the error";
+  EXPECT_EQ(std::memcmp(c.lse.data(), lse_before.data(), lse_before.size() * 4), 0)
+      << "lse was written despite the error";
+}
+
+TEST(Validation, ThreadCountOutOfRange) {
+  expect_options_rejected([](DecodeOptions& o) { o.num_threads = -1; }, "num_threads",
+                          {"num_threads = -1", "[0, 4096]"});
+  expect_options_rejected([](DecodeOptions& o) { o.num_threads = kMaxThreads + 1; }, "num_threads",
+                          {"num_threads = 4097"});
+  expect_options_rejected([](DecodeOptions& o) { o.num_threads = INT32_MIN; }, "num_threads",
+                          {"num_threads = -2147483648"});
+}
+
+TEST(Validation, ThreadCountsInRangeAreAccepted) {
+  for (const int n : {0, 1, 3}) {
+    testkit::HostCase c = small_case();
+    DecodeOptions o;
+    o.backend = Backend::kCpu;
+    o.num_threads = n;
+    EXPECT_NO_THROW(decode(c.args(), o)) << "num_threads = " << n;
+  }
+}
+
+TEST(Validation, BackendOutsideTheEnum) {
+  for (const int v : {3, -1, 99}) {
+    expect_options_rejected([v](DecodeOptions& o) { o.backend = static_cast<Backend>(v); },
+                            "backend", {"backend = " + std::to_string(v), "not a Backend"});
+  }
+}
+
+TEST(Validation, DtypesOutsideTheEnum) {
+  const std::vector<std::pair<std::string, std::function<void(DecodeArgs&)>>> cases = {
+      {"q_dtype", [](DecodeArgs& a) { a.q_dtype = static_cast<DType>(7); }},
+      {"k_dtype", [](DecodeArgs& a) { a.k_dtype = static_cast<DType>(-1); }},
+      {"v_dtype", [](DecodeArgs& a) { a.v_dtype = static_cast<DType>(3); }},
+      {"out_dtype", [](DecodeArgs& a) { a.out_dtype = static_cast<DType>(42); }},
+  };
+  for (const auto& [name, mutate] : cases) {
+    SCOPED_TRACE(name);
+    expect_rejected([&](DecodeArgs& a, testkit::HostCase&) { mutate(a); },
+                    ErrorCode::kInvalidArgument, name, {name + " = ", "not a DType"});
   }
 }
 

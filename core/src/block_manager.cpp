@@ -47,6 +47,9 @@ std::int32_t BlockManager::take_free() {
 }
 
 int BlockManager::blocks_for_prompt(int prompt_len) const {
+  if (prompt_len < 0) {
+    fail(ErrorCode::kInvalidArgument, "prompt_len", prompt_len, "must not be negative");
+  }
   return blocks_for(prompt_len, block_size_);
 }
 
@@ -168,6 +171,9 @@ std::int32_t BlockManager::slot(SeqId id, int pos) const {
 }
 
 BlockManager::Tables BlockManager::tables(const std::vector<SeqId>& seqs, int min_width) const {
+  if (min_width < 0) {
+    fail(ErrorCode::kInvalidArgument, "min_width", min_width, "must not be negative");
+  }
   Tables t;
   t.max_blocks_per_seq = std::max(1, min_width);
   for (const SeqId id : seqs) {

@@ -12,14 +12,12 @@ namespace pagedattn {
 namespace {
 
 // The pool shape both operations share.
-void validate_pool(int num_kv_heads, int head_dim, int block_size,
-                   int num_blocks) {
+void validate_pool(int num_kv_heads, int head_dim, int block_size, int num_blocks) {
   require_positive("num_kv_heads", num_kv_heads);
-  require_positive("head_dim", head_dim);
+  require_head_dim(head_dim);  // a pool decode() cannot read is refused as decode() refuses it
   require_block_size(block_size);
   if (num_blocks < 0) {
-    fail(ErrorCode::kInvalidArgument, "num_blocks", num_blocks,
-         "must not be negative");
+    fail(ErrorCode::kInvalidArgument, "num_blocks", num_blocks, "must not be negative");
   }
   if (static_cast<std::int64_t>(num_blocks) * block_size > INT32_MAX) {
     fail(ErrorCode::kInvalidArgument, "num_blocks", num_blocks,
@@ -27,29 +25,27 @@ void validate_pool(int num_kv_heads, int head_dim, int block_size,
   }
 }
 
-} // namespace
+}  // namespace
 
 namespace detail {
 
-void validate_write_args(const CacheWriteArgs &a) {
+void validate_write_args(const CacheWriteArgs& a) {
   if (a.num_tokens < 0) {
-    fail(ErrorCode::kInvalidArgument, "num_tokens", a.num_tokens,
-         "must not be negative");
+    fail(ErrorCode::kInvalidArgument, "num_tokens", a.num_tokens, "must not be negative");
   }
   validate_pool(a.num_kv_heads, a.head_dim, a.block_size, a.num_blocks);
   require_dtype("src_dtype", a.src_dtype);
   require_dtype("cache_dtype", a.cache_dtype);
   if (a.src_token_stride != 0 &&
-      a.src_token_stride <
-          static_cast<std::int64_t>(a.num_kv_heads) * a.head_dim) {
+      a.src_token_stride < static_cast<std::int64_t>(a.num_kv_heads) * a.head_dim) {
     std::ostringstream v;
-    v << a.src_token_stride << " (num_kv_heads * head_dim = "
-      << static_cast<std::int64_t>(a.num_kv_heads) * a.head_dim << ")";
+    v << a.src_token_stride
+      << " (num_kv_heads * head_dim = " << static_cast<std::int64_t>(a.num_kv_heads) * a.head_dim
+      << ")";
     fail(ErrorCode::kInvalidArgument, "src_token_stride", v.str(),
          "must be 0 or at least num_kv_heads * head_dim");
   }
-  if (a.num_tokens == 0)
-    return; // a no-op: nothing is read or written
+  if (a.num_tokens == 0) return;  // a no-op: nothing is read or written
   require_non_null("key", a.key);
   require_non_null("value", a.value);
   require_non_null("slot_mapping", a.slot_mapping);
@@ -57,25 +53,22 @@ void validate_write_args(const CacheWriteArgs &a) {
   require_non_null("v_cache", a.v_cache);
 }
 
-void validate_copy_args(const CopyBlocksArgs &a) {
+void validate_copy_args(const CopyBlocksArgs& a) {
   validate_pool(a.num_kv_heads, a.head_dim, a.block_size, a.num_blocks);
   require_dtype("cache_dtype", a.cache_dtype);
   if (a.num_pairs < 0) {
-    fail(ErrorCode::kInvalidArgument, "num_pairs", a.num_pairs,
-         "must not be negative");
+    fail(ErrorCode::kInvalidArgument, "num_pairs", a.num_pairs, "must not be negative");
   }
-  if (a.num_pairs == 0)
-    return;
+  if (a.num_pairs == 0) return;
   require_non_null("pairs", a.pairs);
   require_non_null("k_cache", a.k_cache);
   require_non_null("v_cache", a.v_cache);
-  const auto check_id = [&](int i, const char *field, std::int32_t id) {
+  const auto check_id = [&](int i, const char* field, std::int32_t id) {
     if (id < 0 || id >= a.num_blocks) {
       std::ostringstream arg;
       arg << "pairs[" << i << "]." << field;
       fail(ErrorCode::kOutOfRange, arg.str(), id,
-           "block id out of range [0, " + std::to_string(a.num_blocks) +
-               ") (num_blocks)");
+           "block id out of range [0, " + std::to_string(a.num_blocks) + ") (num_blocks)");
     }
   };
   std::unordered_set<std::int32_t> srcs, dsts;
@@ -84,37 +77,23 @@ void validate_copy_args(const CopyBlocksArgs &a) {
     check_id(i, "dst", a.pairs[i].dst);
     srcs.insert(a.pairs[i].src);
   }
-  // Pairs run in parallel: a block written twice, or written while another pair
-  // reads it, would make the result depend on the order.
+  // Pairs run in parallel: a block written twice, or written while another pair reads it, would
+  // make the result depend on the order.
   for (int i = 0; i < a.num_pairs; ++i) {
     const std::int32_t dst = a.pairs[i].dst;
     if (!dsts.insert(dst).second || srcs.count(dst)) {
       std::ostringstream arg;
       arg << "pairs[" << i << "].dst";
       fail(ErrorCode::kInvalidArgument, arg.str(), dst,
-           srcs.count(dst) ? "is also the src of a pair"
-                           : "appears as the dst of two pairs");
+           srcs.count(dst) ? "is also the src of a pair" : "appears as the dst of two pairs");
     }
   }
 }
 
-void validate_slots(const CacheWriteArgs &a, const std::int32_t *slot_mapping) {
-  const std::int64_t slots =
-      static_cast<std::int64_t>(a.num_blocks) * a.block_size;
-  for (int i = 0; i < a.num_tokens; ++i) {
-    const std::int32_t s = slot_mapping[i];
-    if (s == -1)
-      continue;
-    if (s < 0 || s >= slots) {
-      std::ostringstream arg;
-      arg << "slot_mapping[" << i << "]";
-      fail(ErrorCode::kOutOfRange, arg.str(), s,
-           "slot out of range [0, " + std::to_string(slots) +
-               ") (num_blocks * block_size), and not -1 (skip)");
-    }
-  }
+void validate_slots(const CacheWriteArgs& a, const std::int32_t* slot_mapping) {
+  validate_slot_mapping(a, slot_mapping);
 }
 
-} // namespace detail
+}  // namespace detail
 
-} // namespace pagedattn
+}  // namespace pagedattn

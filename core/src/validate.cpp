@@ -1,9 +1,12 @@
 #include "pagedattn/validate.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "pagedattn/cache_layout.hpp"
 
@@ -42,6 +45,74 @@ void require_block_size(int block_size) {
   }
 }
 
+void require_head_dim(int head_dim) {
+  if (!is_supported_head_dim(head_dim)) {
+    fail(ErrorCode::kUnsupported, "head_dim", head_dim, supported_head_dims_text());
+  }
+}
+
+void require_backend(const char* name, Backend b) {
+  if (b != Backend::kAuto && b != Backend::kCpu && b != Backend::kCuda) {
+    fail(ErrorCode::kInvalidArgument, name, static_cast<int>(b),
+         "not a Backend (kAuto, kCpu or kCuda)");
+  }
+}
+
+void require_num_threads(int n) {
+  if (n < 0 || n > kMaxThreads) {
+    fail(ErrorCode::kInvalidArgument, "num_threads", n,
+         "out of range [0, " + std::to_string(kMaxThreads) + "] (0: OpenMP's default)");
+  }
+}
+
+void validate_options(const DecodeOptions& o) {
+  require_backend("backend", o.backend);
+  require_num_threads(o.num_threads);
+}
+
+void validate_options(const CacheOpOptions& o) {
+  require_backend("backend", o.backend);
+  require_num_threads(o.num_threads);
+}
+
+void validate_slot_mapping(const CacheWriteArgs& a, const std::int32_t* slot_mapping) {
+  const std::int64_t slots = static_cast<std::int64_t>(a.num_blocks) * a.block_size;
+  std::vector<std::pair<std::int32_t, int>> used;  // (slot, token)
+  used.reserve(a.num_tokens);
+  for (int i = 0; i < a.num_tokens; ++i) {
+    const std::int32_t s = slot_mapping[i];
+    if (s == -1) continue;
+    if (s < 0 || s >= slots) {
+      std::ostringstream arg;
+      arg << "slot_mapping[" << i << "]";
+      fail(ErrorCode::kOutOfRange, arg.str(), s,
+           "slot out of range [0, " + std::to_string(slots) +
+               ") (num_blocks * block_size), and not -1 (skip)");
+    }
+    used.emplace_back(s, i);
+  }
+  // Tokens are written in parallel, so two tokens in one slot would race. The error names the
+  // first token (in token order) whose slot an earlier token already holds.
+  std::sort(used.begin(), used.end());
+  int repeat = -1, first = -1;
+  for (std::size_t j = 0; j < used.size();) {
+    std::size_t end = j + 1;
+    while (end < used.size() && used[end].first == used[j].first) ++end;
+    if (end - j > 1 && (repeat < 0 || used[j + 1].second < repeat)) {
+      repeat = used[j + 1].second;
+      first = used[j].second;
+    }
+    j = end;
+  }
+  if (repeat >= 0) {
+    std::ostringstream arg;
+    arg << "slot_mapping[" << repeat << "]";
+    fail(ErrorCode::kInvalidArgument, arg.str(), slot_mapping[repeat],
+         "the slot of slot_mapping[" + std::to_string(first) +
+             "] too: the slots of one write must be distinct (only -1 may repeat)");
+  }
+}
+
 bool is_supported_head_dim(int head_dim) {
   for (int d : kSupportedHeadDims) {
     if (d == head_dim) return true;
@@ -65,9 +136,7 @@ void validate_shapes(const DecodeArgs& a, bool require_out) {
     fail(ErrorCode::kUnsupported, "group_size", v.str(),
          "unsupported (at most " + std::to_string(kMaxGroupSize) + " query heads per kv head)");
   }
-  if (!is_supported_head_dim(a.head_dim)) {
-    fail(ErrorCode::kUnsupported, "head_dim", a.head_dim, supported_head_dims_text());
-  }
+  require_head_dim(a.head_dim);
   require_block_size(a.block_size);
   if (a.num_blocks < 0) {
     fail(ErrorCode::kInvalidArgument, "num_blocks", a.num_blocks, "must not be negative");

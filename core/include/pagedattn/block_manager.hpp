@@ -53,7 +53,8 @@ class BlockManager {
   // `child` (a new id) becomes a copy of `parent` sharing every block. Allocates nothing.
   void fork(SeqId parent, SeqId child);
 
-  // Blocks add_sequence(_, prompt_len) and append_token(id) would allocate now (0 or 1).
+  // Blocks add_sequence(_, prompt_len) and append_token(id) would allocate now (0 or 1). A
+  // negative prompt_len is an Error, as for add_sequence.
   int blocks_for_prompt(int prompt_len) const;
   int blocks_to_append(SeqId id) const;
 
@@ -65,7 +66,7 @@ class BlockManager {
   // Slot of token `pos` (< length(id)) of sequence `id`.
   std::int32_t slot(SeqId id, int pos) const;
 
-  // Block tables and context lengths for `seqs`; min_width widens the rows.
+  // Block tables and context lengths for `seqs`; min_width (>= 0) widens the rows.
   Tables tables(const std::vector<SeqId>& seqs, int min_width = 0) const;
 
   // Token slots in used blocks that hold no token of any sequence (the tail of partial blocks)

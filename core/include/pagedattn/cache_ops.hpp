@@ -15,8 +15,10 @@ namespace pagedattn {
 // Shapes:
 //   key, value:   [num_tokens][num_kv_heads][head_dim] (rows src_token_stride elements apart)
 //   slot_mapping: int32 [num_tokens], each -1 or in [0, num_blocks * block_size)
-// Slots of one call must be distinct (tokens are written in parallel). The new tokens' dtype may
-// differ from the cache's: values are converted through f32, rounding to nearest even.
+// Slots of one call must be distinct (tokens are written in parallel): a slot other than -1 given
+// twice is an Error naming the second token (on CUDA, when the slots are checked). head_dim is one
+// decode() supports (kSupportedHeadDims). The new tokens' dtype may differ from the cache's:
+// values are converted through f32, rounding to nearest even.
 // For the CPU backend every pointer is host memory; for the CUDA backend, device memory.
 struct CacheWriteArgs {
   int num_tokens = 0;
@@ -61,9 +63,9 @@ struct CopyBlocksArgs {
 };
 
 struct CacheOpOptions {
-  Backend backend = Backend::kAuto;  // resolved as for decode()
-  int num_threads = 0;               // CPU: worker threads; 0 uses OpenMP's default
-  void* cuda_stream = nullptr;       // CUDA: the cudaStream_t to run on (nullptr = default)
+  Backend backend = Backend::kAuto;  // resolved as for decode(); kAuto, kCpu or kCuda
+  int num_threads = 0;          // CPU: worker threads in [1, kMaxThreads]; 0 uses OpenMP's default
+  void* cuda_stream = nullptr;  // CUDA: the cudaStream_t to run on (nullptr = default)
   // CUDA: copy the device slot mapping to the host and check every slot before writing (one
   // synchronisation per call). Unchecked, an out-of-range slot is skipped by the kernel; either
   // way nothing is ever written outside the cache.

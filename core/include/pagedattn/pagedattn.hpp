@@ -34,7 +34,7 @@ bool cuda_available(std::string* why = nullptr);
 inline constexpr int kSupportedHeadDims[] = {64, 80, 96, 112, 128, 192, 256};
 inline constexpr int kMaxBlockSize = 256;
 inline constexpr int kMaxGroupSize = 64;
-// The most CPU threads a tool asks for.
+// DecodeOptions::num_threads and CacheOpOptions::num_threads lie in [0, kMaxThreads].
 inline constexpr int kMaxThreads = 4096;
 
 // One decode step. Shapes:
@@ -73,8 +73,8 @@ struct DecodeArgs {
 };
 
 struct DecodeOptions {
-  Backend backend = Backend::kAuto;
-  int num_threads = 0;  // CPU: worker threads; 0 uses OpenMP's default
+  Backend backend = Backend::kAuto;  // kAuto, kCpu or kCuda; any other value is an error
+  int num_threads = 0;  // CPU: worker threads in [1, kMaxThreads]; 0 uses OpenMP's default
   // CUDA: the cudaStream_t to run on (nullptr = the default stream) and an optional device
   // workspace of at least workspace_size() bytes; without one the library keeps its own.
   void* cuda_stream = nullptr;

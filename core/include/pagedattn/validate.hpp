@@ -14,7 +14,19 @@ bool is_supported_head_dim(int head_dim);
 void require_positive(const char* name, int value);
 void require_non_null(const char* name, const void* pointer);
 void require_dtype(const char* name, DType dtype);
-void require_block_size(int block_size);  // in [1, kMaxBlockSize]
+void require_block_size(int block_size);                  // in [1, kMaxBlockSize]
+void require_head_dim(int head_dim);                      // one of kSupportedHeadDims
+void require_backend(const char* name, Backend backend);  // kAuto, kCpu or kCuda
+void require_num_threads(int num_threads);                // in [0, kMaxThreads]
+
+// The options of decode() and of the cache operations: a Backend value and a thread count in
+// range. The CUDA fields (stream, workspace) are the CUDA backend's to check.
+void validate_options(const DecodeOptions& options);
+void validate_options(const CacheOpOptions& options);
+
+// The slot mapping of a cache write, in host memory: every slot -1 or in
+// [0, num_blocks * block_size), and no slot other than -1 twice.
+void validate_slot_mapping(const CacheWriteArgs& args, const std::int32_t* slot_mapping);
 
 // Sizes, pointers and supported configurations. Reads no tensor. The reference, which writes no
 // `out`, passes require_out = false.
