@@ -263,10 +263,13 @@ def test_cuda_write_cache_and_copy_blocks_match_cpu():
 @needs_cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_cuda_runs_on_the_tensors_device():
-    c = make_case(np.random.default_rng(19), context_lens=[30, 300])
-    q, k, v, table, lens = case_tensors(c, "cuda:1")
+    c = make_case(np.random.default_rng(19), context_lens=[30, 300], q_dtype="bf16",
+                  kv_dtype="bf16")
     torch.cuda.set_device(0)
-    out = pagedattn.decode(q, k, v, table, lens)
-    assert out.device == q.device and torch.cuda.current_device() == 0
-    torch.cuda.synchronize(1)
-    check_out(from_torch(out, "f32"), "f32", c.reference()[0])
+    for device in ("cuda:1", "cuda:0", "cuda:1"):  # the library's current device follows
+        q, k, v, table, lens = case_tensors(c, device)
+        ws = torch.empty(pagedattn.workspace_size(q, k, table), dtype=torch.uint8, device=device)
+        out = pagedattn.decode(q, k, v, table, lens, workspace=ws)
+        assert out.device == q.device and torch.cuda.current_device() == 0
+        torch.cuda.synchronize(q.device)
+        check_out(from_torch(out, "bf16"), "bf16", c.reference()[0])
