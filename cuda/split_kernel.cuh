@@ -58,7 +58,7 @@ __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16-byte async copy; ok == false zero-fills the destination and reads nothing.
+// 16-byte async copy; ok == false reads nothing and zero-fills the destination.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
                "r"(ok ? 16 : 0));
@@ -164,13 +164,28 @@ __device__ inline void plan_item(const SplitParams& p, int j, ItemInfo* item) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Tile loading: TT token rows of K and V, each row D elements in CH 16-byte chunks, stored with
-// one chunk of padding per row (conflict-free ldmatrix and row reads).
-
+// Tile loading: TT token rows of K and V, each row D elements in CH 16-byte chunks.
+//
+// Rows of whole 128-byte segments (D * sizeof(T) a multiple of 128: head dims 64, 128, 192, 256
+// in 16-bit types, 64, 96, 128, 192, 256 in f32) are stored swizzled: chunk c of row r sits at
+// chunk c ^ (r & 7). Each global 128-byte line then lands in one aligned 128-byte shared segment
+// (tiles start 128-byte aligned, see align_smem), which the copy unit serves with one L2 request,
+// and chunk c of 8 consecutive rows falls in 8 different bank groups, so ldmatrix and row reads
+// are free of bank conflicts. Rows padded by one chunk (the earlier layout) avoided the bank
+// conflicts too, but every row then straddled shared 128-byte boundaries and the copy unit split
+// its lines: on the H200, Nsight Compute counted 1.5x the necessary L2 sectors (100.7M sectors
+// for 67.1M read from DRAM on 128 x 4096, a 34% L2 hit rate, the L2 at 92% of its throughput)
+// and the kernel reached 83% of the read ceiling against 91% swizzled. Rows of other sizes (head
+// dims 80, 96, 112 in 16-bit types, 80 and 112 in f32) keep one chunk of padding.
 template <typename T, int D>
 struct RowGeom {
   static constexpr int kChunks = D * static_cast<int>(sizeof(T)) / 16;
-  static constexpr int kRowBytes = (kChunks + 1) * 16;
+  static constexpr bool kSwizzle = kChunks % 8 == 0;
+  static constexpr int kRowBytes = (kSwizzle ? kChunks : kChunks + 1) * 16;
+  // Byte offset of chunk c of row r within a tile.
+  static __device__ __forceinline__ int offset(int r, int c) {
+    return r * kRowBytes + (kSwizzle ? (c ^ (r & 7)) : c) * 16;
+  }
 };
 
 // The table entry of token t (read one pipeline iteration before its tile is issued, so the
@@ -197,16 +212,26 @@ template <typename T, int D, int TT>
 __device__ __forceinline__ void issue_tile(char* sK, char* sV, unsigned char* sValid,
                                            const long long* s_off, const char* gK, const char* gV) {
   constexpr int CH = RowGeom<T, D>::kChunks;
-  constexpr int ROW = RowGeom<T, D>::kRowBytes;
   auto copy = [&](int r, int c) {
     const long long off = s_off[r];
     const bool ok = off >= 0;
     const long long src = (ok ? off : 0) + c * 16;
-    cp_async16(sK + r * ROW + c * 16, gK + src, ok);
-    cp_async16(sV + r * ROW + c * 16, gV + src, ok);
+    const int dst = RowGeom<T, D>::offset(r, c);
+    cp_async16(sK + dst, gK + src, ok);
+    cp_async16(sV + dst, gV + src, ok);
     if (c == 0) sValid[r] = ok ? 1 : 0;
   };
-  if constexpr (kThreads % CH == 0) {
+  if constexpr (CH % 8 == 0 && TT % (kThreads / 8) == 0) {
+    // Eight lanes per 128-byte segment of a row, a warp on four rows of one segment: each
+    // warp-wide copy is four whole global lines landing in four whole shared segments.
+    constexpr int RP = kThreads / 8;  // rows per pass
+    const int c0 = threadIdx.x % 8, r0 = threadIdx.x / 8;
+#pragma unroll
+    for (int seg = 0; seg < CH / 8; ++seg) {
+#pragma unroll
+      for (int k = 0; k < TT / RP; ++k) copy(r0 + k * RP, c0 + 8 * seg);
+    }
+  } else if constexpr (kThreads % CH == 0) {
     constexpr int RP = kThreads / CH;  // rows per pass
     const int c = threadIdx.x % CH, r0 = threadIdx.x / CH;
 #pragma unroll
@@ -227,8 +252,10 @@ __device__ __forceinline__ void issue_tile(char* sK, char* sV, unsigned char* sV
 // lane E = D / 16 consecutive elements. Per token: scores by half-warp reductions, then the
 // online-softmax update of each head.
 
-template <typename T, int E>
-__device__ __forceinline__ void load_slice(const char* row, int l16, float (&out)[E]) {
+// Lane l16's E elements of row r of a tile (words never straddle a 16-byte chunk, so each is
+// found through the tile's chunk layout).
+template <typename T, int D, int E>
+__device__ __forceinline__ void load_slice(const char* tile, int r, int l16, float (&out)[E]) {
   constexpr int kBytes = E * static_cast<int>(sizeof(T));
   constexpr int kAlign = kBytes % 16 == 0 ? 16 : kBytes % 8 == 0 ? 8 : kBytes % 4 == 0 ? 4 : 2;
   constexpr int kWords = kBytes / kAlign;
@@ -238,9 +265,11 @@ __device__ __forceinline__ void load_slice(const char* row, int l16, float (&out
           kAlign == 8, uint2,
           typename std::conditional<kAlign == 4, std::uint32_t, std::uint16_t>::type>::type>::type;
   W w[kWords];
-  const W* src = reinterpret_cast<const W*>(row + l16 * kBytes);
 #pragma unroll
-  for (int i = 0; i < kWords; ++i) w[i] = src[i];
+  for (int i = 0; i < kWords; ++i) {
+    const int byte = l16 * kBytes + i * kAlign;
+    w[i] = *reinterpret_cast<const W*>(tile + RowGeom<T, D>::offset(r, byte / 16) + byte % 16);
+  }
   const T* e = reinterpret_cast<const T*>(w);
 #pragma unroll
   for (int i = 0; i < E; ++i) out[i] = to_f(e[i]);
@@ -252,6 +281,16 @@ __device__ __forceinline__ void load_slice(const char* row, int l16, float (&out
 // dependent compute. Measured on the H200 (docs/cuda.md): the 52 KB budget took MHA (CUDA
 // cores, D = 128) from 76% to 86% of the read ceiling and the D = 64 MMA kernel from 49% to
 // 64%, while the D = 128 MMA kernel lost 10-15 points with it (two stages, three CTAs).
+// The dynamic shared memory follows the kernel's static shared variables, so its base is only
+// 16-byte aligned (it sat at byte 80); tiles start at the next 128-byte boundary, kSmemAlign bytes
+// being reserved for it. Unaligned, every swizzled row segment straddled a shared 128-byte
+// boundary and the copy unit fetched each global line in pieces: 1.95x the necessary L2 sectors
+// on the H200, 71% of the read ceiling on 128 x 4096 against 91% aligned.
+constexpr int kSmemAlign = 128;
+__device__ __forceinline__ char* align_smem(char* p) {
+  return p + ((kSmemAlign - (smem_u32(p) & (kSmemAlign - 1))) & (kSmemAlign - 1));
+}
+
 constexpr int kDeepStageBudget = 106 * 1024;
 constexpr int kWideStageBudget = 52 * 1024;
 constexpr int stages_for_tile(int tile_bytes) {
@@ -273,7 +312,7 @@ struct SimtCfg {
   static constexpr int STAGE_AREA = STAGES * TILE > SCRATCH ? STAGES* TILE : SCRATCH;
   static constexpr int QBYTES = 0;
   // + per stage: row offsets (8 bytes per row) and valid flags (1 byte per row)
-  static constexpr int SMEM = STAGE_AREA + QBYTES + STAGES * TT * 9;
+  static constexpr int SMEM = STAGE_AREA + QBYTES + STAGES * TT * 9 + kSmemAlign;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -347,7 +386,7 @@ struct MmaCfg {
   static constexpr int SCRATCH = (kWarps - 1) * 16 * (D + 2) * 4;
   static constexpr int STAGE_AREA = STAGES * TILE > SCRATCH ? STAGES* TILE : SCRATCH;
   static constexpr int QBYTES = kQInSmem ? QROWS * ROW : 0;
-  static constexpr int SMEM = STAGE_AREA + QBYTES + STAGES * TT * 9;
+  static constexpr int SMEM = STAGE_AREA + QBYTES + STAGES * TT * 9 + kSmemAlign;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -359,7 +398,8 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   constexpr int TT = Cfg::TT;
   constexpr int ROW = Cfg::ROW;
   constexpr int STAGES = Cfg::STAGES;
-  extern __shared__ __align__(16) char smem[];
+  extern __shared__ __align__(16) char smem_raw[];
+  char* smem = align_smem(smem_raw);
   char* stage_base = smem;
   long long* off_base = reinterpret_cast<long long*>(smem + Cfg::STAGE_AREA + Cfg::QBYTES);
   unsigned char* valid_base = reinterpret_cast<unsigned char*>(off_base + STAGES * TT);
@@ -453,7 +493,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
         const int r = idx / CH, c = idx - r * CH;
         uint4 v = make_uint4(0, 0, 0, 0);
         if (r < G) v = *reinterpret_cast<const uint4*>(gq + r * D * sizeof(T) + c * 16);
-        *reinterpret_cast<uint4*>(sQ + r * ROW + c * 16) = v;
+        *reinterpret_cast<uint4*>(sQ + RowGeom<T, D>::offset(r, c)) = v;
       }
     } else {
       // A fragments straight from global: a0 (row g, k 2q4), a1 (row g+8), a2 (k+8), a3.
@@ -475,10 +515,11 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
     for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m_r[2] = {-INFINITY, -INFINITY}, l_r[2] = {0.f, 0.f};
     // ldmatrix lane addressing
-    const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
-    const int k_tok = (lane & 7) + (lane >> 4) * 8, k_col = ((lane >> 3) & 1) * 8;
-    const int v_tok = (lane & 7) + ((lane >> 3) & 1) * 8, v_col = (lane >> 4) * 8;
-    const char* q_lane = sQ + (wh * 16 + a_row) * ROW + a_col * sizeof(T);
+    // (row, chunk pair) of each lane's 8x8 matrix row; chunk 2 * step + half for k-step `step`.
+    const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_half = lane >> 4;
+    const int k_tok = (lane & 7) + (lane >> 4) * 8, k_half = (lane >> 3) & 1;
+    const int v_tok = (lane & 7) + ((lane >> 3) & 1) * 8, v_half = lane >> 4;
+    using Geo = RowGeom<T, D>;
 
     for (int it = 0; it < ntiles; ++it) {
       const int next_id = pipeline_begin(it);
@@ -496,15 +537,15 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[n][e] = s_odd[n][e] = 0.f;
         }
-        const char* k_lane = kS + (sl * 16 + k_tok) * ROW + k_col * sizeof(T);
+        const int k_r = sl * 16 + k_tok;
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
           std::uint32_t bk[4];
-          ldmatrix_x4(bk, k_lane + kk * 16 * sizeof(T));
+          ldmatrix_x4(bk, kS + Geo::offset(k_r, 2 * kk + k_half));
           float(&acc)[2][4] = kk % 2 == 0 ? s : s_odd;
           if constexpr (MmaCfg<T, D>::kQInSmem) {
             std::uint32_t a[4];
-            ldmatrix_x4(a, q_lane + kk * 16 * sizeof(T));
+            ldmatrix_x4(a, sQ + Geo::offset(wh * 16 + a_row, 2 * kk + a_half));
             Op::mma(acc[0], a, bk[0], bk[1]);
             Op::mma(acc[1], a, bk[2], bk[3]);
           } else {
@@ -573,11 +614,11 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
             pl[r] = Op::pack(src[r][0] - h0, src[r][1] - h1);
           }
         }
-        const char* v_lane = vS + (sl * 16 + v_tok) * ROW + v_col * sizeof(T);
+        const int v_r = sl * 16 + v_tok;
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           std::uint32_t bv[4];
-          ldmatrix_x4_trans(bv, v_lane + dp * 16 * sizeof(T));
+          ldmatrix_x4_trans(bv, vS + Geo::offset(v_r, 2 * dp + v_half));
           Op::mma(o[2 * dp], ph, bv[0], bv[1]);
           Op::mma(o[2 * dp + 1], ph, bv[2], bv[3]);
           Op::mma(o[2 * dp], pl, bv[0], bv[1]);
@@ -694,7 +735,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
         const int r = r0 + half;  // r < TT always; rows past `rows` are flagged invalid
         const bool ok = r < rows && vf[r];
         float kr[E];
-        load_slice<T, E>(kS + r * ROW, l16, kr);
+        load_slice<T, D, E>(kS, r, l16, kr);
         float sc[HW];
 #pragma unroll
         for (int h = 0; h < HW; ++h) {
@@ -708,7 +749,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
         }
         if (ok) {  // per half-warp; no shuffles inside
           float vr[E];
-          load_slice<T, E>(vS + r * ROW, l16, vr);
+          load_slice<T, D, E>(vS, r, l16, vr);
 #pragma unroll
           for (int h = 0; h < HW; ++h) {
             if (h >= nh) break;

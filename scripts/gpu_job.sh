@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU job, run on the H200 machine from the repository root over a build made elsewhere:
-#   scripts/gpu_job.sh [stage...]     stages: tests sanitize bench anchors tune ncu
-#                                     (default: tests sanitize bench anchors)
+#   scripts/gpu_job.sh [stage...]     stages: tests sanitize bench flashinfer anchors tune ncu
+#                                     ncu-flashinfer (default: tests sanitize bench flashinfer
+#                                     anchors)
 # Env: BUILD (default build-gpu), OUT (logs; default ./out), ANCHORS (the seed benchmark folder,
-# default .anchors), SHAPES=quick for a short benchmark list, SHAPES=anchors
+# default .anchors), FLASHINFER (FlashInfer's decode benchmark binary, default .fi/fi_decode_bench,
+# built by its build.sh), SHAPES=quick for a short benchmark list, SHAPES=anchors
 # for the anchor shapes alone (bf16).
 # Logs: tests.log, sanitize.log, bench.csv, bench.log, anchors.log (+ the anchors' own CSV),
 # tune.csv, ncu.log, summary.txt. TUNE_CONFIGS: waves:min_chunk:pdl triples for the tune stage.
@@ -16,7 +18,8 @@ ANCHORS=${ANCHORS:-.anchors}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 STAGES=("$@")
-[ ${#STAGES[@]} -eq 0 ] && STAGES=(tests sanitize bench anchors)
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(tests sanitize bench flashinfer anchors)
+FLASHINFER=${FLASHINFER:-.fi/fi_decode_bench}
 TESTS="$BUILD/tests/pagedattn_tests"
 BENCH="$BUILD/bench/pagedattn-bench"
 SUMMARY="$OUT/summary.txt"
@@ -110,6 +113,14 @@ if has tune; then
   cat "$OUT/tune.csv" >> "$SUMMARY"
 fi
 
+if has flashinfer; then
+  # FlashInfer's two decode paths on the 13 anchor shapes (its defaults: bf16, block 16,
+  # fragmented tables, CUDA-graph replay, inputs rotated over >= 4x the L2), in this job.
+  timeout 300 "$FLASHINFER" --backend both > "$OUT/flashinfer.csv" 2> "$OUT/flashinfer.log"
+  note "flashinfer rc=$?"
+  cat "$OUT/flashinfer.csv" >> "$SUMMARY"
+fi
+
 if has anchors; then
   [ -n "$CEILING" ] && export READ_CEILING_GBPS=$CEILING
   ( cd "$ANCHORS/bench" && OUT="$OUT" timeout 300 python3 gpu_anchors.py ) \
@@ -131,6 +142,19 @@ if has ncu; then
       "$BENCH" --backend cuda --dtype bf16 --csv --shape "$shape" \
       >> "$OUT/ncu.log" 2>&1
     note "ncu $shape rc=$?"
+  done
+fi
+if has ncu-flashinfer; then
+  # The same metrics for FlashInfer's tensor-core decode (its prefill kernel at query length 1).
+  for shape in ${NCU_SHAPES:-1,32,8,128,131072 32,32,8,128,16384 32,32,32,128,4096}; do
+    echo "## ncu flashinfer-tc $shape" >> "$OUT/ncu.log"
+    timeout 150 ncu --clock-control none --kernel-name "regex:BatchPrefill" --launch-skip 20 \
+      --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section WarpStateStats --section Occupancy --section LaunchStats \
+      --section SchedulerStats --metrics 'regex:smsp__warp_issue_stalled_.*_per_warp_active\.pct' \
+      "$FLASHINFER" --backend tc --reps 30 --graph-reps 2 --shape "$shape" \
+      >> "$OUT/ncu.log" 2>&1
+    note "ncu flashinfer $shape rc=$?"
   done
 fi
 note "# done $(date -u +%FT%TZ)"
