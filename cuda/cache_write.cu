@@ -8,18 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "cuda_check.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/detail/cache_backends.hpp"
 #include "pagedattn/dtype.hpp"
 
 namespace pagedattn::detail::cuda {
 namespace {
-
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    fail(ErrorCode::kDeviceError, what, cudaGetErrorName(err), cudaGetErrorString(err));
-  }
-}
 
 constexpr int kThreads = 256;
 

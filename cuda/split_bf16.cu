@@ -3,9 +3,9 @@
 
 namespace pagedattn::detail::cuda {
 
-void launch_split_bf16(const SplitParams& p, int head_dim, bool mma, int grid,
+bool launch_split_bf16(const SplitParams& p, int head_dim, bool mma, int grid,
                        cudaStream_t stream) {
-  launch_split_for_dtype<__nv_bfloat16, true>(p, head_dim, mma, grid, stream);
+  return launch_split_for_dtype<__nv_bfloat16, true>(p, head_dim, mma, grid, stream);
 }
 
 int split_ctas_per_sm_bf16(int head_dim, bool mma) {

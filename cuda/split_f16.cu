@@ -3,8 +3,8 @@
 
 namespace pagedattn::detail::cuda {
 
-void launch_split_f16(const SplitParams& p, int head_dim, bool mma, int grid, cudaStream_t stream) {
-  launch_split_for_dtype<__half, true>(p, head_dim, mma, grid, stream);
+bool launch_split_f16(const SplitParams& p, int head_dim, bool mma, int grid, cudaStream_t stream) {
+  return launch_split_for_dtype<__half, true>(p, head_dim, mma, grid, stream);
 }
 
 int split_ctas_per_sm_f16(int head_dim, bool mma) {

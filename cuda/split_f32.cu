@@ -3,8 +3,8 @@
 
 namespace pagedattn::detail::cuda {
 
-void launch_split_f32(const SplitParams& p, int head_dim, int grid, cudaStream_t stream) {
-  launch_split_for_dtype<float, false>(p, head_dim, false, grid, stream);
+bool launch_split_f32(const SplitParams& p, int head_dim, int grid, cudaStream_t stream) {
+  return launch_split_for_dtype<float, false>(p, head_dim, false, grid, stream);
 }
 
 int split_ctas_per_sm_f32(int head_dim) {

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU job, run on the H200 machine from the repository root over a build made elsewhere:
-#   scripts/gpu_job.sh [stage...]     stages: tests sanitize bench flashinfer anchors tune ncu
+#   scripts/gpu_job.sh [stage...]     stages: tests sanitize bench flashinfer anchors fuzz ncu
 #                                     ncu-flashinfer (default: tests sanitize bench flashinfer
-#                                     anchors)
+#                                     anchors fuzz)
 # Env: BUILD (default build-gpu), OUT (logs; default ./out), ANCHORS (the seed benchmark folder,
 # default .anchors), FLASHINFER (FlashInfer's decode benchmark binary, default .fi/fi_decode_bench,
 # built by its build.sh), SHAPES=quick for a short benchmark list, SHAPES=anchors
 # for the anchor shapes alone (bf16).
 # Logs: tests.log, sanitize.log, bench.csv, bench.log, anchors.log (+ the anchors' own CSV),
-# tune.csv, ncu.log, summary.txt. TUNE_CONFIGS: waves:min_chunk:pdl triples for the tune stage.
+# flashinfer.csv, flashinfer.log, fuzz.log, ncu.log, summary.txt.
 # Every stage has its own timeout so a hang cannot eat the job.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -18,7 +18,7 @@ ANCHORS=${ANCHORS:-.anchors}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 STAGES=("$@")
-[ ${#STAGES[@]} -eq 0 ] && STAGES=(tests sanitize bench flashinfer anchors)
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(tests sanitize bench flashinfer anchors fuzz)
 FLASHINFER=${FLASHINFER:-.fi/fi_decode_bench}
 TESTS="$BUILD/tests/pagedattn_tests"
 BENCH="$BUILD/bench/pagedattn-bench"
@@ -80,11 +80,14 @@ if has bench; then
     > "$OUT/bench.csv" 2> "$OUT/bench.log"
   note "bench bf16 rc=$?"
   if [ -z "${SHAPES:-}" ]; then
-    for dt in f16 f32; do
-      timeout 120 "$BENCH" --backend cuda --dtype $dt --csv --shape 32,32,8,128,4096 \
-        --shape 32,64,4,128,4096 2>> "$OUT/bench.log" | tail -n +2 >> "$OUT/bench.csv"
-      note "bench $dt rc=$?"
-    done
+    # f16 on every anchor shape (against bf16), f32 on the GQA shapes of groups 4, 8 and 16.
+    timeout 200 "$BENCH" --backend cuda --dtype f16 --csv "${args[@]}" 2>> "$OUT/bench.log" \
+      | tail -n +2 >> "$OUT/bench.csv"
+    note "bench f16 rc=$?"
+    timeout 120 "$BENCH" --backend cuda --dtype f32 --csv --shape 32,32,8,128,4096 \
+      --shape 32,64,4,128,4096 --shape 32,64,8,128,4096 2>> "$OUT/bench.log" \
+      | tail -n +2 >> "$OUT/bench.csv"
+    note "bench f32 rc=$?"
   fi
   CEILING=$(grep -oE 'GPU read bandwidth: [0-9.]+' "$OUT/bench.log" | head -1 | awk '{print $4}')
   note "read ceiling ${CEILING} GB/s"
@@ -96,21 +99,11 @@ if has bench; then
   cat "$OUT/bench.csv" | tee -a "$SUMMARY" > /dev/null
 fi
 
-if has tune; then
-  # Plan-constant sweep (tuning overrides read by the CUDA backend; the defaults are in
-  # cuda/decode_cuda.cu): waves x minimum chunk tokens x programmatic combine launch, on the
-  # shapes they move most.
-  TS=(--shape 1,32,8,128,4096 --shape 1,32,8,128,32768 --shape 1,32,8,128,131072
-    --shape 8,32,8,128,32768 --shape 32,32,8,128,4096 --shape 128,32,8,128,1024
-    --shape 32,32,32,128,4096 --shape 32,32,4,64,4096)
-  for cfg in ${TUNE_CONFIGS:-2:128:1 1:128:1 3:128:1 4:128:1 2:64:1 2:256:1 2:128:0}; do
-    IFS=: read -r waves mc pdl <<< "$cfg"
-    PAGEDATTN_CUDA_WAVES=$waves PAGEDATTN_CUDA_MIN_CHUNK_TOKENS=$mc PAGEDATTN_CUDA_PDL=$pdl \
-      timeout 120 "$BENCH" --backend cuda --dtype bf16 --csv "${TS[@]}" 2>/dev/null \
-      | tail -n +2 | sed "s/^/$waves,$mc,$pdl,/" >> "$OUT/tune.csv"
-  done
-  note "tune: waves,min_chunk,pdl,backend,dtype,B,H,KV,D,ctx,BS,ms,GBps,pct,rel_err"
-  cat "$OUT/tune.csv" >> "$SUMMARY"
+if has fuzz; then
+  # The differential fuzzer on both backends (FUZZ_SECONDS, default 60).
+  timeout $(( ${FUZZ_SECONDS:-60} + 60 )) "$BUILD/fuzz/pagedattn-fuzz" --backend cpu,cuda \
+    --seconds "${FUZZ_SECONDS:-60}" > "$OUT/fuzz.log" 2>&1
+  note "fuzz rc=$? $(tail -n 3 "$OUT/fuzz.log" | tr '\n' ' ')"
 fi
 
 if has flashinfer; then

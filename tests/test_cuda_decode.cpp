@@ -5,10 +5,13 @@
 // the buffers, and the stream + workspace API. Every test skips where no CUDA device is present.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "random_case.hpp"
@@ -419,6 +422,60 @@ TEST(CudaDecode, StreamAndWorkspace) {
   }
   cudaFree(ws);
   cudaStreamDestroy(stream);
+}
+
+// Two host threads decode on two streams at once without a caller workspace (the library's own,
+// stream-ordered workspace), each alternating between two shapes whose workspaces differ in size;
+// every result must equal, bit for bit, the result of the same call made alone.
+TEST(CudaDecode, ConcurrentStreamsUseSeparateWorkspaces) {
+  SKIP_WITHOUT_CUDA();
+  std::vector<testkit::HostCase> cases;
+  cases.push_back(testkit::make_case(spec_for(DType::kBF16, 32, 8, 128, 16, {4000, 1, 2500, 0})));
+  cases.push_back(testkit::make_case(spec_for(DType::kF16, 8, 2, 64, 16, {30000, 7})));
+  cases.push_back(testkit::make_case(spec_for(DType::kF32, 6, 2, 80, 32, {900, 3000, 5})));
+  cases.push_back(testkit::make_case(spec_for(DType::kBF16, 64, 8, 128, 16, {16000, 12000})));
+  std::vector<std::unique_ptr<DeviceCase>> dev;
+  std::vector<std::vector<unsigned char>> alone_out;
+  std::vector<std::vector<float>> alone_lse;
+  for (auto& c : cases) {
+    dev.push_back(std::make_unique<DeviceCase>(c));
+    decode(dev.back()->args, cuda_options());
+    cuda_ok(cudaDeviceSynchronize());
+    dev.back()->download(c);
+    expect_matches_reference(c);
+    alone_out.push_back(c.out);
+    alone_lse.push_back(c.lse);
+  }
+  std::atomic<int> mismatches{0};
+  auto worker = [&](int first) {
+    cudaStream_t stream;
+    cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    DecodeOptions o = cuda_options();
+    o.cuda_stream = stream;
+    std::vector<unsigned char> out;
+    std::vector<float> lse;
+    for (int rep = 0; rep < 40; ++rep) {
+      const int k = first + rep % 2;  // thread 0: cases 0, 1; thread 1: cases 2, 3
+      DeviceCase& d = *dev[k];
+      cuda_ok(cudaMemsetAsync(d.args.out, 0xff, d.out_bytes, stream));
+      decode(d.args, o);
+      out.assign(d.out_bytes, 0);
+      lse.assign(d.lse_count, 0.f);
+      cuda_ok(cudaMemcpyAsync(out.data(), d.args.out, d.out_bytes, cudaMemcpyDeviceToHost, stream));
+      cuda_ok(cudaMemcpyAsync(lse.data(), d.args.lse, d.lse_count * sizeof(float),
+                              cudaMemcpyDeviceToHost, stream));
+      cuda_ok(cudaStreamSynchronize(stream));
+      if (out != alone_out[k] ||
+          std::memcmp(lse.data(), alone_lse[k].data(), lse.size() * sizeof(float)) != 0) {
+        ++mismatches;
+      }
+    }
+    cudaStreamDestroy(stream);
+  };
+  std::thread t0(worker, 0), t1(worker, 2);
+  t0.join();
+  t1.join();
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 #endif  // PAGEDATTN_TEST_HAS_CUDA_RUNTIME

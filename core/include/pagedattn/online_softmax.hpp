@@ -48,15 +48,13 @@ struct OnlineSoftmax {
   // alpha, the factor the caller's accumulator must be multiplied by: exactly 1 when the max did
   // not move (callers may skip the rescale then), and 1 as well while the state is empty (its
   // accumulator is 0).
+  // Written as selects rather than branches so that GPU warps do not diverge on it. A NaN
+  // tile_max leaves the max unchanged (the NaN reaches l through the weights instead).
   PAGEDATTN_HOST_DEVICE float rescale_to(float tile_max) {
-    float alpha = 1.f;
-    if (tile_max > m) {
-      if (m != -INFINITY) {
-        alpha = Base::exp(m - tile_max);
-        l *= alpha;
-      }
-      m = tile_max;
-    }
+    const bool grows = tile_max > m;
+    const float alpha = grows && m != -INFINITY ? Base::exp(m - tile_max) : 1.f;
+    l = grows ? l * alpha : l;
+    m = grows ? tile_max : m;
     return alpha;
   }
 
@@ -83,10 +81,14 @@ struct OnlineSoftmax {
     return true;
   }
 
-  // 1 / l for the final normalization; 0 for the empty state (out = 0 rather than NaN).
-  PAGEDATTN_HOST_DEVICE float inv_sum() const { return l > 0.f ? 1.f / l : 0.f; }
-  // The natural-log sum of exp over every logit seen; -inf for the empty state.
-  PAGEDATTN_HOST_DEVICE float lse() const { return l > 0.f ? Base::lse(m, l) : -INFINITY; }
+  // 1 / l for the final normalization; 0 for the empty state (out = 0 rather than NaN), NaN when
+  // a NaN reached the sum (a NaN or Inf logit), so that it shows in out.
+  PAGEDATTN_HOST_DEVICE float inv_sum() const { return l > 0.f ? 1.f / l : (l == 0.f ? 0.f : l); }
+  // The natural-log sum of exp over every logit seen; -inf for the empty state, NaN when a NaN
+  // reached the sum.
+  PAGEDATTN_HOST_DEVICE float lse() const {
+    return l > 0.f ? Base::lse(m, l) : (l == 0.f ? -INFINITY : l);
+  }
 };
 
 using SoftmaxState = OnlineSoftmax<NaturalExp>;  // the CPU backend's units

@@ -1,0 +1,138 @@
+// The combine kernel (combine.cuh): one warp per (sequence, query head, 32-element slice of
+// head_dim), so even B = 1 spreads over H x head_dim / 32 warps. Each warp loads the (m, l) and
+// accumulator slices of the first 32 splits at once (one memory round trip for the common case)
+// and adds them, in split order, under the largest m.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "combine.cuh"
+#include "cuda_check.hpp"
+#include "pagedattn/online_softmax.hpp"
+
+namespace pagedattn::detail::cuda {
+namespace {
+
+template <typename OutT>
+__device__ __forceinline__ void store_out(void* out, std::int64_t i, float v);
+template <>
+__device__ __forceinline__ void store_out<float>(void* out, std::int64_t i, float v) {
+  static_cast<float*>(out)[i] = v;
+}
+template <>
+__device__ __forceinline__ void store_out<__half>(void* out, std::int64_t i, float v) {
+  static_cast<__half*>(out)[i] = __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ void store_out<__nv_bfloat16>(void* out, std::int64_t i, float v) {
+  static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
+}
+
+constexpr int kCombineWarps = 4;
+
+// One warp per (sequence, query head, 32-element slice of head_dim): B=1 still spreads over
+// H * head_dim / 32 warps. Each warp recomputes the row's max and sum (a few floats per split)
+// and merges its slice over the splits, in split order, 32 loads in flight.
+template <typename OutT>
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombineParams p) {
+  // Launched programmatically after the split kernel: wait until its partials are complete and
+  // visible (a no-op for a plain launch).
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  const int lane = threadIdx.x & 31;
+  const int D = p.head_dim;
+  const int dchunks = (D + 31) / 32;
+  const std::int64_t widx =
+      static_cast<std::int64_t>(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
+  if (widx >= static_cast<std::int64_t>(p.batch) * p.num_heads * dchunks) return;
+  const std::int64_t idx = widx / dchunks;  // the (sequence, query head) row
+  const int dc = static_cast<int>(widx - idx * dchunks);
+  const int b = static_cast<int>(idx / p.num_heads), h = static_cast<int>(idx % p.num_heads);
+  const int d = dc * 32 + lane;
+  const int off = p.split_offset[b];
+  const int ns = p.split_offset[b + 1] - off;
+  const std::int64_t step = static_cast<std::int64_t>(p.num_heads) * D;  // between splits
+  const float* col0 = p.part_acc + (static_cast<std::int64_t>(off) * p.num_heads + h) * D + d;
+  // The first 32 splits' (m, l) and accumulator loads go out together, before the max is known:
+  // one memory round trip for the common case instead of one per few splits.
+  float m_first = -INFINITY, l_first = 0.f;
+  if (lane < ns) {
+    const std::int64_t pi = (static_cast<std::int64_t>(off) + lane) * p.num_heads + h;
+    m_first = p.part_ml[2 * pi];
+    l_first = p.part_ml[2 * pi + 1];
+  }
+  float v[32];
+#pragma unroll
+  for (int k = 0; k < 32; ++k) v[k] = k < ns && d < D ? col0[k * step] : 0.f;
+  float mmax = m_first;
+  for (int s = 32 + lane; s < ns; s += 32) {
+    mmax = fmaxf(mmax, p.part_ml[2 * ((static_cast<std::int64_t>(off) + s) * p.num_heads + h)]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mmax = fmaxf(mmax, __shfl_xor_sync(0xffffffffu, mmax, o));
+  float acc = 0.f, lsum = 0.f;
+  if (mmax != -INFINITY) {
+    float w = lane < ns ? SoftmaxState2::factor(m_first, mmax) : 0.f;
+    lsum = w * l_first;
+#pragma unroll
+    for (int k = 0; k < 32; ++k) acc = fmaf(__shfl_sync(0xffffffffu, w, k), v[k], acc);
+    for (int c = 32; c < ns; c += 32) {  // long sequences: the remaining splits, 32 at a time
+      w = 0.f;
+      if (c + lane < ns) {
+        const std::int64_t pi = (static_cast<std::int64_t>(off) + c + lane) * p.num_heads + h;
+        w = SoftmaxState2::factor(p.part_ml[2 * pi], mmax);
+        lsum += w * p.part_ml[2 * pi + 1];
+      }
+      const float* col = col0 + c * step;
+#pragma unroll
+      for (int k = 0; k < 32; ++k) v[k] = c + k < ns && d < D ? col[k * step] : 0.f;
+#pragma unroll
+      for (int k = 0; k < 32; ++k) acc = fmaf(__shfl_sync(0xffffffffu, w, k), v[k], acc);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
+  }
+  const SoftmaxState2 total{mmax, lsum};
+  if (d < D) store_out<OutT>(p.out, idx * D + d, acc * total.inv_sum());
+  if (p.lse != nullptr && dc == 0 && lane == 0) p.lse[idx] = total.lse();
+}
+
+template <typename OutT>
+void launch_combine_typed(const CombineParams& c, int grid, bool pdl, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kCombineWarps * 32);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  check(cudaLaunchKernelEx(&cfg, combine_kernel<OutT>, c), "combine_kernel launch");
+}
+
+}  // namespace
+
+void launch_combine(const CombineParams& c, DType out_dtype, bool pdl, cudaStream_t stream) {
+  const std::int64_t warps =
+      static_cast<std::int64_t>(c.batch) * c.num_heads * ((c.head_dim + 31) / 32);
+  const int grid = static_cast<int>((warps + kCombineWarps - 1) / kCombineWarps);
+  switch (out_dtype) {
+    case DType::kF32:
+      return launch_combine_typed<float>(c, grid, pdl, stream);
+    case DType::kF16:
+      return launch_combine_typed<__half>(c, grid, pdl, stream);
+    case DType::kBF16:
+      return launch_combine_typed<__nv_bfloat16>(c, grid, pdl, stream);
+  }
+  fail(ErrorCode::kUnsupported, "out_dtype", static_cast<int>(out_dtype),
+       "no CUDA combine kernel for this dtype");
+}
+
+bool combine_has_image() {
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, combine_kernel<float>) == cudaSuccess;
+}
+
+}  // namespace pagedattn::detail::cuda

@@ -1,0 +1,32 @@
+// The combine: merges the partial states of each (sequence, query head) over its splits, in
+// split order, and writes out = acc / l and lse (natural log); an empty context gives out = 0,
+// lse = -inf. It runs after the split kernel, as a programmatic dependent launch where the device
+// supports one (sm_90).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "pagedattn/dtype.hpp"
+
+namespace pagedattn::detail::cuda {
+
+struct CombineParams {
+  const float* part_ml;     // [partials][2]: m (log2 units), l
+  const float* part_acc;    // [partials][head_dim]
+  const int* split_offset;  // [batch + 1]: the first partial of each sequence, in splits
+  void* out;
+  float* lse;
+  int batch, num_heads, head_dim;
+};
+
+// Enqueues the combine on `stream`. pdl: launch it as a programmatic dependent of the kernel
+// before it (which must have triggered griddepcontrol.launch_dependents). Throws on a launch error.
+void launch_combine(const CombineParams& params, DType out_dtype, bool pdl, cudaStream_t stream);
+
+// Whether the build holds machine code or PTX the current device can run (the combine stands for
+// every kernel of the library: all are built for the same architectures).
+bool combine_has_image();
+
+}  // namespace pagedattn::detail::cuda

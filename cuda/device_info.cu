@@ -1,0 +1,87 @@
+// Device facts and the usability check behind pagedattn::cuda_available (device_info.hpp).
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "combine.cuh"
+#include "cuda_check.hpp"
+#include "device_info.hpp"
+
+namespace pagedattn::detail::cuda {
+namespace {
+
+std::string version_text(int v) {
+  return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+}  // namespace
+
+const DeviceInfo& current_device() {
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  static std::mutex mu;
+  static std::vector<DeviceInfo> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  if (static_cast<int>(cache.size()) <= dev) cache.resize(dev + 1);
+  DeviceInfo& d = cache[dev];
+  if (d.device < 0) {
+    check(cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev),
+          "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, dev),
+          "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, dev),
+          "cudaDeviceGetAttribute");
+    d.pdl = d.cc_major >= 9;
+    d.device = dev;
+  }
+  return d;
+}
+
+bool device_usable(std::string* why) {
+  auto no = [&](const std::string& reason) {
+    if (why) *why = reason;
+    return false;
+  };
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  if (driver == 0) return no("no NVIDIA driver is installed");
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaErrorInsufficientDriver || driver < runtime) {
+    cudaGetLastError();
+    return no("the NVIDIA driver supports CUDA " + version_text(driver) + ", older than the CUDA " +
+              version_text(runtime) + " runtime this library was built with: update the driver");
+  }
+  if (err == cudaErrorNoDevice || (err == cudaSuccess && count == 0)) {
+    cudaGetLastError();
+    return no("no CUDA device present");
+  }
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return no(std::string("no usable CUDA device: ") + cudaGetErrorString(err));
+  }
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return no("cannot query the current CUDA device");
+  }
+  const std::string cc = std::to_string(major) + "." + std::to_string(minor);
+  if (major < 8) {
+    return no("device " + std::to_string(dev) + " has compute capability " + cc +
+              "; the CUDA backend needs 8.0 or newer (A100, RTX 30xx and later)");
+  }
+  if (!combine_has_image()) {
+    cudaGetLastError();
+    return no("this build has no kernels for compute capability " + cc +
+              " (rebuild with CMAKE_CUDA_ARCHITECTURES including " + std::to_string(major) +
+              std::to_string(minor) + ")");
+  }
+  return true;
+}
+
+}  // namespace pagedattn::detail::cuda

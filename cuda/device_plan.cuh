@@ -1,0 +1,90 @@
+// Planning on the device: every CTA derives the core's chunk rule (core/split_plan.hpp) from the
+// context lengths and finds which (sequence, split) its global split index belongs to, so a grid
+// sized from shapes alone serves any lengths (CUDA-graph replay with new lengths). CTA 0 also
+// publishes the split offsets for the combine.
+#pragma once
+
+#include "pagedattn/cache_layout.hpp"
+#include "pagedattn/split_plan.hpp"
+#include "ptx.cuh"
+#include "split_params.cuh"
+
+namespace pagedattn::detail::cuda {
+
+__device__ __forceinline__ int clamp_len(int len, int cap) {
+  return len < 0 ? 0 : (len > cap ? cap : len);
+}
+
+struct ItemInfo {
+  int seq, split, chunk, offset, found;
+};
+
+__device__ inline void plan_item(const SplitParams& p, int j, ItemInfo* item) {
+  __shared__ long long red_l[kWarps];
+  __shared__ int red_i[kWarps];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int cap = p.max_blocks * p.block_size;  // validated to fit int32
+  long long sum = 0;
+  int mx = 0;
+  for (int b = tid; b < p.batch; b += kThreads) {
+    const int nb = blocks_for(clamp_len(__ldg(p.lens + b), cap), p.block_size);
+    sum += nb;
+    mx = max(mx, nb);
+  }
+  sum = warp_sum(sum);
+  mx = warp_max(mx);
+  if (lane == 0) {
+    red_l[warp] = sum;
+    red_i[warp] = mx;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    long long s = 0;
+    int m = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      s += red_l[w];
+      m = max(m, red_i[w]);
+    }
+    item->chunk = choose_chunk_blocks(s, m, p.batch, p.num_kv_heads, p.block_size, p.plan);
+    item->found = 0;
+  }
+  __syncthreads();
+  const int chunk = item->chunk;
+  int running = 0;
+  for (int base = 0; base < p.batch; base += kThreads) {
+    const int b = base + tid;
+    int ns = 0;
+    if (b < p.batch) {
+      ns = splits_for(blocks_for(clamp_len(__ldg(p.lens + b), cap), p.block_size), chunk);
+    }
+    int incl = ns;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (lane == 31) red_i[warp] = incl;
+    __syncthreads();
+    int before = running, total = running;
+    for (int w = 0; w < kWarps; ++w) {
+      if (w < warp) before += red_i[w];
+      total += red_i[w];
+    }
+    incl += before;
+    const int excl = incl - ns;
+    if (b < p.batch) {
+      if (blockIdx.x == 0) p.split_offset[b] = excl;
+      if (j >= excl && j < incl) {
+        item->seq = b;
+        item->split = j - excl;
+        item->offset = excl;
+        item->found = 1;
+      }
+    }
+    running = total;
+    __syncthreads();
+  }
+  if (blockIdx.x == 0 && tid == 0) p.split_offset[p.batch] = running;
+  __syncthreads();
+}
+}  // namespace pagedattn::detail::cuda

@@ -1,0 +1,205 @@
+// The KV pipeline of the split kernel: tiles of TT token rows of K and V copied from the paged
+// cache into shared memory with cp.async, STAGES buffers deep, the page ids of each tile read
+// from the block table STAGES - 1 tiles ahead of its compute. Both compute paths
+// (mma_path.cuh, simt_path.cuh) run on it.
+#pragma once
+
+#include <cstdint>
+
+#include "ptx.cuh"
+#include "split_params.cuh"
+
+namespace pagedattn::detail::cuda {
+
+// The dynamic shared memory follows the kernel's static shared variables, so its base is only
+// 16-byte aligned (it sat at byte 80); tiles start at the next 128-byte boundary, kSmemAlign bytes
+// being reserved for it. Unaligned, every swizzled row segment straddled a shared 128-byte
+// boundary and the copy unit fetched each global line in pieces: 1.95x the necessary L2 sectors
+// on the H200, 71% of the read ceiling on 128 x 4096 against 91% aligned.
+constexpr int kSmemAlign = 128;
+__device__ __forceinline__ char* align_smem(char* p) {
+  return p + ((kSmemAlign - (smem_u32(p) & (kSmemAlign - 1))) & (kSmemAlign - 1));
+}
+
+// Pipeline depth against CTAs per SM, by tile size. A large tile (>= 30 KB: 16-bit D >= 112,
+// f32 D >= 112) keeps three stages, two tiles in flight per CTA, two CTAs per SM. A smaller tile
+// gets about 52 KB of stages so four CTAs fit on an SM: more warps to overlap each warp's
+// dependent compute. Measured on the H200 (docs/cuda.md): the 52 KB budget took MHA (CUDA
+// cores, D = 128) from 76% to 86% of the read ceiling and the D = 64 MMA kernel from 49% to
+// 64%, while the D = 128 MMA kernel lost 10-15 points with it (two stages, three CTAs).
+constexpr int kDeepStageBudget = 106 * 1024;
+constexpr int kWideStageBudget = 52 * 1024;
+constexpr int stages_for_tile(int tile_bytes) {
+  const int budget = tile_bytes >= 30 * 1024 ? kDeepStageBudget : kWideStageBudget;
+  return budget / tile_bytes < 2 ? 2 : (budget / tile_bytes > 4 ? 4 : budget / tile_bytes);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tile loading: TT token rows of K and V, each row D elements in CH 16-byte chunks.
+//
+// Rows of whole 128-byte segments (D * sizeof(T) a multiple of 128: head dims 64, 128, 192, 256
+// in 16-bit types, 64, 96, 128, 192, 256 in f32) are stored swizzled: chunk c of row r sits at
+// chunk c ^ (r & 7). Each global 128-byte line then lands in one aligned 128-byte shared segment
+// (tiles start 128-byte aligned, see align_smem), which the copy unit serves with one L2 request,
+// and chunk c of 8 consecutive rows falls in 8 different bank groups, so ldmatrix and row reads
+// are free of bank conflicts. Rows padded by one chunk (the earlier layout) avoided the bank
+// conflicts too, but every row then straddled shared 128-byte boundaries and the copy unit split
+// its lines: on the H200, Nsight Compute counted 1.5x the necessary L2 sectors (100.7M sectors
+// for 67.1M read from DRAM on 128 x 4096, a 34% L2 hit rate, the L2 at 92% of its throughput)
+// and the kernel reached 83% of the read ceiling against 91% swizzled. Rows of other sizes (head
+// dims 80, 96, 112 in 16-bit types, 80 and 112 in f32) keep one chunk of padding.
+template <typename T, int D>
+struct RowGeom {
+  static constexpr int kChunks = D * static_cast<int>(sizeof(T)) / 16;
+  static constexpr bool kSwizzle = kChunks % 8 == 0;
+  static constexpr int kRowBytes = (kSwizzle ? kChunks : kChunks + 1) * 16;
+  // Byte offset of chunk c of row r within a tile.
+  static __device__ __forceinline__ int offset(int r, int c) {
+    return r * kRowBytes + (kSwizzle ? (c ^ (r & 7)) : c) * 16;
+  }
+};
+
+// The table entry of token t (read one pipeline iteration before its tile is issued, so the
+// table's latency hides behind a tile's compute), or -1 past the split.
+__device__ __forceinline__ int fetch_id(const SplitParams& p, const std::int32_t* row_table, int t,
+                                        int tok_end) {
+  return t < tok_end ? __ldg(row_table + t / p.block_size) : -1;
+}
+
+// Byte offset of token t's row from the kv head's base, or -1 when it must not be read (past the
+// split, or a block id outside the pool: unchecked mode skips such tokens).
+template <typename T, int D>
+__device__ __forceinline__ long long row_offset(const SplitParams& p, int id, int t, int tok_end) {
+  if (t >= tok_end || id < 0 || id >= p.num_blocks) return -1;
+  return (static_cast<long long>(id) * p.num_kv_heads * p.block_size + t % p.block_size) *
+         (D * static_cast<long long>(sizeof(T)));
+}
+
+// Issues the cp.async copies of one tile; rows with offset -1 are zero-filled and flagged invalid.
+// When the CTA's threads cover whole rows (CH divides kThreads), each thread keeps one chunk
+// column and walks rows at a fixed stride: the addresses are a few adds per copy instead of a
+// division per copy, which matters because every thread issues these for every tile.
+template <typename T, int D, int TT>
+__device__ __forceinline__ void issue_tile(char* sK, char* sV, unsigned char* sValid,
+                                           const long long* s_off, const char* gK, const char* gV) {
+  constexpr int CH = RowGeom<T, D>::kChunks;
+  auto copy = [&](int r, int c) {
+    const long long off = s_off[r];
+    const bool ok = off >= 0;
+    const long long src = (ok ? off : 0) + c * 16;
+    const int dst = RowGeom<T, D>::offset(r, c);
+    cp_async16(sK + dst, gK + src, ok);
+    cp_async16(sV + dst, gV + src, ok);
+    if (c == 0) sValid[r] = ok ? 1 : 0;
+  };
+  if constexpr (CH % 8 == 0 && TT % (kThreads / 8) == 0) {
+    // Eight lanes per 128-byte segment of a row, a warp on four rows of one segment: each
+    // warp-wide copy is four whole global lines landing in four whole shared segments.
+    constexpr int RP = kThreads / 8;  // rows per pass
+    const int c0 = threadIdx.x % 8, r0 = threadIdx.x / 8;
+#pragma unroll
+    for (int seg = 0; seg < CH / 8; ++seg) {
+#pragma unroll
+      for (int k = 0; k < TT / RP; ++k) copy(r0 + k * RP, c0 + 8 * seg);
+    }
+  } else if constexpr (kThreads % CH == 0) {
+    constexpr int RP = kThreads / CH;  // rows per pass
+    const int c = threadIdx.x % CH, r0 = threadIdx.x / CH;
+#pragma unroll
+    for (int k = 0; k < (TT + RP - 1) / RP; ++k) {
+      const int r = r0 + k * RP;
+      if (TT % RP == 0 || r < TT) copy(r, c);
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < TT * CH; idx += kThreads) {
+      const int r = idx / CH;
+      copy(r, idx - r * CH);
+    }
+  }
+}
+
+// The pipeline of one work item. Shared memory: STAGES tiles (K rows, then V rows) at `stages`,
+// the row offsets of each stage's tile (8 bytes per row) at `offsets` and its valid-row flags at
+// `valid`. Row offsets of tile n live in stage n % STAGES: computed from the table entries fetched
+// at the top of iteration n - STAGES, written at its end, read when tile n is issued.
+template <typename T, int D, int TT, int STAGES>
+struct KvPipeline {
+  static constexpr int kRowBytes = RowGeom<T, D>::kRowBytes;
+  static constexpr int kTileBytes = 2 * TT * kRowBytes;  // one stage: K rows, then V rows
+  static constexpr int kStageBytes = STAGES * kTileBytes;
+  static constexpr int kIndexBytes = STAGES * TT * 9;  // row offsets and valid flags
+
+  char* stages;
+  long long* offsets;
+  unsigned char* valid;
+  const SplitParams* p;
+  const std::int32_t* row_table;  // the sequence's block-table row
+  const char* gK;                 // the kv head's K and V in block 0
+  const char* gV;
+  int tok_begin, tok_end, ntiles;
+
+  __device__ __forceinline__ const char* k(int st) const { return stages + st * kTileBytes; }
+  __device__ __forceinline__ const char* v(int st) const {
+    return stages + st * kTileBytes + TT * kRowBytes;
+  }
+  __device__ __forceinline__ const unsigned char* valid_rows(int st) const {
+    return valid + st * TT;
+  }
+  // Rows of tile `it` (the last tile of a split may be short).
+  __device__ __forceinline__ int rows(int it) const {
+    return min(TT, tok_end - (tok_begin + it * TT));
+  }
+
+  __device__ __forceinline__ int tok_of(int n) const {
+    return tok_begin + n * TT + static_cast<int>(threadIdx.x);
+  }
+  __device__ __forceinline__ void issue(int n) {
+    const int st = n % STAGES;
+    char* base = stages + st * kTileBytes;
+    issue_tile<T, D, TT>(base, base + TT * kRowBytes, valid + st * TT, offsets + st * TT, gK, gV);
+  }
+
+  // Offsets of the first STAGES tiles, then tiles 0 .. STAGES - 2 in flight.
+  __device__ __forceinline__ void prologue() {
+    const int tid = threadIdx.x;
+    if (tid < TT) {
+      int ids[STAGES];
+#pragma unroll
+      for (int n = 0; n < STAGES; ++n) ids[n] = fetch_id(*p, row_table, tok_of(n), tok_end);
+#pragma unroll
+      for (int n = 0; n < STAGES; ++n) {
+        offsets[n * TT + tid] = row_offset<T, D>(*p, ids[n], tok_of(n), tok_end);
+      }
+    }
+    __syncthreads();
+    for (int n = 0; n < STAGES - 1; ++n) {
+      if (n < ntiles) issue(n);
+      cp_async_commit();
+    }
+  }
+  // Top of iteration `it`: waits for tile it, fetches the table entry of tile it + STAGES and
+  // issues tile it + STAGES - 1. Returns the fetched entry for end().
+  __device__ __forceinline__ int begin(int it) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();
+    const int tid = threadIdx.x;
+    const int id = tid < TT ? fetch_id(*p, row_table, tok_of(it + STAGES), tok_end) : -1;
+    if (it + STAGES - 1 < ntiles) issue(it + STAGES - 1);
+    cp_async_commit();
+    return id;
+  }
+  // Bottom of iteration `it`: the row offsets of tile it + STAGES into the stage just consumed.
+  __device__ __forceinline__ void end(int it, int id) {
+    const int tid = threadIdx.x;
+    if (tid < TT) {
+      offsets[(it % STAGES) * TT + tid] = row_offset<T, D>(*p, id, tok_of(it + STAGES), tok_end);
+    }
+  }
+  // After the last tile: nothing in flight, so the stage area can become scratch.
+  __device__ __forceinline__ void drain() {
+    cp_async_wait<0>();
+    __syncthreads();
+  }
+};
+
+}  // namespace pagedattn::detail::cuda

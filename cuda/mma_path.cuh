@@ -1,0 +1,256 @@
+// The tensor-core path (f16/bf16 caches with q in the same dtype, group >= 4): S = Q K^T and
+// O += P V with mma.sync m16n8k16, the group's query heads as the M rows (padded to 16; up to 4
+// head tiles for groups up to 64), 16-token slices as N (scores) and K (P V). The 4 warps take
+// different token slices (or head tiles for groups > 16), each with its own online-softmax state
+// per row, and merge in a fixed order at the end. P is split into hi + lo parts of the storage
+// type, so the P V product keeps f32-level accuracy.
+#pragma once
+
+#include <cstdint>
+
+#include "kv_pipeline.cuh"
+#include "pagedattn/online_softmax.hpp"
+#include "ptx.cuh"
+#include "split_params.cuh"
+
+namespace pagedattn::detail::cuda {
+
+template <typename T, int D>
+struct MmaCfg {
+  static constexpr int TT = 64;  // 4 slices of 16 tokens
+  static constexpr int ROW = RowGeom<T, D>::kRowBytes;
+  static constexpr int TILE = 2 * TT * ROW;
+  static constexpr int STAGES = stages_for_tile(TILE);
+  // Q fragments live in registers up to D = 128; larger head dims read them from shared memory.
+  static constexpr bool kQInSmem = D > 128;
+  static constexpr int QROWS = 64;  // up to 4 head tiles of 16
+  static constexpr int SCRATCH = (kWarps - 1) * 16 * (D + 2) * 4;
+  static constexpr int STAGE_AREA = STAGES * TILE > SCRATCH ? STAGES* TILE : SCRATCH;
+  static constexpr int QBYTES = kQInSmem ? QROWS * ROW : 0;
+  using Pipe = KvPipeline<T, D, TT, STAGES>;
+  static constexpr int SMEM = STAGE_AREA + QBYTES + STAGES * TT * 9 + kSmemAlign;
+};
+
+template <typename T, int D>
+__device__ __forceinline__ void mma_item(const SplitParams& p, const WorkItem& item,
+                                         typename MmaCfg<T, D>::Pipe& pipe, char* smem) {
+  using Cfg = MmaCfg<T, D>;
+  using Op = MmaOp<T>;
+  constexpr int STAGES = Cfg::STAGES;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int G = p.group;
+  const int b = item.seq;
+  const int head0 = item.kv * G;  // first query head of the group
+  const std::int64_t part_base = item.part_base;
+  using Op = MmaOp<T>;
+  char* sQ = smem + Cfg::STAGE_AREA;
+  const int WH = G <= 16 ? 1 : (G <= 32 ? 2 : 4);
+  const int WT = kWarps / WH;
+  const int wh = warp / WT, wt = warp % WT;
+  const int g = lane >> 2, q4 = lane & 3;
+  const char* gq = static_cast<const char*>(p.q) +
+                   (static_cast<std::int64_t>(b) * p.num_heads + head0) * D * sizeof(T);
+  // Q of the group (same dtype as the cache, so exact), rows past the group zero.
+  constexpr int kQK = MmaCfg<T, D>::kQInSmem ? 1 : D / 16;
+  std::uint32_t qf[kQK][4];
+  if constexpr (MmaCfg<T, D>::kQInSmem) {
+    constexpr int CH = RowGeom<T, D>::kChunks;
+    for (int idx = tid; idx < WH * 16 * CH; idx += kThreads) {
+      const int r = idx / CH, c = idx - r * CH;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < G) v = *reinterpret_cast<const uint4*>(gq + r * D * sizeof(T) + c * 16);
+      *reinterpret_cast<uint4*>(sQ + RowGeom<T, D>::offset(r, c)) = v;
+    }
+  } else {
+    // A fragments straight from global: a0 (row g, k 2q4), a1 (row g+8), a2 (k+8), a3.
+#pragma unroll
+    for (int kk = 0; kk < kQK; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int row = wh * 16 + g + (r & 1) * 8;
+        const int col = kk * 16 + 2 * q4 + (r >> 1) * 8;
+        qf[kk][r] = row < G ? *reinterpret_cast<const std::uint32_t*>(
+                                  gq + (static_cast<std::int64_t>(row) * D + col) * sizeof(T))
+                            : 0u;
+      }
+    }
+  }
+  pipe.prologue();
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  // Rows g and g + 8 of the warp's head tile; the lanes of a quad hold the same max and partial
+  // sums of their own columns (summed over the quad at the end).
+  SoftmaxState2 st[2] = {SoftmaxState2::empty(), SoftmaxState2::empty()};
+  // ldmatrix lane addressing
+  // (row, chunk pair) of each lane's 8x8 matrix row; chunk 2 * step + half for k-step `step`.
+  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_half = lane >> 4;
+  const int k_tok = (lane & 7) + (lane >> 4) * 8, k_half = (lane >> 3) & 1;
+  const int v_tok = (lane & 7) + ((lane >> 3) & 1) * 8, v_half = lane >> 4;
+  using Geo = RowGeom<T, D>;
+
+  for (int it = 0; it < pipe.ntiles; ++it) {
+    const int next_id = pipe.begin(it);
+    const int stage = it % STAGES;
+    const int rows = pipe.rows(it);
+    const char* kS = pipe.k(stage);
+    const char* vS = pipe.v(stage);
+    const unsigned char* vf = pipe.valid_rows(stage);
+    for (int sl = wt; sl * 16 < rows; sl += WT) {
+      // S = Q K^T over D / 16 k-steps, into two accumulator sets (even and odd steps) so the
+      // dependent MMA chains are half as long; summed after.
+      float s[2][4], s_odd[2][4];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = s_odd[n][e] = 0.f;
+      }
+      const int k_r = sl * 16 + k_tok;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        std::uint32_t bk[4];
+        ldmatrix_x4(bk, kS + Geo::offset(k_r, 2 * kk + k_half));
+        float(&acc)[2][4] = kk % 2 == 0 ? s : s_odd;
+        if constexpr (MmaCfg<T, D>::kQInSmem) {
+          std::uint32_t a[4];
+          ldmatrix_x4(a, sQ + Geo::offset(wh * 16 + a_row, 2 * kk + a_half));
+          Op::mma(acc[0], a, bk[0], bk[1]);
+          Op::mma(acc[1], a, bk[2], bk[3]);
+        } else {
+          Op::mma(acc[0], qf[kk], bk[0], bk[1]);
+          Op::mma(acc[1], qf[kk], bk[2], bk[3]);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] += s_odd[n][e];
+      }
+      // Scale, mask, row max (rows g and g + 8; a quad shares a row).
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int tok = sl * 16 + n * 8 + 2 * q4 + (e & 1);
+          const float v = vf[tok] ? s[n][e] * p.scale_log2 : -INFINITY;
+          s[n][e] = v;
+          mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+      }
+      float alpha[2], shift[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        alpha[r] = st[r].rescale_to(mx[r]);
+        shift[r] = st[r].shift();
+      }
+      float ps[2] = {0.f, 0.f};
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[n][e] = exp2f(s[n][e] - shift[e >> 1]);
+          ps[e >> 1] += s[n][e];
+        }
+      }
+      st[0].add(ps[0]);
+      st[1].add(ps[1]);
+      // Rescale the accumulator only when some row's max grew (alpha is exactly 1 otherwise):
+      // after the first tiles of a split the max rarely moves.
+      if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          o[n][0] *= alpha[0];
+          o[n][1] *= alpha[0];
+          o[n][2] *= alpha[1];
+          o[n][3] *= alpha[1];
+        }
+      }
+      // P as the A operand: hi and lo parts.
+      std::uint32_t ph[4], pl[4];
+      {
+        const float* src[4] = {&s[0][0], &s[0][2], &s[1][0], &s[1][2]};
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          ph[r] = Op::pack(src[r][0], src[r][1]);
+          float h0, h1;
+          Op::unpack(ph[r], h0, h1);
+          pl[r] = Op::pack(src[r][0] - h0, src[r][1] - h1);
+        }
+      }
+      const int v_r = sl * 16 + v_tok;
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        std::uint32_t bv[4];
+        ldmatrix_x4_trans(bv, vS + Geo::offset(v_r, 2 * dp + v_half));
+        Op::mma(o[2 * dp], ph, bv[0], bv[1]);
+        Op::mma(o[2 * dp + 1], ph, bv[2], bv[3]);
+        Op::mma(o[2 * dp], pl, bv[0], bv[1]);
+        Op::mma(o[2 * dp + 1], pl, bv[2], bv[3]);
+      }
+    }
+    pipe.end(it, next_id);
+  }
+  pipe.drain();  // the stage area becomes the merge scratch
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    st[r].l += __shfl_xor_sync(0xffffffffu, st[r].l, 1);
+    st[r].l += __shfl_xor_sync(0xffffffffu, st[r].l, 2);
+  }
+  // Merge the WT token warps of each head tile, in order wt = 0, 1, ...
+  float* scratch = reinterpret_cast<float*>(smem);
+  constexpr int SROW = D + 2;
+  if (wt > 0) {
+    float* base = scratch + ((wh * (WT - 1) + wt - 1) * 16) * SROW;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float* row = base + (g + 8 * r) * SROW;
+      if (q4 == 0) {
+        row[D] = st[r].m;
+        row[D + 1] = st[r].l;
+      }
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        row[n * 8 + 2 * q4] = o[n][2 * r];
+        row[n * 8 + 2 * q4 + 1] = o[n][2 * r + 1];
+      }
+    }
+  }
+  __syncthreads();
+  if (wt == 0) {
+    for (int w = 1; w < WT; ++w) {
+      const float* base = scratch + ((wh * (WT - 1) + w - 1) * 16) * SROW;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float* row = base + (g + 8 * r) * SROW;
+        float fa, fb;
+        if (!st[r].merge(SoftmaxState2{row[D], row[D + 1]}, fa, fb)) continue;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          o[n][2 * r] = o[n][2 * r] * fa + row[n * 8 + 2 * q4] * fb;
+          o[n][2 * r + 1] = o[n][2 * r + 1] * fa + row[n * 8 + 2 * q4 + 1] * fb;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int hl = wh * 16 + g + 8 * r;
+      if (hl >= G) continue;
+      const std::int64_t pidx = part_base + head0 + hl;
+      if (q4 == 0) {
+        p.part_ml[2 * pidx] = st[r].m;
+        p.part_ml[2 * pidx + 1] = st[r].l;
+      }
+      float* dst = p.part_acc + pidx * D;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        *reinterpret_cast<float2*>(dst + n * 8 + 2 * q4) =
+            make_float2(o[n][2 * r], o[n][2 * r + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace pagedattn::detail::cuda

@@ -1,0 +1,207 @@
+// The CUDA-core path (f32 caches, groups 1-3, q in another dtype than the cache): a half-warp
+// per token, each lane 1/16 of the head dim, up to 4 query heads per warp (scores only for the
+// heads a warp holds), per-token online softmax in f32. Groups above 16 run in head chunks of 16,
+// one CTA each (K/V of the group read once per chunk, from L2 for all but the first).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kv_pipeline.cuh"
+#include "pagedattn/online_softmax.hpp"
+#include "ptx.cuh"
+#include "split_params.cuh"
+
+namespace pagedattn::detail::cuda {
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+__device__ __forceinline__ float load_q(const void* q, int dtype, std::int64_t i) {
+  if (dtype == 0) return static_cast<const float*>(q)[i];
+  if (dtype == 1) return __half2float(static_cast<const __half*>(q)[i]);
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(q)[i]);
+}
+
+// Lane l16's E elements of row r of a tile (words never straddle a 16-byte chunk, so each is
+// found through the tile's chunk layout).
+template <typename T, int D, int E>
+__device__ __forceinline__ void load_slice(const char* tile, int r, int l16, float (&out)[E]) {
+  constexpr int kBytes = E * static_cast<int>(sizeof(T));
+  constexpr int kAlign = kBytes % 16 == 0 ? 16 : kBytes % 8 == 0 ? 8 : kBytes % 4 == 0 ? 4 : 2;
+  constexpr int kWords = kBytes / kAlign;
+  using W = typename std::conditional<
+      kAlign == 16, uint4,
+      typename std::conditional<
+          kAlign == 8, uint2,
+          typename std::conditional<kAlign == 4, std::uint32_t, std::uint16_t>::type>::type>::type;
+  W w[kWords];
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) {
+    const int byte = l16 * kBytes + i * kAlign;
+    w[i] = *reinterpret_cast<const W*>(tile + RowGeom<T, D>::offset(r, byte / 16) + byte % 16);
+  }
+  const T* e = reinterpret_cast<const T*>(w);
+#pragma unroll
+  for (int i = 0; i < E; ++i) out[i] = to_f(e[i]);
+}
+
+template <typename T, int D>
+struct SimtCfg {
+  static constexpr int TT = 32;
+  static constexpr int ROW = RowGeom<T, D>::kRowBytes;
+  static constexpr int TILE = 2 * TT * ROW;
+  static constexpr int STAGES = stages_for_tile(TILE);
+  static constexpr int E = D / 16;
+  static constexpr int SCRATCH = kWarps * kSimtHeadsPerWarp * (D + 2) * 4;
+  static constexpr int STAGE_AREA = STAGES * TILE > SCRATCH ? STAGES* TILE : SCRATCH;
+  static constexpr int QBYTES = 0;
+  // + per stage: row offsets (8 bytes per row) and valid flags (1 byte per row)
+  using Pipe = KvPipeline<T, D, TT, STAGES>;
+  static constexpr int SMEM = STAGE_AREA + QBYTES + STAGES * TT * 9 + kSmemAlign;
+};
+
+template <typename T, int D>
+__device__ __forceinline__ void simt_item(const SplitParams& p, const WorkItem& item,
+                                          typename SimtCfg<T, D>::Pipe& pipe, char* smem) {
+  using Cfg = SimtCfg<T, D>;
+  constexpr int STAGES = Cfg::STAGES;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int G = p.group;
+  const int b = item.seq;
+  const int hc = item.head_chunk;
+  const int head0 = item.kv * G;  // first query head of the group
+  const std::int64_t part_base = item.part_base;
+  constexpr int E = D / 16;
+  constexpr int HW = kSimtHeadsPerWarp;
+  const int hbase = hc * kSimtHeadsPerCta;  // first head of this chunk, within the group
+  const int GC = min(kSimtHeadsPerCta, G - hbase);
+  const int WH = GC <= HW ? 1 : (GC <= 2 * HW ? 2 : 4);
+  const int WT = kWarps / WH;
+  const int wh = warp / WT, wt = warp % WT;
+  const int half = lane >> 4, l16 = lane & 15;
+  const int h_first = hbase + wh * HW;  // first head of this warp, within the group
+  const int nh = max(0, min(HW, G - h_first));
+  float q[HW][E];
+#pragma unroll
+  for (int h = 0; h < HW; ++h) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      q[h][e] =
+          h < nh ? load_q(p.q, p.q_dtype,
+                          (static_cast<std::int64_t>(b) * p.num_heads + head0 + h_first + h) * D +
+                              l16 * E + e) *
+                       p.scale_log2
+                 : 0.f;
+    }
+  }
+  pipe.prologue();
+  float acc[HW][E];
+  SoftmaxState2 st[HW];
+#pragma unroll
+  for (int h = 0; h < HW; ++h) {
+    st[h] = SoftmaxState2::empty();
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[h][e] = 0.f;
+  }
+  for (int it = 0; it < pipe.ntiles; ++it) {
+    const int next_id = pipe.begin(it);
+    const int stage = it % STAGES;
+    const int rows = nh > 0 ? pipe.rows(it) : 0;
+    const char* kS = pipe.k(stage);
+    const char* vS = pipe.v(stage);
+    const unsigned char* vf = pipe.valid_rows(stage);
+    for (int r0 = wt * 2; r0 < rows; r0 += 2 * WT) {
+      const int r = r0 + half;  // r < TT always; rows past `rows` are flagged invalid
+      const bool ok = r < rows && vf[r];
+      float kr[E];
+      load_slice<T, D, E>(kS, r, l16, kr);
+      float sc[HW];
+#pragma unroll
+      for (int h = 0; h < HW; ++h) {
+        if (h >= nh) break;  // warp-uniform: a small group leaves a warp's last slots empty
+        float d = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) d = fmaf(q[h][e], kr[e], d);
+#pragma unroll
+        for (int o2 = 8; o2 > 0; o2 >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o2);
+        sc[h] = ok ? d : -INFINITY;
+      }
+      if (ok) {  // per half-warp; no shuffles inside
+        float vr[E];
+        load_slice<T, D, E>(vS, r, l16, vr);
+#pragma unroll
+        for (int h = 0; h < HW; ++h) {
+          if (h >= nh) break;
+          const float alpha = st[h].rescale_to(sc[h]);
+          const float pr = st[h].weight(sc[h]);
+          st[h].add(pr);
+#pragma unroll
+          for (int e = 0; e < E; ++e) acc[h][e] = fmaf(pr, vr[e], acc[h][e] * alpha);
+        }
+      }
+    }
+    pipe.end(it, next_id);
+  }
+  pipe.drain();  // the stage area becomes the merge scratch
+  // Merge the two half-warps (lanes l and l ^ 16 hold the same elements).
+#pragma unroll
+  for (int h = 0; h < HW; ++h) {
+    const SoftmaxState2 other{__shfl_xor_sync(0xffffffffu, st[h].m, 16),
+                              __shfl_xor_sync(0xffffffffu, st[h].l, 16)};
+    float fa = 0.f, fb = 0.f;
+    st[h].merge(other, fa, fb);  // both empty: fa = fb = 0, the accumulators are 0 anyway
+                                 // Only the lower half's result is used below.
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float ao = __shfl_xor_sync(0xffffffffu, acc[h][e], 16);
+      acc[h][e] = acc[h][e] * fa + ao * fb;
+    }
+  }
+
+  float* scratch = reinterpret_cast<float*>(smem);
+  constexpr int SROW = D + 2;
+  if (wt > 0 && half == 0) {
+#pragma unroll
+    for (int h = 0; h < HW; ++h) {
+      float* row = scratch + ((wh * (WT - 1) + wt - 1) * HW + h) * SROW;
+      if (l16 == 0) {
+        row[D] = st[h].m;
+        row[D + 1] = st[h].l;
+      }
+#pragma unroll
+      for (int e = 0; e < E; ++e) row[l16 * E + e] = acc[h][e];
+    }
+  }
+  __syncthreads();
+  if (wt == 0 && half == 0) {
+    for (int w = 1; w < WT; ++w) {
+#pragma unroll
+      for (int h = 0; h < HW; ++h) {
+        const float* row = scratch + ((wh * (WT - 1) + w - 1) * HW + h) * SROW;
+        float fa, fb;
+        if (!st[h].merge(SoftmaxState2{row[D], row[D + 1]}, fa, fb)) continue;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[h][e] = acc[h][e] * fa + row[l16 * E + e] * fb;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < HW; ++h) {
+      if (h >= nh) break;
+      const std::int64_t pidx = part_base + head0 + h_first + h;
+      if (l16 == 0) {
+        p.part_ml[2 * pidx] = st[h].m;
+        p.part_ml[2 * pidx + 1] = st[h].l;
+      }
+      float* dst = p.part_acc + pidx * D + l16 * E;
+#pragma unroll
+      for (int e = 0; e < E; ++e) dst[e] = acc[h][e];
+    }
+  }
+}
+
+}  // namespace pagedattn::detail::cuda

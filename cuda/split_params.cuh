@@ -1,0 +1,55 @@
+// What the split kernel gets: the call's shapes and pointers, the plan options and where the
+// partial states go. Filled on the host (decode_cuda.cu), read by every CTA.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "pagedattn/split_plan.hpp"
+
+namespace pagedattn::detail::cuda {
+
+constexpr int kThreads = 128;  // every split CTA: 4 warps
+constexpr int kWarps = kThreads / 32;
+// The CUDA-core path holds up to 4 query heads per warp, 16 per CTA: larger groups run in head
+// chunks of 16, one CTA each (SplitParams::head_chunks).
+constexpr int kSimtHeadsPerWarp = 4;
+constexpr int kSimtHeadsPerCta = kSimtHeadsPerWarp * kWarps;
+
+struct SplitParams {
+  const void* q;
+  int q_dtype;  // DType as int
+  const void* k;
+  const void* v;
+  const std::int32_t* table;
+  const std::int32_t* lens;
+  int batch, num_heads, num_kv_heads, group, block_size, num_blocks, max_blocks, table_stride;
+  float scale_log2;  // scale * log2(e): scores are kept in log2 units
+  PlanOptions plan;
+  int head_chunks;    // CTAs per item along the group (CUDA-core path with group > 16)
+  float* part_ml;     // [partials][2]: m (log2 units), l
+  float* part_acc;    // [partials][head_dim]
+  int* split_offset;  // [batch + 1], written by CTA 0 for the combine
+};
+
+// One CTA's share of the plan, derived on the device (split_kernel.cuh) and handed to the
+// compute paths.
+struct WorkItem {
+  int seq;                 // b
+  int kv;                  // kv head
+  int head_chunk;          // CUDA-core path with group > 16: which 16 heads of the group
+  std::int64_t part_base;  // first partial-state index of this (sequence, split)
+};
+
+// Per cache dtype (defined in split_<dtype>.cu): launch the split kernel (false when no kernel was
+// built for the head dim: the caller reports it), or report how many of its CTAs fit on one SM
+// (the planner sizes its waves with it; 0 without a kernel). f32 has no tensor-core variant.
+bool launch_split_f32(const SplitParams& p, int head_dim, int grid, cudaStream_t stream);
+bool launch_split_f16(const SplitParams& p, int head_dim, bool mma, int grid, cudaStream_t stream);
+bool launch_split_bf16(const SplitParams& p, int head_dim, bool mma, int grid, cudaStream_t stream);
+int split_ctas_per_sm_f32(int head_dim);
+int split_ctas_per_sm_f16(int head_dim, bool mma);
+int split_ctas_per_sm_bf16(int head_dim, bool mma);
+
+}  // namespace pagedattn::detail::cuda

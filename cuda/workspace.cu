@@ -1,0 +1,49 @@
+// Stream-ordered workspace from a library-owned memory pool per device (workspace.hpp).
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "cuda_check.hpp"
+#include "workspace.hpp"
+
+namespace pagedattn::detail::cuda {
+namespace {
+
+// The pool of the current device, created on first use. Its release threshold is unbounded:
+// memory freed back to it stays reserved for the next call instead of returning to the driver.
+cudaMemPool_t device_pool() {
+  int dev = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  static std::mutex mu;
+  static std::vector<cudaMemPool_t> pools;
+  std::lock_guard<std::mutex> lock(mu);
+  if (static_cast<int>(pools.size()) <= dev) pools.resize(dev + 1, nullptr);
+  if (pools[dev] == nullptr) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    cudaMemPool_t pool = nullptr;
+    check(cudaMemPoolCreate(&pool, &props), "cudaMemPoolCreate");
+    std::uint64_t keep = UINT64_MAX;
+    check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+          "cudaMemPoolSetAttribute");
+    pools[dev] = pool;
+  }
+  return pools[dev];
+}
+
+}  // namespace
+
+StreamWorkspace::StreamWorkspace(std::size_t bytes, cudaStream_t stream) : stream_(stream) {
+  check(cudaMallocFromPoolAsync(&ptr_, bytes > 0 ? bytes : 256, device_pool(), stream),
+        "cudaMallocFromPoolAsync(workspace)");
+}
+
+StreamWorkspace::~StreamWorkspace() {
+  // Ordered after every launch enqueued on the stream meanwhile; an error here (a broken
+  // context) has already been reported by the launch that caused it.
+  if (ptr_ != nullptr && cudaFreeAsync(ptr_, stream_) != cudaSuccess) cudaGetLastError();
+}
+
+}  // namespace pagedattn::detail::cuda
