@@ -17,32 +17,20 @@
 #include "cuda_timing.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/reference.hpp"
+#include "pagedattn/testing/cuda_check.hpp"
+#include "pagedattn/testing/device_memory.hpp"
 
 namespace pagedattn::bench {
 namespace {
 
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    fail(ErrorCode::kDeviceError, what, cudaGetErrorName(err), cudaGetErrorString(err));
-  }
-}
-
-struct DeviceMem {
-  void* p = nullptr;
-  explicit DeviceMem(std::size_t bytes) { check(cudaMalloc(&p, bytes ? bytes : 16), "cudaMalloc"); }
-  DeviceMem(const DeviceMem&) = delete;
-  DeviceMem& operator=(const DeviceMem&) = delete;
-  DeviceMem(DeviceMem&& o) noexcept : p(o.p) { o.p = nullptr; }
-  ~DeviceMem() {
-    if (p) cudaFree(p);
-  }
-};
+using testing::check_cuda;
+using testing::DeviceBuffer;
 
 struct Events {
   cudaEvent_t a, b;
   Events() {
-    check(cudaEventCreate(&a), "cudaEventCreate");
-    check(cudaEventCreate(&b), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&a), "cudaEventCreate");
+    check_cuda(cudaEventCreate(&b), "cudaEventCreate");
   }
   ~Events() {
     cudaEventDestroy(a);
@@ -120,12 +108,12 @@ void fill(void* p, DType t, std::size_t n, std::uint64_t seed) {
       fill_normal<<<grid, 256>>>(static_cast<__nv_bfloat16*>(p), n, seed);
       break;
   }
-  check(cudaGetLastError(), "fill_normal");
+  check_cuda(cudaGetLastError(), "fill_normal");
 }
 
 // One input set: its own cache pool, table (a random permutation when fragmented), q, out.
 struct InputSet {
-  DeviceMem q, k, v, table, lens, out, lse;
+  DeviceBuffer q, k, v, table, lens, out, lse;
   DecodeArgs args;
 };
 
@@ -138,26 +126,28 @@ double median(std::vector<double> v) {
 
 double cuda_read_ceiling_gbps() {
   std::size_t free_b = 0, total_b = 0;
-  check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   const std::size_t bytes =
       std::min<std::size_t>(std::size_t(4) << 30, free_b / 2) & ~std::size_t(15);
   const std::size_t n = bytes / 16;
-  DeviceMem buf(bytes), sink(16);
-  check(cudaMemset(buf.p, 1, bytes), "cudaMemset");
+  DeviceBuffer buf(bytes), sink(16);
+  check_cuda(cudaMemset(buf.get(), 1, bytes), "cudaMemset");
   int dev = 0, sms = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "attribute");
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "attribute");
   Events ev;
   double best = 0;
   auto trial = [&](auto kernel, int blocks, int threads) {
-    kernel<<<blocks, threads>>>(static_cast<const int4*>(buf.p), n, static_cast<int*>(sink.p));
-    check(cudaDeviceSynchronize(), "read_kernel");
+    kernel<<<blocks, threads>>>(static_cast<const int4*>(buf.get()), n,
+                                static_cast<int*>(sink.get()));
+    check_cuda(cudaDeviceSynchronize(), "read_kernel");
     float best_ms = 1e30f;
     for (int r = 0; r < 10; ++r) {
       cudaEventRecord(ev.a);
-      kernel<<<blocks, threads>>>(static_cast<const int4*>(buf.p), n, static_cast<int*>(sink.p));
+      kernel<<<blocks, threads>>>(static_cast<const int4*>(buf.get()), n,
+                                  static_cast<int*>(sink.get()));
       cudaEventRecord(ev.b);
-      check(cudaEventSynchronize(ev.b), "cudaEventSynchronize");
+      check_cuda(cudaEventSynchronize(ev.b), "cudaEventSynchronize");
       float ms = 0;
       cudaEventElapsedTime(&ms, ev.a, ev.b);
       best_ms = std::min(best_ms, ms);
@@ -191,7 +181,7 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
   // Enough sets that the rotation spans at least 4x a 60 MB L2 (the H200's), at most 16 sets
   // and at most half the free memory.
   std::size_t free_b = 0, total_b = 0;
-  check(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  check_cuda(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
   int sets = static_cast<int>(std::ceil(240e6 / std::max(kv_set_bytes, 1.0)));
   sets = std::max(2, std::min(sets, 16));
   while (sets > 1 && sets * kv_set_bytes > 0.5 * static_cast<double>(free_b)) --sets;
@@ -215,21 +205,22 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
       next += nb;
     }
     tables.push_back(host_table);
-    InputSet set{DeviceMem(qo * esz),
-                 DeviceMem(cache_elems * esz),
-                 DeviceMem(cache_elems * esz),
-                 DeviceMem(host_table.size() * 4),
-                 DeviceMem(B * 4),
-                 DeviceMem(qo * esz),
-                 DeviceMem(static_cast<std::size_t>(B) * H * 4),
+    InputSet set{DeviceBuffer(qo * esz),
+                 DeviceBuffer(cache_elems * esz),
+                 DeviceBuffer(cache_elems * esz),
+                 DeviceBuffer(host_table.size() * 4),
+                 DeviceBuffer(B * 4),
+                 DeviceBuffer(qo * esz),
+                 DeviceBuffer(static_cast<std::size_t>(B) * H * 4),
                  {}};
-    fill(set.q.p, dtype, qo, 3 * i + 1);
-    fill(set.k.p, dtype, cache_elems, 3 * i + 2);
-    fill(set.v.p, dtype, cache_elems, 3 * i + 3);
-    check(cudaMemcpy(set.table.p, host_table.data(), host_table.size() * 4, cudaMemcpyHostToDevice),
-          "cudaMemcpy(table)");
-    check(cudaMemcpy(set.lens.p, host_lens.data(), B * 4, cudaMemcpyHostToDevice),
-          "cudaMemcpy(lens)");
+    fill(set.q.get(), dtype, qo, 3 * i + 1);
+    fill(set.k.get(), dtype, cache_elems, 3 * i + 2);
+    fill(set.v.get(), dtype, cache_elems, 3 * i + 3);
+    check_cuda(cudaMemcpy(set.table.get(), host_table.data(), host_table.size() * 4,
+                          cudaMemcpyHostToDevice),
+               "cudaMemcpy(table)");
+    check_cuda(cudaMemcpy(set.lens.get(), host_lens.data(), B * 4, cudaMemcpyHostToDevice),
+               "cudaMemcpy(lens)");
     DecodeArgs& a = set.args;
     a.batch = B;
     a.num_heads = H;
@@ -238,29 +229,29 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     a.block_size = BS;
     a.num_blocks = num_blocks;
     a.max_blocks_per_seq = max_blocks;
-    a.q = set.q.p;
-    a.k_cache = set.k.p;
-    a.v_cache = set.v.p;
+    a.q = set.q.get();
+    a.k_cache = set.k.get();
+    a.v_cache = set.v.get();
     a.q_dtype = a.k_dtype = a.v_dtype = a.out_dtype = dtype;
-    a.block_table = static_cast<const std::int32_t*>(set.table.p);
-    a.context_lens = static_cast<const std::int32_t*>(set.lens.p);
-    a.out = set.out.p;
-    a.lse = static_cast<float*>(set.lse.p);
+    a.block_table = static_cast<const std::int32_t*>(set.table.get());
+    a.context_lens = static_cast<const std::int32_t*>(set.lens.get());
+    a.out = set.out.get();
+    a.lse = static_cast<float*>(set.lse.get());
     in.push_back(std::move(set));
   }
-  check(cudaDeviceSynchronize(), "fill");
+  check_cuda(cudaDeviceSynchronize(), "fill");
 
   cudaStream_t stream;
-  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   const std::size_t ws_bytes = cuda_workspace_size(in[0].args);
-  DeviceMem ws(ws_bytes);
+  DeviceBuffer ws(ws_bytes);
   DecodeOptions opt;
   opt.backend = Backend::kCuda;
   opt.cuda_stream = stream;
-  opt.workspace = ws.p;
+  opt.workspace = ws.get();
   opt.workspace_bytes = ws_bytes;
   for (int i = 0; i < sets; ++i) decode(in[i].args, opt);  // warm-up, module load
-  check(cudaStreamSynchronize(stream), "warm-up");
+  check_cuda(cudaStreamSynchronize(stream), "warm-up");
 
   // Accuracy: the f64 reference over a subsample of set 0's sequences (at most ~64K tokens),
   // when the cache fits comfortably in host memory; NaN otherwise.
@@ -268,10 +259,11 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
   if (kv_set_bytes <= 3e9) {
     std::vector<std::uint8_t> hq(qo * esz), hk(cache_elems * esz), hv(cache_elems * esz),
         hout(qo * esz);
-    check(cudaMemcpy(hq.data(), in[0].q.p, hq.size(), cudaMemcpyDeviceToHost), "copy q");
-    check(cudaMemcpy(hk.data(), in[0].k.p, hk.size(), cudaMemcpyDeviceToHost), "copy k");
-    check(cudaMemcpy(hv.data(), in[0].v.p, hv.size(), cudaMemcpyDeviceToHost), "copy v");
-    check(cudaMemcpy(hout.data(), in[0].out.p, hout.size(), cudaMemcpyDeviceToHost), "copy out");
+    check_cuda(cudaMemcpy(hq.data(), in[0].q.get(), hq.size(), cudaMemcpyDeviceToHost), "copy q");
+    check_cuda(cudaMemcpy(hk.data(), in[0].k.get(), hk.size(), cudaMemcpyDeviceToHost), "copy k");
+    check_cuda(cudaMemcpy(hv.data(), in[0].v.get(), hv.size(), cudaMemcpyDeviceToHost), "copy v");
+    check_cuda(cudaMemcpy(hout.data(), in[0].out.get(), hout.size(), cudaMemcpyDeviceToHost),
+               "copy out");
     int sub = 0;
     for (double tokens = 0; sub < B && (sub == 0 || tokens + host_lens[sub] <= 65536); ++sub) {
       tokens += host_lens[sub];
@@ -309,27 +301,27 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
   cudaGraphExec_t exec = nullptr;
   cudaGraph_t graph = nullptr;
   if (options.graph) {
-    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "BeginCapture");
+    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "BeginCapture");
     enqueue();
-    check(cudaStreamEndCapture(stream, &graph), "EndCapture");
-    check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-    check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");  // warm-up
+    check_cuda(cudaStreamEndCapture(stream, &graph), "EndCapture");
+    check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    check_cuda(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");  // warm-up
   } else {
     enqueue();
   }
-  check(cudaStreamSynchronize(stream), "warm-up");
+  check_cuda(cudaStreamSynchronize(stream), "warm-up");
   const int repeats = std::max(5, options.min_iterations / 4);
   for (int it = 0; it < repeats; ++it) {
-    check(cudaEventRecord(ev.a, stream), "cudaEventRecord");
+    check_cuda(cudaEventRecord(ev.a, stream), "cudaEventRecord");
     if (options.graph) {
-      check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+      check_cuda(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
     } else {
       enqueue();
     }
-    check(cudaEventRecord(ev.b, stream), "cudaEventRecord");
-    check(cudaEventSynchronize(ev.b), "cudaEventSynchronize");
+    check_cuda(cudaEventRecord(ev.b, stream), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(ev.b), "cudaEventSynchronize");
     float ms = 0;
-    check(cudaEventElapsedTime(&ms, ev.a, ev.b), "cudaEventElapsedTime");
+    check_cuda(cudaEventElapsedTime(&ms, ev.a, ev.b), "cudaEventElapsedTime");
     samples.push_back(ms / reps);
   }
   if (exec) cudaGraphExecDestroy(exec);

@@ -8,7 +8,7 @@
 
 #include "pagedattn/dtype.hpp"
 #include "pagedattn/online_softmax.hpp"
-#include "random_case.hpp"
+#include "pagedattn/testing/random_case.hpp"
 
 namespace {
 
@@ -18,7 +18,7 @@ using pagedattn::DType;
 void BM_CpuDecodeInCache(benchmark::State& state) {
   const DType dtype = static_cast<DType>(state.range(0));
   const int group = static_cast<int>(state.range(1));
-  pagedattn::testkit::CaseSpec spec;
+  pagedattn::testing::CaseSpec spec;
   spec.batch = 1;
   spec.num_kv_heads = 2;
   spec.num_heads = 2 * group;
@@ -27,7 +27,7 @@ void BM_CpuDecodeInCache(benchmark::State& state) {
   spec.context_lens = {512};
   spec.q_dtype = spec.kv_dtype = spec.out_dtype = dtype;
   spec.poison = false;
-  pagedattn::testkit::HostCase c = pagedattn::testkit::make_case(spec);
+  pagedattn::testing::HostCase c = pagedattn::testing::make_case(spec);
   pagedattn::DecodeOptions o;
   o.backend = pagedattn::Backend::kCpu;
   o.num_threads = 1;

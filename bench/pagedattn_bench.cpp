@@ -31,8 +31,8 @@
 #include "cuda_timing.hpp"
 #include "naive_decode.hpp"
 #include "pagedattn/reference.hpp"
+#include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/validate.hpp"
-#include "random_case.hpp"
 #include "read_bandwidth.hpp"
 
 using namespace pagedattn;
@@ -282,7 +282,7 @@ void print_row(const Options& o, DType dtype, const Row& r) {
 
 // A case of `shape` plus extra copies of its cache, so consecutive steps read different memory.
 struct RotatingCase {
-  testkit::HostCase base;
+  testing::HostCase base;
   std::vector<std::vector<std::uint8_t>> k_copies, v_copies;
   int copies() const { return 1 + static_cast<int>(k_copies.size()); }
   DecodeArgs args(int i) {
@@ -297,7 +297,7 @@ struct RotatingCase {
 };
 
 RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s) {
-  testkit::CaseSpec spec;
+  testing::CaseSpec spec;
   spec.batch = s.batch;
   spec.num_heads = s.heads;
   spec.num_kv_heads = s.kv_heads;
@@ -308,7 +308,7 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s) {
   spec.q_dtype = spec.kv_dtype = spec.out_dtype = dtype;
   spec.fragmented = !o.contiguous;
   spec.seed = 20261129u + static_cast<std::uint64_t>(s.batch) * 131 + s.context;
-  RotatingCase rc{testkit::make_case(spec), {}, {}};
+  RotatingCase rc{testing::make_case(spec), {}, {}};
   const double cache_bytes = static_cast<double>(rc.base.k.size() + rc.base.v.size());
   const double want = 4.0 * static_cast<double>(bench::last_level_cache_bytes());
   const int copies = std::min(64, static_cast<int>(std::ceil(want / std::max(cache_bytes, 1.0))));
@@ -352,7 +352,7 @@ int run(int argc, char** argv) {
         const double gbps = bytes / (ms * 1e-3) / 1e9;
         return Row{name, s, ms, gbps, 100.0 * gbps / read_bw, err};
       };
-      const double tol = testkit::out_tolerance(dtype);
+      const double tol = testing::out_tolerance(dtype);
       if (o.backend == "cuda") {
         bench::CudaTimingOptions co;
         co.contiguous = o.contiguous;

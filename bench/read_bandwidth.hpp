@@ -1,13 +1,15 @@
 // The machine's read bandwidth, measured the way decode reads its cache: several threads each
-// streaming through its own part of a buffer far larger than the last-level cache.
+// streaming through its own part of a buffer far larger than the last-level cache, with the
+// widest loads the CPU has (AVX-512 where present, with and without a software prefetch; the
+// faster counts).
 #pragma once
 
 #include <cstddef>
 
 namespace pagedattn::bench {
 
-// Best of `repeats` timed passes over a `bytes` buffer (first touched by the same threads), in
-// GB/s (1e9 bytes per second).
+// Best of `repeats` timed passes per kernel over a `bytes` buffer (first touched by the same
+// threads), in GB/s (1e9 bytes per second).
 double measure_read_bandwidth_gbps(std::size_t bytes, int threads, int repeats = 5);
 
 // Bytes of the last-level cache, or a conservative guess when the system does not say.

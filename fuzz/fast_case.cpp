@@ -57,13 +57,13 @@ void fill_normal(std::vector<std::uint8_t>& buf, DType t, std::size_t n, float s
 
 }  // namespace
 
-testkit::HostCase make_fast_case(const testkit::CaseSpec& spec) {
-  testkit::HostCase c;
+testing::HostCase make_fast_case(const testing::CaseSpec& spec) {
+  testing::HostCase c;
   c.spec = spec;
   Xoshiro rng(spec.seed);
   const int B = spec.batch, H = spec.num_heads, KV = spec.num_kv_heads, D = spec.head_dim,
             BS = spec.block_size;
-  testkit::size_case(c);
+  testing::size_case(c);
 
   // Physical ids: a permutation of the pool; the first ones go to the sequences.
   std::vector<std::int32_t> pool(c.num_blocks);

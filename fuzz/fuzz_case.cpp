@@ -85,7 +85,7 @@ int draw_context(Rng& r, int bs, bool long_tail) {
 }
 
 // Cache elements (per K or V tensor) the case allocates: used blocks plus spare ones.
-std::int64_t pool_elements(const testkit::CaseSpec& s) {
+std::int64_t pool_elements(const testing::CaseSpec& s) {
   std::int64_t blocks = s.spare_blocks;
   for (int i = 0; i < s.batch && i < static_cast<int>(s.context_lens.size()); ++i) {
     blocks += blocks_for(s.context_lens[i], s.block_size);
@@ -93,7 +93,7 @@ std::int64_t pool_elements(const testkit::CaseSpec& s) {
   return blocks * s.num_kv_heads * s.block_size * s.head_dim;
 }
 
-void fit_budget(testkit::CaseSpec& s, std::int64_t budget) {
+void fit_budget(testing::CaseSpec& s, std::int64_t budget) {
   // Query/output rows: bounded too, by trimming the batch.
   while (s.batch > 1 &&
          static_cast<std::int64_t>(s.batch) * s.num_heads * s.head_dim > (std::int64_t{1} << 18)) {
@@ -140,7 +140,7 @@ FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& o
   FuzzCase c;
   c.origin_seed = seed;
   c.origin_index = index;
-  testkit::CaseSpec& s = c.spec;
+  testing::CaseSpec& s = c.spec;
   s.seed = r.next();
 
   s.head_dim = r.pick(kSupportedHeadDims);
@@ -253,7 +253,7 @@ std::int64_t kv_elements(const FuzzCase& c) { return pool_elements(c.spec); }
 
 BuiltCase build_case(const FuzzCase& c) {
   BuiltCase b;
-  testkit::CaseSpec spec = c.spec;
+  testing::CaseSpec spec = c.spec;
   spec.context_lens.resize(std::max(spec.batch, 0));
   // An empty pool or an empty table row gives a null data() pointer, which the API rejects for
   // any batch > 0 (even when every context is empty): keep one block and one table entry.
@@ -264,7 +264,7 @@ BuiltCase build_case(const FuzzCase& c) {
     if (spec.table_padding + spec.table_stride_extra == 0) spec.table_padding = 1;
   }
   b.host = make_fast_case(spec);
-  testkit::HostCase& h = b.host;
+  testing::HostCase& h = b.host;
   if (c.snap) {
     // Integers in [-127, 127] are exact in every dtype and their products sum exactly in f32
     // (|sum| <= 256 * 127^2 < 2^24); times a power-of-two scale, each logit is exact.
@@ -426,7 +426,7 @@ BuiltCase build_case(const FuzzCase& c) {
 
 std::string describe(const FuzzCase& c) {
   std::ostringstream os;
-  os << testkit::describe(c.spec) << " threads=" << c.threads << " mag=" << c.spec.magnitude;
+  os << testing::describe(c.spec) << " threads=" << c.threads << " mag=" << c.spec.magnitude;
   if (c.snap) os << " snap";
   if (c.scale != 0.f) os << " scale=" << c.scale;
   if (c.malformed()) os << " malformed=" << malformation_name(c.bad);
@@ -436,7 +436,7 @@ std::string describe(const FuzzCase& c) {
 // ---- case files ----
 
 std::string to_text(const FuzzCase& c) {
-  const testkit::CaseSpec& s = c.spec;
+  const testing::CaseSpec& s = c.spec;
   std::ostringstream os;
   os.precision(9);
   os << "# pagedattn-fuzz case (replay: pagedattn-fuzz --replay FILE)\n"
@@ -482,7 +482,7 @@ DType parse_dtype(const std::string& t) {
 
 FuzzCase from_text(const std::string& text) {
   FuzzCase c;
-  testkit::CaseSpec& s = c.spec;
+  testing::CaseSpec& s = c.spec;
   s.context_lens.clear();
   std::istringstream in(text);
   std::string line;

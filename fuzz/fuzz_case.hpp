@@ -7,7 +7,7 @@
 #include <string>
 
 #include "pagedattn/pagedattn.hpp"
-#include "random_case.hpp"
+#include "pagedattn/testing/random_case.hpp"
 
 namespace pagedattn::fuzz {
 
@@ -35,7 +35,7 @@ const char* malformation_name(Malformation m);
 bool keeps_buffer_sizes(Malformation m);
 
 struct FuzzCase {
-  testkit::CaseSpec spec;
+  testing::CaseSpec spec;
   // q and k snapped to integers in [-127, 127] and a power-of-two scale: every logit is exact in
   // f32 whatever the summation order, so huge logits compare tightly.
   bool snap = false;
@@ -61,7 +61,7 @@ FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& o
 
 // The built buffers plus the (possibly malformed) arguments the API is called with.
 struct BuiltCase {
-  testkit::HostCase host;
+  testing::HostCase host;
   DecodeArgs args;  // over host's buffers; malformed when the case is
   ErrorCode expected_code = ErrorCode::kInvalidArgument;
   std::string expected_argument;  // empty for a valid case

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "cli/args.hpp"
+#include "fault_injection.hpp"
 #include "fuzz_case.hpp"
 #include "oracle.hpp"
-#include "fault_injection.hpp"
 #include "pagedattn/pagedattn.hpp"
 #include "shrink.hpp"
 
@@ -226,7 +226,7 @@ int run(int argc, char** argv) {
     print_help();
     return 0;
   }
-  pagedattn::testkit::set_fault(parse_fault(cfg.fault));
+  pf::set_fault(parse_fault(cfg.fault));
 
   pf::CheckOptions check;
   check.backends = cfg.backends;

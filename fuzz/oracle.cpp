@@ -8,11 +8,11 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "device_roundtrip.hpp"
 #include "fault_injection.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/detail/dispatch.hpp"
 #include "pagedattn/reference.hpp"
+#include "pagedattn/testing/device_case.hpp"
 
 namespace pagedattn::fuzz {
 namespace {
@@ -24,7 +24,7 @@ struct Result {
   std::vector<double> out, lse;
 };
 
-Result read_outputs(const testkit::HostCase& h) {
+Result read_outputs(const testing::HostCase& h) {
   Result r;
   const std::size_t n = h.out.size() / dtype_size(h.spec.out_dtype);
   r.out.resize(n);
@@ -40,10 +40,10 @@ void run_backend(Backend backend, const DecodeArgs& args, int threads, bool sing
   o.backend = backend;
   o.num_threads = threads;
   o.single_split = single_split;
-  o.fault = testkit::planted_fault();
+  o.fault = planted_fault();
   o.cuda_checked = checked;
   if (backend == Backend::kCuda) {
-    testkit::cuda_decode_from_host(args, o);
+    testing::cuda_decode_from_host(args, o);
   } else {
     detail::decode(args, o);
   }
@@ -107,10 +107,11 @@ Tolerance tolerance_for(const FuzzCase& c, const DecodeArgs& a, const ReferenceR
   }
   int max_len = 0;
   for (int b = 0; b < a.batch; ++b) max_len = std::max(max_len, a.context_lens[b]);
-  // The testkit tolerance covers f32 arithmetic and the output rounding; lse is stored in f32,
-  // whose own rounding at |lse| ~ 1e4 (half an ulp, u * |lse|) exceeds its fixed part.
-  t.out_abs = testkit::out_tolerance(a.out_dtype) * ref_scale;
-  t.lse_abs = testkit::lse_tolerance() + 4 * kU * lse_scale;
+  // The tolerance policy (testing/tolerance.hpp) covers f32 arithmetic and the output rounding;
+  // lse is stored in f32, whose own rounding at |lse| ~ 1e4 (half an ulp, u * |lse|) exceeds its
+  // fixed part.
+  t.out_abs = testing::out_tolerance(a.out_dtype) * ref_scale;
+  t.lse_abs = testing::lse_tolerance() + 4 * kU * lse_scale;
 
   // Even exact logits reach exp() through f32 arguments: a backend may form s * log2(e) - m *
   // log2(e) (or s - m after a scaled dot), each rounded at |s| u, so every weight carries a
@@ -174,7 +175,7 @@ std::string compare(const Result& got, const std::vector<double>& want_out,
 
 // Every element written and finite (outputs were poisoned with NaN before the run); lse is -inf
 // exactly for an empty context.
-std::string check_finite(const Result& r, const testkit::HostCase& h) {
+std::string check_finite(const Result& r, const testing::HostCase& h) {
   const int H = h.spec.num_heads, D = h.spec.head_dim;
   for (std::size_t i = 0; i < r.out.size(); ++i) {
     if (!std::isfinite(r.out[i])) {
@@ -205,7 +206,7 @@ Outcome fail(const std::string& oracle, const std::string& message) {
 }
 
 Outcome check_malformed(BuiltCase& bc, const CheckOptions& options, int threads) {
-  testkit::HostCase& h = bc.host;
+  testing::HostCase& h = bc.host;
   for (Backend backend : options.backends) {
     const std::string tag = std::string(backend_name(backend)) + ": ";
     h.poison_outputs();
@@ -249,7 +250,7 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
   const int threads = options.threads > 0 ? options.threads : c.threads;
   if (c.malformed()) return check_malformed(bc, options, threads);
 
-  testkit::HostCase& h = bc.host;
+  testing::HostCase& h = bc.host;
   const DecodeArgs& a = bc.args;
   ReferenceResult ref;
   try {

@@ -11,7 +11,7 @@ namespace {
 // Candidates strictly simpler than `c`, most aggressive first.
 std::vector<FuzzCase> candidates(const FuzzCase& c) {
   std::vector<FuzzCase> out;
-  const testkit::CaseSpec& s = c.spec;
+  const testing::CaseSpec& s = c.spec;
   auto add = [&](auto&& edit) {
     FuzzCase n = c;
     edit(n.spec, n);
@@ -21,16 +21,16 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
 
   // Fewer sequences: halves, then one at a time.
   if (B > 1) {
-    add([&](testkit::CaseSpec& t, FuzzCase&) {
+    add([&](testing::CaseSpec& t, FuzzCase&) {
       t.batch = B / 2;
       t.context_lens.resize(B / 2);
     });
-    add([&](testkit::CaseSpec& t, FuzzCase&) {
+    add([&](testing::CaseSpec& t, FuzzCase&) {
       t.context_lens.erase(t.context_lens.begin(), t.context_lens.begin() + B / 2);
       t.batch = static_cast<int>(t.context_lens.size());
     });
     for (int i = 0; i < B; ++i) {
-      add([&](testkit::CaseSpec& t, FuzzCase&) {
+      add([&](testing::CaseSpec& t, FuzzCase&) {
         t.context_lens.erase(t.context_lens.begin() + i);
         t.batch = B - 1;
       });
@@ -42,52 +42,52 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
     std::vector<int> shorter = {0, 1, L / 2, L - L % BS, L % BS, L - BS, L - 1};
     for (int v : shorter) {
       if (v < 0 || v >= L) continue;
-      add([&](testkit::CaseSpec& t, FuzzCase&) { t.context_lens[i] = v; });
+      add([&](testing::CaseSpec& t, FuzzCase&) { t.context_lens[i] = v; });
     }
   }
   // Smaller dims.
   for (int d : kSupportedHeadDims) {
     if (d >= s.head_dim) break;
-    add([&](testkit::CaseSpec& t, FuzzCase&) { t.head_dim = d; });
+    add([&](testing::CaseSpec& t, FuzzCase&) { t.head_dim = d; });
   }
   const int G = s.num_heads / std::max(s.num_kv_heads, 1);
   for (int kv : {1, 2}) {
     if (kv >= s.num_kv_heads) continue;
-    add([&](testkit::CaseSpec& t, FuzzCase&) {
+    add([&](testing::CaseSpec& t, FuzzCase&) {
       t.num_kv_heads = kv;
       t.num_heads = kv * G;
     });
   }
   for (int g : {1, 2, G / 2}) {
     if (g < 1 || g >= G) continue;
-    add([&](testkit::CaseSpec& t, FuzzCase&) { t.num_heads = t.num_kv_heads * g; });
+    add([&](testing::CaseSpec& t, FuzzCase&) { t.num_heads = t.num_kv_heads * g; });
   }
   for (int bs : {1, 2, 4, 8, 16, s.block_size / 2, s.block_size - 1}) {
     if (bs < 1 || bs >= s.block_size) continue;
-    add([&](testkit::CaseSpec& t, FuzzCase&) { t.block_size = bs; });
+    add([&](testing::CaseSpec& t, FuzzCase&) { t.block_size = bs; });
   }
   // Simpler tables.
-  if (s.fragmented) add([](testkit::CaseSpec& t, FuzzCase&) { t.fragmented = false; });
-  if (s.share_prefix) add([](testkit::CaseSpec& t, FuzzCase&) { t.share_prefix = false; });
-  if (s.spare_blocks > 0) add([](testkit::CaseSpec& t, FuzzCase&) { t.spare_blocks = 0; });
-  if (s.table_padding > 0) add([](testkit::CaseSpec& t, FuzzCase&) { t.table_padding = 0; });
+  if (s.fragmented) add([](testing::CaseSpec& t, FuzzCase&) { t.fragmented = false; });
+  if (s.share_prefix) add([](testing::CaseSpec& t, FuzzCase&) { t.share_prefix = false; });
+  if (s.spare_blocks > 0) add([](testing::CaseSpec& t, FuzzCase&) { t.spare_blocks = 0; });
+  if (s.table_padding > 0) add([](testing::CaseSpec& t, FuzzCase&) { t.table_padding = 0; });
   if (s.table_stride_extra > 0) {
-    add([](testkit::CaseSpec& t, FuzzCase&) { t.table_stride_extra = 0; });
+    add([](testing::CaseSpec& t, FuzzCase&) { t.table_stride_extra = 0; });
   }
   // Plainer dtypes, values and threads.
   if (s.q_dtype != DType::kF32)
-    add([](testkit::CaseSpec& t, FuzzCase&) { t.q_dtype = DType::kF32; });
+    add([](testing::CaseSpec& t, FuzzCase&) { t.q_dtype = DType::kF32; });
   if (s.kv_dtype != DType::kF32) {
-    add([](testkit::CaseSpec& t, FuzzCase&) { t.kv_dtype = DType::kF32; });
+    add([](testing::CaseSpec& t, FuzzCase&) { t.kv_dtype = DType::kF32; });
   }
   if (s.out_dtype != DType::kF32) {
-    add([](testkit::CaseSpec& t, FuzzCase&) { t.out_dtype = DType::kF32; });
+    add([](testing::CaseSpec& t, FuzzCase&) { t.out_dtype = DType::kF32; });
   }
-  if (s.magnitude != 1.f) add([](testkit::CaseSpec& t, FuzzCase&) { t.magnitude = 1.f; });
-  if (c.snap) add([](testkit::CaseSpec&, FuzzCase& n) { n.snap = false; });
-  if (c.scale != 0.f) add([](testkit::CaseSpec&, FuzzCase& n) { n.scale = 0.f; });
-  if (c.threads > 1) add([](testkit::CaseSpec&, FuzzCase& n) { n.threads = 1; });
-  if (s.poison) add([](testkit::CaseSpec& t, FuzzCase&) { t.poison = false; });
+  if (s.magnitude != 1.f) add([](testing::CaseSpec& t, FuzzCase&) { t.magnitude = 1.f; });
+  if (c.snap) add([](testing::CaseSpec&, FuzzCase& n) { n.snap = false; });
+  if (c.scale != 0.f) add([](testing::CaseSpec&, FuzzCase& n) { n.scale = 0.f; });
+  if (c.threads > 1) add([](testing::CaseSpec&, FuzzCase& n) { n.threads = 1; });
+  if (s.poison) add([](testing::CaseSpec& t, FuzzCase&) { t.poison = false; });
   return out;
 }
 

@@ -8,14 +8,15 @@
 
 #include "pagedattn/detail/backends.hpp"
 #include "pagedattn/reference.hpp"
-#include "random_case.hpp"
+#include "pagedattn/testing/random_case.hpp"
+#include "reference_check.hpp"
 #include "test_seed.hpp"
 
 namespace pagedattn {
 namespace {
 
-testkit::CaseSpec mixed_spec(std::uint64_t salt) {
-  testkit::CaseSpec s;
+testing::CaseSpec mixed_spec(std::uint64_t salt) {
+  testing::CaseSpec s;
   s.batch = 5;
   s.num_heads = 12;
   s.num_kv_heads = 3;
@@ -24,14 +25,6 @@ testkit::CaseSpec mixed_spec(std::uint64_t salt) {
   s.context_lens = {700, 0, 33, 5000, 1};
   s.seed = testing::seed_for(salt);
   return s;
-}
-
-void expect_matches_reference(testkit::HostCase& c, DType out_dtype) {
-  const testkit::Comparison cmp = testkit::compare_with_reference(c);
-  SCOPED_TRACE(testkit::describe(c.spec) + " " + testing::seed_note(c.spec.seed));
-  EXPECT_TRUE(cmp.all_finite) << cmp.first_bad;
-  EXPECT_LE(cmp.rel_err(), testkit::out_tolerance(out_dtype));
-  EXPECT_LE(cmp.max_abs_err_lse, testkit::lse_tolerance());
 }
 
 class ScopedEnv {
@@ -97,32 +90,32 @@ TEST(Api, BatchZeroIsANoOpEvenWithNullBuffers) {
 }
 
 TEST(Api, MixedDtypesPerTensor) {
-  testkit::CaseSpec s = mixed_spec(41);
+  testing::CaseSpec s = mixed_spec(41);
   s.q_dtype = DType::kF32;
   s.kv_dtype = DType::kBF16;
   s.out_dtype = DType::kF16;
-  testkit::HostCase c = testkit::make_case(s);
+  testing::HostCase c = testing::make_case(s);
   DecodeOptions o;
   o.backend = Backend::kCpu;
-  testkit::run_decode(c, o);
-  expect_matches_reference(c, DType::kF16);
+  testing::run_decode(c, o);
+  testing::expect_matches_reference(c);
 }
 
 TEST(Api, LseIsOptional) {
-  testkit::HostCase c = testkit::make_case(mixed_spec(42));
+  testing::HostCase c = testing::make_case(mixed_spec(42));
   DecodeArgs a = c.args();
   a.lse = nullptr;
   DecodeOptions o;
   o.backend = Backend::kCpu;
   decode(a, o);
   for (float x : c.lse) EXPECT_TRUE(std::isnan(x));  // still the poison: never written
-  const testkit::Comparison cmp = testkit::compare_with_reference(c);
-  EXPECT_LE(cmp.rel_err(), testkit::out_tolerance(DType::kF32));
+  const testing::Comparison cmp = testing::compare_with_reference(c);
+  EXPECT_LE(cmp.rel_err(), testing::out_tolerance(DType::kF32));
 }
 
 TEST(Api, CustomScale) {
   for (float scale : {0.01f, 1.f, 0.5f}) {
-    testkit::HostCase c = testkit::make_case(mixed_spec(43));
+    testing::HostCase c = testing::make_case(mixed_spec(43));
     DecodeArgs a = c.args();
     a.scale = scale;
     DecodeOptions o;
@@ -134,24 +127,24 @@ TEST(Api, CustomScale) {
       err = std::max(err, std::fabs(ref.out[i] - reinterpret_cast<float*>(c.out.data())[i]));
       mag = std::max(mag, std::fabs(ref.out[i]));
     }
-    EXPECT_LE(err / mag, testkit::out_tolerance(DType::kF32)) << "scale " << scale;
+    EXPECT_LE(err / mag, testing::out_tolerance(DType::kF32)) << "scale " << scale;
   }
 }
 
 TEST(Api, ThreadCountsAndSingleSplitGiveTheSameResult) {
-  testkit::HostCase base = testkit::make_case(mixed_spec(44));
+  testing::HostCase base = testing::make_case(mixed_spec(44));
   detail::DecodeOptions o;
   o.backend = Backend::kCpu;
   o.num_threads = 1;
   o.single_split = true;
-  testkit::run_decode(base, o);
-  expect_matches_reference(base, DType::kF32);
+  testing::run_decode(base, o);
+  testing::expect_matches_reference(base);
   for (int threads : {1, 2, 3, 8}) {
-    testkit::HostCase c = testkit::make_case(mixed_spec(44));
+    testing::HostCase c = testing::make_case(mixed_spec(44));
     o.num_threads = threads;
     o.single_split = false;
-    testkit::run_decode(c, o);
-    expect_matches_reference(c, DType::kF32);
+    testing::run_decode(c, o);
+    testing::expect_matches_reference(c);
     // Splits change the summation order, so only a rounding-level difference is allowed.
     const float* x = reinterpret_cast<const float*>(base.out.data());
     const float* y = reinterpret_cast<const float*>(c.out.data());
@@ -160,25 +153,25 @@ TEST(Api, ThreadCountsAndSingleSplitGiveTheSameResult) {
 }
 
 TEST(Api, SameInputsSamePlanSameBits) {
-  testkit::HostCase a = testkit::make_case(mixed_spec(45));
-  testkit::HostCase b = testkit::make_case(mixed_spec(45));
+  testing::HostCase a = testing::make_case(mixed_spec(45));
+  testing::HostCase b = testing::make_case(mixed_spec(45));
   DecodeOptions o;
   o.backend = Backend::kCpu;
   o.num_threads = 2;
-  testkit::run_decode(a, o);
-  testkit::run_decode(b, o);
+  testing::run_decode(a, o);
+  testing::run_decode(b, o);
   EXPECT_EQ(a.out, b.out);
   EXPECT_EQ(std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 4), 0);
 }
 
 TEST(Api, LogitsOfLargeMagnitudeStayFinite) {
-  testkit::CaseSpec s = mixed_spec(46);
+  testing::CaseSpec s = mixed_spec(46);
   s.magnitude = 12.f;  // logits of order 12^2 * sqrt(96) / sqrt(96) * ... up to ~1e3
-  testkit::HostCase c = testkit::make_case(s);
+  testing::HostCase c = testing::make_case(s);
   DecodeOptions o;
   o.backend = Backend::kCpu;
-  testkit::run_decode(c, o);
-  const testkit::Comparison cmp = testkit::compare_with_reference(c);
+  testing::run_decode(c, o);
+  const testing::Comparison cmp = testing::compare_with_reference(c);
   EXPECT_TRUE(cmp.all_finite) << cmp.first_bad;
   // Logit error grows with |logit| * f32 epsilon; a peaked softmax amplifies it.
   EXPECT_LE(cmp.rel_err(), 1e-3);

@@ -9,7 +9,8 @@
 #include <vector>
 
 #include "gtest_printers.hpp"
-#include "random_case.hpp"
+#include "pagedattn/testing/random_case.hpp"
+#include "reference_check.hpp"
 #include "test_seed.hpp"
 
 namespace pagedattn {
@@ -62,7 +63,7 @@ class BackendReferenceTest : public ::testing::TestWithParam<Param> {};
 TEST_P(BackendReferenceTest, MatchesTheReference) {
   const auto [backend, dtype, head_dim, block_size, group, ctx] = GetParam();
   if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
-  testkit::CaseSpec spec;
+  testing::CaseSpec spec;
   spec.num_kv_heads = group == 0 ? 1 : 2;
   spec.num_heads = group == 0 ? 16 : 2 * group;
   spec.head_dim = head_dim;
@@ -76,15 +77,11 @@ TEST_P(BackendReferenceTest, MatchesTheReference) {
   spec.table_padding = 2;
   spec.table_stride_extra = 3;
   spec.seed = testing::seed_for_test();
-  testkit::HostCase c = testkit::make_case(spec);
+  testing::HostCase c = testing::make_case(spec);
   DecodeOptions o;
   o.backend = backend;
-  testkit::run_decode(c, o);
-  const testkit::Comparison cmp = testkit::compare_with_reference(c);
-  SCOPED_TRACE(testkit::describe(spec) + " " + testing::seed_note(spec.seed));
-  EXPECT_TRUE(cmp.all_finite) << "first bad element: " << cmp.first_bad;
-  EXPECT_LE(cmp.rel_err(), testkit::out_tolerance(dtype));
-  EXPECT_LE(cmp.max_abs_err_lse, testkit::lse_tolerance());
+  testing::run_decode(c, o);
+  testing::expect_matches_reference(c);
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {

@@ -16,7 +16,7 @@
 #include "gtest_printers.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/cache_ops.hpp"
-#include "sim/device_memory.hpp"
+#include "pagedattn/testing/device_memory.hpp"
 
 namespace pagedattn {
 namespace {
@@ -394,36 +394,28 @@ TEST(CacheWrite, CudaUnavailableIsAClearError) {
   }
 }
 
-// Device copies of host buffers (the simulator's device memory helpers).
-struct DeviceBytes : sim::DeviceBytes {
-  DeviceBytes(const void* host, std::size_t bytes) : sim::DeviceBytes(host, bytes) {}
-  void* p = get();
-  template <typename T>
-  void to_host(std::vector<T>& out) const {
-    sim::copy_to_host(out.data(), get(), size());
-  }
-};
+using testing::DeviceBuffer;
 
-CacheWriteArgs device_args(WriteCase& c, DeviceBytes& key, DeviceBytes& value, DeviceBytes& slots,
-                           DeviceBytes& k, DeviceBytes& v) {
+CacheWriteArgs device_args(WriteCase& c, DeviceBuffer& key, DeviceBuffer& value,
+                           DeviceBuffer& slots, DeviceBuffer& k, DeviceBuffer& v) {
   CacheWriteArgs a = c.args();
-  a.key = key.p;
-  a.value = value.p;
-  a.slot_mapping = static_cast<const std::int32_t*>(slots.p);
-  a.k_cache = k.p;
-  a.v_cache = v.p;
+  a.key = key.get();
+  a.value = value.get();
+  a.slot_mapping = slots.as<const std::int32_t>();
+  a.k_cache = k.get();
+  a.v_cache = v.get();
   return a;
 }
 
 TEST_P(CacheWriteDTypes, CudaMatchesTheReference) {
-  if (!cuda_available() || !sim::device_memory_built()) GTEST_SKIP() << "no CUDA device";
+  if (!cuda_available() || !testing::device_memory_built()) GTEST_SKIP() << "no CUDA device";
   const auto [src, cache] = GetParam();
   for (const bool checked : {true, false}) {
     WriteCase got = make_write_case(300, 4, 128, 16, 24, src, cache, checked ? 0 : 8, 11);
     WriteCase want = got;
-    DeviceBytes key(got.key.data(), got.key.size()), value(got.value.data(), got.value.size());
-    DeviceBytes slots(got.slots.data(), got.slots.size() * 4);
-    DeviceBytes k(got.k_cache.data(), got.k_cache.size()),
+    DeviceBuffer key(got.key.data(), got.key.size()), value(got.value.data(), got.value.size());
+    DeviceBuffer slots(got.slots.data(), got.slots.size() * 4);
+    DeviceBuffer k(got.k_cache.data(), got.k_cache.size()),
         v(got.v_cache.data(), got.v_cache.size());
     CacheOpOptions o;
     o.backend = Backend::kCuda;
@@ -438,13 +430,13 @@ TEST_P(CacheWriteDTypes, CudaMatchesTheReference) {
 }
 
 TEST(CacheWrite, CudaSlotOutOfRange) {
-  if (!cuda_available() || !sim::device_memory_built()) GTEST_SKIP() << "no CUDA device";
+  if (!cuda_available() || !testing::device_memory_built()) GTEST_SKIP() << "no CUDA device";
   WriteCase c = make_write_case(8, 2, 64, 16, 4, DType::kF32, DType::kF16, 0, 6);
   c.slots[2] = 4 * 16;
   WriteCase want = c;
-  DeviceBytes key(c.key.data(), c.key.size()), value(c.value.data(), c.value.size());
-  DeviceBytes slots(c.slots.data(), c.slots.size() * 4);
-  DeviceBytes k(c.k_cache.data(), c.k_cache.size()), v(c.v_cache.data(), c.v_cache.size());
+  DeviceBuffer key(c.key.data(), c.key.size()), value(c.value.data(), c.value.size());
+  DeviceBuffer slots(c.slots.data(), c.slots.size() * 4);
+  DeviceBuffer k(c.k_cache.data(), c.k_cache.size()), v(c.v_cache.data(), c.v_cache.size());
   CacheOpOptions o;
   o.backend = Backend::kCuda;
   try {  // checked: an error, nothing written
@@ -468,16 +460,16 @@ TEST(CacheWrite, CudaSlotOutOfRange) {
 }
 
 TEST(CopyBlocks, CudaMatchesTheReference) {
-  if (!cuda_available() || !sim::device_memory_built()) GTEST_SKIP() << "no CUDA device";
+  if (!cuda_available() || !testing::device_memory_built()) GTEST_SKIP() << "no CUDA device";
   for (const DType t : {DType::kF32, DType::kF16}) {
     CopyCase got = make_copy_case(t);
     CopyCase want = got;
-    DeviceBytes k(got.k.data(), got.k.size()), v(got.v.data(), got.v.size());
+    DeviceBuffer k(got.k.data(), got.k.size()), v(got.v.data(), got.v.size());
     std::vector<BlockCopy> pairs;
     for (int i = 0; i < 4; ++i) pairs.push_back({i, 7 - i});
     CopyBlocksArgs a = copy_args(got, pairs, t);
-    a.k_cache = k.p;
-    a.v_cache = v.p;
+    a.k_cache = k.get();
+    a.v_cache = v.get();
     CacheOpOptions o;
     o.backend = Backend::kCuda;
     copy_blocks(a, o);

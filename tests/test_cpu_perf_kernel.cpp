@@ -13,7 +13,8 @@
 #include "cpu_kernel.hpp"
 #include "pagedattn/online_softmax.hpp"
 #include "pagedattn/reference.hpp"
-#include "random_case.hpp"
+#include "pagedattn/testing/random_case.hpp"
+#include "reference_check.hpp"
 #include "test_seed.hpp"
 
 namespace pagedattn {
@@ -23,9 +24,9 @@ using detail::cpu::ItemContext;
 using detail::cpu::ItemKernel;
 using detail::cpu::ItemScratch;
 
-testkit::CaseSpec spec_of(int batch, int heads, int kv_heads, int head_dim, int block_size,
+testing::CaseSpec spec_of(int batch, int heads, int kv_heads, int head_dim, int block_size,
                           std::vector<int> lens, DType dtype, std::uint64_t salt) {
-  testkit::CaseSpec s;
+  testing::CaseSpec s;
   s.batch = batch;
   s.num_heads = heads;
   s.num_kv_heads = kv_heads;
@@ -39,22 +40,16 @@ testkit::CaseSpec spec_of(int batch, int heads, int kv_heads, int head_dim, int 
   return s;
 }
 
-void expect_matches_reference(testkit::HostCase& c, const std::string& what) {
-  const testkit::Comparison cmp = testkit::compare_with_reference(c);
-  SCOPED_TRACE(what + ": " + testkit::describe(c.spec) + " " + testing::seed_note(c.spec.seed));
-  EXPECT_TRUE(cmp.all_finite) << "first bad element: " << cmp.first_bad;
-  EXPECT_LE(cmp.rel_err(), testkit::out_tolerance(c.spec.out_dtype));
-  EXPECT_LE(cmp.max_abs_err_lse, testkit::lse_tolerance());
-}
+using testing::expect_matches_reference;
 
 // Runs one instruction set's kernel over every (sequence, kv head) as a single item, finalizes
 // in f32 and compares with the f64 reference. all_kv_heads: one call per sequence covering every
 // kv head block by block, with the q buffer that lets the kernel widen bf16 in pairs (the path
 // the backend takes); otherwise one call per (sequence, kv head) without it.
 template <class Arch>
-void check_kernel_on(Arch, const char* name, const testkit::CaseSpec& spec,
+void check_kernel_on(Arch, const char* name, const testing::CaseSpec& spec,
                      bool all_kv_heads = false) {
-  testkit::HostCase c = testkit::make_case(spec);
+  testing::HostCase c = testing::make_case(spec);
   const DecodeArgs a = c.args();
   const int H = a.num_heads, D = a.head_dim, G = a.group_size();
   std::vector<float> q(static_cast<std::size_t>(a.batch) * H * D);
@@ -111,13 +106,13 @@ void check_kernel_on(Arch, const char* name, const testkit::CaseSpec& spec,
       }
     }
   }
-  SCOPED_TRACE(std::string(name) + ": " + testkit::describe(spec) + " " +
+  SCOPED_TRACE(std::string(name) + ": " + testing::describe(spec) + " " +
                testing::seed_note(spec.seed));
-  EXPECT_LE(err / scale, testkit::out_tolerance(DType::kF32));
-  EXPECT_LE(lse_err, testkit::lse_tolerance());
+  EXPECT_LE(err / scale, testing::out_tolerance(DType::kF32));
+  EXPECT_LE(lse_err, testing::lse_tolerance());
 }
 
-void check_every_kernel(const testkit::CaseSpec& spec, bool all_kv_heads = false) {
+void check_every_kernel(const testing::CaseSpec& spec, bool all_kv_heads = false) {
   check_kernel_on(xsimd::sse2{}, "sse2", spec, all_kv_heads);
   if (xsimd::available_architectures().fma3_avx2 && __builtin_cpu_supports("f16c")) {
     check_kernel_on(xsimd::fma3<xsimd::avx2>{}, "avx2", spec, all_kv_heads);
@@ -159,8 +154,8 @@ TEST(CpuPerfKernel, EveryIsaOverAllKvHeadsWithPairedWidening) {
 TEST(CpuPerfKernel, LongContextSplitAcrossThreads) {
   // One kv head, one sequence: only splitting the context can use more than one thread.
   for (DType t : {DType::kF32, DType::kBF16}) {
-    testkit::HostCase c =
-        testkit::make_case(spec_of(1, 4, 1, 128, 16, {20000}, t, 100 + static_cast<int>(t)));
+    testing::HostCase c =
+        testing::make_case(spec_of(1, 4, 1, 128, 16, {20000}, t, 100 + static_cast<int>(t)));
     DecodeOptions o;
     o.backend = Backend::kCpu;
     o.num_threads = 2;
@@ -175,19 +170,19 @@ TEST(CpuPerfKernel, PlanAndScratchFollowChangingShapes) {
   DecodeOptions o;
   o.backend = Backend::kCpu;
   o.num_threads = 2;
-  testkit::HostCase big =
-      testkit::make_case(spec_of(2, 8, 2, 128, 16, {3000, 900}, DType::kF32, 7));
+  testing::HostCase big =
+      testing::make_case(spec_of(2, 8, 2, 128, 16, {3000, 900}, DType::kF32, 7));
   decode(big.args(), o);
   expect_matches_reference(big, "first call");
 
-  testkit::HostCase same =
-      testkit::make_case(spec_of(2, 8, 2, 128, 16, {3000, 900}, DType::kF32, 8));
+  testing::HostCase same =
+      testing::make_case(spec_of(2, 8, 2, 128, 16, {3000, 900}, DType::kF32, 8));
   same.context_lens = {40, 899};  // same batch and array size, fewer blocks for both
   decode(same.args(), o);
   expect_matches_reference(same, "new lengths");
 
-  testkit::HostCase small =
-      testkit::make_case(spec_of(5, 16, 4, 64, 8, {1, 0, 77, 8, 9}, DType::kBF16, 9));
+  testing::HostCase small =
+      testing::make_case(spec_of(5, 16, 4, 64, 8, {1, 0, 77, 8, 9}, DType::kBF16, 9));
   decode(small.args(), o);
   expect_matches_reference(small, "smaller shape");
   decode(big.args(), o);
@@ -195,9 +190,9 @@ TEST(CpuPerfKernel, PlanAndScratchFollowChangingShapes) {
 }
 
 TEST(CpuPerfKernel, ConcurrentCallersDoNotShareState) {
-  std::vector<testkit::HostCase> cases;
+  std::vector<testing::HostCase> cases;
   for (int i = 0; i < 4; ++i) {
-    cases.push_back(testkit::make_case(spec_of(1 + i, 4 * (i + 1), i + 1, i % 2 ? 64 : 128, 16,
+    cases.push_back(testing::make_case(spec_of(1 + i, 4 * (i + 1), i + 1, i % 2 ? 64 : 128, 16,
                                                std::vector<int>(1 + i, 500 + 300 * i),
                                                i % 2 ? DType::kF16 : DType::kF32, 20 + i)));
   }
@@ -211,7 +206,7 @@ TEST(CpuPerfKernel, ConcurrentCallersDoNotShareState) {
     });
   }
   for (std::thread& t : threads) t.join();
-  for (testkit::HostCase& c : cases) expect_matches_reference(c, "concurrent");
+  for (testing::HostCase& c : cases) expect_matches_reference(c, "concurrent");
 }
 
 }  // namespace

@@ -14,12 +14,16 @@
 #include <thread>
 #include <vector>
 
-#include "random_case.hpp"
+#include "pagedattn/testing/device_case.hpp"
+#include "pagedattn/testing/random_case.hpp"
+#include "reference_check.hpp"
 #include "test_seed.hpp"
 
 // The CUDA runtime is linked only when the CUDA backend is built (tests/CMakeLists.txt).
 #if defined(PAGEDATTN_TESTS_WITH_CUDA) && PAGEDATTN_TESTS_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "pagedattn/testing/cuda_check.hpp"
 #define PAGEDATTN_TEST_HAS_CUDA_RUNTIME 1
 #endif
 
@@ -31,17 +35,11 @@ namespace {
 
 std::uint64_t test_seed() { return testing::seed_for_test(); }
 
-void expect_matches_reference(testkit::HostCase& c, double tol_scale = 1.0) {
-  const testkit::Comparison cmp = testkit::compare_with_reference(c);
-  SCOPED_TRACE(testkit::describe(c.spec) + " " + testing::seed_note(c.spec.seed));
-  EXPECT_TRUE(cmp.all_finite) << "first bad element: " << cmp.first_bad;
-  EXPECT_LE(cmp.rel_err(), tol_scale * testkit::out_tolerance(c.spec.out_dtype));
-  EXPECT_LE(cmp.max_abs_err_lse, testkit::lse_tolerance());
-}
+using testing::expect_matches_reference;
 
-testkit::CaseSpec spec_for(DType dtype, int heads, int kv_heads, int head_dim, int block_size,
+testing::CaseSpec spec_for(DType dtype, int heads, int kv_heads, int head_dim, int block_size,
                            std::vector<int> lens) {
-  testkit::CaseSpec s;
+  testing::CaseSpec s;
   s.batch = static_cast<int>(lens.size());
   s.num_heads = heads;
   s.num_kv_heads = kv_heads;
@@ -69,9 +67,9 @@ TEST(CudaDecode, EveryHeadDimAndPath) {
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (int d : kSupportedHeadDims) {
       for (int group : {2, 8}) {
-        testkit::HostCase c =
-            testkit::make_case(spec_for(dt, 2 * group, 2, d, 16, {0, 1, 15, 16, 17, 700}));
-        testkit::run_decode(c, cuda_options());
+        testing::HostCase c =
+            testing::make_case(spec_for(dt, 2 * group, 2, d, 16, {0, 1, 15, 16, 17, 700}));
+        testing::run_decode(c, cuda_options());
         expect_matches_reference(c);
       }
     }
@@ -83,8 +81,8 @@ TEST(CudaDecode, LargeGroups) {
   SKIP_WITHOUT_CUDA();
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (int group : {3, 5, 12, 16, 17, 20, 33, 48, 64}) {
-      testkit::HostCase c = testkit::make_case(spec_for(dt, group, 1, 128, 16, {300, 0, 1029, 64}));
-      testkit::run_decode(c, cuda_options());
+      testing::HostCase c = testing::make_case(spec_for(dt, group, 1, 128, 16, {300, 0, 1029, 64}));
+      testing::run_decode(c, cuda_options());
       expect_matches_reference(c);
     }
   }
@@ -97,11 +95,11 @@ TEST(CudaDecode, MixedDtypes) {
   for (DType q : all) {
     for (DType kv : all) {
       for (DType out : all) {
-        testkit::CaseSpec s = spec_for(kv, 8, 2, 96, 7, {0, 5, 333});
+        testing::CaseSpec s = spec_for(kv, 8, 2, 96, 7, {0, 5, 333});
         s.q_dtype = q;
         s.out_dtype = out;
-        testkit::HostCase c = testkit::make_case(s);
-        testkit::run_decode(c, cuda_options());
+        testing::HostCase c = testing::make_case(s);
+        testing::run_decode(c, cuda_options());
         expect_matches_reference(c);
       }
     }
@@ -113,9 +111,9 @@ TEST(CudaDecode, BlockSizes) {
   SKIP_WITHOUT_CUDA();
   for (int bs : {1, 2, 3, 13, 64, 100, 128, 255, 256}) {
     for (DType dt : {DType::kBF16, DType::kF32}) {
-      testkit::HostCase c =
-          testkit::make_case(spec_for(dt, 8, 2, 64, bs, {bs - 1, 2 * bs + 1, 1000, 0, 1}));
-      testkit::run_decode(c, cuda_options());
+      testing::HostCase c =
+          testing::make_case(spec_for(dt, 8, 2, 64, bs, {bs - 1, 2 * bs + 1, 1000, 0, 1}));
+      testing::run_decode(c, cuda_options());
       expect_matches_reference(c);
     }
   }
@@ -125,10 +123,10 @@ TEST(CudaDecode, BlockSizes) {
 TEST(CudaDecode, LargeLogits) {
   SKIP_WITHOUT_CUDA();
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    testkit::CaseSpec s = spec_for(dt, 16, 2, 128, 16, {4000, 17, 2500});
+    testing::CaseSpec s = spec_for(dt, 16, 2, 128, 16, {4000, 17, 2500});
     s.magnitude = 4.f;
-    testkit::HostCase c = testkit::make_case(s);
-    testkit::run_decode(c, cuda_options());
+    testing::HostCase c = testing::make_case(s);
+    testing::run_decode(c, cuda_options());
     expect_matches_reference(c);
   }
 }
@@ -138,14 +136,14 @@ TEST(CudaDecode, AgreesWithCpu) {
   SKIP_WITHOUT_CUDA();
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (int group : {1, 4, 8}) {
-      testkit::CaseSpec s = spec_for(dt, 4 * group, 4, 128, 16, {0, 1, 16, 17, 1000, 3000});
+      testing::CaseSpec s = spec_for(dt, 4 * group, 4, 128, 16, {0, 1, 16, 17, 1000, 3000});
       s.share_prefix = true;
-      testkit::HostCase gpu = testkit::make_case(s);
-      testkit::HostCase cpu = testkit::make_case(s);
-      testkit::run_decode(gpu, cuda_options());
+      testing::HostCase gpu = testing::make_case(s);
+      testing::HostCase cpu = testing::make_case(s);
+      testing::run_decode(gpu, cuda_options());
       DecodeOptions co;
       co.backend = Backend::kCpu;
-      testkit::run_decode(cpu, co);
+      testing::run_decode(cpu, co);
       // Each side against the reference first, so a disagreement names the side that is off.
       {
         SCOPED_TRACE("cuda");
@@ -164,13 +162,13 @@ TEST(CudaDecode, AgreesWithCpu) {
         scale = std::max(scale, std::fabs(b));
         err = std::max(err, std::fabs(a - b));
       }
-      SCOPED_TRACE(testkit::describe(s));
-      EXPECT_LE(err / scale, 2 * testkit::out_tolerance(dt));
+      SCOPED_TRACE(testing::describe(s));
+      EXPECT_LE(err / scale, 2 * testing::out_tolerance(dt));
       for (std::size_t i = 0; i < gpu.lse.size(); ++i) {
         if (std::isinf(cpu.lse[i])) {
           EXPECT_EQ(gpu.lse[i], cpu.lse[i]) << "lse " << i;
         } else {
-          EXPECT_NEAR(gpu.lse[i], cpu.lse[i], 2 * testkit::lse_tolerance()) << "lse " << i;
+          EXPECT_NEAR(gpu.lse[i], cpu.lse[i], 2 * testing::lse_tolerance()) << "lse " << i;
         }
       }
     }
@@ -182,106 +180,73 @@ TEST(CudaDecode, SkewedBatch) {
   SKIP_WITHOUT_CUDA();
   std::vector<int> lens(31, 1024);
   lens[7] = 40000;
-  testkit::HostCase c = testkit::make_case(spec_for(DType::kBF16, 8, 2, 128, 16, lens));
-  testkit::run_decode(c, cuda_options());
+  testing::HostCase c = testing::make_case(spec_for(DType::kBF16, 8, 2, 128, 16, lens));
+  testing::run_decode(c, cuda_options());
   expect_matches_reference(c);
 }
 
 // single_split (one work item per sequence and kv head) gives the same function.
 TEST(CudaDecode, SingleSplit) {
   SKIP_WITHOUT_CUDA();
-  testkit::HostCase c = testkit::make_case(spec_for(DType::kBF16, 8, 2, 128, 16, {5000, 0, 77}));
+  testing::HostCase c = testing::make_case(spec_for(DType::kBF16, 8, 2, 128, 16, {5000, 0, 77}));
   detail::DecodeOptions o = cuda_options();
   o.single_split = true;
-  testkit::run_decode(c, o);
+  testing::run_decode(c, o);
   expect_matches_reference(c);
 }
 
 #ifdef PAGEDATTN_TEST_HAS_CUDA_RUNTIME
 
-void cuda_ok(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
+using testing::check_cuda;
+using testing::DeviceBuffer;
+using testing::DeviceCase;
 
-// Device copies of a host case, freed at scope exit.
-struct DeviceCase {
-  std::vector<void*> owned;
-  DecodeArgs args;
-  std::size_t out_bytes = 0, lse_count = 0;
-
-  void* upload(const void* p, std::size_t bytes) {
-    void* d = nullptr;
-    cuda_ok(cudaMalloc(&d, bytes ? bytes : 16));
-    if (bytes) cuda_ok(cudaMemcpy(d, p, bytes, cudaMemcpyHostToDevice));
-    owned.push_back(d);
-    return d;
-  }
-  explicit DeviceCase(testkit::HostCase& c) {
-    args = c.args();
-    args.q = upload(c.q.data(), c.q.size());
-    args.k_cache = upload(c.k.data(), c.k.size());
-    args.v_cache = upload(c.v.data(), c.v.size());
-    args.block_table = static_cast<const std::int32_t*>(
-        upload(c.block_table.data(), c.block_table.size() * sizeof(std::int32_t)));
-    args.context_lens = static_cast<const std::int32_t*>(
-        upload(c.context_lens.data(), c.context_lens.size() * sizeof(std::int32_t)));
-    out_bytes = c.out.size();
-    lse_count = c.lse.size();
-    args.out = upload(c.out.data(), c.out.size());
-    args.lse = static_cast<float*>(upload(c.lse.data(), c.lse.size() * sizeof(float)));
-  }
-  ~DeviceCase() {
-    for (void* p : owned) cudaFree(p);
-  }
-  void set_lens(const std::vector<std::int32_t>& lens, cudaStream_t s = nullptr) {
-    cuda_ok(cudaMemcpyAsync(const_cast<std::int32_t*>(args.context_lens), lens.data(),
-                            lens.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, s));
-    cuda_ok(cudaStreamSynchronize(s));
-  }
-  void download(testkit::HostCase& c) {
-    cuda_ok(cudaMemcpy(c.out.data(), args.out, out_bytes, cudaMemcpyDeviceToHost));
-    cuda_ok(cudaMemcpy(c.lse.data(), args.lse, lse_count * sizeof(float), cudaMemcpyDeviceToHost));
-  }
-};
+// Copies new context lengths into a device case's table of lengths on `stream`.
+void set_lens(const DeviceCase& d, const std::vector<std::int32_t>& lens, cudaStream_t stream) {
+  check_cuda(cudaMemcpyAsync(const_cast<std::int32_t*>(d.args().context_lens), lens.data(),
+                             lens.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice, stream),
+             "cudaMemcpyAsync(context_lens)");
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
 
 // Captured once in a CUDA graph with a caller workspace, replayed with new context lengths (up
 // to the lengths the case was built with, so no poisoned slot becomes readable): each replay
 // matches the reference for its lengths.
 TEST(CudaDecode, GraphReplayWithNewLengths) {
   SKIP_WITHOUT_CUDA();
-  testkit::HostCase c =
-      testkit::make_case(spec_for(DType::kBF16, 16, 2, 128, 16, {4000, 3000, 100, 2500}));
-  DeviceCase d(c);
+  testing::HostCase c =
+      testing::make_case(spec_for(DType::kBF16, 16, 2, 128, 16, {4000, 3000, 100, 2500}));
+  DeviceCase d(c.args());
   cudaStream_t stream;
-  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const std::size_t ws_bytes = cuda_workspace_size(d.args);
-  void* ws = nullptr;
-  cuda_ok(cudaMalloc(&ws, ws_bytes));
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const std::size_t ws_bytes = cuda_workspace_size(d.args());
+  DeviceBuffer ws(ws_bytes);
   DecodeOptions o = cuda_options();
   o.cuda_stream = stream;
-  o.workspace = ws;
+  o.workspace = ws.get();
   o.workspace_bytes = ws_bytes;
-  decode(d.args, o);  // loads the module before capture
-  cuda_ok(cudaStreamSynchronize(stream));
+  decode(d.args(), o);  // loads the module before capture
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  decode(d.args, o);
-  cuda_ok(cudaStreamEndCapture(stream, &graph));
-  cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
+  check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "BeginCapture");
+  decode(d.args(), o);
+  check_cuda(cudaStreamEndCapture(stream, &graph), "EndCapture");
+  check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
   const std::vector<std::vector<std::int32_t>> steps = {
       {4000, 3000, 100, 2500}, {1, 0, 17, 2500}, {0, 0, 0, 0}, {3999, 2999, 99, 1}};
   for (const auto& lens : steps) {
     c.poison_outputs();
-    cuda_ok(cudaMemcpy(d.args.out, c.out.data(), c.out.size(), cudaMemcpyHostToDevice));
-    d.set_lens(lens, stream);
-    cuda_ok(cudaGraphLaunch(exec, stream));
-    cuda_ok(cudaStreamSynchronize(stream));
-    d.download(c);
+    testing::copy_to_device(d.args().out, c.out.data(), c.out.size());
+    set_lens(d, lens, stream);
+    check_cuda(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    d.download(c.args());
     c.context_lens = lens;
     expect_matches_reference(c);
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  cudaFree(ws);
   cudaStreamDestroy(stream);
 }
 
@@ -289,15 +254,15 @@ TEST(CudaDecode, GraphReplayWithNewLengths) {
 TEST(CudaDecode, Deterministic) {
   SKIP_WITHOUT_CUDA();
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    testkit::HostCase c =
-        testkit::make_case(spec_for(dt, 32, 8, 128, 16, {20000, 1, 4096, 333, 0}));
-    DeviceCase d(c);
+    testing::HostCase c =
+        testing::make_case(spec_for(dt, 32, 8, 128, 16, {20000, 1, 4096, 333, 0}));
+    DeviceCase d(c.args());
     std::vector<std::uint8_t> first;
     std::vector<float> first_lse;
     for (int run = 0; run < 3; ++run) {
-      decode(d.args, cuda_options());
-      cuda_ok(cudaDeviceSynchronize());
-      d.download(c);
+      decode(d.args(), cuda_options());
+      testing::device_synchronize();
+      d.download(c.args());
       if (run == 0) {
         first = c.out;
         first_lse = c.lse;
@@ -309,7 +274,7 @@ TEST(CudaDecode, Deterministic) {
   }
 }
 
-std::string cpu_error(testkit::HostCase& c) {
+std::string cpu_error(testing::HostCase& c) {
   DecodeOptions o;
   o.backend = Backend::kCpu;
   try {
@@ -335,33 +300,33 @@ TEST(CudaDecode, CheckedModeReportsTheCpuErrors) {
   };
   for (const Corruption& k : cases) {
     SCOPED_TRACE(k.what);
-    testkit::HostCase c =
-        testkit::make_case(spec_for(DType::kBF16, 8, 2, 64, 16, {100, 200, 50, 10}));
+    testing::HostCase c =
+        testing::make_case(spec_for(DType::kBF16, 8, 2, 64, 16, {100, 200, 50, 10}));
     if (k.entry >= 0) {
       c.block_table[static_cast<std::size_t>(k.seq) * c.table_stride + k.entry] = k.value;
     } else {
       c.context_lens[k.seq] = k.value;
     }
     const std::string want = cpu_error(c);
-    DeviceCase d(c);
+    DeviceCase d(c.args());
     DecodeOptions o = cuda_options();
     o.cuda_checked = true;
     try {
-      decode(d.args, o);
+      decode(d.args(), o);
       ADD_FAILURE() << "checked mode accepted: " << k.what;
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kOutOfRange);
       EXPECT_EQ(std::string(e.what()), want);
     }
     std::vector<std::uint8_t> out(c.out.size());
-    cuda_ok(cudaMemcpy(out.data(), d.args.out, out.size(), cudaMemcpyDeviceToHost));
+    testing::copy_to_host(out.data(), d.args().out, out.size());
     EXPECT_EQ(out, c.out) << "out was written";
   }
   // And valid tables pass checked mode with correct results.
-  testkit::HostCase c = testkit::make_case(spec_for(DType::kBF16, 8, 2, 64, 16, {100, 0, 50}));
+  testing::HostCase c = testing::make_case(spec_for(DType::kBF16, 8, 2, 64, 16, {100, 0, 50}));
   DecodeOptions o = cuda_options();
   o.cuda_checked = true;
-  testkit::run_decode(c, o);
+  testing::run_decode(c, o);
   expect_matches_reference(c);
 }
 
@@ -370,16 +335,16 @@ TEST(CudaDecode, CheckedModeReportsTheCpuErrors) {
 // of out-of-range block ids are skipped.
 TEST(CudaDecode, UncheckedCorruptTablesStayInBounds) {
   SKIP_WITHOUT_CUDA();
-  testkit::HostCase c =
-      testkit::make_case(spec_for(DType::kBF16, 8, 2, 64, 16, {100, 200, 50, 10}));
+  testing::HostCase c =
+      testing::make_case(spec_for(DType::kBF16, 8, 2, 64, 16, {100, 200, 50, 10}));
   c.block_table[1 * c.table_stride + 3] = 1 << 28;
   c.block_table[2 * c.table_stride + 0] = -7;
   c.context_lens[0] = 1 << 30;
   c.context_lens[3] = -3;
-  DeviceCase d(c);
-  decode(d.args, cuda_options());
-  cuda_ok(cudaDeviceSynchronize());
-  d.download(c);
+  DeviceCase d(c.args());
+  decode(d.args(), cuda_options());
+  testing::device_synchronize();
+  d.download(c.args());
   // Sequence 0 now spans its whole table row, poisoned slots included, so only the others are
   // checked for values: 1 and 2 skip their bad blocks, 3 is empty.
   const std::size_t row = static_cast<std::size_t>(c.spec.num_heads) * c.spec.head_dim;
@@ -395,32 +360,30 @@ TEST(CudaDecode, UncheckedCorruptTablesStayInBounds) {
 // A caller stream and workspace; a workspace that is too small is an error naming it.
 TEST(CudaDecode, StreamAndWorkspace) {
   SKIP_WITHOUT_CUDA();
-  testkit::HostCase c = testkit::make_case(spec_for(DType::kF16, 16, 4, 80, 32, {900, 3, 0, 2048}));
-  DeviceCase d(c);
+  testing::HostCase c = testing::make_case(spec_for(DType::kF16, 16, 4, 80, 32, {900, 3, 0, 2048}));
+  DeviceCase d(c.args());
   cudaStream_t stream;
-  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const std::size_t ws_bytes = cuda_workspace_size(d.args);
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const std::size_t ws_bytes = cuda_workspace_size(d.args());
   EXPECT_GT(ws_bytes, 0u);
-  void* ws = nullptr;
-  cuda_ok(cudaMalloc(&ws, ws_bytes));
+  DeviceBuffer ws(ws_bytes);
   DecodeOptions o = cuda_options();
   o.cuda_stream = stream;
-  o.workspace = ws;
+  o.workspace = ws.get();
   o.workspace_bytes = ws_bytes;
-  decode(d.args, o);
-  cuda_ok(cudaStreamSynchronize(stream));
-  d.download(c);
+  decode(d.args(), o);
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  d.download(c.args());
   expect_matches_reference(c);
 
   o.workspace_bytes = ws_bytes - 1;
   try {
-    decode(d.args, o);
+    decode(d.args(), o);
     ADD_FAILURE() << "a too-small workspace was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
     EXPECT_EQ(e.argument(), "workspace_bytes");
   }
-  cudaFree(ws);
   cudaStreamDestroy(stream);
 }
 

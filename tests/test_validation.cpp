@@ -9,13 +9,13 @@
 #include <vector>
 
 #include "pagedattn/reference.hpp"
-#include "random_case.hpp"
+#include "pagedattn/testing/random_case.hpp"
 
 namespace pagedattn {
 namespace {
 
-testkit::HostCase small_case() {
-  testkit::CaseSpec spec;
+testing::HostCase small_case() {
+  testing::CaseSpec spec;
   spec.batch = 3;
   spec.num_heads = 4;
   spec.num_kv_heads = 2;
@@ -23,15 +23,15 @@ testkit::HostCase small_case() {
   spec.block_size = 8;
   spec.context_lens = {20, 0, 9};
   spec.table_padding = 2;
-  return testkit::make_case(spec);
+  return testing::make_case(spec);
 }
 
 // Runs decode with a mutation applied; expects an Error with `code`, whose argument() is
 // `argument` and whose message contains each of `parts`; out and lse must stay untouched.
-void expect_rejected(const std::function<void(DecodeArgs&, testkit::HostCase&)>& mutate,
+void expect_rejected(const std::function<void(DecodeArgs&, testing::HostCase&)>& mutate,
                      ErrorCode code, const std::string& argument,
                      const std::vector<std::string>& parts, Backend backend = Backend::kCpu) {
-  testkit::HostCase c = small_case();
+  testing::HostCase c = small_case();
   DecodeArgs a = c.args();
   mutate(a, c);
   const std::vector<std::uint8_t> out_before = c.out;
@@ -58,33 +58,33 @@ void expect_rejected(const std::function<void(DecodeArgs&, testkit::HostCase&)>&
 
 TEST(Validation, BlockIdOutOfRangeInsideTheContext) {
   expect_rejected(
-      [](DecodeArgs& a, testkit::HostCase& c) {
+      [](DecodeArgs& a, testing::HostCase& c) {
         c.block_table[2 * c.table_stride + 1] = a.num_blocks;  // seq 2 uses blocks 0 and 1
       },
       ErrorCode::kOutOfRange, "block_table[2][1]", {"block_table[2][1] =", "[0, ", "num_blocks"});
-  expect_rejected([](DecodeArgs&, testkit::HostCase& c) { c.block_table[0] = -1; },
+  expect_rejected([](DecodeArgs&, testing::HostCase& c) { c.block_table[0] = -1; },
                   ErrorCode::kOutOfRange, "block_table[0][0]", {"= -1", "context_lens[0] = 20"});
 }
 
 TEST(Validation, ContextLengthNegativeOrBeyondTheTable) {
-  expect_rejected([](DecodeArgs&, testkit::HostCase& c) { c.context_lens[1] = -3; },
+  expect_rejected([](DecodeArgs&, testing::HostCase& c) { c.context_lens[1] = -3; },
                   ErrorCode::kOutOfRange, "context_lens[1]", {"context_lens[1] = -3"});
   expect_rejected(
-      [](DecodeArgs& a, testkit::HostCase& c) {
+      [](DecodeArgs& a, testing::HostCase& c) {
         c.context_lens[0] = a.max_blocks_per_seq * a.block_size + 1;
       },
       ErrorCode::kOutOfRange, "context_lens[0]", {"max_blocks_per_seq * block_size"});
 }
 
 TEST(Validation, HeadRatioMustDivide) {
-  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.num_kv_heads = 3; },
+  expect_rejected([](DecodeArgs& a, testing::HostCase&) { a.num_kv_heads = 3; },
                   ErrorCode::kInvalidArgument, "num_heads",
                   {"num_heads = 4 (num_kv_heads = 3)", "multiple"});
 }
 
 TEST(Validation, GroupSizeAboveTheLimit) {
   expect_rejected(
-      [](DecodeArgs& a, testkit::HostCase&) {
+      [](DecodeArgs& a, testing::HostCase&) {
         a.num_heads = 130;
         a.num_kv_heads = 1;
       },
@@ -92,14 +92,14 @@ TEST(Validation, GroupSizeAboveTheLimit) {
 }
 
 TEST(Validation, UnsupportedHeadDim) {
-  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.head_dim = 100; },
+  expect_rejected([](DecodeArgs& a, testing::HostCase&) { a.head_dim = 100; },
                   ErrorCode::kUnsupported, "head_dim", {"head_dim = 100", "64, 80"});
 }
 
 TEST(Validation, BlockSizeOutOfRange) {
-  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.block_size = 0; },
+  expect_rejected([](DecodeArgs& a, testing::HostCase&) { a.block_size = 0; },
                   ErrorCode::kUnsupported, "block_size", {"block_size = 0", "1 to 256"});
-  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.block_size = 257; },
+  expect_rejected([](DecodeArgs& a, testing::HostCase&) { a.block_size = 257; },
                   ErrorCode::kUnsupported, "block_size", {"block_size = 257"});
 }
 
@@ -114,41 +114,41 @@ TEST(Validation, NullPointers) {
   };
   for (const auto& [name, mutate] : cases) {
     SCOPED_TRACE(name);
-    expect_rejected([&](DecodeArgs& a, testkit::HostCase&) { mutate(a); },
+    expect_rejected([&](DecodeArgs& a, testing::HostCase&) { mutate(a); },
                     ErrorCode::kInvalidArgument, name, {name + " = null"});
   }
 }
 
 TEST(Validation, NegativeOrZeroSizes) {
-  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.batch = -1; },
+  expect_rejected([](DecodeArgs& a, testing::HostCase&) { a.batch = -1; },
                   ErrorCode::kInvalidArgument, "batch", {"batch = -1"});
-  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.num_heads = 0; },
+  expect_rejected([](DecodeArgs& a, testing::HostCase&) { a.num_heads = 0; },
                   ErrorCode::kInvalidArgument, "num_heads", {"num_heads = 0"});
-  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.num_kv_heads = -2; },
+  expect_rejected([](DecodeArgs& a, testing::HostCase&) { a.num_kv_heads = -2; },
                   ErrorCode::kInvalidArgument, "num_kv_heads", {"num_kv_heads = -2"});
-  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.num_blocks = -1; },
+  expect_rejected([](DecodeArgs& a, testing::HostCase&) { a.num_blocks = -1; },
                   ErrorCode::kInvalidArgument, "num_blocks", {"num_blocks = -1"});
 }
 
 TEST(Validation, TableStrideBelowTheRow) {
-  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.block_table_stride = 1; },
+  expect_rejected([](DecodeArgs& a, testing::HostCase&) { a.block_table_stride = 1; },
                   ErrorCode::kInvalidArgument, "block_table_stride",
                   {"block_table_stride = 1", "max_blocks_per_seq"});
 }
 
 TEST(Validation, MismatchedCacheDtypes) {
-  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.v_dtype = DType::kF16; },
+  expect_rejected([](DecodeArgs& a, testing::HostCase&) { a.v_dtype = DType::kF16; },
                   ErrorCode::kUnsupported, "v_dtype", {"v_dtype = f16", "k_dtype (f32)"});
 }
 
 TEST(Validation, NonFiniteScale) {
-  expect_rejected([](DecodeArgs& a, testkit::HostCase&) { a.scale = INFINITY; },
+  expect_rejected([](DecodeArgs& a, testing::HostCase&) { a.scale = INFINITY; },
                   ErrorCode::kInvalidArgument, "scale", {"scale = inf"});
 }
 
 TEST(Validation, UnavailableBackendIsAnErrorThatSaysWhy) {
   if (cuda_available()) GTEST_SKIP() << "a CUDA device is present";
-  expect_rejected([](DecodeArgs&, testkit::HostCase&) {}, ErrorCode::kBackendUnavailable, "backend",
+  expect_rejected([](DecodeArgs&, testing::HostCase&) {}, ErrorCode::kBackendUnavailable, "backend",
                   {"backend = cuda", "unavailable"}, Backend::kCuda);
 }
 
@@ -166,7 +166,7 @@ TEST(Validation, UnknownBackendNames) {
 // errors naming the field, with out and lse untouched.
 void expect_options_rejected(const std::function<void(DecodeOptions&)>& mutate,
                              const std::string& argument, const std::vector<std::string>& parts) {
-  testkit::HostCase c = small_case();
+  testing::HostCase c = small_case();
   const std::vector<std::uint8_t> out_before = c.out;
   const std::vector<float> lse_before = c.lse;
   DecodeOptions o;
@@ -199,7 +199,7 @@ TEST(Validation, ThreadCountOutOfRange) {
 
 TEST(Validation, ThreadCountsInRangeAreAccepted) {
   for (const int n : {0, 1, 3}) {
-    testkit::HostCase c = small_case();
+    testing::HostCase c = small_case();
     DecodeOptions o;
     o.backend = Backend::kCpu;
     o.num_threads = n;
@@ -223,7 +223,7 @@ TEST(Validation, DtypesOutsideTheEnum) {
   };
   for (const auto& [name, mutate] : cases) {
     SCOPED_TRACE(name);
-    expect_rejected([&](DecodeArgs& a, testkit::HostCase&) { mutate(a); },
+    expect_rejected([&](DecodeArgs& a, testing::HostCase&) { mutate(a); },
                     ErrorCode::kInvalidArgument, name, {name + " = ", "not a DType"});
   }
 }

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "cli/args.hpp"
-#include "random_case.hpp"
+#include "pagedattn/testing/random_case.hpp"
 
 using namespace pagedattn;
 
@@ -36,7 +36,7 @@ int run(int argc, char** argv) {
   }
   DecodeOptions options;
   options.backend = backend;
-  testkit::CaseSpec spec;
+  testing::CaseSpec spec;
   spec.batch = 8;
   spec.num_heads = 32;
   spec.num_kv_heads = 8;
@@ -45,17 +45,17 @@ int run(int argc, char** argv) {
   spec.context_lens = {0, 1, 15, 16, 17, 1000, 4096, 2500};
   spec.q_dtype = spec.kv_dtype = spec.out_dtype = DType::kBF16;
   spec.seed = 2026;
-  testkit::HostCase c = testkit::make_case(spec);
+  testing::HostCase c = testing::make_case(spec);
   std::printf("pagedattn-demo: %s, %d-block pool, fragmented table\n",
-              testkit::describe(spec).c_str(), c.num_blocks);
-  const Backend used = testkit::run_decode(c, options);
-  const testkit::Comparison cmp = testkit::compare_with_reference(c);
-  const double tol = testkit::out_tolerance(spec.out_dtype);
+              testing::describe(spec).c_str(), c.num_blocks);
+  const Backend used = testing::run_decode(c, options);
+  const testing::Comparison cmp = testing::compare_with_reference(c);
+  const double tol = testing::out_tolerance(spec.out_dtype);
   const bool ok =
-      cmp.all_finite && cmp.rel_err() <= tol && cmp.max_abs_err_lse <= testkit::lse_tolerance();
+      cmp.all_finite && cmp.rel_err() <= tol && cmp.max_abs_err_lse <= testing::lse_tolerance();
   std::printf(
       "backend %s: rel_err %.3g (tolerance %.3g), lse max abs err %.3g (tolerance %.3g)%s%s\n",
-      backend_name(used), cmp.rel_err(), tol, cmp.max_abs_err_lse, testkit::lse_tolerance(),
+      backend_name(used), cmp.rel_err(), tol, cmp.max_abs_err_lse, testing::lse_tolerance(),
       cmp.all_finite ? "" : ", non-finite output at ", cmp.first_bad.c_str());
   std::printf("%s\n", ok ? "OK: matches the f64 reference" : "FAILED: mismatch");
   return ok ? 0 : 1;

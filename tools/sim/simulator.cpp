@@ -15,8 +15,8 @@
 #include "pagedattn/block_manager.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/reference.hpp"
-#include "random_case.hpp"
-#include "sim/device_memory.hpp"
+#include "pagedattn/testing/device_memory.hpp"
+#include "pagedattn/testing/random_case.hpp"
 
 namespace pagedattn::sim {
 namespace {
@@ -34,8 +34,8 @@ class Buffer {
   std::size_t size() const { return device_ ? dev_.size() : host_.size(); }
   void resize(std::size_t bytes, int fill_byte = 0) {  // contents are lost
     if (device_) {
-      dev_ = DeviceBytes(bytes);
-      if (bytes) device_fill(dev_.get(), fill_byte, bytes);
+      dev_ = testing::DeviceBuffer(bytes);
+      if (bytes) testing::device_fill(dev_.get(), fill_byte, bytes);
     } else {
       host_.assign(bytes, static_cast<std::uint8_t>(fill_byte));
     }
@@ -46,13 +46,13 @@ class Buffer {
   void upload(const void* src, std::size_t bytes) {
     reserve(bytes);
     if (device_)
-      copy_to_device(dev_.get(), src, bytes);
+      testing::copy_to_device(dev_.get(), src, bytes);
     else
       std::memcpy(host_.data(), src, bytes);
   }
   void download(void* dst, std::size_t bytes) {
     if (device_)
-      copy_to_host(dst, dev_.get(), bytes);
+      testing::copy_to_host(dst, dev_.get(), bytes);
     else
       std::memcpy(dst, host_.data(), bytes);
   }
@@ -60,7 +60,7 @@ class Buffer {
  private:
   bool device_;
   std::vector<std::uint8_t> host_;
-  DeviceBytes dev_;
+  testing::DeviceBuffer dev_;
 };
 
 // Cheap uniform values in [-1, 1) for K, V and q: the simulator writes a lot of them.
@@ -369,7 +369,7 @@ double Simulator::decode_layers(bool verify) {
     a.v_cache = v_[c]->data();
     const Clock::time_point t0 = Clock::now();
     decode(a, decode_opts_);
-    if (device_) device_synchronize();
+    if (device_) testing::device_synchronize();
     seconds += seconds_since(t0);
     if (l == check_layer) verify_layer(static_cast<int>(c), a);
   }
@@ -422,7 +422,7 @@ void Simulator::verify_layer(int cache, const DecodeArgs& device_args) {
   worst_rel_ = std::max(worst_rel_, rel);
   worst_lse_ = std::max(worst_lse_, lse_err);
   ++verified_;
-  if (!finite || rel > testkit::out_tolerance(o_.dtype) || lse_err > testkit::lse_tolerance()) {
+  if (!finite || rel > testing::out_tolerance(o_.dtype) || lse_err > testing::lse_tolerance()) {
     ++mismatches_;
     std::fprintf(stderr,
                  "\npagedattn-sim: step %lld layer %d MISMATCH: rel_err %.3g, lse err %.3g%s\n",
@@ -531,7 +531,7 @@ int Simulator::run() {
     std::printf(
         "verify: %d sampled steps against the f64 reference, max rel err %.3g (tolerance "
         "%.3g), max lse err %.3g: %s\n",
-        verified_, worst_rel_, testkit::out_tolerance(o_.dtype), worst_lse_,
+        verified_, worst_rel_, testing::out_tolerance(o_.dtype), worst_lse_,
         mismatches_ ? "MISMATCH" : "OK");
   }
   return mismatches_ || !all_free ? 1 : 0;

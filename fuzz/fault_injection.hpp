@@ -4,9 +4,9 @@
 
 #include "pagedattn/detail/backends.hpp"
 
-namespace pagedattn::testkit {
+namespace pagedattn::fuzz {
 
 void set_fault(detail::Fault f);
 detail::Fault planted_fault();
 
-}  // namespace pagedattn::testkit
+}  // namespace pagedattn::fuzz

@@ -1,6 +1,7 @@
 // Random paged-attention cases in host memory: fragmented block tables over an oversized pool,
-// -1 and garbage past each context, NaN in every cache slot no sequence may read. Shared by the
-// tests, the fuzzer, the benchmark and the demo.
+// -1 and garbage past each context, NaN in every cache slot no sequence may read; their comparison
+// with the f64 reference. Shared by the tests, the fuzzer, the benchmark, the demo and the
+// simulator.
 #pragma once
 
 #include <cstdint>
@@ -10,8 +11,9 @@
 
 #include "pagedattn/detail/backends.hpp"
 #include "pagedattn/pagedattn.hpp"
+#include "pagedattn/testing/tolerance.hpp"
 
-namespace pagedattn::testkit {
+namespace pagedattn::testing {
 
 struct CaseSpec {
   int batch = 1;
@@ -55,7 +57,8 @@ HostCase make_case(const CaseSpec& spec);
 // table_padding, the row stride, and every sequence's blocks plus spare_blocks.
 void size_case(HostCase& c);
 
-// Relative-to-scale comparison of a backend's out/lse with the f64 reference.
+// Relative-to-scale comparison of a backend's out/lse with the f64 reference (the bounds are in
+// tolerance.hpp).
 struct Comparison {
   double max_abs_err_out = 0;  // max |out - ref|
   double ref_scale = 0;        // max |ref out|, at least 1e-30
@@ -72,11 +75,6 @@ Comparison compare_with_reference(HostCase& c);
 // DecodeOptions convert to them.
 Backend run_decode(HostCase& c, const detail::DecodeOptions& options = {});
 
-// Tolerance on rel_err (|out - ref| / max|ref|) for an output dtype, with the reason in docs.
-double out_tolerance(DType out_dtype);
-// Tolerance on |lse - ref lse| (lse is always f32).
-double lse_tolerance();
-
 std::string describe(const CaseSpec& spec);
 
-}  // namespace pagedattn::testkit
+}  // namespace pagedattn::testing

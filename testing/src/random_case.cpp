@@ -1,4 +1,4 @@
-#include "random_case.hpp"
+#include "pagedattn/testing/random_case.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -6,13 +6,12 @@
 #include <numeric>
 #include <sstream>
 
-#include "device_roundtrip.hpp"
-#include "fault_injection.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/detail/dispatch.hpp"
 #include "pagedattn/reference.hpp"
+#include "pagedattn/testing/device_case.hpp"
 
-namespace pagedattn::testkit {
+namespace pagedattn::testing {
 namespace {
 
 void fill_random(std::vector<std::uint8_t>& buf, DType t, std::size_t n, float scale,
@@ -181,23 +180,6 @@ Comparison compare_with_reference(HostCase& c) {
   return r;
 }
 
-// The reference reads the same rounded inputs, so the error is f32 arithmetic (about 1e-6 of the
-// output scale) plus the final rounding to the output dtype: half an ulp, 2^-11 of |out| for f16
-// and 2^-8 for bf16, doubled for headroom.
-double out_tolerance(DType out_dtype) {
-  switch (out_dtype) {
-    case DType::kF32:
-      return 2e-5;
-    case DType::kF16:
-      return 1e-3;
-    case DType::kBF16:
-      return 8e-3;
-  }
-  return 0;
-}
-// lse is computed and stored in f32: m + log(l) with l summed in f32.
-double lse_tolerance() { return 1e-4; }
-
 std::string describe(const CaseSpec& s) {
   std::ostringstream os;
   os << "B=" << s.batch << " H=" << s.num_heads << " KV=" << s.num_kv_heads << " D=" << s.head_dim
@@ -211,11 +193,4 @@ std::string describe(const CaseSpec& s) {
   return os.str();
 }
 
-namespace {
-detail::Fault g_fault = detail::Fault::kNone;
-}  // namespace
-
-void set_fault(detail::Fault f) { g_fault = f; }
-detail::Fault planted_fault() { return g_fault; }
-
-}  // namespace pagedattn::testkit
+}  // namespace pagedattn::testing

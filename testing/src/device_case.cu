@@ -1,0 +1,83 @@
+// Host-buffer round trip through the CUDA backend: device copies of every input (and of the
+// poisoned out/lse, so an unwritten element shows), decode on the caller's stream, copies back.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "pagedattn/cache_layout.hpp"
+#include "pagedattn/detail/dispatch.hpp"
+#include "pagedattn/testing/cuda_check.hpp"
+#include "pagedattn/testing/device_case.hpp"
+#include "pagedattn/validate.hpp"
+
+namespace pagedattn::testing {
+namespace {
+
+// A device buffer of `bytes` holding a copy of `host` (when not null), copied on `stream`.
+DeviceBuffer upload(const void* host, std::size_t bytes, cudaStream_t stream) {
+  DeviceBuffer d(bytes);
+  if (host != nullptr && bytes > 0) {
+    check_cuda(cudaMemcpyAsync(d.get(), host, bytes, cudaMemcpyHostToDevice, stream),
+               "cudaMemcpyAsync");
+  }
+  return d;
+}
+
+}  // namespace
+
+DeviceCase::DeviceCase(const DecodeArgs& host, void* stream_ptr) : args_(host) {
+  validate_shapes(host);
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  const CacheLayout layout =
+      CacheLayout::dense(host.num_blocks, host.num_kv_heads, host.block_size, host.head_dim);
+  const std::size_t qo_elems =
+      static_cast<std::size_t>(host.batch) * host.num_heads * host.head_dim;
+  const std::size_t cache_elems = static_cast<std::size_t>(layout.elements());
+  const std::size_t table_elems =
+      host.batch == 0 ? 0
+                      : static_cast<std::size_t>(host.batch - 1) * host.table_stride() +
+                            host.max_blocks_per_seq;
+  out_bytes_ = qo_elems * dtype_size(host.out_dtype);
+  lse_bytes_ = host.lse ? static_cast<std::size_t>(host.batch) * host.num_heads * sizeof(float) : 0;
+  q_ = upload(host.q, qo_elems * dtype_size(host.q_dtype), stream);
+  k_ = upload(host.k_cache, cache_elems * dtype_size(host.k_dtype), stream);
+  v_ = upload(host.v_cache, cache_elems * dtype_size(host.v_dtype), stream);
+  table_ = upload(host.block_table, table_elems * sizeof(std::int32_t), stream);
+  lens_ = upload(host.context_lens, host.batch * sizeof(std::int32_t), stream);
+  out_ = upload(host.out, out_bytes_, stream);  // carries the caller's poison
+  if (host.lse) lse_ = upload(host.lse, lse_bytes_, stream);
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  args_.q = q_.get();
+  args_.k_cache = k_.get();
+  args_.v_cache = v_.get();
+  args_.block_table = table_.as<const std::int32_t>();
+  args_.context_lens = lens_.as<const std::int32_t>();
+  args_.out = out_.get();
+  args_.lse = host.lse ? lse_.as<float>() : nullptr;
+}
+
+void DeviceCase::download(const DecodeArgs& host, void* stream_ptr) const {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  if (out_bytes_ > 0) {
+    check_cuda(cudaMemcpyAsync(host.out, out_.get(), out_bytes_, cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync(out)");
+  }
+  if (host.lse != nullptr && lse_bytes_ > 0) {
+    check_cuda(cudaMemcpyAsync(host.lse, lse_.get(), lse_bytes_, cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync(lse)");
+  }
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+}
+
+void cuda_decode_from_host(const DecodeArgs& host, const detail::DecodeOptions& options) {
+  validate_shapes(host);
+  if (host.batch == 0) return;
+  detail::DecodeOptions o = options;
+  o.backend = Backend::kCuda;
+  const DeviceCase dev(host, o.cuda_stream);
+  detail::decode(dev.args(), o);
+  dev.download(host, o.cuda_stream);
+}
+
+}  // namespace pagedattn::testing
