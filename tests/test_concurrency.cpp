@@ -7,15 +7,15 @@
 #include <thread>
 #include <vector>
 
-#include "random_case.hpp"
+#include "pagedattn/testing/random_case.hpp"
 #include "test_seed.hpp"
 
 namespace pagedattn {
 namespace {
 
-testkit::CaseSpec cpu_spec(DType dtype, int heads, int kv_heads, int head_dim,
+testing::CaseSpec cpu_spec(DType dtype, int heads, int kv_heads, int head_dim,
                            std::vector<int> lens) {
-  testkit::CaseSpec s;
+  testing::CaseSpec s;
   s.batch = static_cast<int>(lens.size());
   s.num_heads = heads;
   s.num_kv_heads = kv_heads;
@@ -29,18 +29,18 @@ testkit::CaseSpec cpu_spec(DType dtype, int heads, int kv_heads, int head_dim,
 }
 
 TEST(CpuConcurrency, ThreadsCallingDecodeAtOnceGetTheirOwnResults) {
-  std::vector<testkit::HostCase> cases;
-  cases.push_back(testkit::make_case(cpu_spec(DType::kBF16, 16, 4, 128, {3000, 1, 700})));
-  cases.push_back(testkit::make_case(cpu_spec(DType::kF32, 4, 4, 64, {5000, 0})));
-  cases.push_back(testkit::make_case(cpu_spec(DType::kF16, 24, 2, 96, {40, 2200})));
-  cases.push_back(testkit::make_case(cpu_spec(DType::kBF16, 8, 8, 256, {1500})));
+  std::vector<testing::HostCase> cases;
+  cases.push_back(testing::make_case(cpu_spec(DType::kBF16, 16, 4, 128, {3000, 1, 700})));
+  cases.push_back(testing::make_case(cpu_spec(DType::kF32, 4, 4, 64, {5000, 0})));
+  cases.push_back(testing::make_case(cpu_spec(DType::kF16, 24, 2, 96, {40, 2200})));
+  cases.push_back(testing::make_case(cpu_spec(DType::kBF16, 8, 8, 256, {1500})));
   detail::DecodeOptions o;
   o.backend = Backend::kCpu;
   o.num_threads = 2;
   std::vector<std::vector<std::uint8_t>> alone_out;
   std::vector<std::vector<float>> alone_lse;
   for (auto& c : cases) {
-    testkit::run_decode(c, o);
+    testing::run_decode(c, o);
     alone_out.push_back(c.out);
     alone_lse.push_back(c.lse);
   }
@@ -48,9 +48,9 @@ TEST(CpuConcurrency, ThreadsCallingDecodeAtOnceGetTheirOwnResults) {
   auto worker = [&](int t) {
     for (int rep = 0; rep < 12; ++rep) {
       const int k = (t + rep) % static_cast<int>(cases.size());
-      testkit::HostCase c = cases[k];  // own output buffers, same inputs
+      testing::HostCase c = cases[k];  // own output buffers, same inputs
       std::fill(c.out.begin(), c.out.end(), std::uint8_t{0xff});
-      testkit::run_decode(c, o);
+      testing::run_decode(c, o);
       if (c.out != alone_out[k] || c.lse != alone_lse[k]) ++mismatches;
     }
   };

@@ -392,19 +392,19 @@ TEST(CudaDecode, StreamAndWorkspace) {
 // every result must equal, bit for bit, the result of the same call made alone.
 TEST(CudaDecode, ConcurrentStreamsUseSeparateWorkspaces) {
   SKIP_WITHOUT_CUDA();
-  std::vector<testkit::HostCase> cases;
-  cases.push_back(testkit::make_case(spec_for(DType::kBF16, 32, 8, 128, 16, {4000, 1, 2500, 0})));
-  cases.push_back(testkit::make_case(spec_for(DType::kF16, 8, 2, 64, 16, {30000, 7})));
-  cases.push_back(testkit::make_case(spec_for(DType::kF32, 6, 2, 80, 32, {900, 3000, 5})));
-  cases.push_back(testkit::make_case(spec_for(DType::kBF16, 64, 8, 128, 16, {16000, 12000})));
+  std::vector<testing::HostCase> cases;
+  cases.push_back(testing::make_case(spec_for(DType::kBF16, 32, 8, 128, 16, {4000, 1, 2500, 0})));
+  cases.push_back(testing::make_case(spec_for(DType::kF16, 8, 2, 64, 16, {30000, 7})));
+  cases.push_back(testing::make_case(spec_for(DType::kF32, 6, 2, 80, 32, {900, 3000, 5})));
+  cases.push_back(testing::make_case(spec_for(DType::kBF16, 64, 8, 128, 16, {16000, 12000})));
   std::vector<std::unique_ptr<DeviceCase>> dev;
-  std::vector<std::vector<unsigned char>> alone_out;
+  std::vector<std::vector<std::uint8_t>> alone_out;
   std::vector<std::vector<float>> alone_lse;
   for (auto& c : cases) {
-    dev.push_back(std::make_unique<DeviceCase>(c));
-    decode(dev.back()->args, cuda_options());
-    cuda_ok(cudaDeviceSynchronize());
-    dev.back()->download(c);
+    dev.push_back(std::make_unique<DeviceCase>(c.args()));
+    decode(dev.back()->args(), cuda_options());
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    dev.back()->download(c.args());
     expect_matches_reference(c);
     alone_out.push_back(c.out);
     alone_lse.push_back(c.lse);
@@ -412,24 +412,19 @@ TEST(CudaDecode, ConcurrentStreamsUseSeparateWorkspaces) {
   std::atomic<int> mismatches{0};
   auto worker = [&](int first) {
     cudaStream_t stream;
-    cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
     DecodeOptions o = cuda_options();
     o.cuda_stream = stream;
-    std::vector<unsigned char> out;
-    std::vector<float> lse;
     for (int rep = 0; rep < 40; ++rep) {
-      const int k = first + rep % 2;  // thread 0: cases 0, 1; thread 1: cases 2, 3
-      DeviceCase& d = *dev[k];
-      cuda_ok(cudaMemsetAsync(d.args.out, 0xff, d.out_bytes, stream));
-      decode(d.args, o);
-      out.assign(d.out_bytes, 0);
-      lse.assign(d.lse_count, 0.f);
-      cuda_ok(cudaMemcpyAsync(out.data(), d.args.out, d.out_bytes, cudaMemcpyDeviceToHost, stream));
-      cuda_ok(cudaMemcpyAsync(lse.data(), d.args.lse, d.lse_count * sizeof(float),
-                              cudaMemcpyDeviceToHost, stream));
-      cuda_ok(cudaStreamSynchronize(stream));
-      if (out != alone_out[k] ||
-          std::memcmp(lse.data(), alone_lse[k].data(), lse.size() * sizeof(float)) != 0) {
+      const int k = first + rep % 2;      // thread 0: cases 0, 1; thread 1: cases 2, 3
+      testing::HostCase mine = cases[k];  // its own host output buffers
+      mine.poison_outputs();
+      const DeviceCase& d = *dev[k];
+      check_cuda(cudaMemsetAsync(d.args().out, 0xff, mine.out.size(), stream), "cudaMemsetAsync");
+      decode(d.args(), o);
+      d.download(mine.args(), stream);
+      if (mine.out != alone_out[k] ||
+          std::memcmp(mine.lse.data(), alone_lse[k].data(), mine.lse.size() * sizeof(float)) != 0) {
         ++mismatches;
       }
     }
