@@ -68,6 +68,7 @@ PlanOptions plan_options(const DecodeArgs& a) {
   o.parallelism =
       std::max(1, current_device().sms * split_ctas_per_sm(a) * kWaves / head_chunks(a));
   o.min_chunk_tokens = kMinChunkTokens;
+  o.even_waves = true;
   o.max_splits_per_seq = kMaxSplitsPerSeq;
   return o;
 }

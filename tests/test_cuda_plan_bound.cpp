@@ -36,6 +36,7 @@ TEST(CudaPlanBound, CoversEveryPlan) {
     o.parallelism = 1 + static_cast<int>(rng() % 2000);
     o.min_chunk_tokens = 1 + static_cast<int>(rng() % 600);
     o.max_splits_per_seq = 1 + static_cast<int>(rng() % 200);
+    o.even_waves = rng() % 2 == 0;
     const int cap = max_blocks * bs;
     std::vector<std::int32_t> lens(batch);
     const int pattern = static_cast<int>(rng() % 4);
@@ -64,6 +65,7 @@ TEST(CudaPlanBound, CudaOptions) {
   PlanOptions o;
   o.min_chunk_tokens = 128;
   o.max_splits_per_seq = 1024;
+  o.even_waves = true;
   for (int items_per_sm : {2, 4, 12}) {
     o.parallelism = 132 * items_per_sm;
     std::vector<std::int32_t> skew(64, 1024);
@@ -72,6 +74,8 @@ TEST(CudaPlanBound, CudaOptions) {
     expect_bounded(std::vector<std::int32_t>(1, 131072), 131072 / 16, 8, 16, o);
     expect_bounded(std::vector<std::int32_t>(128, 4096), 4096 / 16, 8, 16, o);
     expect_bounded(std::vector<std::int32_t>(32, 4096), 4096, 32, 1, o);
+    expect_bounded(std::vector<std::int32_t>(32, 1024), 1024 / 16, 8, 16, o);
+    expect_bounded(std::vector<std::int32_t>(8, 32768), 32768 / 16, 8, 16, o);
     o.single_split = true;
     expect_bounded(std::vector<std::int32_t>(7, 5000), 5000, 1, 1, o);
     o.single_split = false;

@@ -175,6 +175,48 @@ TEST(SplitPlan, FewLongSequencesStayWithinTheParallelism) {
   EXPECT_LE(largest, p.chunk_blocks);
 }
 
+// even_waves (the CUDA backend's plans): a batch of similar lengths becomes at most one wave of
+// equal items, and nothing is split once batch x kv heads fills the machine; a skewed batch keeps
+// the plain rule, which gives its long sequence many splits.
+TEST(SplitPlan, EvenWavesFillOneWaveOfEqualItems) {
+  PlanOptions o;
+  o.parallelism = 264;  // 132 SMs x 2 CTAs
+  o.min_chunk_tokens = 256;
+  o.max_splits_per_seq = 1024;
+  o.even_waves = true;
+  for (const auto& shape : std::vector<std::pair<int, int>>{{1, 131072},
+                                                            {1, 32768},
+                                                            {8, 32768},
+                                                            {8, 4096},
+                                                            {32, 1024},
+                                                            {32, 4096},
+                                                            {32, 16384},
+                                                            {64, 4096},
+                                                            {128, 1024}}) {
+    const std::vector<std::int32_t> lens(shape.first, shape.second);
+    const SplitPlan p = make_split_plan(lens.data(), shape.first, 8, 16, o);
+    SCOPED_TRACE("batch " + std::to_string(shape.first) + " ctx " + std::to_string(shape.second));
+    const int items = static_cast<int>(p.items.size());
+    if (shape.first * 8 >= o.parallelism / 2) {
+      EXPECT_EQ(items, shape.first * 8);  // one item per (sequence, kv head)
+    } else {
+      EXPECT_LE(items, o.parallelism);
+      EXPECT_GE(items, o.parallelism / 2);
+    }
+    int smallest = 1 << 30, largest = 0;
+    for (const WorkItem& it : p.items) {
+      smallest = std::min(smallest, it.block_end - it.block_begin);
+      largest = std::max(largest, it.block_end - it.block_begin);
+    }
+    EXPECT_LE(largest - smallest, 1);
+  }
+  std::vector<std::int32_t> skew(64, 1024);
+  skew[0] = 131072;
+  const SplitPlan p = make_split_plan(skew.data(), 64, 8, 16, o);
+  EXPECT_GT(p.num_splits[0], 16);
+  EXPECT_EQ(p.num_splits[1], 1);
+}
+
 TEST(SplitPlan, PartialIndicesAreDisjoint) {
   const std::vector<std::int32_t> lens = {5000, 0, 300, 70000};
   PlanOptions o;

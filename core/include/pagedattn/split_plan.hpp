@@ -26,6 +26,9 @@ struct PlanOptions {
   int min_chunk_tokens = 256;  // a split never covers fewer tokens (amortizes the combine)
   int max_splits_per_seq = 64;
   bool single_split = false;  // one split per sequence
+  // Cut batches of similar lengths into one whole wave of equal items (the CUDA backend):
+  // see choose_chunk_blocks.
+  bool even_waves = false;
 };
 
 struct SplitPlan {
@@ -66,6 +69,24 @@ PAGEDATTN_HOST_DEVICE int choose_chunk_blocks(std::int64_t total_blocks, int max
   const std::int64_t kv = num_kv_heads > 1 ? num_kv_heads : 1;
   const std::int64_t work = total_blocks * kv;
   const std::int64_t parallel = o.parallelism > 1 ? o.parallelism : 1;
+  const std::int64_t min_chunk =
+      blocks_for(o.min_chunk_tokens > 1 ? o.min_chunk_tokens : 1, block_size);
+  const int max_splits = o.max_splits_per_seq > 1 ? o.max_splits_per_seq : 1;
+  const std::int64_t by_splits = (max_blocks + max_splits - 1) / max_splits;
+  const std::int64_t seqs = batch > 0 ? batch : 1;
+  if (o.even_waves && static_cast<std::int64_t>(max_blocks) * seqs <= 2 * total_blocks) {
+    // No sequence longer than twice the mean: k = parallelism / (batch * kv) splits for the
+    // longest, so the items fill one wave at most, equal in size, and once batch * kv fills the
+    // machine nothing is split (no combine work, one item per (sequence, kv head), as long as
+    // possible). The plain rule below rounds 32 x 1024 tokens at 8 kv heads into two waves of
+    // 512 half-size items for 264 slots.
+    std::int64_t k = parallel / (seqs * kv);
+    k = k > 1 ? k : 1;
+    std::int64_t chunk = (max_blocks + k - 1) / k;
+    chunk = chunk > min_chunk ? chunk : min_chunk;
+    chunk = chunk > by_splits ? chunk : by_splits;
+    return static_cast<int>(chunk < max_blocks ? chunk : max_blocks);
+  }
   // Rounding each sequence's split count up adds up to kv items per sequence. When that slack
   // is small, aim below the target by it, so that a few long sequences fill whole waves of the
   // machine instead of spilling a handful of items into one more (1 x 131072 tokens: 65 splits
@@ -75,12 +96,8 @@ PAGEDATTN_HOST_DEVICE int choose_chunk_blocks(std::int64_t total_blocks, int max
   const std::int64_t target = slack * 4 <= parallel ? parallel - slack : parallel;
   std::int64_t chunk = (work + target - 1) / target;
   // Not so small that the combine costs more than the split saves.
-  const std::int64_t min_chunk =
-      blocks_for(o.min_chunk_tokens > 1 ? o.min_chunk_tokens : 1, block_size);
   chunk = chunk > min_chunk ? chunk : min_chunk;
   // Bounded splits per sequence keep the partials buffer small.
-  const int max_splits = o.max_splits_per_seq > 1 ? o.max_splits_per_seq : 1;
-  const std::int64_t by_splits = (max_blocks + max_splits - 1) / max_splits;
   chunk = chunk > by_splits ? chunk : by_splits;
   return static_cast<int>(chunk < max_blocks ? chunk : max_blocks);
 }
@@ -101,7 +118,9 @@ PAGEDATTN_HOST_DEVICE void split_block_range(int nb, int chunk, int s, int* begi
 // An upper bound on a plan's total splits for any context lengths of at most
 // max_blocks_per_seq blocks each: what a fixed launch grid (the CUDA backend, CUDA graphs) must
 // cover. chunk >= kv_heads * total_blocks / parallelism gives
-// sum_b ceil(nb_b / chunk) <= parallelism / kv_heads + batch, and no sequence has more than
+// sum_b ceil(nb_b / chunk) <= parallelism / kv_heads + batch (with even_waves, every sequence
+// has at most k <= parallelism / (batch * kv_heads) splits, so the sum is at most
+// parallelism / kv_heads), and no sequence has more than
 // min(max_splits_per_seq, ceil(max_blocks_per_seq / min_chunk_blocks)) splits.
 inline std::int64_t max_plan_splits(int batch, int max_blocks_per_seq, int num_kv_heads,
                                     int block_size, const PlanOptions& o) {
