@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <numeric>
 #include <random>
 #include <vector>
 
@@ -19,6 +18,7 @@
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/cuda_check.hpp"
 #include "pagedattn/testing/device_memory.hpp"
+#include "pagedattn/testing/tables.hpp"
 
 namespace pagedattn::bench {
 namespace {
@@ -190,20 +190,11 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
   std::vector<InputSet> in;
   in.reserve(sets);
   const std::size_t qo = static_cast<std::size_t>(B) * H * D;
-  std::vector<std::int32_t> host_table(static_cast<std::size_t>(B) * max_blocks);
   std::vector<std::vector<std::int32_t>> tables;
   for (int i = 0; i < sets; ++i) {
-    std::vector<std::int32_t> pool(num_blocks);
-    std::iota(pool.begin(), pool.end(), 0);
-    if (!options.contiguous) std::shuffle(pool.begin(), pool.end(), rng);
     // Each row takes its sequence's blocks from the (shuffled) pool; -1 past its context.
-    std::fill(host_table.begin(), host_table.end(), -1);
-    for (int b = 0, next = 0; b < B; ++b) {
-      const int nb = blocks_for(host_lens[b], BS);
-      std::copy(pool.begin() + next, pool.begin() + next + nb,
-                host_table.begin() + static_cast<std::size_t>(b) * max_blocks);
-      next += nb;
-    }
+    const std::vector<std::int32_t> host_table = testing::table_from_pool(
+        testing::block_pool(num_blocks, !options.contiguous, rng), host_lens, BS, max_blocks);
     tables.push_back(host_table);
     InputSet set{DeviceBuffer(qo * esz),
                  DeviceBuffer(cache_elems * esz),

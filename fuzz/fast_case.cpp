@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "pagedattn/cache_layout.hpp"
+#include "pagedattn/testing/tables.hpp"
 
 namespace pagedattn::fuzz {
 namespace {
@@ -109,12 +110,9 @@ testing::HostCase make_fast_case(const testing::CaseSpec& spec) {
   fill_normal(c.q, spec.q_dtype, static_cast<std::size_t>(B) * H * D, spec.magnitude, rng);
 
   // Every (block, slot) some sequence reads gets values; with poison, every other one NaN.
-  std::vector<char> readable(static_cast<std::size_t>(c.num_blocks) * BS, spec.poison ? 0 : 1);
-  for (int b = 0; b < B; ++b) {
-    for (int t = 0; t < c.context_lens[b]; ++t) {
-      readable[static_cast<std::size_t>(entry(b, t / BS)) * BS + t % BS] = 1;
-    }
-  }
+  const std::vector<char> readable =
+      spec.poison ? testing::readable_slots(c.args())
+                  : std::vector<char>(static_cast<std::size_t>(c.num_blocks) * BS, 1);
   const std::size_t bytes = dtype_size(spec.kv_dtype);
   c.k.assign(static_cast<std::size_t>(layout.elements()) * bytes, 0);
   c.v.assign(c.k.size(), 0);

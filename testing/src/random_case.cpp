@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <sstream>
 
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/detail/dispatch.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/device_case.hpp"
+#include "pagedattn/testing/tables.hpp"
 
 namespace pagedattn::testing {
 namespace {
@@ -46,9 +46,7 @@ HostCase make_case(const CaseSpec& spec) {
   size_case(c);
 
   // Physical ids: a permutation of the pool; the first ones go to the sequences.
-  std::vector<std::int32_t> pool(c.num_blocks);
-  std::iota(pool.begin(), pool.end(), 0);
-  if (spec.fragmented) std::shuffle(pool.begin(), pool.end(), rng);
+  const std::vector<std::int32_t> pool = block_pool(c.num_blocks, spec.fragmented, rng);
   c.block_table.assign(static_cast<std::size_t>(B) * c.table_stride, -1);
   std::vector<char> owned(c.num_blocks, 0);
   int next = 0;
@@ -78,14 +76,8 @@ HostCase make_case(const CaseSpec& spec) {
   fill_random(c.v, spec.kv_dtype, layout.elements(), 1.f, rng);
 
   if (spec.poison) {
-    // Mark every (block, slot) some sequence reads; poison all others with NaN.
-    std::vector<char> readable(static_cast<std::size_t>(c.num_blocks) * BS, 0);
-    for (int b = 0; b < B; ++b) {
-      for (int t = 0; t < c.context_lens[b]; ++t) {
-        const int id = c.block_table[static_cast<std::size_t>(b) * c.table_stride + t / BS];
-        readable[static_cast<std::size_t>(id) * BS + t % BS] = 1;
-      }
-    }
+    // Every (block, slot) no sequence reads is poisoned with NaN.
+    const std::vector<char> readable = readable_slots(c.args());
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (int blk = 0; blk < c.num_blocks; ++blk) {
       for (int slot = 0; slot < BS; ++slot) {
