@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda_check.hpp"
+#include "cuda_error.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/detail/cache_backends.hpp"
 #include "pagedattn/dtype.hpp"

@@ -6,7 +6,7 @@
 #include <cuda_fp16.h>
 
 #include "combine.cuh"
-#include "cuda_check.hpp"
+#include "cuda_error.hpp"
 #include "pagedattn/online_softmax.hpp"
 
 namespace pagedattn::detail::cuda {

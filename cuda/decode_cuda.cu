@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "combine.cuh"
-#include "cuda_check.hpp"
+#include "cuda_error.hpp"
 #include "device_info.hpp"
 #include "pagedattn/detail/backends.hpp"
 #include "pagedattn/validate.hpp"

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "combine.cuh"
-#include "cuda_check.hpp"
+#include "cuda_error.hpp"
 #include "device_info.hpp"
 
 namespace pagedattn::detail::cuda {

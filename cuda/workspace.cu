@@ -3,7 +3,7 @@
 #include <mutex>
 #include <vector>
 
-#include "cuda_check.hpp"
+#include "cuda_error.hpp"
 #include "workspace.hpp"
 
 namespace pagedattn::detail::cuda {

@@ -1,7 +1,7 @@
 // pagedattn._ext: the nanobind module under the pagedattn Python package.
 //
-// Every tensor argument arrives as any DLPack-capable object (NumPy, PyTorch, CuPy, JAX, ...) and is
-// used in place: dtype, shape, strides and device are read from the tensor, checked, and turned
+// Every tensor argument arrives as any DLPack-capable object (NumPy, PyTorch, CuPy, JAX, ...) and
+// is used in place: dtype, shape, strides and device are read from the tensor, checked, and turned
 // into the library's argument structs. A mismatch throws pagedattn::Error naming the Python
 // argument before anything is written; the Python side turns it into pagedattn.Error.
 // The Python wrapper (pagedattn/__init__.py) allocates missing outputs, picks the default stream
@@ -27,6 +27,8 @@
 
 #if PAGEDATTN_PY_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda_error.hpp"
 #endif
 
 namespace nb = nanobind;
@@ -75,7 +77,9 @@ struct Device {
     return kind == o.kind && (kind == DeviceKind::kCpu || id == o.id);
   }
   bool operator!=(const Device& o) const { return !(*this == o); }
-  std::string str() const { return kind == DeviceKind::kCpu ? "cpu" : "cuda:" + std::to_string(id); }
+  std::string str() const {
+    return kind == DeviceKind::kCpu ? "cpu" : "cuda:" + std::to_string(id);
+  }
 };
 
 // Makes the tensors' device current for the library's CUDA calls, and restores the previous one.
@@ -85,9 +89,9 @@ class DeviceGuard {
 #if PAGEDATTN_PY_CUDA
     if (d.kind != DeviceKind::kCuda) return;
     int current = 0;
-    check(cudaGetDevice(&current), "cudaGetDevice");
+    pagedattn::detail::cuda::check(cudaGetDevice(&current), "cudaGetDevice");
     if (current != d.id) {
-      check(cudaSetDevice(d.id), "cudaSetDevice");
+      pagedattn::detail::cuda::check(cudaSetDevice(d.id), "cudaSetDevice");
       previous_ = current;
     }
 #else
@@ -103,14 +107,6 @@ class DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-#if PAGEDATTN_PY_CUDA
-  static void check(cudaError_t e, const char* what) {
-    if (e != cudaSuccess) {
-      throw Error(ErrorCode::kDeviceError, "device",
-                  std::string("device = ") + what + ": " + cudaGetErrorString(e));
-    }
-  }
-#endif
   int previous_ = -1;
 };
 
@@ -649,8 +645,8 @@ std::vector<pagedattn::BlockCopy> read_pairs(nb::handle h) {
         const std::int64_t id = i32 ? static_cast<const std::int32_t*>(t.data)[off]
                                     : static_cast<const std::int64_t*>(t.data)[off];
         if (id < INT32_MIN || id > INT32_MAX) {
-          bad(ErrorCode::kOutOfRange, "pairs", "[" + std::to_string(i) + "]",
-              std::to_string(id), "block id outside the int32 range");
+          bad(ErrorCode::kOutOfRange, "pairs", "[" + std::to_string(i) + "]", std::to_string(id),
+              "block id outside the int32 range");
         }
         (j == 0 ? pairs[i].src : pairs[i].dst) = static_cast<std::int32_t>(id);
       }
@@ -714,13 +710,13 @@ using Int32Array = nb::ndarray<nb::numpy, std::int32_t>;
 Int32Array to_numpy(std::vector<std::int32_t>&& v, std::size_t rows, std::size_t cols, int ndim) {
   if (v.empty()) v.reserve(1);  // a valid pointer even for an empty array
   auto* heap = new std::vector<std::int32_t>(std::move(v));
-  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<std::int32_t>*>(p); });
+  nb::capsule owner(heap,
+                    [](void* p) noexcept { delete static_cast<std::vector<std::int32_t>*>(p); });
   if (ndim == 1) return Int32Array(heap->data(), {rows}, owner);
   return Int32Array(heap->data(), {rows, cols}, owner);
 }
 
-using AppendResult =
-    std::pair<std::int32_t, std::optional<std::pair<std::int32_t, std::int32_t>>>;
+using AppendResult = std::pair<std::int32_t, std::optional<std::pair<std::int32_t, std::int32_t>>>;
 
 AppendResult append_result(const pagedattn::BlockManager::Append& a) {
   AppendResult r{a.slot, std::nullopt};
@@ -747,10 +743,10 @@ NB_MODULE(_ext, m) {
         "out"_a, "lse"_a.none(), "scale"_a.none(), "backend"_a, "stream"_a, "workspace"_a.none(),
         "checked"_a, "bf16"_a);
   m.def("workspace_size", &workspace_size, "q"_a, "k_cache"_a, "block_table"_a, "backend"_a);
-  m.def("write_cache", &write_cache, "key"_a, "value"_a, "slot_mapping"_a, "k_cache"_a,
-        "v_cache"_a, "backend"_a, "stream"_a, "check_slots"_a, "bf16"_a);
-  m.def("copy_blocks", &copy_blocks, "k_cache"_a, "v_cache"_a, "pairs"_a, "backend"_a,
-        "stream"_a, "bf16"_a);
+  m.def("write_cache", &write_cache, "key"_a, "value"_a, "slot_mapping"_a, "k_cache"_a, "v_cache"_a,
+        "backend"_a, "stream"_a, "check_slots"_a, "bf16"_a);
+  m.def("copy_blocks", &copy_blocks, "k_cache"_a, "v_cache"_a, "pairs"_a, "backend"_a, "stream"_a,
+        "bf16"_a);
 
   m.def("cuda_available", []() {
     std::string why;
@@ -779,21 +775,23 @@ NB_MODULE(_ext, m) {
       .def_prop_ro("num_free_blocks", &BM::num_free_blocks, "Blocks no sequence references.")
       .def_prop_ro("num_used_blocks", &BM::num_used_blocks, "Blocks some sequence references.")
       .def_prop_ro("num_sequences", &BM::num_sequences, "Sequences held.")
-      .def("add_sequence",
-           [](BM& bm, BM::SeqId id, int prompt_len) {
-             std::vector<std::int32_t> slots = bm.add_sequence(id, prompt_len);
-             const std::size_t n = slots.size();
-             return to_numpy(std::move(slots), n, 0, 1);
-           },
-           "seq_id"_a, "prompt_len"_a,
-           "Adds sequence `seq_id` (a new id) with a prompt of `prompt_len` tokens and returns\n"
-           "the prompt's slot mapping: an int32 NumPy array of `prompt_len` slots in token\n"
-           "order, for write_cache().")
-      .def("append_token", [](BM& bm, BM::SeqId id) { return append_result(bm.append_token(id)); },
-           "seq_id"_a,
-           "Appends one token to `seq_id`. Returns (slot, copy): the slot to write the token\n"
-           "to, and None or a (src, dst) block copy to perform first with copy_blocks() when\n"
-           "the last block was shared (copy-on-write).")
+      .def(
+          "add_sequence",
+          [](BM& bm, BM::SeqId id, int prompt_len) {
+            std::vector<std::int32_t> slots = bm.add_sequence(id, prompt_len);
+            const std::size_t n = slots.size();
+            return to_numpy(std::move(slots), n, 0, 1);
+          },
+          "seq_id"_a, "prompt_len"_a,
+          "Adds sequence `seq_id` (a new id) with a prompt of `prompt_len` tokens and returns\n"
+          "the prompt's slot mapping: an int32 NumPy array of `prompt_len` slots in token\n"
+          "order, for write_cache().")
+      .def(
+          "append_token", [](BM& bm, BM::SeqId id) { return append_result(bm.append_token(id)); },
+          "seq_id"_a,
+          "Appends one token to `seq_id`. Returns (slot, copy): the slot to write the token\n"
+          "to, and None or a (src, dst) block copy to perform first with copy_blocks() when\n"
+          "the last block was shared (copy-on-write).")
       .def("free_sequence", &BM::free_sequence, "seq_id"_a,
            "Releases `seq_id`'s blocks; blocks nobody references become free.")
       .def("fork", &BM::fork, "parent"_a, "child"_a,
@@ -805,23 +803,25 @@ NB_MODULE(_ext, m) {
       .def("__contains__", &BM::contains, "seq_id"_a)
       .def("__len__", &BM::num_sequences)
       .def("length", &BM::length, "seq_id"_a, "Tokens in `seq_id`.")
-      .def("blocks", [](const BM& bm, BM::SeqId id) { return bm.blocks(id); }, "seq_id"_a,
-           "The block ids of `seq_id`, in token order.")
+      .def(
+          "blocks", [](const BM& bm, BM::SeqId id) { return bm.blocks(id); }, "seq_id"_a,
+          "The block ids of `seq_id`, in token order.")
       .def("sequences", &BM::sequences, "The sequence ids held, ascending.")
       .def("ref_count", &BM::ref_count, "block"_a, "How many sequences reference `block`.")
       .def("slot", &BM::slot, "seq_id"_a, "pos"_a, "The slot of token `pos` of `seq_id`.")
-      .def("tables",
-           [](const BM& bm, const std::vector<BM::SeqId>& seqs, int min_width) {
-             BM::Tables t = bm.tables(seqs, min_width);
-             const std::size_t n = t.context_lens.size();
-             const std::size_t w = static_cast<std::size_t>(t.max_blocks_per_seq);
-             return std::make_pair(to_numpy(std::move(t.block_table), n, w, 2),
-                                   to_numpy(std::move(t.context_lens), n, 0, 1));
-           },
-           "seq_ids"_a, "min_width"_a = 0,
-           "Decode tables for `seq_ids`, in that order: (block_table, context_lens), int32\n"
-           "NumPy arrays of shapes [n, width] (-1 padded; width is the widest sequence's\n"
-           "block count, at least 1 and at least `min_width`) and [n].")
+      .def(
+          "tables",
+          [](const BM& bm, const std::vector<BM::SeqId>& seqs, int min_width) {
+            BM::Tables t = bm.tables(seqs, min_width);
+            const std::size_t n = t.context_lens.size();
+            const std::size_t w = static_cast<std::size_t>(t.max_blocks_per_seq);
+            return std::make_pair(to_numpy(std::move(t.block_table), n, w, 2),
+                                  to_numpy(std::move(t.context_lens), n, 0, 1));
+          },
+          "seq_ids"_a, "min_width"_a = 0,
+          "Decode tables for `seq_ids`, in that order: (block_table, context_lens), int32\n"
+          "NumPy arrays of shapes [n, width] (-1 padded; width is the widest sequence's\n"
+          "block count, at least 1 and at least `min_width`) and [n].")
       .def("fragmentation", &BM::fragmentation,
            "Unfilled token slots in used blocks over all slots of used blocks (0 when none).")
       .def("stored_tokens", &BM::stored_tokens, "Tokens stored, shared tokens counted once.")
