@@ -9,6 +9,18 @@
 #include "pagedattn/dtype.hpp"
 #include "pagedattn/split_plan.hpp"
 
+// The processors with kernels: x86-64 (SSE2, AVX2, AVX-512; isa_sse2/avx2/avx512.cpp) and
+// AArch64 (NEON, its baseline; isa_neon.cpp). cpu/CMakeLists.txt refuses any other.
+#if defined(__x86_64__) || defined(_M_X64)
+#define PAGEDATTN_CPU_X86 1
+#define PAGEDATTN_CPU_ARM64 0
+#elif defined(__aarch64__) || defined(_M_ARM64)
+#define PAGEDATTN_CPU_X86 0
+#define PAGEDATTN_CPU_ARM64 1
+#else
+#error "pagedattn's CPU backend has kernels for x86-64 and AArch64 only"
+#endif
+
 namespace pagedattn::detail::cpu {
 
 // Everything a work item reads. q is already widened to f32 and multiplied by the scale.
@@ -51,6 +63,7 @@ struct ItemKernel {
                   float* l, float* acc, ItemScratch scratch) const;
 };
 
+#if PAGEDATTN_CPU_X86
 extern template void ItemKernel::operator()<xsimd::avx512bw>(xsimd::avx512bw, const ItemContext&,
                                                              const WorkItem&, float*, float*,
                                                              float*, ItemScratch) const;
@@ -73,9 +86,17 @@ extern template void ItemKernel::operator()<xsimd::fma3<xsimd::avx2>>(xsimd::fma
 extern template void ItemKernel::operator()<xsimd::sse2>(xsimd::sse2, const ItemContext&,
                                                          const WorkItem&, int, float*, float*,
                                                          float*, ItemScratch) const;
+#elif PAGEDATTN_CPU_ARM64
+extern template void ItemKernel::operator()<xsimd::neon64>(xsimd::neon64, const ItemContext&,
+                                                           const WorkItem&, float*, float*, float*,
+                                                           ItemScratch) const;
+extern template void ItemKernel::operator()<xsimd::neon64>(xsimd::neon64, const ItemContext&,
+                                                           const WorkItem&, int, float*, float*,
+                                                           float*, ItemScratch) const;
+#endif
 
 // The name of the instruction set the dispatcher picks on this machine ("avx512", "avx2" or
-// "sse2").
+// "sse2" on x86-64, "neon" on AArch64).
 const char* active_isa_name();
 
 }  // namespace pagedattn::detail::cpu

@@ -1,5 +1,4 @@
 // The CPU backend: executes the split plan with OpenMP threads, then combines the splits.
-#include <cpuid.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -10,6 +9,9 @@
 #include <vector>
 
 #include "cpu_kernel.hpp"
+#if PAGEDATTN_CPU_X86
+#include <cpuid.h>
+#endif
 #include "pagedattn/detail/backends.hpp"
 #include "pagedattn/online_softmax.hpp"
 #include "pagedattn/split_plan.hpp"
@@ -31,6 +33,15 @@ struct IsaChoice {
   const char* name;
 };
 
+// The instruction sets of this processor family, best first: each one's kernel, name (the
+// PAGEDATTN_CPU_ISA value) and whether this CPU runs it.
+struct IsaEntry {
+  IsaChoice choice;
+  bool (*supported)();
+};
+bool always() { return true; }
+
+#if PAGEDATTN_CPU_X86
 // F16C from CPUID leaf 1 (ECX bit 29): the f16 widening of the AVX2 and AVX-512 kernels needs
 // it. Read directly, since not every compiler's __builtin_cpu_supports knows "f16c".
 bool has_f16c() {
@@ -39,22 +50,32 @@ bool has_f16c() {
 }
 bool has_avx512() { return xsimd::available_architectures().avx512bw && has_f16c(); }
 bool has_avx2() { return xsimd::available_architectures().fma3_avx2 && has_f16c(); }
+const IsaEntry kIsas[] = {{{&kernel_for<xsimd::avx512bw>, "avx512"}, &has_avx512},
+                          {{&kernel_for<xsimd::fma3<xsimd::avx2>>, "avx2"}, &has_avx2},
+                          {{&kernel_for<xsimd::sse2>, "sse2"}, &always}};
+#elif PAGEDATTN_CPU_ARM64
+const IsaEntry kIsas[] = {{{&kernel_for<xsimd::neon64>, "neon"}, &always}};
+#endif
 
 // The best instruction set of this machine, or the one PAGEDATTN_CPU_ISA names (for testing
-// every path on one machine). Chosen once.
+// every path on one machine). Chosen once. A name this build has no kernel for, or one the CPU
+// cannot run, is an error that lists the accepted names.
 IsaChoice choose_isa() {
   const char* env = std::getenv("PAGEDATTN_CPU_ISA");
   const std::string want = env ? env : "";
-  if (want.empty() || want == "auto") {
-    if (has_avx512()) return {&kernel_for<xsimd::avx512bw>, "avx512"};
-    if (has_avx2()) return {&kernel_for<xsimd::fma3<xsimd::avx2>>, "avx2"};
-    return {&kernel_for<xsimd::sse2>, "sse2"};
+  std::string names = "auto";
+  for (const IsaEntry& e : kIsas) {
+    if (want.empty() || want == "auto" || want == e.choice.name) {
+      if (e.supported()) return e.choice;
+      if (!want.empty() && want != "auto") {
+        fail(ErrorCode::kBackendUnavailable, "PAGEDATTN_CPU_ISA", "'" + want + "'",
+             "not supported by this CPU");
+      }
+    }
+    names += std::string(", ") + e.choice.name;
   }
-  if (want == "avx512" && has_avx512()) return {&kernel_for<xsimd::avx512bw>, "avx512"};
-  if (want == "avx2" && has_avx2()) return {&kernel_for<xsimd::fma3<xsimd::avx2>>, "avx2"};
-  if (want == "sse2") return {&kernel_for<xsimd::sse2>, "sse2"};
-  fail(ErrorCode::kBackendUnavailable, "PAGEDATTN_CPU_ISA", "'" + want + "'",
-       "unknown or not supported by this CPU (expected auto, avx512, avx2 or sse2)");
+  fail(ErrorCode::kInvalidArgument, "PAGEDATTN_CPU_ISA", "'" + want + "'",
+       "unknown instruction set on this processor (expected one of " + names + ")");
 }
 
 const IsaChoice& isa() {

@@ -3,7 +3,9 @@
 // 10-13 in the wrong lanes (rows 2,3 swapped with 4,5), so AVX-512 gets its own reduction.
 #pragma once
 
+#if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
+#endif
 
 #include <xsimd/xsimd.hpp>
 

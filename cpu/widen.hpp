@@ -1,8 +1,13 @@
 // Loads of one SIMD batch of f32 from each storage type. xsimd 8.1 has no f16/bf16 batches, so
-// the 16-bit types are widened by hand per instruction set: F16C for f16, a 16-bit shift for bf16.
+// the 16-bit types are widened by hand per instruction set: F16C (x86) or FCVTL (AArch64) for f16,
+// a 16-bit shift for bf16.
 #pragma once
 
+#if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
 
 #include <type_traits>
 #include <xsimd/xsimd.hpp>
@@ -91,6 +96,23 @@ struct Widen<xsimd::avx512bw> {
   }
   static fbatch<A> load(const f16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+};
+#endif
+
+#if XSIMD_WITH_NEON64
+template <>
+struct Widen<xsimd::neon64> {
+  using A = xsimd::neon64;
+  template <class T>
+  static constexpr bool kPairs = false;
+  static fbatch<A> load(const float* p) { return fbatch<A>::load_unaligned(p); }
+  static fbatch<A> load(const bf16_t* p) {  // zero-extend each 16-bit element and shift it up
+    const uint16x4_t x = vld1_u16(reinterpret_cast<const std::uint16_t*>(p));
+    return vreinterpretq_f32_u32(vshll_n_u16(x, 16));
+  }
+  static fbatch<A> load(const f16_t* p) {  // exact, as the scalar f16_to_float
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const std::uint16_t*>(p))));
   }
 };
 #endif

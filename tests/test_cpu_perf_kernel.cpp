@@ -113,6 +113,7 @@ void check_kernel_on(Arch, const char* name, const testing::CaseSpec& spec,
 }
 
 void check_every_kernel(const testing::CaseSpec& spec, bool all_kv_heads = false) {
+#if PAGEDATTN_CPU_X86
   check_kernel_on(xsimd::sse2{}, "sse2", spec, all_kv_heads);
   if (xsimd::available_architectures().fma3_avx2 && __builtin_cpu_supports("f16c")) {
     check_kernel_on(xsimd::fma3<xsimd::avx2>{}, "avx2", spec, all_kv_heads);
@@ -120,6 +121,9 @@ void check_every_kernel(const testing::CaseSpec& spec, bool all_kv_heads = false
   if (xsimd::available_architectures().avx512bw && __builtin_cpu_supports("f16c")) {
     check_kernel_on(xsimd::avx512bw{}, "avx512", spec, all_kv_heads);
   }
+#elif PAGEDATTN_CPU_ARM64
+  check_kernel_on(xsimd::neon64{}, "neon", spec, all_kv_heads);
+#endif
 }
 
 TEST(CpuPerfKernel, EveryIsaOnOddGroupsAndBlocks) {

@@ -1,6 +1,8 @@
 // Storage dtype conversions: round to nearest even, NaN and Inf preserved, exact round trips.
 #include <gtest/gtest.h>
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <cmath>
 #include <cstring>
@@ -13,10 +15,25 @@
 namespace pagedattn {
 namespace {
 
+// The processor's own f32 -> f16 conversion (round to nearest even), where it has one.
+#if defined(__x86_64__)
+bool has_hardware_f16() { return __builtin_cpu_supports("f16c"); }
 __attribute__((target("f16c"))) std::uint16_t hardware_f16(float f) {
   return static_cast<std::uint16_t>(
       _mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(f), _MM_FROUND_TO_NEAREST_INT), 0));
 }
+#elif defined(__aarch64__)
+bool has_hardware_f16() { return true; }  // FCVT, part of the AArch64 baseline
+std::uint16_t hardware_f16(float f) {
+  const __fp16 h = static_cast<__fp16>(f);
+  std::uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+}
+#else
+bool has_hardware_f16() { return false; }
+std::uint16_t hardware_f16(float) { return 0; }
+#endif
 
 // bf16 rounding computed independently: the two nearest bf16 values, pick the closer (ties even).
 std::uint16_t reference_bf16(float f) {
@@ -56,7 +73,7 @@ TEST(Dtype, Bf16RoundTripIsExactForEveryValue) {
 }
 
 TEST(Dtype, F16MatchesHardwareRoundingOnRandomFloats) {
-  if (!__builtin_cpu_supports("f16c")) GTEST_SKIP() << "no F16C on this CPU";
+  if (!has_hardware_f16()) GTEST_SKIP() << "no f16 conversion instruction on this CPU";
   const std::uint64_t seed = testing::seed_for(11);
   std::mt19937 rng(static_cast<std::uint32_t>(seed));
   for (int i = 0; i < 2000000; ++i) {
