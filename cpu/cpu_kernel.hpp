@@ -23,9 +23,13 @@
 
 namespace pagedattn::detail::cpu {
 
-// Everything a work item reads. q is already widened to f32 and multiplied by the scale.
+// Everything a work item reads. q_scaled is q widened to f32 and multiplied by the scale; the
+// AVX-512 BF16 kernel takes Q.K from the caller's bf16 q instead (q_bf16, set only when q is
+// bf16), multiplying the dot products by scale.
 struct ItemContext {
-  const float* q_scaled;  // [batch][num_heads][head_dim]
+  const float* q_scaled;           // [batch][num_heads][head_dim]
+  const bf16_t* q_bf16 = nullptr;  // [batch][num_heads][head_dim], or null
+  float scale = 1.f;
   const void* k_cache;
   const void* v_cache;
   DType kv_dtype;
@@ -95,8 +99,24 @@ extern template void ItemKernel::operator()<xsimd::neon64>(xsimd::neon64, const 
                                                            float*, ItemScratch) const;
 #endif
 
-// The name of the instruction set the dispatcher picks on this machine ("avx512", "avx2" or
-// "sse2" on x86-64, "neon" on AArch64).
+#if PAGEDATTN_CPU_X86
+// ItemKernel on AVX-512 with BF16 dot products (isa_avx512bf16.cpp): a bf16 cache with
+// ctx.q_bf16 set takes Q.K as vdpbf16ps on the raw bf16 q and K; anything else runs the AVX-512
+// kernel. Call it only where the CPU has AVX-512 BF16.
+void item_kernel_avx512bf16(const ItemContext& ctx, const WorkItem& item, int kv_count, float* m,
+                            float* l, float* acc, ItemScratch scratch);
+#endif
+
+// One instruction set's task kernel: ItemKernel's kv_count form, or item_kernel_avx512bf16.
+using KernelFn = void (*)(const ItemContext&, const WorkItem&, int, float*, float*, float*,
+                          ItemScratch);
+
+// The kernel of the instruction set a PAGEDATTN_CPU_ISA value names, or null when this build has
+// none of that name or the CPU cannot run it (for tests that run every path in one process).
+KernelFn kernel_for_isa(const char* name);
+
+// The name of the instruction set the dispatcher picks on this machine ("avx512bf16", "avx512",
+// "avx2" or "sse2" on x86-64, "neon" on AArch64).
 const char* active_isa_name();
 
 }  // namespace pagedattn::detail::cpu

@@ -19,9 +19,6 @@
 namespace pagedattn::detail::cpu {
 namespace {
 
-using KernelFn = void (*)(const ItemContext&, const WorkItem&, int, float*, float*, float*,
-                          ItemScratch);
-
 template <class Arch>
 void kernel_for(const ItemContext& c, const WorkItem& it, int kv_count, float* m, float* l,
                 float* acc, ItemScratch s) {
@@ -50,7 +47,19 @@ bool has_f16c() {
 }
 bool has_avx512() { return xsimd::available_architectures().avx512bw && has_f16c(); }
 bool has_avx2() { return xsimd::available_architectures().fma3_avx2 && has_f16c(); }
+#if PAGEDATTN_CPU_AVX512BF16
+// AVX512_BF16: CPUID leaf 7, sub-leaf 1, EAX bit 5 (vdpbf16ps), on top of AVX-512.
+bool has_avx512bf16() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return has_avx512() && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
+}
+#endif
+// avx512bf16 comes after avx512, so auto never picks it (every CPU with it has AVX-512): its
+// vdpbf16ps Q.K measured slower than the widening FMA path (docs/cpu.md); it runs when named.
 const IsaEntry kIsas[] = {{{&kernel_for<xsimd::avx512bw>, "avx512"}, &has_avx512},
+#if PAGEDATTN_CPU_AVX512BF16
+                          {{&item_kernel_avx512bf16, "avx512bf16"}, &has_avx512bf16},
+#endif
                           {{&kernel_for<xsimd::fma3<xsimd::avx2>>, "avx2"}, &has_avx2},
                           {{&kernel_for<xsimd::sse2>, "sse2"}, &always}};
 #elif PAGEDATTN_CPU_ARM64
@@ -187,6 +196,13 @@ void store_row(void* out, DType t, std::int64_t offset, const float* src, float 
 
 const char* active_isa_name() { return isa().name; }
 
+KernelFn kernel_for_isa(const char* name) {
+  for (const IsaEntry& e : kIsas) {
+    if (std::strcmp(e.choice.name, name) == 0) return e.supported() ? e.choice.fn : nullptr;
+  }
+  return nullptr;
+}
+
 void decode(const DecodeArgs& a, const DecodeOptions& options) {
   const IsaChoice& kernel = isa();
   const int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
@@ -231,6 +247,8 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
 
   ItemContext ctx;
   ctx.q_scaled = q_scaled;
+  ctx.q_bf16 = a.q_dtype == DType::kBF16 ? static_cast<const bf16_t*>(a.q) : nullptr;
+  ctx.scale = scale;
   ctx.k_cache = a.k_cache;
   ctx.v_cache = a.v_cache;
   ctx.kv_dtype = a.k_dtype;
@@ -274,6 +292,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
         wrong.kv_head = 0;
         ItemContext c = ctx;
         c.q_scaled += static_cast<std::int64_t>(G) * D;
+        if (c.q_bf16) c.q_bf16 += static_cast<std::int64_t>(G) * D;
         kernel.fn(c, wrong, 1, &part_m[p0], &part_l[p0], &part_acc[p0 * D], scratch);
         continue;
       }

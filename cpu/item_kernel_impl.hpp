@@ -3,6 +3,8 @@
 // Per physical block and per tile of up to eight query heads of the GQA group:
 //   scores  S[r][t] = dot(q_r, k_t)          R heads x TT tokens of accumulators, reduced W at a
 //                                            time by RowSums; each K row widened once per tile
+//                                            (or, with AVX-512 BF16 and a bf16 q, not widened:
+//                                            vdpbf16ps on the raw bf16 q and K, scaled after)
 //   softmax p[r][t] = exp(S[r][t] - m_r)      vector exp over the block; acc and l rescaled only
 //                                            when the block raises the running max m_r
 //   values  acc_r  += sum_t p[r][t] * v_t    R heads x DC vectors of acc held in registers over
@@ -13,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "cpu_kernel.hpp"
 #include "pagedattn/online_softmax.hpp"
@@ -107,6 +110,61 @@ inline void scores_tile(const float* q, int D, const T* k, std::int64_t ts, floa
   }
 }
 
+#if defined(__AVX512BF16__)
+// s[r * ss + j] = scale * dot(q_r, k_j) for r < R, j < TT, on raw bf16 q and K: vdpbf16ps adds
+// the two exact f32 products of each pair of elements to an f32 lane (odd element first, then
+// even, each rounded to nearest even, denormals flushed), 32 elements per instruction and no
+// widening. D is a multiple of 16; a last half step of 16 elements loads both operands masked
+// (zeros beyond: products 0, never an element of the next row).
+template <int R, int TT>
+inline void scores_tile_dp(const bf16_t* q, int D, const bf16_t* k, std::int64_t ts, float* s,
+                           int ss, float scale) {
+  using B = fbatch<xsimd::avx512bw>;
+  constexpr int N = R * TT;
+  constexpr int NR = (N + 15) / 16 * 16;
+  __m512 acc[NR];
+#pragma GCC unroll 16
+  for (int i = 0; i < NR; ++i) acc[i] = _mm512_setzero_ps();
+  const int D32 = D / 32 * 32;
+#pragma GCC unroll 1
+  for (int d = 0; d < D32; d += 32) {
+    __m512bh qq[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) qq[r] = (__m512bh)_mm512_loadu_si512(q + r * D + d);
+#pragma GCC unroll 16
+    for (int j = 0; j < TT; ++j) {
+      const __m512bh kk = (__m512bh)_mm512_loadu_si512(k + j * ts + d);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) acc[r * TT + j] = _mm512_dpbf16_ps(acc[r * TT + j], qq[r], kk);
+    }
+  }
+  if (D32 < D) {  // the last 16 elements (D = 80, 112)
+    constexpr __mmask32 kHalf = 0xFFFF;
+    __m512bh qq[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) qq[r] = (__m512bh)_mm512_maskz_loadu_epi16(kHalf, q + r * D + D32);
+#pragma GCC unroll 16
+    for (int j = 0; j < TT; ++j) {
+      const __m512bh kk = (__m512bh)_mm512_maskz_loadu_epi16(kHalf, k + j * ts + D32);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) acc[r * TT + j] = _mm512_dpbf16_ps(acc[r * TT + j], qq[r], kk);
+    }
+  }
+  alignas(64) float sums[NR];
+  const B vscale(scale);
+  for (int i = 0; i < NR; i += 16) {
+    B rows[16];
+    for (int x = 0; x < 16; ++x) rows[x] = acc[i + x];
+    (RowSums<xsimd::avx512bw>::of(rows) * vscale).store_aligned(sums + i);
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int j = 0; j < TT; ++j) s[r * ss + j] = sums[r * TT + j];
+  }
+}
+#endif
+
 // acc_r[d0, d0 + DC * W) += sum_{t < n} p[r * ps + t] * v_t[d0, d0 + DC * W) for r < R.
 template <class Arch, int R, int DC, bool P, class T>
 inline void values_tile(const float* p, int ps, const T* v, std::int64_t ts, int n, float* acc,
@@ -157,11 +215,7 @@ inline void softmax_tile(float* s, int ss, int n, float* m, float* l, float* acc
     for (int t = n; t < nw; ++t) sr[t] = -INFINITY;
     B vmax(-INFINITY);
     for (int t = 0; t < nw; t += W) vmax = xsimd::max(vmax, B::load_aligned(sr + t));
-    alignas(64) float lanes[W];
-    vmax.store_aligned(lanes);
-    float tile_max = -INFINITY;
-#pragma GCC unroll 16
-    for (int i = 0; i < W; ++i) tile_max = std::max(tile_max, lanes[i]);
+    const float tile_max = LaneReduce<Arch>::max(vmax);
     SoftmaxState st{m[r], l[r]};
     const float alpha = st.rescale_to(tile_max);
     if (st.m == -INFINITY) {  // no finite logit yet: every weight is 0, the state stays empty
@@ -182,10 +236,7 @@ inline void softmax_tile(float* s, int ss, int n, float* m, float* l, float* acc
       p.store_aligned(sr + t);
       vsum += p;
     }
-    vsum.store_aligned(lanes);
-    float sum = 0.f;
-    for (int i = 0; i < W; ++i) sum += lanes[i];
-    st.add(sum);
+    st.add(LaneReduce<Arch>::sum(vsum));
     m[r] = st.m;
     l[r] = st.l;
   }
@@ -229,10 +280,28 @@ struct PacedPrefetch {
 // block, so the lines go out spread over the unit's compute.
 constexpr int kPrefetchPieces = 16;
 
+// Scores of TT tokens from k for R query heads at q: f32 q (pre-scaled) against widened K, or
+// raw bf16 q against raw bf16 K (AVX-512 BF16), scaled after.
+template <class Arch, int R, int TT, bool P, class T, class QT>
+inline void scores_of(const QT* q, int D, const T* k, std::int64_t ts, float* s, int ss,
+                      float scale) {
+  if constexpr (std::is_same_v<QT, bf16_t>) {
+#if defined(__AVX512BF16__)
+    static_assert(std::is_same_v<Arch, xsimd::avx512bw> && std::is_same_v<T, bf16_t>);
+    scores_tile_dp<R, TT>(q, D, k, ts, s, ss, scale);
+#else
+    static_assert(!std::is_same_v<QT, bf16_t>, "bf16 dot products need AVX-512 BF16");
+#endif
+  } else {
+    scores_tile<Arch, R, TT, P>(q, D, k, ts, s, ss);
+  }
+}
+
 // One block of n tokens (k, v: its first slot) for R query heads starting at q.
-template <class Arch, int R, bool P, class T>
-inline void block_tile(const float* q, const T* k, const T* v, std::int64_t ts, int n, int D,
-                       float* s, int ss, float* m, float* l, float* acc, PacedPrefetch& pf) {
+template <class Arch, int R, bool P, class T, class QT>
+inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int n, int D,
+                       float scale, float* s, int ss, float* m, float* l, float* acc,
+                       PacedPrefetch& pf) {
   using Shape = TileShape<Arch>;
   constexpr int W = Shape::W;
   constexpr int TT = Shape::tokens(R);
@@ -242,9 +311,9 @@ inline void block_tile(const float* q, const T* k, const T* v, std::int64_t ts, 
   int t = 0;
   for (; t + TT <= n; t += TT) {
     pf.piece();
-    scores_tile<Arch, R, TT, P>(q, D, k + t * ts, ts, s + t, ss);
+    scores_of<Arch, R, TT, P>(q, D, k + t * ts, ts, s + t, ss, scale);
   }
-  for (; t < n; ++t) scores_tile<Arch, R, 1, P>(q, D, k + t * ts, ts, s + t, ss);
+  for (; t < n; ++t) scores_of<Arch, R, 1, P>(q, D, k + t * ts, ts, s + t, ss, scale);
   softmax_tile<Arch, R>(s, ss, n, m, l, acc, D);
   for (int r = 0; r < R; r += RV) {
     const float* p = s + r * ss;
@@ -267,9 +336,9 @@ inline void block_tile(const float* q, const T* k, const T* v, std::int64_t ts, 
 // range in turn: in the [block][kv head][slot][dim] layout this walks one contiguous stretch of
 // K and of V per block (kv_count x 4 KB for bf16, D = 128, block 16) instead of one 4 KB piece
 // per kv head at a random place, which the memory system serves much faster.
-template <class Arch, class T, bool P>
-void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const float* q_heads,
-              float* m, float* l, float* acc, ItemScratch scratch) {
+template <class Arch, class T, bool P, class QT>
+void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* q_heads, float* m,
+              float* l, float* acc, ItemScratch scratch) {
   const int D = c.layout.head_dim, BS = c.layout.block_size, G = c.group_size;
   const std::int64_t ts = c.layout.token_stride;
   const int L = c.context_lens[it.seq];
@@ -320,12 +389,12 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const floa
       const std::int64_t base = c.layout.offset(id, kv, 0);
       const T* kb = k_cache + base;
       const T* vb = v_cache + base;
-      const float* q = q_heads + static_cast<std::int64_t>(i) * G * D;
+      const QT* q = q_heads + static_cast<std::int64_t>(i) * G * D;
       float* mi = m + i * G;
       float* li = l + i * G;
       float* ai = acc + static_cast<std::int64_t>(i) * G * D;
       for (int g = 0; g < G;) {
-        const float* qg = q + static_cast<std::int64_t>(g) * D;
+        const QT* qg = q + static_cast<std::int64_t>(g) * D;
         float* ag = ai + static_cast<std::int64_t>(g) * D;
         // Tiles of 8 heads, then 4, then the rest (1 to 3). With 16 registers an 8-head tile
         // cannot keep q in registers (see scores_tile), so two 4-head tiles run faster there.
@@ -333,19 +402,19 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const floa
         const int R = rest >= 8 && TileShape<Arch>::kRegs == 32 ? 8 : rest >= 4 ? 4 : rest;
         switch (R) {
           case 8:
-            block_tile<Arch, 8, P>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
+            block_tile<Arch, 8, P>(qg, kb, vb, ts, n, D, c.scale, s, ss, mi + g, li + g, ag, pf);
             break;
           case 4:
-            block_tile<Arch, 4, P>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
+            block_tile<Arch, 4, P>(qg, kb, vb, ts, n, D, c.scale, s, ss, mi + g, li + g, ag, pf);
             break;
           case 3:
-            block_tile<Arch, 3, P>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
+            block_tile<Arch, 3, P>(qg, kb, vb, ts, n, D, c.scale, s, ss, mi + g, li + g, ag, pf);
             break;
           case 2:
-            block_tile<Arch, 2, P>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
+            block_tile<Arch, 2, P>(qg, kb, vb, ts, n, D, c.scale, s, ss, mi + g, li + g, ag, pf);
             break;
           default:
-            block_tile<Arch, 1, P>(qg, kb, vb, ts, n, D, s, ss, mi + g, li + g, ag, pf);
+            block_tile<Arch, 1, P>(qg, kb, vb, ts, n, D, c.scale, s, ss, mi + g, li + g, ag, pf);
             break;
         }
         g += R;
@@ -354,8 +423,6 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const floa
   }
   pf.rest();
 }
-
-}  // namespace
 
 // Pair order (see load_pair in widen.hpp): in every chunk of 2W elements, the even ones, then the
 // odd ones. q is copied into it, the accumulators run in it and are put back in order at the end.
@@ -379,29 +446,51 @@ void from_pair_order(float* row, float* tmp, int D) {
   }
 }
 
-template <class Arch, class T>
+// One task: the item's blocks for kv_count kv heads. DP: Q.K as bf16 dot products on the raw
+// bf16 q (c.q_bf16; AVX-512 BF16 and a bf16 cache only), otherwise on the scaled f32 q. Where the
+// set widens T in pairs, the accumulators run in pair order and are put back in order at the
+// end; the f32 q is copied into pair order too (into scratch.q: without it, the plain widening).
+template <class Arch, class T, bool DP = false>
 void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, float* l,
               float* acc, ItemScratch scratch) {
   constexpr int W = static_cast<int>(fbatch<Arch>::size);
   const int D = c.layout.head_dim;
   const int heads = kv_count * c.group_size;
-  const float* q = c.q_scaled + (static_cast<std::int64_t>(it.seq) * c.num_heads +
-                                 static_cast<std::int64_t>(it.kv_head) * c.group_size) *
-                                    D;
-  if constexpr (Widen<Arch>::template kPairs<T>) {
-    if (scratch.q != nullptr && D % (2 * W) == 0) {
-      for (int h = 0; h < heads; ++h) {
-        to_pair_order<W>(q + static_cast<std::int64_t>(h) * D, scratch.q + h * D, D);
+  const std::int64_t q0 = (static_cast<std::int64_t>(it.seq) * c.num_heads +
+                           static_cast<std::int64_t>(it.kv_head) * c.group_size) *
+                          D;
+  const auto from_pairs = [&] {
+    alignas(64) float tmp[2 * W];
+    for (int h = 0; h < heads; ++h)
+      from_pair_order<W>(acc + static_cast<std::int64_t>(h) * D, tmp, D);
+  };
+  if constexpr (DP) {
+    const bf16_t* q = c.q_bf16 + q0;
+    if constexpr (Widen<Arch>::template kPairs<T>) {
+      if (D % (2 * W) == 0) {
+        run_item<Arch, T, true>(c, it, kv_count, q, m, l, acc, scratch);
+        from_pairs();
+        return;
       }
-      run_item<Arch, T, true>(c, it, kv_count, scratch.q, m, l, acc, scratch);
-      alignas(64) float tmp[2 * W];
-      for (int h = 0; h < heads; ++h)
-        from_pair_order<W>(acc + static_cast<std::int64_t>(h) * D, tmp, D);
-      return;
     }
+    run_item<Arch, T, false>(c, it, kv_count, q, m, l, acc, scratch);
+  } else {
+    const float* q = c.q_scaled + q0;
+    if constexpr (Widen<Arch>::template kPairs<T>) {
+      if (scratch.q != nullptr && D % (2 * W) == 0) {
+        for (int h = 0; h < heads; ++h) {
+          to_pair_order<W>(q + static_cast<std::int64_t>(h) * D, scratch.q + h * D, D);
+        }
+        run_item<Arch, T, true>(c, it, kv_count, scratch.q, m, l, acc, scratch);
+        from_pairs();
+        return;
+      }
+    }
+    run_item<Arch, T, false>(c, it, kv_count, q, m, l, acc, scratch);
   }
-  run_item<Arch, T, false>(c, it, kv_count, q, m, l, acc, scratch);
 }
+
+}  // namespace
 
 template <class Arch>
 void ItemKernel::operator()(Arch, const ItemContext& ctx, const WorkItem& item, int kv_count,

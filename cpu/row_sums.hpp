@@ -1,12 +1,16 @@
 // Sums of W rows at once: out[i] = sum of the lanes of rows[i], for W = the batch width.
 // xsimd::haddp does this, but the AVX-512 version in xsimd 8.1 returns the sums of rows 2-5 and
-// 10-13 in the wrong lanes (rows 2,3 swapped with 4,5), so AVX-512 gets its own reduction.
+// 10-13 in the wrong lanes (rows 2,3 swapped with 4,5) and goes through memory, so AVX-512 gets
+// its own reduction.
 #pragma once
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
 #include <xsimd/xsimd.hpp>
 
 namespace pagedattn::detail::cpu {
@@ -22,23 +26,100 @@ struct RowSums {
 #if XSIMD_WITH_AVX512BW
 template <>
 struct RowSums<xsimd::avx512bw> {
-  // Eight 8-wide rows to their eight sums: two rounds of hadd leave each 128-bit lane with four
-  // partial sums, and adding the two lanes finishes them.
-  static __m256 of8(const __m256* h) {
-    const __m256 a01 = _mm256_hadd_ps(h[0], h[1]), a23 = _mm256_hadd_ps(h[2], h[3]);
-    const __m256 a45 = _mm256_hadd_ps(h[4], h[5]), a67 = _mm256_hadd_ps(h[6], h[7]);
-    const __m256 b0 = _mm256_hadd_ps(a01, a23), b1 = _mm256_hadd_ps(a45, a67);
-    return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20),
-                         _mm256_permute2f128_ps(b0, b1, 0x31));
+  // A transposing tree in registers: each level pairs two vectors, puts their halves side by
+  // side with two shuffles and adds, so the number of vectors and of partial sums per row halve
+  // together (16 rows x 16 partials -> 8 x (2 rows x 8) -> 4 x (4 x 4) -> 2 x (8 x 2) -> 16 x 1):
+  // 30 shuffles and 15 adds, then one permute puts the sums in row order.
+  template <int kLevel>
+  static __m512 pair(__m512 a, __m512 b) {
+    if constexpr (kLevel == 0) {  // 256-bit halves: [a.lo, b.lo] + [a.hi, b.hi]
+      return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    } else if constexpr (kLevel == 1) {  // 128-bit lanes: [a0, a2, b0, b2] + [a1, a3, b1, b3]
+      return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+    } else if constexpr (kLevel == 2) {  // 64-bit halves of each 128-bit lane
+      return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+    } else {  // even and odd elements of each 128-bit lane
+      return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+    }
   }
   static xsimd::batch<float, xsimd::avx512bw> of(const xsimd::batch<float, xsimd::avx512bw>* rows) {
-    __m256 half[16];
-    for (int i = 0; i < 16; ++i) {
-      const __m512 r = rows[i];
-      half[i] = _mm256_add_ps(_mm512_castps512_ps256(r), _mm512_extractf32x8_ps(r, 1));
-    }
-    const __m512 lo = _mm512_castps256_ps512(of8(half));
-    return _mm512_insertf32x8(lo, of8(half + 8), 1);
+    __m512 v[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) v[i] = pair<0>(rows[2 * i], rows[2 * i + 1]);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) v[i] = pair<1>(v[2 * i], v[2 * i + 1]);
+    v[0] = pair<2>(v[0], v[1]);
+    v[1] = pair<2>(v[2], v[3]);
+    v[0] = pair<3>(v[0], v[1]);
+    // Lane 4 * L + p now holds row 4 * p + L.
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(order, v[0]);
+  }
+};
+#endif
+
+// The largest lane and the sum of the lanes of one batch: a tree of shuffles where the set has
+// them (log2(W) steps, no chain of W dependent scalar operations), else lane by lane. The sum's
+// order is fixed per instruction set. max ignores NaN lanes (-inf when every lane is NaN), as
+// std::max from -inf over the lanes does: a NaN logit must reach the weights and the sum, not
+// the running max.
+template <class Arch>
+struct LaneReduce {
+  static float max(const xsimd::batch<float, Arch>& x) {
+    alignas(64) float lanes[xsimd::batch<float, Arch>::size];
+    x.store_aligned(lanes);
+    float m = -INFINITY;
+    for (std::size_t i = 0; i < xsimd::batch<float, Arch>::size; ++i) m = std::max(m, lanes[i]);
+    return m;
+  }
+  static float sum(const xsimd::batch<float, Arch>& x) {
+    alignas(64) float lanes[xsimd::batch<float, Arch>::size];
+    x.store_aligned(lanes);
+    float s = 0.f;
+    for (std::size_t i = 0; i < xsimd::batch<float, Arch>::size; ++i) s += lanes[i];
+    return s;
+  }
+};
+
+#if XSIMD_WITH_AVX512BW
+template <>
+struct LaneReduce<xsimd::avx512bw> {
+  template <class Op>
+  static float tree(__m512 x, Op op) {
+    x = op(x, _mm512_shuffle_f32x4(x, x, 0x4E));  // swap the 256-bit halves
+    x = op(x, _mm512_shuffle_f32x4(x, x, 0xB1));  // swap neighbouring 128-bit lanes
+    x = op(x, _mm512_shuffle_ps(x, x, 0x4E));     // swap 64-bit halves of each lane
+    x = op(x, _mm512_shuffle_ps(x, x, 0xB1));     // swap neighbouring elements
+    return _mm512_cvtss_f32(x);
+  }
+  static float max(const xsimd::batch<float, xsimd::avx512bw>& x) {
+    const __m512 clean =
+        _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_ps(-INFINITY));
+    return tree(clean, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); });
+  }
+  static float sum(const xsimd::batch<float, xsimd::avx512bw>& x) {
+    return tree(x, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
+  }
+};
+#endif
+
+#if XSIMD_WITH_AVX2 && XSIMD_WITH_FMA3_AVX2
+template <>
+struct LaneReduce<xsimd::fma3<xsimd::avx2>> {
+  template <class Op>
+  static float tree(__m256 x, Op op) {
+    x = op(x, _mm256_permute2f128_ps(x, x, 0x01));  // swap the 128-bit halves
+    x = op(x, _mm256_shuffle_ps(x, x, 0x4E));       // swap 64-bit halves of each lane
+    x = op(x, _mm256_shuffle_ps(x, x, 0xB1));       // swap neighbouring elements
+    return _mm256_cvtss_f32(x);
+  }
+  static float max(const xsimd::batch<float, xsimd::fma3<xsimd::avx2>>& x) {
+    const __m256 clean =
+        _mm256_blendv_ps(x, _mm256_set1_ps(-INFINITY), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    return tree(clean, [](__m256 a, __m256 b) { return _mm256_max_ps(a, b); });
+  }
+  static float sum(const xsimd::batch<float, xsimd::fma3<xsimd::avx2>>& x) {
+    return tree(x, [](__m256 a, __m256 b) { return _mm256_add_ps(a, b); });
   }
 };
 #endif

@@ -45,10 +45,11 @@ using testing::expect_matches_reference;
 // Runs one instruction set's kernel over every (sequence, kv head) as a single item, finalizes
 // in f32 and compares with the f64 reference. all_kv_heads: one call per sequence covering every
 // kv head block by block, with the q buffer that lets the kernel widen bf16 in pairs (the path
-// the backend takes); otherwise one call per (sequence, kv head) without it.
+// the backend takes); otherwise one call per (sequence, kv head) without it. fn: run this kernel
+// (kernel_for_isa) instead of Arch's ItemKernel.
 template <class Arch>
 void check_kernel_on(Arch, const char* name, const testing::CaseSpec& spec,
-                     bool all_kv_heads = false) {
+                     bool all_kv_heads = false, detail::cpu::KernelFn fn = nullptr) {
   testing::HostCase c = testing::make_case(spec);
   const DecodeArgs a = c.args();
   const int H = a.num_heads, D = a.head_dim, G = a.group_size();
@@ -58,6 +59,8 @@ void check_kernel_on(Arch, const char* name, const testing::CaseSpec& spec,
   }
   ItemContext ctx;
   ctx.q_scaled = q.data();
+  ctx.q_bf16 = a.q_dtype == DType::kBF16 ? static_cast<const bf16_t*>(a.q) : nullptr;
+  ctx.scale = a.effective_scale();
   ctx.k_cache = a.k_cache;
   ctx.v_cache = a.v_cache;
   ctx.kv_dtype = a.k_dtype;
@@ -77,14 +80,22 @@ void check_kernel_on(Arch, const char* name, const testing::CaseSpec& spec,
     const int L = a.context_lens[b];
     if (all_kv_heads) {
       const WorkItem item{b, 0, 0, 0, blocks_for(L, a.block_size)};
-      ItemKernel{}(Arch{}, ctx, item, KV, m.data(), l.data(), acc.data(),
-                   ItemScratch{scores, q_buffer.data()});
+      const ItemScratch scratch{scores, q_buffer.data()};
+      if (fn) {
+        fn(ctx, item, KV, m.data(), l.data(), acc.data(), scratch);
+      } else {
+        ItemKernel{}(Arch{}, ctx, item, KV, m.data(), l.data(), acc.data(), scratch);
+      }
     }
     for (int kv = 0; kv < KV; ++kv) {
       int s0 = kv * G;  // this kv head's first state in m, l and acc
       if (!all_kv_heads) {
         const WorkItem item{b, kv, 0, 0, blocks_for(L, a.block_size)};
-        ItemKernel{}(Arch{}, ctx, item, m.data(), l.data(), acc.data(), ItemScratch{scores});
+        if (fn) {
+          fn(ctx, item, 1, m.data(), l.data(), acc.data(), ItemScratch{scores});
+        } else {
+          ItemKernel{}(Arch{}, ctx, item, m.data(), l.data(), acc.data(), ItemScratch{scores});
+        }
         s0 = 0;
       }
       for (int g = 0; g < G; ++g) {
@@ -120,6 +131,10 @@ void check_every_kernel(const testing::CaseSpec& spec, bool all_kv_heads = false
   }
   if (xsimd::available_architectures().avx512bw && __builtin_cpu_supports("f16c")) {
     check_kernel_on(xsimd::avx512bw{}, "avx512", spec, all_kv_heads);
+  }
+  // Q.K as bf16 dot products where the CPU has AVX-512 BF16 (bf16 q and cache; else avx512).
+  if (const detail::cpu::KernelFn fn = detail::cpu::kernel_for_isa("avx512bf16")) {
+    check_kernel_on(xsimd::avx512bw{}, "avx512bf16", spec, all_kv_heads, fn);
   }
 #elif PAGEDATTN_CPU_ARM64
   check_kernel_on(xsimd::neon64{}, "neon", spec, all_kv_heads);
