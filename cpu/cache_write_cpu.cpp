@@ -10,14 +10,16 @@
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/detail/cache_backends.hpp"
 #include "pagedattn/dtype.hpp"
+#include "work_threads.hpp"
 
 namespace pagedattn::detail::cpu {
 namespace {
 
-// Below this many elements a call is not worth waking the thread team.
-constexpr std::int64_t kParallelElements = 1 << 14;
-
-int threads_for(const CacheOpOptions& o) { return o.num_threads > 0 ? o.num_threads : 0; }
+// Threads for a call that moves `bytes` (read and written): as for decode, one per
+// kMinBytesPerThread, so a small write runs on the calling thread without waking the team.
+int threads_for(const CacheOpOptions& o, std::int64_t bytes) {
+  return threads_for_work(o.num_threads > 0 ? o.num_threads : omp_get_max_threads(), bytes);
+}
 
 template <typename Src, typename Dst>
 void convert_row(const Src* __restrict src, Dst* __restrict dst, int n) {
@@ -37,9 +39,10 @@ void write_typed(const CacheWriteArgs& a, const CacheOpOptions& o) {
   const auto* value = static_cast<const Src*>(a.value);
   auto* k_cache = static_cast<Dst*>(a.k_cache);
   auto* v_cache = static_cast<Dst*>(a.v_cache);
-  const std::int64_t work = static_cast<std::int64_t>(a.num_tokens) * a.num_kv_heads * a.head_dim;
-  const int threads = threads_for(o) ? threads_for(o) : omp_get_max_threads();
-#pragma omp parallel for schedule(static) num_threads(threads) if (work >= kParallelElements)
+  const std::int64_t elements =
+      static_cast<std::int64_t>(a.num_tokens) * a.num_kv_heads * a.head_dim;
+  const int threads = threads_for(o, elements * 2 * (sizeof(Src) + sizeof(Dst)));
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int t = 0; t < a.num_tokens; ++t) {
     const std::int32_t slot = a.slot_mapping[t];
     if (slot < 0) continue;  // -1: skipped token
@@ -86,10 +89,10 @@ void copy_blocks(const CopyBlocksArgs& a, const CacheOpOptions& o) {
   const std::size_t block_bytes = static_cast<std::size_t>(layout.block_stride) * elem;
   auto* k = static_cast<unsigned char*>(a.k_cache);
   auto* v = static_cast<unsigned char*>(a.v_cache);
-  const std::int64_t work = static_cast<std::int64_t>(a.num_pairs) * layout.block_stride;
-  const int threads = threads_for(o) ? threads_for(o) : omp_get_max_threads();
+  const std::int64_t bytes = static_cast<std::int64_t>(a.num_pairs) * 4 * block_bytes;
+  const int threads = threads_for(o, bytes);
   // 2 * num_pairs independent copies: K of each pair, then V of each pair.
-#pragma omp parallel for schedule(static) num_threads(threads) if (work >= kParallelElements)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int i = 0; i < 2 * a.num_pairs; ++i) {
     const BlockCopy& p = a.pairs[i / 2];
     unsigned char* base = (i % 2 == 0) ? k : v;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cpu_kernel.hpp"
+#include "work_threads.hpp"
 #if PAGEDATTN_CPU_X86
 #include <cpuid.h>
 #endif
@@ -203,10 +204,29 @@ KernelFn kernel_for_isa(const char* name) {
   return nullptr;
 }
 
+int threads_for_work(int requested, std::int64_t kv_bytes) {
+  static const std::int64_t min_bytes = [] {
+    const char* env = std::getenv("PAGEDATTN_CPU_MIN_BYTES_PER_THREAD");
+    return env ? std::atoll(env) : kMinBytesPerThread;
+  }();
+  const std::int64_t by_work = kv_bytes / std::max<std::int64_t>(min_bytes, 1);
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(requested, by_work)));
+}
+
 void decode(const DecodeArgs& a, const DecodeOptions& options) {
   const IsaChoice& kernel = isa();
-  const int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   const int H = a.num_heads, D = a.head_dim, G = a.group_size(), BS = a.block_size;
+  // Threads sized to the work: every thread beyond the first must get at least
+  // kMinBytesPerThread of K/V to read, and one thread runs without a parallel region at all, so a
+  // small call pays no wake-up or barrier (on a loaded machine a barrier can wait a whole
+  // scheduler slice for a thread that is not running). The count depends only on the shape, the
+  // context lengths and the requested threads, so results stay deterministic.
+  const int requested = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
+  std::int64_t tokens = 0;
+  for (int b = 0; b < a.batch; ++b) tokens += a.context_lens[b];
+  const std::int64_t kv_bytes =
+      tokens * a.num_kv_heads * D * 2 * static_cast<std::int64_t>(dtype_size(a.k_dtype));
+  const int threads = threads_for_work(requested, kv_bytes);
 
   // A task runs every kv head of one (sequence, split) block by block, so it reads each physical
   // block as one contiguous stretch (see run_item); the planner is asked for kv_heads times the
@@ -275,8 +295,9 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   const Task* tasks = st.tasks.data();
   const std::int64_t num_rows = static_cast<std::int64_t>(a.batch) * H;
   const std::size_t scores_floats = static_cast<std::size_t>(kHeadTile) * scores_stride(BS);
-#pragma omp parallel num_threads(threads)
-  {
+  // The tasks, then the combine; orphaned worksharing loops, so the same body runs inside a
+  // parallel region or, for one thread, straight on the calling thread.
+  const auto body = [&] {
     WorkerScratch& ws = worker_scratch();
     const ItemScratch scratch{ws.scores.get(scores_floats),
                               ws.q.get(static_cast<std::size_t>(H) * D)};
@@ -300,7 +321,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
     }
 
     // Combine: merge each (sequence, head)'s splits in split order (deterministic), finalize.
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 8)
     for (std::int64_t row = 0; row < num_rows; ++row) {
       const int b = static_cast<int>(row / H), h = static_cast<int>(row % H);
       const int splits =
@@ -321,6 +342,12 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
       store_row(a.out, a.out_dtype, row * D, acc, state.inv_sum(), D);
       if (a.lse) a.lse[row] = state.lse();
     }
+  };
+  if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+    body();
+  } else {
+    body();
   }
 }
 
