@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -339,8 +340,11 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
           softmax_merge(state, merged, SoftmaxState{part_m[p], part_l[p]}, &part_acc[p * D], D);
         }
       }
-      store_row(a.out, a.out_dtype, row * D, acc, state.inv_sum(), D);
-      if (a.lse) a.lse[row] = state.lse();
+      // A NaN state (a NaN or infinite logit in some split; see softmax_tile) gives NaN out and
+      // lse, never the 0 and -inf of an empty context.
+      const bool nan = std::isnan(state.l);
+      store_row(a.out, a.out_dtype, row * D, acc, nan ? NAN : state.inv_sum(), D);
+      if (a.lse) a.lse[row] = nan ? NAN : state.lse();
     }
   };
   if (threads > 1) {

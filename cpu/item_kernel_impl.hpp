@@ -212,6 +212,23 @@ inline void softmax_tile(float* s, int ss, int n, float* m, float* l, float* acc
   const int nw = (n + W - 1) / W * W;
   for (int r = 0; r < R; ++r) {
     float* sr = s + r * ss;
+    // A NaN or infinite logit (NaN or Inf in q or in a K row) makes the head's result NaN: the
+    // state becomes NaN (m = l = NaN, acc = NaN) and stays so; its weights are 0. x - x is 0 for
+    // a finite x and NaN otherwise, so one sum over the valid logits tells.
+    B vbad(0.f);
+    int t0 = 0;
+    for (; t0 + W <= n; t0 += W) {
+      const B x = B::load_aligned(sr + t0);
+      vbad += x - x;
+    }
+    float bad = xsimd::hadd(vbad);
+    for (; t0 < n; ++t0) bad += sr[t0] - sr[t0];
+    if (bad != 0.f || l[r] != l[r]) {
+      m[r] = l[r] = NAN;
+      std::fill(acc + r * D, acc + (r + 1) * D, NAN);
+      for (int t = 0; t < nw; ++t) sr[t] = 0.f;
+      continue;
+    }
     for (int t = n; t < nw; ++t) sr[t] = -INFINITY;
     B vmax(-INFINITY);
     for (int t = 0; t < nw; t += W) vmax = xsimd::max(vmax, B::load_aligned(sr + t));

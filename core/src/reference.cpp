@@ -1,6 +1,7 @@
 #include "pagedattn/reference.hpp"
 
 #include <Eigen/Dense>
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -36,18 +37,27 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
           V(t, d) = load_as_float(a.v_cache, a.v_dtype, base + d);
         }
       }
+      const bool k_finite = K.allFinite();
       for (int g = 0; g < G; ++g) {
         const int h = kv * G + g;
         Eigen::VectorXd q(D);
         for (int d = 0; d < D; ++d) {
           q(d) = load_as_float(a.q, a.q_dtype, (static_cast<std::size_t>(b) * H + h) * D + d);
         }
+        double* out = &r.out[(static_cast<std::size_t>(b) * H + h) * D];
+        if (!k_finite || !q.allFinite()) {
+          // NaN or Inf in q or in a K row inside the context: NaN out and lse for this head,
+          // never a value that looks valid.
+          std::fill(out, out + D, std::numeric_limits<double>::quiet_NaN());
+          r.lse[static_cast<std::size_t>(b) * H + h] = std::numeric_limits<double>::quiet_NaN();
+          continue;
+        }
         const Eigen::VectorXd s = scale * (K * q);  // logits
         const double m = s.maxCoeff();
         const Eigen::VectorXd p = (s.array() - m).exp().matrix();
         const double l = p.sum();
         const Eigen::VectorXd o = V.transpose() * p / l;
-        for (int d = 0; d < D; ++d) r.out[(static_cast<std::size_t>(b) * H + h) * D + d] = o(d);
+        for (int d = 0; d < D; ++d) out[d] = o(d);
         r.lse[static_cast<std::size_t>(b) * H + h] = m + std::log(l);
       }
     }

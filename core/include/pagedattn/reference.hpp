@@ -14,7 +14,9 @@ struct ReferenceResult {
   std::vector<double> lse;  // [batch][num_heads]; -inf for an empty context
 };
 
-// Validates like decode() and computes in double from the stored (rounded) inputs.
+// Validates like decode() and computes in double from the stored (rounded) inputs. A head whose q,
+// or a K row inside its context, holds NaN or Inf gets NaN in all of its out and in its lse (an
+// empty context gives out = 0, lse = -inf whatever q holds).
 ReferenceResult reference_decode(const DecodeArgs& args);
 
 }  // namespace pagedattn

@@ -1,0 +1,199 @@
+// NaN and Inf in the inputs: NaN or +-Inf in q, or in a K row inside the context, gives NaN in
+// all of that head's out and in its lse, on every backend as in the f64 reference: never the
+// out = 0, lse = -inf of an empty context, nor any other value that looks valid. The other heads
+// and sequences of the batch keep their results, an empty context stays out = 0, lse = -inf
+// whatever its q holds, and NaN past a context is never read (test_backend_reference.cpp). The
+// CUDA rows skip where no device is present.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gtest_printers.hpp"
+#include "pagedattn/reference.hpp"
+#include "pagedattn/testing/random_case.hpp"
+#include "pagedattn/testing/tolerance.hpp"
+#include "test_seed.hpp"
+
+namespace pagedattn {
+namespace {
+
+// Where the bad value goes, and which value.
+enum class Poison {
+  kQNaN,  // one element of one query head
+  kQPosInf,
+  kQNegInf,
+  kKNaN,  // one element of a K row in the middle of a long context (one kv head)
+  kKPosInf,
+  kKNegInf,
+  kKLastRowNaN  // the last K row of a context that ends inside a block
+};
+const char* poison_name(Poison p) {
+  switch (p) {
+    case Poison::kQNaN:
+      return "q_nan";
+    case Poison::kQPosInf:
+      return "q_posinf";
+    case Poison::kQNegInf:
+      return "q_neginf";
+    case Poison::kKNaN:
+      return "k_nan";
+    case Poison::kKPosInf:
+      return "k_posinf";
+    case Poison::kKNegInf:
+      return "k_neginf";
+    case Poison::kKLastRowNaN:
+      return "k_last_row_nan";
+  }
+  return "?";
+}
+void PrintTo(Poison p, std::ostream* os) { *os << poison_name(p); }
+
+float poison_value(Poison p) {
+  switch (p) {
+    case Poison::kQPosInf:
+    case Poison::kKPosInf:
+      return std::numeric_limits<float>::infinity();
+    case Poison::kQNegInf:
+    case Poison::kKNegInf:
+      return -std::numeric_limits<float>::infinity();
+    default:
+      return std::numeric_limits<float>::quiet_NaN();
+  }
+}
+
+void store(std::vector<std::uint8_t>& buf, DType t, std::size_t i, float x) {
+  switch (t) {
+    case DType::kF32:
+      reinterpret_cast<float*>(buf.data())[i] = x;
+      break;
+    case DType::kF16:
+      reinterpret_cast<f16_t*>(buf.data())[i] = float_to_f16(x);
+      break;
+    case DType::kBF16:
+      reinterpret_cast<bf16_t*>(buf.data())[i] = float_to_bf16(x);
+      break;
+  }
+}
+
+using Param = std::tuple<Backend, DType, Poison>;
+class NonFinite : public ::testing::TestWithParam<Param> {};
+
+TEST_P(NonFinite, GivesNaNInTheHeadsItReaches) {
+  const auto [backend, dtype, poison] = GetParam();
+  if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
+  // Sequence 0 is long enough to be split (the bad value lands in one split of several),
+  // sequence 1 ends inside a block, sequence 2 is empty. 8 heads on 2 kv heads (groups of 4).
+  testing::CaseSpec spec;
+  spec.batch = 3;
+  spec.num_heads = 8;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 128;
+  spec.block_size = 16;
+  spec.context_lens = {1500, 37, 0};
+  spec.q_dtype = spec.kv_dtype = spec.out_dtype = dtype;
+  spec.seed = testing::seed_for_test();
+  testing::HostCase c = testing::make_case(spec);
+  const int H = spec.num_heads, KV = spec.num_kv_heads, G = H / KV, D = spec.head_dim;
+  const int BS = spec.block_size;
+  const float bad = poison_value(poison);
+
+  // bad_head[b * H + h]: the heads whose result must be NaN.
+  std::vector<bool> bad_head(static_cast<std::size_t>(spec.batch) * H, false);
+  auto poison_k_row = [&](int b, int t, int kv, int d) {
+    const int id = c.block_table[static_cast<std::size_t>(b) * c.table_stride + t / BS];
+    const std::size_t i = ((static_cast<std::size_t>(id) * KV + kv) * BS + t % BS) * D + d;
+    store(c.k, dtype, i, bad);
+    for (int g = 0; g < G; ++g) bad_head[static_cast<std::size_t>(b) * H + kv * G + g] = true;
+  };
+  switch (poison) {
+    case Poison::kQNaN:
+    case Poison::kQPosInf:
+    case Poison::kQNegInf:
+      store(c.q, dtype, (0 * H + 5) * static_cast<std::size_t>(D) + 7, bad);  // seq 0, head 5
+      bad_head[0 * H + 5] = true;
+      store(c.q, dtype, (2 * H + 1) * static_cast<std::size_t>(D) + 3, bad);  // seq 2 is empty
+      break;
+    case Poison::kKNaN:
+    case Poison::kKPosInf:
+    case Poison::kKNegInf:
+      poison_k_row(0, 1037, 0, 11);  // seq 0, kv head 0, a token of a later split
+      break;
+    case Poison::kKLastRowNaN:
+      poison_k_row(1, 36, 1, 0);  // seq 1's last token, kv head 1
+      break;
+  }
+
+  const ReferenceResult ref = reference_decode(c.args());
+  // Finite sentinels (0x3F bytes are finite in every dtype): a NaN read back was written.
+  std::fill(c.out.begin(), c.out.end(), std::uint8_t{0x3F});
+  std::fill(c.lse.begin(), c.lse.end(), 12345.f);
+  detail::DecodeOptions o;
+  o.backend = backend;
+  testing::run_decode(c, o);
+
+  const std::string trace = std::string(poison_name(poison)) + " " + testing::describe(c.spec) +
+                            " " + testing::seed_note(c.spec.seed);
+  SCOPED_TRACE(trace);
+  double scale = 1e-30, err = 0, lse_err = 0;
+  for (int b = 0; b < spec.batch; ++b) {
+    for (int h = 0; h < H; ++h) {
+      const std::size_t row = static_cast<std::size_t>(b) * H + h;
+      if (bad_head[row]) {
+        for (int d = 0; d < D; ++d) {
+          ASSERT_TRUE(std::isnan(ref.out[row * D + d])) << "reference, seq " << b << " head " << h;
+          ASSERT_TRUE(std::isnan(load_as_float(c.out.data(), dtype, row * D + d)))
+              << "seq " << b << " head " << h << " out[" << d
+              << "] = " << load_as_float(c.out.data(), dtype, row * D + d);
+        }
+        EXPECT_TRUE(std::isnan(ref.lse[row])) << "reference, seq " << b << " head " << h;
+        EXPECT_TRUE(std::isnan(c.lse[row]))
+            << "seq " << b << " head " << h << " lse = " << c.lse[row];
+        continue;
+      }
+      if (spec.context_lens[b] == 0) {  // empty: out = 0, lse = -inf, whatever q holds
+        for (int d = 0; d < D; ++d) {
+          ASSERT_EQ(load_as_float(c.out.data(), dtype, row * D + d), 0.f) << "seq " << b;
+        }
+        EXPECT_EQ(c.lse[row], -std::numeric_limits<float>::infinity()) << "seq " << b;
+        EXPECT_EQ(ref.lse[row], -std::numeric_limits<double>::infinity()) << "seq " << b;
+        continue;
+      }
+      // Every other head: finite and as the reference.
+      for (int d = 0; d < D; ++d) {
+        const double got = load_as_float(c.out.data(), dtype, row * D + d);
+        const double want = ref.out[row * D + d];
+        ASSERT_TRUE(std::isfinite(got)) << "seq " << b << " head " << h << " out[" << d << "]";
+        scale = std::max(scale, std::fabs(want));
+        err = std::max(err, std::fabs(got - want));
+      }
+      ASSERT_TRUE(std::isfinite(c.lse[row])) << "seq " << b << " head " << h;
+      lse_err = std::max(lse_err, std::fabs(c.lse[row] - ref.lse[row]));
+    }
+  }
+  EXPECT_LE(err / scale, testing::out_tolerance(dtype));
+  EXPECT_LE(lse_err, testing::lse_tolerance());
+}
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  const auto [backend, dtype, poison] = info.param;
+  std::string s = backend == Backend::kCuda ? "cuda_" : "cpu_";
+  s += dtype == DType::kF32 ? "f32_" : dtype == DType::kF16 ? "f16_" : "bf16_";
+  return s + poison_name(poison);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, NonFinite,
+    ::testing::Combine(::testing::Values(Backend::kCpu, Backend::kCuda),
+                       ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                       ::testing::Values(Poison::kQNaN, Poison::kQPosInf, Poison::kQNegInf,
+                                         Poison::kKNaN, Poison::kKPosInf, Poison::kKNegInf,
+                                         Poison::kKLastRowNaN)),
+    param_name);
+
+}  // namespace
+}  // namespace pagedattn
