@@ -34,3 +34,20 @@ if(NOT PAGEDATTN_CUDA STREQUAL "OFF")
   endif()
 endif()
 message(STATUS "pagedattn: CUDA backend ${PAGEDATTN_WITH_CUDA}")
+
+# Links the CUDA runtime into `target` (the one pagedattn library) so that a consumer of the
+# installed package needs no CUDA toolkit: a shared library carries cudart_static inside it; a
+# static one links CUDA::cudart_static inside this build only, its installed archive gets the
+# objects of libcudart_static.a merged in (cmake/PagedattnInstall.cmake), and its exported link
+# interface names only the system libraries the runtime needs (no CUDA:: target).
+function(pagedattn_link_cuda_runtime target)
+  get_target_property(type ${target} TYPE)
+  if(type STREQUAL "STATIC_LIBRARY")
+    target_link_libraries(${target} PUBLIC $<BUILD_INTERFACE:CUDA::cudart_static>
+                          $<INSTALL_INTERFACE:pthread> $<INSTALL_INTERFACE:dl>
+                          $<INSTALL_INTERFACE:rt>)
+  else()
+    target_link_libraries(${target} PRIVATE CUDA::cudart_static)
+  endif()
+  set_target_properties(${target} PROPERTIES CUDA_RESOLVE_DEVICE_SYMBOLS ON)
+endfunction()

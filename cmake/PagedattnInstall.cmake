@@ -7,6 +7,17 @@ install(TARGETS pagedattn EXPORT pagedattnTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# A static library with the CUDA backend: the CUDA runtime goes inside the installed archive, so
+# the export needs no CUDA:: target and consumers no CUDA toolkit (pagedattn_link_cuda_runtime).
+get_target_property(_pagedattn_type pagedattn TYPE)
+if(PAGEDATTN_WITH_CUDA AND _pagedattn_type STREQUAL "STATIC_LIBRARY")
+  install(CODE "
+    set(ARCHIVE \"\$ENV{DESTDIR}\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}/$<TARGET_FILE_NAME:pagedattn>\")
+    set(CUDART \"${CUDA_cudart_static_LIBRARY}\")
+    set(AR \"${CMAKE_AR}\")
+    set(RANLIB \"${CMAKE_RANLIB}\")
+    include(\"${PROJECT_SOURCE_DIR}/cmake/PagedattnBundleCudart.cmake\")")
+endif()
 # Exactly the public headers: the API, what it includes, the block manager and the reference. The
 # backends' math and seams (split_plan, online_softmax, cache_layout, validate, detail/) stay
 # inside the build.
