@@ -126,8 +126,6 @@ template <typename T, int D, int TT, int STAGES>
 struct KvPipeline {
   static constexpr int kRowBytes = RowGeom<T, D>::kRowBytes;
   static constexpr int kTileBytes = 2 * TT * kRowBytes;  // one stage: K rows, then V rows
-  static constexpr int kStageBytes = STAGES * kTileBytes;
-  static constexpr int kIndexBytes = STAGES * TT * 9;  // row offsets and valid flags
 
   char* stages;
   long long* offsets;
