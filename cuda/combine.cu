@@ -8,24 +8,10 @@
 #include "combine.cuh"
 #include "cuda_error.hpp"
 #include "pagedattn/online_softmax.hpp"
+#include "store_out.cuh"
 
 namespace pagedattn::detail::cuda {
 namespace {
-
-template <typename OutT>
-__device__ __forceinline__ void store_out(void* out, std::int64_t i, float v);
-template <>
-__device__ __forceinline__ void store_out<float>(void* out, std::int64_t i, float v) {
-  static_cast<float*>(out)[i] = v;
-}
-template <>
-__device__ __forceinline__ void store_out<__half>(void* out, std::int64_t i, float v) {
-  static_cast<__half*>(out)[i] = __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ void store_out<__nv_bfloat16>(void* out, std::int64_t i, float v) {
-  static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
-}
 
 constexpr int kCombineWarps = 4;
 
@@ -51,6 +37,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   const int d = dc * 32 + lane;
   const int off = p.split_offset[b];
   const int ns = p.split_offset[b + 1] - off;
+  if (ns == 1) return;  // its split CTA wrote out and lse (SplitParams::out)
   const std::int64_t step = static_cast<std::int64_t>(p.num_heads) * D;  // between splits
   const float* col0 = p.part_acc + (static_cast<std::int64_t>(off) * p.num_heads + h) * D + d;
   // The first 32 splits' (m, l) and accumulator loads go out together, before the max is known:
@@ -65,11 +52,17 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
 #pragma unroll
   for (int k = 0; k < 32; ++k) v[k] = k < ns && d < D ? col0[k * step] : 0.f;
   float mmax = m_first;
+  bool nan_m = m_first != m_first;
   for (int s = 32 + lane; s < ns; s += 32) {
-    mmax = fmaxf(mmax, p.part_ml[2 * ((static_cast<std::int64_t>(off) + s) * p.num_heads + h)]);
+    const float m = p.part_ml[2 * ((static_cast<std::int64_t>(off) + s) * p.num_heads + h)];
+    mmax = fmaxf(mmax, m);
+    nan_m |= m != m;
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) mmax = fmaxf(mmax, __shfl_xor_sync(0xffffffffu, mmax, o));
+  // A split that met a non-finite logit has m = l = NaN; fmaxf would drop it (and with every
+  // split NaN the row would look empty), so it makes the max NaN, and with it out and lse.
+  if (__any_sync(0xffffffffu, nan_m)) mmax = NAN;
   float acc = 0.f, lsum = 0.f;
   if (mmax != -INFINITY) {
     float w = lane < ns ? SoftmaxState2::factor(m_first, mmax) : 0.f;

@@ -114,6 +114,12 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   require_aligned("q", a.q);
   require_aligned("k_cache", a.k_cache);
   require_aligned("v_cache", a.v_cache);
+  // The kernels address cache rows with 32-bit indices (cuda/kv_pipeline.cuh).
+  if (static_cast<std::int64_t>(a.num_blocks) * a.num_kv_heads * a.block_size > INT32_MAX) {
+    fail(ErrorCode::kUnsupported, "num_blocks", a.num_blocks,
+         "the CUDA backend addresses at most 2^31 - 1 cache rows (num_blocks * num_kv_heads * "
+         "block_size)");
+  }
   cudaStream_t stream = static_cast<cudaStream_t>(options.cuda_stream);
   // The grid and the workspace depend on shapes only, sized for the split plan; single_split
   // needs fewer splits, so the same grid and workspace serve it.
@@ -168,12 +174,16 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   p.num_blocks = a.num_blocks;
   p.max_blocks = a.max_blocks_per_seq;
   p.table_stride = a.table_stride();
+  p.block_div = FastDiv::make(static_cast<std::uint32_t>(a.block_size));
   p.scale_log2 = a.effective_scale() * 1.4426950408889634f;
   p.plan = plan;
   p.head_chunks = head_chunks(a);
   p.split_offset = reinterpret_cast<int*>(ws);
   p.part_ml = reinterpret_cast<float*>(ws + lay.offsets_bytes);
   p.part_acc = reinterpret_cast<float*>(ws + lay.offsets_bytes + lay.ml_bytes);
+  p.out = a.out;
+  p.out_dtype = static_cast<int>(a.out_dtype);
+  p.lse = a.lse;
 
   const bool mma = use_mma(a);
   if (splits > 0) {

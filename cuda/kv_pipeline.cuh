@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "ptx.cuh"
 #include "split_params.cuh"
@@ -63,44 +64,47 @@ struct RowGeom {
 // table's latency hides behind a tile's compute), or -1 past the split.
 __device__ __forceinline__ int fetch_id(const SplitParams& p, const std::int32_t* row_table, int t,
                                         int tok_end) {
-  return t < tok_end ? __ldg(row_table + t / p.block_size) : -1;
+  return t < tok_end ? __ldg(row_table + p.block_div.div(static_cast<unsigned>(t))) : -1;
 }
 
-// Byte offset of token t's row from the kv head's base, or -1 when it must not be read (past the
-// split, or a block id outside the pool: unchecked mode skips such tokens).
-template <typename T, int D>
-__device__ __forceinline__ long long row_offset(const SplitParams& p, int id, int t, int tok_end) {
+// Token t's row from the kv head's first row, in rows of D elements (below 2^31: the host
+// checks the pool's size), or -1 when it must not be read (past the split, or a block id outside
+// the pool: unchecked mode skips such tokens).
+__device__ __forceinline__ int row_index(const SplitParams& p, int id, int t, int tok_end) {
   if (t >= tok_end || id < 0 || id >= p.num_blocks) return -1;
-  return (static_cast<long long>(id) * p.num_kv_heads * p.block_size + t % p.block_size) *
-         (D * static_cast<long long>(sizeof(T)));
+  const int slot = t - static_cast<int>(p.block_div.div(static_cast<unsigned>(t))) * p.block_size;
+  return (id * p.num_kv_heads) * p.block_size + slot;
 }
 
-// Issues the cp.async copies of one tile; rows with offset -1 are zero-filled and flagged invalid.
-// When the CTA's threads cover whole rows (CH divides kThreads), each thread keeps one chunk
-// column and walks rows at a fixed stride: the addresses are a few adds per copy instead of a
-// division per copy, which matters because every thread issues these for every tile.
+// Issues the cp.async copies of one tile; rows with index -1 are zero-filled (and flagged
+// invalid in the tile's row mask, see KvPipeline). Each thread copies whole 16-byte chunks of a
+// few rows at fixed positions: per row one shared-memory read of its index and one wide multiply,
+// then its copies at constant distances (the next 128-byte segment, the V tile), so issuing a
+// tile costs few instructions beyond the copies themselves; every thread does it every tile.
 template <typename T, int D, int TT>
-__device__ __forceinline__ void issue_tile(char* sK, char* sV, unsigned char* sValid,
-                                           const long long* s_off, const char* gK, const char* gV) {
+__device__ __forceinline__ void issue_tile(char* sK, char* sV, const int* s_row, const char* gK,
+                                           long long v_minus_k) {
   constexpr int CH = RowGeom<T, D>::kChunks;
-  auto copy = [&](int r, int c) {
-    const long long off = s_off[r];
-    const bool ok = off >= 0;
-    const long long src = (ok ? off : 0) + c * 16;
-    const int dst = RowGeom<T, D>::offset(r, c);
-    cp_async16(sK + dst, gK + src, ok);
-    cp_async16(sV + dst, gV + src, ok);
-    if (c == 0) sValid[r] = ok ? 1 : 0;
-  };
+  constexpr long long kRowBytes = D * static_cast<long long>(sizeof(T));
   if constexpr (CH % 8 == 0 && TT % (kThreads / 8) == 0) {
     // Eight lanes per 128-byte segment of a row, a warp on four rows of one segment: each
-    // warp-wide copy is four whole global lines landing in four whole shared segments.
+    // warp-wide copy is four whole global lines landing in four whole shared segments. A row's
+    // chunk c sits at c ^ (r & 7) and r & 7 is fixed per thread, so the row's later segments are
+    // at +128 bytes in shared memory as in global memory.
     constexpr int RP = kThreads / 8;  // rows per pass
     const int c0 = threadIdx.x % 8, r0 = threadIdx.x / 8;
 #pragma unroll
-    for (int seg = 0; seg < CH / 8; ++seg) {
+    for (int k = 0; k < TT / RP; ++k) {
+      const int r = r0 + k * RP;
+      const int row = s_row[r];
+      const bool ok = row >= 0;
+      const char* src = gK + (ok ? row : 0) * kRowBytes + c0 * 16;
+      const int dst = RowGeom<T, D>::offset(r, c0);
 #pragma unroll
-      for (int k = 0; k < TT / RP; ++k) copy(r0 + k * RP, c0 + 8 * seg);
+      for (int seg = 0; seg < CH / 8; ++seg) {
+        cp_async16(sK + dst + seg * 128, src + seg * 128, ok);
+        cp_async16(sV + dst + seg * 128, src + v_minus_k + seg * 128, ok);
+      }
     }
   } else if constexpr (kThreads % CH == 0) {
     constexpr int RP = kThreads / CH;  // rows per pass
@@ -108,67 +112,107 @@ __device__ __forceinline__ void issue_tile(char* sK, char* sV, unsigned char* sV
 #pragma unroll
     for (int k = 0; k < (TT + RP - 1) / RP; ++k) {
       const int r = r0 + k * RP;
-      if (TT % RP == 0 || r < TT) copy(r, c);
+      if (TT % RP == 0 || r < TT) {
+        const int row = s_row[r];
+        const bool ok = row >= 0;
+        const char* src = gK + (ok ? row : 0) * kRowBytes + c * 16;
+        const int dst = RowGeom<T, D>::offset(r, c);
+        cp_async16(sK + dst, src, ok);
+        cp_async16(sV + dst, src + v_minus_k, ok);
+      }
     }
   } else {
     for (int idx = threadIdx.x; idx < TT * CH; idx += kThreads) {
-      const int r = idx / CH;
-      copy(r, idx - r * CH);
+      const int r = idx / CH, c = idx - r * CH;
+      const int row = s_row[r];
+      const bool ok = row >= 0;
+      const char* src = gK + (ok ? row : 0) * kRowBytes + c * 16;
+      const int dst = RowGeom<T, D>::offset(r, c);
+      cp_async16(sK + dst, src, ok);
+      cp_async16(sV + dst, src + v_minus_k, ok);
     }
   }
 }
 
 // The pipeline of one work item. Shared memory: STAGES tiles (K rows, then V rows) at `stages`,
-// the row offsets of each stage's tile (8 bytes per row) at `offsets` and its valid-row flags at
-// `valid`. Row offsets of tile n live in stage n % STAGES: computed from the table entries fetched
-// at the top of iteration n - STAGES, written at its end, read when tile n is issued.
+// the row indices of each stage's tile (row_index, 4 bytes per row) at `rows_at`, and the tiles'
+// row masks at `masks` (TT bits per tile, bit r set when row r holds a token to attend to).
+// Row indices of tile n live in stage n % STAGES: computed from the table entries fetched at the
+// top of iteration n - STAGES, written at its end, read when tile n is issued. The mask of tile
+// n is written with them but read by the compute of tile n, so masks take a ring of STAGES + 1
+// slots: slot n % (STAGES + 1) was last read by the compute of tile n - STAGES - 1, which every
+// warp finished before the barrier of iteration n - STAGES.
+// Each warp computes TT / kWarps of the rows (table entry, index, mask bits), so that work, which
+// sits between two barriers, weighs the same on every warp.
 template <typename T, int D, int TT, int STAGES>
 struct KvPipeline {
+  static constexpr int kRowsPerWarp = TT / kWarps;
+  static_assert(kRowsPerWarp == 8 || kRowsPerWarp == 16 || kRowsPerWarp == 32,
+                "a warp's mask bits are one 8-, 16- or 32-bit store");
+  using MaskPart = typename std::conditional<
+      kRowsPerWarp == 8, std::uint8_t,
+      typename std::conditional<kRowsPerWarp == 16, std::uint16_t, std::uint32_t>::type>::type;
   static constexpr int kRowBytes = RowGeom<T, D>::kRowBytes;
   static constexpr int kTileBytes = 2 * TT * kRowBytes;  // one stage: K rows, then V rows
+  static constexpr int kMaskWords = TT / 32;
+  // Shared bytes of the row indices and masks.
+  static constexpr int kIndexBytes = (STAGES * TT + (STAGES + 1) * kMaskWords) * 4;
 
   char* stages;
-  long long* offsets;
-  unsigned char* valid;
+  int* rows_at;
+  unsigned* masks;
   const SplitParams* p;
   const std::int32_t* row_table;  // the sequence's block-table row
   const char* gK;                 // the kv head's K and V in block 0
-  const char* gV;
+  long long v_minus_k;            // gV - gK
   int tok_begin, tok_end, ntiles;
 
   __device__ __forceinline__ const char* k(int st) const { return stages + st * kTileBytes; }
   __device__ __forceinline__ const char* v(int st) const {
     return stages + st * kTileBytes + TT * kRowBytes;
   }
-  __device__ __forceinline__ const unsigned char* valid_rows(int st) const {
-    return valid + st * TT;
+  // The row mask of tile `it` (kMaskWords words).
+  __device__ __forceinline__ const unsigned* mask(int it) const {
+    return masks + (it % (STAGES + 1)) * kMaskWords;
   }
   // Rows of tile `it` (the last tile of a split may be short).
   __device__ __forceinline__ int rows(int it) const {
     return min(TT, tok_end - (tok_begin + it * TT));
   }
 
-  __device__ __forceinline__ int tok_of(int n) const {
-    return tok_begin + n * TT + static_cast<int>(threadIdx.x);
+  // Whether this thread computes a row, and which.
+  static __device__ __forceinline__ bool has_row() { return (threadIdx.x & 31) < kRowsPerWarp; }
+  static __device__ __forceinline__ int my_row() {
+    return (threadIdx.x >> 5) * kRowsPerWarp + (threadIdx.x & 31);
   }
+  __device__ __forceinline__ int tok_of(int n) const { return tok_begin + n * TT + my_row(); }
   __device__ __forceinline__ void issue(int n) {
     const int st = n % STAGES;
     char* base = stages + st * kTileBytes;
-    issue_tile<T, D, TT>(base, base + TT * kRowBytes, valid + st * TT, offsets + st * TT, gK, gV);
+    issue_tile<T, D, TT>(base, base + TT * kRowBytes, rows_at + st * TT, gK, v_minus_k);
+  }
+  // Row index and mask bit of tile n's row my_row() (every lane of the warp calls it; those
+  // without a row pass has_row() == false).
+  __device__ __forceinline__ void store_row(int n, int id) {
+    const bool mine = has_row();
+    const int row = mine ? row_index(*p, id, tok_of(n), tok_end) : -1;
+    if (mine) rows_at[(n % STAGES) * TT + my_row()] = row;
+    const unsigned bits = __ballot_sync(0xffffffffu, row >= 0);
+    if ((threadIdx.x & 31) == 0) {
+      reinterpret_cast<MaskPart*>(masks + (n % (STAGES + 1)) * kMaskWords)[threadIdx.x >> 5] =
+          static_cast<MaskPart>(bits);
+    }
   }
 
-  // Offsets of the first STAGES tiles, then tiles 0 .. STAGES - 2 in flight.
+  // Row indices of the first STAGES tiles, then tiles 0 .. STAGES - 2 in flight.
   __device__ __forceinline__ void prologue() {
-    const int tid = threadIdx.x;
-    if (tid < TT) {
-      int ids[STAGES];
+    int ids[STAGES];
 #pragma unroll
-      for (int n = 0; n < STAGES; ++n) ids[n] = fetch_id(*p, row_table, tok_of(n), tok_end);
-#pragma unroll
-      for (int n = 0; n < STAGES; ++n) {
-        offsets[n * TT + tid] = row_offset<T, D>(*p, ids[n], tok_of(n), tok_end);
-      }
+    for (int n = 0; n < STAGES; ++n) {
+      ids[n] = has_row() ? fetch_id(*p, row_table, tok_of(n), tok_end) : -1;
     }
+#pragma unroll
+    for (int n = 0; n < STAGES; ++n) store_row(n, ids[n]);
     __syncthreads();
     for (int n = 0; n < STAGES - 1; ++n) {
       if (n < ntiles) issue(n);
@@ -180,19 +224,13 @@ struct KvPipeline {
   __device__ __forceinline__ int begin(int it) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();
-    const int tid = threadIdx.x;
-    const int id = tid < TT ? fetch_id(*p, row_table, tok_of(it + STAGES), tok_end) : -1;
+    const int id = has_row() ? fetch_id(*p, row_table, tok_of(it + STAGES), tok_end) : -1;
     if (it + STAGES - 1 < ntiles) issue(it + STAGES - 1);
     cp_async_commit();
     return id;
   }
-  // Bottom of iteration `it`: the row offsets of tile it + STAGES into the stage just consumed.
-  __device__ __forceinline__ void end(int it, int id) {
-    const int tid = threadIdx.x;
-    if (tid < TT) {
-      offsets[(it % STAGES) * TT + tid] = row_offset<T, D>(*p, id, tok_of(it + STAGES), tok_end);
-    }
-  }
+  // Bottom of iteration `it`: the row indices and mask of tile it + STAGES.
+  __device__ __forceinline__ void end(int it, int id) { store_row(it + STAGES, id); }
   // After the last tile: nothing in flight, so the stage area can become scratch.
   __device__ __forceinline__ void drain() {
     cp_async_wait<0>();

@@ -12,6 +12,7 @@
 #include "pagedattn/online_softmax.hpp"
 #include "ptx.cuh"
 #include "split_params.cuh"
+#include "store_out.cuh"
 
 namespace pagedattn::detail::cuda {
 
@@ -28,7 +29,7 @@ struct MmaCfg {
   static constexpr int STAGE_AREA = STAGES * TILE > SCRATCH ? STAGES* TILE : SCRATCH;
   static constexpr int QBYTES = kQInSmem ? QROWS * ROW : 0;
   using Pipe = KvPipeline<T, D, TT, STAGES>;
-  static constexpr int SMEM = STAGE_AREA + QBYTES + STAGES * TT * 9 + kSmemAlign;
+  static constexpr int SMEM = STAGE_AREA + QBYTES + Pipe::kIndexBytes + kSmemAlign;
 };
 
 template <typename T, int D>
@@ -82,12 +83,23 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const WorkItem& i
   // Rows g and g + 8 of the warp's head tile; the lanes of a quad hold the same max and partial
   // sums of their own columns (summed over the quad at the end).
   SoftmaxState2 st[2] = {SoftmaxState2::empty(), SoftmaxState2::empty()};
+  float bad[2] = {0.f, 0.f};  // NaN once a row met a non-finite logit
   // ldmatrix lane addressing
   // (row, chunk pair) of each lane's 8x8 matrix row; chunk 2 * step + half for k-step `step`.
   const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_half = lane >> 4;
   const int k_tok = (lane & 7) + (lane >> 4) * 8, k_half = (lane >> 3) & 1;
   const int v_tok = (lane & 7) + ((lane >> 3) & 1) * 8, v_half = lane >> 4;
   using Geo = RowGeom<T, D>;
+  // Each lane's ldmatrix offsets within a 16-row slice, hoisted out of the tile loop: slice sl
+  // adds sl * 16 rows (a multiple of 8, so the swizzle is unchanged), and k-step kk reads chunk
+  // 2 kk + half, at the offset of step kk % 4 plus 128 bytes per 4 steps (the swizzle permutes
+  // chunks only within a 128-byte segment).
+  int k_at[4], v_at[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    k_at[j] = Geo::offset(k_tok, 2 * j + k_half);
+    v_at[j] = Geo::offset(v_tok, 2 * j + v_half);
+  }
 
   for (int it = 0; it < pipe.ntiles; ++it) {
     const int next_id = pipe.begin(it);
@@ -95,7 +107,7 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const WorkItem& i
     const int rows = pipe.rows(it);
     const char* kS = pipe.k(stage);
     const char* vS = pipe.v(stage);
-    const unsigned char* vf = pipe.valid_rows(stage);
+    const unsigned* tile_mask = pipe.mask(it);
     for (int sl = wt; sl * 16 < rows; sl += WT) {
       // S = Q K^T over D / 16 k-steps, into two accumulator sets (even and odd steps) so the
       // dependent MMA chains are half as long; summed after.
@@ -105,11 +117,11 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const WorkItem& i
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[n][e] = s_odd[n][e] = 0.f;
       }
-      const int k_r = sl * 16 + k_tok;
+      const char* k_slice = kS + sl * 16 * Cfg::ROW;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
         std::uint32_t bk[4];
-        ldmatrix_x4(bk, kS + Geo::offset(k_r, 2 * kk + k_half));
+        ldmatrix_x4(bk, k_slice + k_at[kk % 4] + (kk / 4) * 128);
         float(&acc)[2][4] = kk % 2 == 0 ? s : s_odd;
         if constexpr (MmaCfg<T, D>::kQInSmem) {
           std::uint32_t a[4];
@@ -126,17 +138,33 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const WorkItem& i
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[n][e] += s_odd[n][e];
       }
-      // Scale, mask, row max (rows g and g + 8; a quad shares a row).
+      // Scale, note non-finite logits (x * 0 is 0 for finite x, NaN otherwise; rows that are not
+      // attended to are zero-filled, so they add 0 unless q itself is not finite), mask the rows
+      // the slice's 16 mask bits exclude (warp-uniform: only partial or skipped tiles), row max
+      // (rows g and g + 8; a quad shares a row).
+      const unsigned bits = (tile_mask[sl >> 1] >> ((sl & 1) * 16)) & 0xffffu;
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int tok = sl * 16 + n * 8 + 2 * q4 + (e & 1);
-          const float v = vf[tok] ? s[n][e] * p.scale_log2 : -INFINITY;
-          s[n][e] = v;
-          mx[e >> 1] = fmaxf(mx[e >> 1], v);
+          s[n][e] *= p.scale_log2;
+          bad[e >> 1] = fmaf(s[n][e], 0.f, bad[e >> 1]);
         }
+      }
+      if (bits != 0xffffu) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (!((bits >> (n * 8 + 2 * q4 + (e & 1))) & 1u)) s[n][e] = -INFINITY;
+          }
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
       }
       float alpha[2], shift[2];
 #pragma unroll
@@ -180,11 +208,11 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const WorkItem& i
           pl[r] = Op::pack(src[r][0] - h0, src[r][1] - h1);
         }
       }
-      const int v_r = sl * 16 + v_tok;
+      const char* v_slice = vS + sl * 16 * Cfg::ROW;
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         std::uint32_t bv[4];
-        ldmatrix_x4_trans(bv, vS + Geo::offset(v_r, 2 * dp + v_half));
+        ldmatrix_x4_trans(bv, v_slice + v_at[dp % 4] + (dp / 4) * 128);
         Op::mma(o[2 * dp], ph, bv[0], bv[1]);
         Op::mma(o[2 * dp + 1], ph, bv[2], bv[3]);
         Op::mma(o[2 * dp], pl, bv[0], bv[1]);
@@ -198,6 +226,11 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const WorkItem& i
   for (int r = 0; r < 2; ++r) {
     st[r].l += __shfl_xor_sync(0xffffffffu, st[r].l, 1);
     st[r].l += __shfl_xor_sync(0xffffffffu, st[r].l, 2);
+    bad[r] += __shfl_xor_sync(0xffffffffu, bad[r], 1);
+    bad[r] += __shfl_xor_sync(0xffffffffu, bad[r], 2);
+    // A non-finite logit makes the row's state NaN (m = l = NaN), which every merge after this
+    // one, and the combine, carry through to out and lse (as the CPU backend does).
+    if (bad[r] != 0.f) st[r].m = st[r].l = NAN;
   }
   // Merge the WT token warps of each head tile, in order wt = 0, 1, ...
   float* scratch = reinterpret_cast<float*>(smem);
@@ -238,6 +271,17 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const WorkItem& i
     for (int r = 0; r < 2; ++r) {
       const int hl = wh * 16 + g + 8 * r;
       if (hl >= G) continue;
+      if (item.finish) {  // the sequence's only split: out and lse directly
+        const std::int64_t row = static_cast<std::int64_t>(b) * p.num_heads + head0 + hl;
+        const float inv = st[r].inv_sum();
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          store_out_pair(p.out, p.out_dtype, row * D + n * 8 + 2 * q4, o[n][2 * r] * inv,
+                         o[n][2 * r + 1] * inv);
+        }
+        if (p.lse != nullptr && q4 == 0) p.lse[row] = st[r].lse();
+        continue;
+      }
       const std::int64_t pidx = part_base + head0 + hl;
       if (q4 == 0) {
         p.part_ml[2 * pidx] = st[r].m;

@@ -14,6 +14,7 @@
 #include "pagedattn/online_softmax.hpp"
 #include "ptx.cuh"
 #include "split_params.cuh"
+#include "store_out.cuh"
 
 namespace pagedattn::detail::cuda {
 
@@ -60,9 +61,8 @@ struct SimtCfg {
   static constexpr int SCRATCH = kWarps * kSimtHeadsPerWarp * (D + 2) * 4;
   static constexpr int STAGE_AREA = STAGES * TILE > SCRATCH ? STAGES* TILE : SCRATCH;
   static constexpr int QBYTES = 0;
-  // + per stage: row offsets (8 bytes per row) and valid flags (1 byte per row)
   using Pipe = KvPipeline<T, D, TT, STAGES>;
-  static constexpr int SMEM = STAGE_AREA + QBYTES + STAGES * TT * 9 + kSmemAlign;
+  static constexpr int SMEM = STAGE_AREA + QBYTES + Pipe::kIndexBytes + kSmemAlign;
 };
 
 template <typename T, int D>
@@ -102,9 +102,11 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const WorkItem& 
   pipe.prologue();
   float acc[HW][E];
   SoftmaxState2 st[HW];
+  float bad[HW];  // NaN once a head met a non-finite logit
 #pragma unroll
   for (int h = 0; h < HW; ++h) {
     st[h] = SoftmaxState2::empty();
+    bad[h] = 0.f;
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[h][e] = 0.f;
   }
@@ -114,10 +116,10 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const WorkItem& 
     const int rows = nh > 0 ? pipe.rows(it) : 0;
     const char* kS = pipe.k(stage);
     const char* vS = pipe.v(stage);
-    const unsigned char* vf = pipe.valid_rows(stage);
+    const unsigned* tile_mask = pipe.mask(it);
     for (int r0 = wt * 2; r0 < rows; r0 += 2 * WT) {
-      const int r = r0 + half;  // r < TT always; rows past `rows` are flagged invalid
-      const bool ok = r < rows && vf[r];
+      const int r = r0 + half;  // r < TT always; rows past `rows` are masked
+      const bool ok = (tile_mask[r >> 5] >> (r & 31)) & 1u;
       float kr[E];
       load_slice<T, D, E>(kS, r, l16, kr);
       float sc[HW];
@@ -129,6 +131,8 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const WorkItem& 
         for (int e = 0; e < E; ++e) d = fmaf(q[h][e], kr[e], d);
 #pragma unroll
         for (int o2 = 8; o2 > 0; o2 >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o2);
+        // x * 0 is 0 for a finite logit, NaN otherwise.
+        bad[h] = fmaf(ok ? d : 0.f, 0.f, bad[h]);
         sc[h] = ok ? d : -INFINITY;
       }
       if (ok) {  // per half-warp; no shuffles inside
@@ -148,9 +152,12 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const WorkItem& 
     pipe.end(it, next_id);
   }
   pipe.drain();  // the stage area becomes the merge scratch
-  // Merge the two half-warps (lanes l and l ^ 16 hold the same elements).
+  // Merge the two half-warps (lanes l and l ^ 16 hold the same elements). A non-finite logit
+  // first makes the head's state NaN (m = l = NaN), which every merge after this one, and the
+  // combine, carry through to out and lse (as the CPU backend does).
 #pragma unroll
   for (int h = 0; h < HW; ++h) {
+    if (bad[h] != 0.f) st[h].m = st[h].l = NAN;
     const SoftmaxState2 other{__shfl_xor_sync(0xffffffffu, st[h].m, 16),
                               __shfl_xor_sync(0xffffffffu, st[h].l, 16)};
     float fa = 0.f, fb = 0.f;
@@ -192,6 +199,15 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const WorkItem& 
 #pragma unroll
     for (int h = 0; h < HW; ++h) {
       if (h >= nh) break;
+      if (item.finish) {  // the sequence's only split: out and lse directly
+        const std::int64_t row = static_cast<std::int64_t>(b) * p.num_heads + head0 + h_first + h;
+        const float inv = st[h].inv_sum();
+#pragma unroll
+        for (int e = 0; e < E; ++e)
+          store_out(p.out, p.out_dtype, row * D + l16 * E + e, acc[h][e] * inv);
+        if (p.lse != nullptr && l16 == 0) p.lse[row] = st[h].lse();
+        continue;
+      }
       const std::int64_t pidx = part_base + head0 + h_first + h;
       if (l16 == 0) {
         p.part_ml[2 * pidx] = st[h].m;

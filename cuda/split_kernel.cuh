@@ -51,17 +51,19 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   item.part_base = static_cast<std::int64_t>(plan.offset + plan.split) * p.num_heads;
 
   const int len = clamp_len(__ldg(p.lens + item.seq), p.max_blocks * p.block_size);
+  const int nb = blocks_for(len, p.block_size);
+  item.finish = splits_for(nb, plan.chunk) == 1;
   int blk_begin = 0, blk_end = 0;
-  split_block_range(blocks_for(len, p.block_size), plan.chunk, plan.split, &blk_begin, &blk_end);
+  split_block_range(nb, plan.chunk, plan.split, &blk_begin, &blk_end);
   const std::int64_t head_off = static_cast<std::int64_t>(item.kv) * p.block_size * D * sizeof(T);
   Pipe pipe;
   pipe.stages = smem;
-  pipe.offsets = reinterpret_cast<long long*>(smem + Cfg::STAGE_AREA + Cfg::QBYTES);
-  pipe.valid = reinterpret_cast<unsigned char*>(pipe.offsets + STAGES * TT);
+  pipe.rows_at = reinterpret_cast<int*>(smem + Cfg::STAGE_AREA + Cfg::QBYTES);
+  pipe.masks = reinterpret_cast<unsigned*>(pipe.rows_at + STAGES * TT);
   pipe.p = &p;
   pipe.row_table = p.table + static_cast<std::int64_t>(item.seq) * p.table_stride;
   pipe.gK = static_cast<const char*>(p.k) + head_off;
-  pipe.gV = static_cast<const char*>(p.v) + head_off;
+  pipe.v_minus_k = static_cast<const char*>(p.v) - static_cast<const char*>(p.k);
   pipe.tok_begin = blk_begin * p.block_size;
   pipe.tok_end = min(blk_end * p.block_size, len);
   pipe.ntiles = (pipe.tok_end - pipe.tok_begin + TT - 1) / TT;

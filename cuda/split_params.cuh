@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "pagedattn/fast_div.hpp"
 #include "pagedattn/split_plan.hpp"
 
 namespace pagedattn::detail::cuda {
@@ -25,12 +26,18 @@ struct SplitParams {
   const std::int32_t* table;
   const std::int32_t* lens;
   int batch, num_heads, num_kv_heads, group, block_size, num_blocks, max_blocks, table_stride;
-  float scale_log2;  // scale * log2(e): scores are kept in log2 units
+  FastDiv block_div;  // token -> (block, slot)
+  float scale_log2;   // scale * log2(e): scores are kept in log2 units
   PlanOptions plan;
   int head_chunks;    // CTAs per item along the group (CUDA-core path with group > 16)
   float* part_ml;     // [partials][2]: m (log2 units), l
   float* part_acc;    // [partials][head_dim]
   int* split_offset;  // [batch + 1], written by CTA 0 for the combine
+  // A sequence with a single split is finished by its CTA: out (out_dtype) and lse (may be
+  // null) written directly, no partial state; the combine skips it.
+  void* out;
+  int out_dtype;  // DType as int
+  float* lse;
 };
 
 // One CTA's share of the plan, derived on the device (split_kernel.cuh) and handed to the
@@ -40,6 +47,7 @@ struct WorkItem {
   int kv;                  // kv head
   int head_chunk;          // CUDA-core path with group > 16: which 16 heads of the group
   std::int64_t part_base;  // first partial-state index of this (sequence, split)
+  bool finish;             // the sequence's only split: write out and lse, no partial state
 };
 
 // Per cache dtype (defined in split_<dtype>.cu): launch the split kernel (false when no kernel was
