@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   item.part_base = static_cast<std::int64_t>(plan.offset + plan.split) * p.num_heads;
 
   const int len = clamp_len(__ldg(p.lens + item.seq), p.max_blocks * p.block_size);
-  const int nb = blocks_for(len, p.block_size);
+  const int nb = blocks_of(p, len);
   item.finish = splits_for(nb, plan.chunk) == 1;
   int blk_begin = 0, blk_end = 0;
   split_block_range(nb, plan.chunk, plan.split, &blk_begin, &blk_end);
