@@ -34,9 +34,10 @@ constexpr int kWaves = 1;
 constexpr int kMinChunkTokens = 256;
 constexpr int kMaxSplitsPerSeq = 1024;
 
-bool use_mma(const DecodeArgs& a) {
-  return a.k_dtype != DType::kF32 && a.q_dtype == a.k_dtype && a.group_size() >= 4;
-}
+// The tensor cores for every group size of a 16-bit cache, even MHA (one of the 16 M rows used):
+// the MMAs cost little next to the copies, and on the H200 the CUDA-core path reached 92% of the
+// read ceiling at group 1, 74% at group 2 and 56% at group 3, the tensor cores 96%, 93%, 88%.
+bool use_mma(const DecodeArgs& a) { return a.k_dtype != DType::kF32 && a.q_dtype == a.k_dtype; }
 
 int head_chunks(const DecodeArgs& a) {
   return use_mma(a) ? 1 : (a.group_size() + kSimtHeadsPerCta - 1) / kSimtHeadsPerCta;

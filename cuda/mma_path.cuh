@@ -1,4 +1,4 @@
-// The tensor-core path (f16/bf16 caches with q in the same dtype, group >= 4): S = Q K^T and
+// The tensor-core path (f16/bf16 caches with q in the same dtype, any group): S = Q K^T and
 // O += P V with mma.sync m16n8k16, the group's query heads as the M rows (padded to 16; up to 4
 // head tiles for groups up to 64), 16-token slices as N (scores) and K (P V). The 4 warps take
 // different token slices (or head tiles for groups > 16), each with its own online-softmax state

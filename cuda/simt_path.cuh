@@ -1,4 +1,4 @@
-// The CUDA-core path (f32 caches, groups 1-3, q in another dtype than the cache): a half-warp
+// The CUDA-core path (f32 caches, or q in another dtype than the cache): a half-warp
 // per token, each lane 1/16 of the head dim, up to 4 query heads per warp (scores only for the
 // heads a warp holds), per-token online softmax in f32. Groups above 16 run in head chunks of 16,
 // one CTA each (K/V of the group read once per chunk, from L2 for all but the first).

@@ -5,7 +5,8 @@
 //
 // Per CTA: the KV pipeline (kv_pipeline.cuh) streams tiles of K and V into shared memory; a
 // compute path folds each tile into the online-softmax states of the group's query heads
-// (mma_path.cuh: tensor cores for f16/bf16 at group >= 4; simt_path.cuh: CUDA cores otherwise);
+// (mma_path.cuh: tensor cores for f16/bf16 with q in the cache dtype; simt_path.cuh: CUDA cores
+// otherwise);
 // the warps' states merge in a fixed order and the CTA writes one partial state (m in log2 units,
 // l, acc) per query head for the combine (combine.cuh). Deterministic: no atomics, fixed orders.
 #pragma once
