@@ -98,7 +98,7 @@ bool aligned(const void* p, std::size_t n) { return reinterpret_cast<std::uintpt
 
 void write_cache(const CacheWriteArgs& a, const CacheOpOptions& o) {
   const auto stream = static_cast<cudaStream_t>(o.cuda_stream);
-  if (o.check_device_slots) {
+  if (o.cuda_checked) {
     std::vector<std::int32_t> host(a.num_tokens);
     check(cudaMemcpyAsync(host.data(), a.slot_mapping, sizeof(std::int32_t) * a.num_tokens,
                           cudaMemcpyDeviceToHost, stream),

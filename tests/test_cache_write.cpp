@@ -419,7 +419,7 @@ TEST_P(CacheWriteDTypes, CudaMatchesTheReference) {
         v(got.v_cache.data(), got.v_cache.size());
     CacheOpOptions o;
     o.backend = Backend::kCuda;
-    o.check_device_slots = checked;
+    o.cuda_checked = checked;
     write_cache(device_args(got, key, value, slots, k, v), o);
     k.to_host(got.k_cache);
     v.to_host(got.v_cache);
@@ -439,6 +439,7 @@ TEST(CacheWrite, CudaSlotOutOfRange) {
   DeviceBuffer k(c.k_cache.data(), c.k_cache.size()), v(c.v_cache.data(), c.v_cache.size());
   CacheOpOptions o;
   o.backend = Backend::kCuda;
+  o.cuda_checked = true;
   try {  // checked: an error, nothing written
     write_cache(device_args(c, key, value, slots, k, v), o);
     FAIL() << "out-of-range slot accepted";
@@ -449,7 +450,7 @@ TEST(CacheWrite, CudaSlotOutOfRange) {
   k.to_host(out);
   EXPECT_TRUE(out == c.k_cache);
   // Unchecked: the kernel skips the bad slot and writes the others.
-  o.check_device_slots = false;
+  o.cuda_checked = false;
   write_cache(device_args(c, key, value, slots, k, v), o);
   want.slots[2] = -1;
   reference_write(want);

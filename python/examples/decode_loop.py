@@ -140,8 +140,8 @@ def pagedattn_step(k_cache, v_cache, slots, copies, key, value, q, table, lens, 
     """pagedattn: copy_blocks, write_cache, decode, all in place on the paged cache."""
     if copies:
         pagedattn.copy_blocks(k_cache, v_cache, copies)
-    # The slots come from the BlockManager: no need for the device-side check (a sync).
-    pagedattn.write_cache(key, value, slots, k_cache, v_cache, check_slots=False)
+    # The slots come from the BlockManager: unchecked (the default, no synchronization).
+    pagedattn.write_cache(key, value, slots, k_cache, v_cache)
     return pagedattn.decode(q, k_cache, v_cache, table, lens)
 
 

@@ -348,7 +348,7 @@ def write_cache(
     *,
     backend: str = "auto",
     stream: Stream = None,
-    check_slots: bool = True,
+    checked: bool = False,
 ) -> None:
     """Writes new tokens' keys and values into the paged cache: token i goes to slot
     ``slot_mapping[i]`` (slot = block * block_size + offset; -1 skips the token).
@@ -360,9 +360,10 @@ def write_cache(
         slot_mapping: int32 [num_tokens]; slots of one call must be distinct.
         k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim], written in place.
         backend, stream: as for decode().
-        check_slots: CUDA: copy slot_mapping to the host and check every slot first (one
-            synchronization; turn off under graph capture). Unchecked, out-of-range slots are
-            skipped. The CPU backend always checks.
+        checked: CUDA: copy slot_mapping to the host and check every slot first, as the CPU
+            backend always does (one synchronization; not under graph capture). Unchecked, the
+            default as for decode(), out-of-range slots are skipped and repeated slots are not
+            looked for; nothing is ever written outside the caches.
 
     Raises:
         pagedattn.Error: naming the argument (``slot_mapping[i]`` for a slot out of range),
@@ -377,7 +378,7 @@ def write_cache(
     _ext.write_cache(
         _unwrap(key, "key", tags), _unwrap(value, "value", tags),
         _unwrap(slot_mapping, "slot_mapping", []), k_in, _unwrap(v_cache, "v_cache", tags),
-        backend, _stream(stream, k_in), bool(check_slots), tags,
+        backend, _stream(stream, k_in), bool(checked), tags,
     )
 
 

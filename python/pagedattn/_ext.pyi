@@ -36,7 +36,7 @@ def write_cache(
     v_cache: Any,
     backend: str,
     stream: int,
-    check_slots: bool,
+    checked: bool,
     bf16: Sequence[str],
 ) -> None: ...
 def copy_blocks(

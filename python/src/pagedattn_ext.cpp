@@ -542,7 +542,7 @@ Cache cache_pair(nb::handle k_h, nb::handle v_h, const std::vector<std::string>&
 
 void write_cache(nb::handle key_h, nb::handle value_h, nb::handle slots_h, nb::handle k_cache,
                  nb::handle v_cache, const std::string& backend, std::uintptr_t stream,
-                 bool check_slots, const std::vector<std::string>& bf16) {
+                 bool checked, const std::vector<std::string>& bf16) {
   Tensor key = input(key_h, "key", bf16);
   Tensor value = input(value_h, "value", bf16);
   Tensor slots = input(slots_h, "slot_mapping");
@@ -610,7 +610,7 @@ void write_cache(nb::handle key_h, nb::handle value_h, nb::handle slots_h, nb::h
   pagedattn::CacheOpOptions o;
   o.backend = pick_backend(backend, c.k.device, "k_cache");
   o.cuda_stream = reinterpret_cast<void*>(stream);
-  o.check_device_slots = check_slots;
+  o.cuda_checked = checked;
 
   DeviceGuard guard(c.k.device);
   nb::gil_scoped_release release;
@@ -744,7 +744,7 @@ NB_MODULE(_ext, m) {
         "checked"_a, "bf16"_a);
   m.def("workspace_size", &workspace_size, "q"_a, "k_cache"_a, "block_table"_a, "backend"_a);
   m.def("write_cache", &write_cache, "key"_a, "value"_a, "slot_mapping"_a, "k_cache"_a, "v_cache"_a,
-        "backend"_a, "stream"_a, "check_slots"_a, "bf16"_a);
+        "backend"_a, "stream"_a, "checked"_a, "bf16"_a);
   m.def("copy_blocks", &copy_blocks, "k_cache"_a, "v_cache"_a, "pairs"_a, "backend"_a, "stream"_a,
         "bf16"_a);
 

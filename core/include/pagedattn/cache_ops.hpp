@@ -66,10 +66,11 @@ struct CacheOpOptions {
   Backend backend = Backend::kAuto;  // resolved as for decode(); kAuto, kCpu or kCuda
   int num_threads = 0;          // CPU: worker threads in [1, kMaxThreads]; 0 uses OpenMP's default
   void* cuda_stream = nullptr;  // CUDA: the cudaStream_t to run on (nullptr = default)
-  // CUDA: copy the device slot mapping to the host and check every slot before writing (one
-  // synchronisation per call). Unchecked, an out-of-range slot is skipped by the kernel; either
-  // way nothing is ever written outside the cache.
-  bool check_device_slots = true;
+  // CUDA: copy the device slot mapping to the host and check every slot before writing, as the
+  // CPU backend does (one synchronisation per call). Unchecked (the default, like
+  // DecodeOptions::cuda_checked), an out-of-range slot is skipped by the kernel and repeated
+  // slots are not looked for; either way nothing is ever written outside the cache.
+  bool cuda_checked = false;
 };
 
 // Writes the new tokens' K and V. Throws pagedattn::Error on bad input before writing anything

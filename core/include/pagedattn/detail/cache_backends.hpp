@@ -16,7 +16,7 @@ void copy_blocks(const CopyBlocksArgs& args, const CacheOpOptions& options);
 
 namespace cuda {
 // Device memory; the kernel skips any slot outside [0, num_blocks * block_size), and with
-// options.check_device_slots the slots are checked on the host first.
+// options.cuda_checked the slots are checked on the host first.
 void write_cache(const CacheWriteArgs& args, const CacheOpOptions& options);
 // Device caches, host pairs (already checked).
 void copy_blocks(const CopyBlocksArgs& args, const CacheOpOptions& options);
