@@ -75,6 +75,34 @@ void validate_options(const CacheOpOptions& o) {
   require_num_threads(o.num_threads);
 }
 
+void validate_options(const MergeStatesOptions& o) {
+  require_backend("backend", o.backend);
+  require_num_threads(o.num_threads);
+}
+
+void validate_merge_args(const MergeStatesArgs& a) {
+  if (a.num_segments < 0) {
+    fail(ErrorCode::kInvalidArgument, "num_segments", a.num_segments, "must not be negative");
+  }
+  if (a.num_rows < 0) {
+    fail(ErrorCode::kInvalidArgument, "num_rows", a.num_rows, "must not be negative");
+  }
+  require_positive("head_dim", a.head_dim);
+  require_dtype("part_dtype", a.part_dtype);
+  require_dtype("out_dtype", a.out_dtype);
+  if (static_cast<double>(a.num_segments) * a.num_rows * a.head_dim > 4e18) {
+    fail(ErrorCode::kInvalidArgument, "num_rows", a.num_rows,
+         "num_segments * num_rows * head_dim elements exceed the addressable range");
+  }
+  if (a.num_rows == 0) return;  // a no-op: nothing is read or written
+  // Without segments every row is empty (out = 0, lse = -inf) and the inputs are not read.
+  if (a.num_segments > 0) {
+    require_non_null("parts", a.parts);
+    require_non_null("part_lse", a.part_lse);
+  }
+  require_non_null("out", a.out);
+}
+
 void validate_slot_mapping(const CacheWriteArgs& a, const std::int32_t* slot_mapping) {
   const std::int64_t slots = static_cast<std::int64_t>(a.num_blocks) * a.block_size;
   std::vector<std::pair<std::int32_t, int>> used;  // (slot, token)

@@ -13,8 +13,8 @@ endif()
 file(GLOB_RECURSE installed RELATIVE ${WORK_DIR}/prefix/include ${WORK_DIR}/prefix/include/*)
 list(SORT installed)
 set(public pagedattn/block_manager.hpp pagedattn/cache_ops.hpp pagedattn/dtype.hpp
-           pagedattn/error.hpp pagedattn/host_device.hpp pagedattn/pagedattn.hpp
-           pagedattn/reference.hpp)
+           pagedattn/error.hpp pagedattn/host_device.hpp pagedattn/merge_states.hpp
+           pagedattn/pagedattn.hpp pagedattn/reference.hpp)
 if(NOT installed STREQUAL public)
   message(FATAL_ERROR "installed headers are '${installed}', expected exactly '${public}'")
 endif()

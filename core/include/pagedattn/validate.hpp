@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "pagedattn/merge_states.hpp"
 #include "pagedattn/pagedattn.hpp"
 
 namespace pagedattn {
@@ -23,6 +24,10 @@ void require_num_threads(int num_threads);                // in [0, kMaxThreads]
 // range. The CUDA fields (stream, workspace) are the CUDA backend's to check.
 void validate_options(const DecodeOptions& options);
 void validate_options(const CacheOpOptions& options);
+void validate_options(const MergeStatesOptions& options);
+
+// merge_states(): counts, dtypes and pointers (rows x segments x head_dim within int64).
+void validate_merge_args(const MergeStatesArgs& args);
 
 // The slot mapping of a cache write, in host memory: every slot -1 or in
 // [0, num_blocks * block_size), and no slot other than -1 twice.
