@@ -10,15 +10,15 @@ if(NOT PAGEDATTN_CUDA STREQUAL "OFF")
   endif()
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
-    # Machine code for Ampere (sm_80, which also runs on sm_86 and sm_89: A100, A10, RTX 30xx and
-    # 40xx, L4, L40) and Hopper (sm_90), plus compute_90 PTX so newer GPUs can JIT it, unless the
-    # architectures were chosen (-DCMAKE_CUDA_ARCHITECTURES, or a parent project). Only
+    # Machine code for Ampere (sm_80: A100, A30; sm_86: A10, A40, RTX 30xx), Ada (sm_89: L4, L40,
+    # RTX 40xx) and Hopper (sm_90: H100, H200), plus compute_90 PTX so newer GPUs can JIT it,
+    # unless the architectures were chosen (-DCMAKE_CUDA_ARCHITECTURES, or a parent project). Only
     # pagedattn's own targets get this default (pagedattn_target_defaults); a parent project's
     # targets keep theirs. The kernels need sm_80 (cp.async, ldmatrix, bf16 MMA); the
     # programmatic launch of the combine is used only on sm_90.
     set(PAGEDATTN_CUDA_ARCHITECTURES "")
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      set(PAGEDATTN_CUDA_ARCHITECTURES 80-real 90-real 90-virtual)
+      set(PAGEDATTN_CUDA_ARCHITECTURES 80-real 86-real 89-real 90-real 90-virtual)
       if(PAGEDATTN_TOP_LEVEL)
         set(CMAKE_CUDA_ARCHITECTURES ${PAGEDATTN_CUDA_ARCHITECTURES})
       endif()

@@ -44,6 +44,8 @@ int head_chunks(const DecodeArgs& a) {
 }
 
 // Split CTAs of this call's kernel that fit on one SM (from the occupancy calculator, cached).
+// None fit when the kernel needs more shared memory per block than the device allows (head dims
+// 192 and 256 on sm_86 / sm_89, which have 99 KB): an error naming head_dim, before any launch.
 int split_ctas_per_sm(const DecodeArgs& a) {
   const bool mma = use_mma(a);
   int n = 0;
@@ -58,7 +60,19 @@ int split_ctas_per_sm(const DecodeArgs& a) {
       n = split_ctas_per_sm_bf16(a.head_dim, mma);
       break;
   }
-  return n > 0 ? n : 1;
+  if (n <= 0) {
+    int dev = 0, optin = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    cudaGetLastError();  // the failed attribute call's error is reported here, not later
+    const DeviceInfo& d = current_device();
+    fail(ErrorCode::kUnsupported, "head_dim", a.head_dim,
+         std::string("the CUDA kernel for this head dim and k_dtype ") + dtype_name(a.k_dtype) +
+             " needs more shared memory per block than this GPU (compute capability " +
+             std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor) + ") allows, " +
+             std::to_string(optin) + " bytes");
+  }
+  return n;
 }
 
 // The plan's options for this call's shapes: the parallelism is whole waves of the split

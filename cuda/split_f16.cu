@@ -1,4 +1,5 @@
-// Split-kernel instantiations for f16 caches: tensor-core MMA for groups >= 4, CUDA cores below.
+// Split-kernel instantiations for f16 caches: tensor-core MMA when q is in the cache dtype,
+// CUDA cores otherwise.
 #include "split_kernel.cuh"
 
 namespace pagedattn::detail::cuda {

@@ -76,8 +76,8 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
 }
 
 // Once per device and kernel: raise the dynamic shared-memory limit (a per-device attribute)
-// and read the kernel's occupancy. Returns CTAs per SM, or 0 when the attribute could not be
-// set (the launch then reports the error).
+// and read the kernel's occupancy. Returns CTAs per SM, or 0 when the kernel cannot run on this
+// device (the attribute could not be set, or no CTA fits): decode reports that before launching.
 template <typename T, int D, bool kMma>
 int prepare_split_typed() {
   using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
@@ -96,11 +96,11 @@ int prepare_split_typed() {
   }
   int n = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, split_kernel<T, D, kMma>, kThreads,
-                                                    Cfg::SMEM) != cudaSuccess ||
-      n < 1) {
+                                                    Cfg::SMEM) != cudaSuccess) {
     cudaGetLastError();  // clear it: the estimate falls back to one CTA per SM
     n = 1;
   }
+  if (n < 1) return 0;  // does not fit on this device at all
   if (slot != nullptr) slot->store(n, std::memory_order_relaxed);
   return n;
 }
