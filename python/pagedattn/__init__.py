@@ -38,6 +38,7 @@ __all__ = [
     "decode",
     "write_cache",
     "copy_blocks",
+    "merge_states",
     "workspace_size",
     "cuda_available",
     "built_with_cuda",
@@ -410,3 +411,65 @@ def copy_blocks(
     _ext.copy_blocks(
         k_in, _unwrap(v_cache, "v_cache", tags), pairs, backend, _stream(stream, k_in), tags,
     )
+
+
+def merge_states(
+    parts: Tensor,
+    part_lse: Tensor,
+    *,
+    out: Optional[Tensor] = None,
+    lse: Optional[Tensor] = None,
+    return_lse: bool = False,
+    backend: str = "auto",
+    stream: Stream = None,
+) -> Any:
+    """Merges the attention states of several segments of the same queries' contexts (each a
+    decode over part of every context: shards on several GPUs, a shared prefix and a suffix)
+    into the result over the whole contexts: ``m = max_s lse_s``, ``w_s = exp(lse_s - m)``,
+    ``out = sum_s w_s out_s / sum_s w_s``, ``lse = m + log(sum_s w_s)``. Segments with
+    ``lse = -inf`` (no tokens) weigh nothing; rows whose segments are all empty get out = 0,
+    lse = -inf; a NaN lse gives NaN. See docs/context_parallel.md.
+
+    Args:
+        parts: [num_segments, ..., head_dim], f32/f16/bf16: each segment's decode ``out``
+            (e.g. [S, batch, num_heads, head_dim]), contiguous.
+        part_lse: float32 [num_segments, ...]: each segment's decode ``lse``, contiguous.
+        out: [..., head_dim], any float dtype; allocated like ``parts`` when None.
+        lse: float32 [...], written when given (allocated when ``return_lse``).
+        return_lse: also return lse.
+        backend, stream: as for decode().
+
+    Returns:
+        out, or (out, lse) when ``return_lse``.
+
+    Raises:
+        pagedattn.Error: naming the argument, before anything is written.
+    """
+    for name, x in (("parts", parts), ("part_lse", part_lse)):
+        _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+    backend = _check_backend(backend)
+    tags: List[str] = []
+    parts_in = _unwrap(parts, "parts", tags)
+    like = parts.tensor if isinstance(parts, BF16Bits) else parts
+    shape = tuple(int(s) for s in parts_in.shape)
+    if len(shape) < 2:
+        raise Error(
+            f"pagedattn: parts.shape = {list(shape)}: expected [num_segments, ..., head_dim]",
+            "parts",
+        )
+    if out is None:
+        out = _empty(like, shape[1:], False, "out")
+        if isinstance(parts, BF16Bits):
+            out = BF16Bits(out)
+    if lse is None and return_lse:
+        lse = _empty(like, shape[1:-1], True, "lse")
+    out_user = out.tensor if isinstance(out, BF16Bits) else out
+    out_in = _unwrap(out, "out", tags)
+    lse_in = None if lse is None else _unwrap(lse, "lse", tags)
+    _ext.merge_states(
+        parts_in, _unwrap(part_lse, "part_lse", []), out_in, lse_in, backend,
+        _stream(stream, parts_in), tags,
+    )
+    if return_lse:
+        return out_user, lse
+    return out_user

@@ -39,6 +39,15 @@ def write_cache(
     checked: bool,
     bf16: Sequence[str],
 ) -> None: ...
+def merge_states(
+    parts: Any,
+    part_lse: Any,
+    out: Any,
+    lse: Optional[Any],
+    backend: str,
+    stream: int,
+    bf16: Sequence[str],
+) -> None: ...
 def copy_blocks(
     k_cache: Any,
     v_cache: Any,
