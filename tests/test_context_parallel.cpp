@@ -1,0 +1,192 @@
+// Context-parallel decode over the in-process group (pagedattn/context_parallel.hpp): 1-4 ranks
+// as threads, every sequence's blocks shared out by ranges (uneven, some ranks holding none) or
+// by strides; every rank must get the decode of the whole contexts (f64 reference), the same
+// bits on every rank. A bad argument on one rank is an error on every rank, never a hang.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "gtest_printers.hpp"
+#include "pagedattn/context_parallel.hpp"
+#include "pagedattn/error.hpp"
+#include "pagedattn/testing/random_case.hpp"
+#include "pagedattn/testing/tolerance.hpp"
+#include "test_seed.hpp"
+
+namespace pagedattn {
+namespace {
+
+enum class Share { kRanges, kStrides };
+
+// Rank r's block table and lengths: the blocks of every sequence it holds, in context order.
+struct RankShare {
+  std::vector<std::int32_t> table, lens;
+};
+
+std::vector<RankShare> share_out(const testing::HostCase& c, int ranks, Share how,
+                                 std::mt19937& rng) {
+  const int B = c.spec.batch, BS = c.spec.block_size;
+  std::vector<RankShare> out(ranks);
+  for (RankShare& s : out) {
+    s.table.assign(c.block_table.size(), -1);
+    s.lens.assign(B, 0);
+  }
+  for (int b = 0; b < B; ++b) {
+    const int len = c.context_lens[b];
+    const int nb = (len + BS - 1) / BS;
+    std::vector<int> owner(nb);
+    if (how == Share::kStrides) {
+      for (int i = 0; i < nb; ++i) owner[i] = i % ranks;
+    } else {  // ranges at random cut points: uneven, some empty
+      std::vector<int> cuts(ranks - 1);
+      for (int& x : cuts) x = std::uniform_int_distribution<int>(0, nb)(rng);
+      std::sort(cuts.begin(), cuts.end());
+      for (int i = 0; i < nb; ++i) {
+        owner[i] = static_cast<int>(std::upper_bound(cuts.begin(), cuts.end(), i) - cuts.begin());
+      }
+    }
+    for (int i = 0; i < nb; ++i) {
+      RankShare& s = out[owner[i]];
+      const int slot = s.lens[b] / BS;  // holders get whole blocks, the last one its remainder
+      s.table[static_cast<std::size_t>(b) * c.table_stride + slot] =
+          c.block_table[static_cast<std::size_t>(b) * c.table_stride + i];
+      s.lens[b] += std::min(BS, len - i * BS);
+    }
+  }
+  return out;
+}
+
+using CpParam = std::tuple<int, Share, DType>;  // ranks, share, out dtype
+
+class ContextParallel : public ::testing::TestWithParam<CpParam> {};
+
+TEST_P(ContextParallel, EveryRankGetsTheWholeDecode) {
+  const auto [ranks, how, out_dtype] = GetParam();
+  testing::CaseSpec spec;
+  spec.batch = 5;
+  spec.num_heads = 8;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 64;
+  spec.block_size = 16;
+  spec.context_lens = {1000, 37, 0, 16, 300};
+  spec.q_dtype = spec.kv_dtype = DType::kBF16;
+  spec.out_dtype = out_dtype;
+  spec.seed = testing::seed_for_test();
+  SCOPED_TRACE(testing::describe(spec) +
+               " (replay with PAGEDATTN_TEST_SEED=" + std::to_string(testing::base_seed()) + ")");
+  testing::HostCase c = testing::make_case(spec);
+  std::mt19937 rng(static_cast<std::uint32_t>(spec.seed));
+  const std::vector<RankShare> shares = share_out(c, ranks, how, rng);
+  auto group = make_local_group(ranks);
+  std::vector<testing::HostCase> results(ranks, c);
+  std::vector<std::string> errors(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      testing::HostCase& mine = results[r];
+      mine.poison_outputs();
+      DecodeArgs a = mine.args();
+      a.block_table = shares[r].table.data();
+      a.context_lens = shares[r].lens.data();
+      DecodeOptions o;
+      o.backend = Backend::kCpu;
+      o.num_threads = 1;
+      try {
+        context_parallel_decode(a, *group[r], o);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_EQ(errors[r], "");
+    const testing::Comparison cmp = testing::compare_with_reference(results[r]);
+    EXPECT_TRUE(cmp.all_finite) << cmp.first_bad;
+    EXPECT_LE(cmp.rel_err(), testing::out_tolerance(out_dtype)) << cmp.first_bad;
+    EXPECT_LE(cmp.max_abs_err_lse, testing::lse_tolerance()) << cmp.first_bad;
+    EXPECT_TRUE(results[r].out == results[0].out) << "ranks disagree";
+    EXPECT_TRUE(results[r].lse == results[0].lse) << "ranks disagree";
+  }
+}
+
+std::string cp_name(const ::testing::TestParamInfo<CpParam>& info) {
+  const int ranks = std::get<0>(info.param);
+  const Share how = std::get<1>(info.param);
+  return std::to_string(ranks) + "ranks_" + (how == Share::kRanges ? "ranges" : "strides") +
+         "_out_" + dtype_name(std::get<2>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(All, ContextParallel,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(Share::kRanges, Share::kStrides),
+                                            ::testing::Values(DType::kF32, DType::kBF16)),
+                         cp_name);
+
+// Runs `body(rank)` on every rank of a new group, in threads; returns each rank's error argument
+// ("" when it returned).
+template <typename F>
+std::vector<std::string> on_every_rank(int ranks, F body) {
+  auto group = make_local_group(ranks);
+  std::vector<std::string> argument(ranks, "");
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r, *group[r]);
+      } catch (const Error& e) {
+        argument[r] = e.argument();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return argument;
+}
+
+TEST(ContextParallelErrors, ABadRankFailsEveryRank) {
+  testing::CaseSpec spec;
+  spec.batch = 2;
+  spec.context_lens = {40, 7};
+  spec.seed = 3;
+  const testing::HostCase base = testing::make_case(spec);
+  std::vector<testing::HostCase> cases(3, base);
+  DecodeOptions cpu;
+  cpu.backend = Backend::kCpu;
+  // A block id outside the pool on rank 1: rank 1 names it, the others name rank 1.
+  auto got = on_every_rank(3, [&](int r, Communicator& comm) {
+    testing::HostCase& c = cases[r];
+    if (r == 1) c.block_table[0] = c.num_blocks + 5;
+    context_parallel_decode(c.args(), comm, cpu);
+  });
+  EXPECT_EQ(got[0], "rank");
+  EXPECT_EQ(got[1].rfind("block_table", 0), 0u) << got[1];
+  EXPECT_EQ(got[2], "rank");
+  // Shapes that differ between ranks: every rank names the field.
+  cases.assign(2, base);
+  got = on_every_rank(2, [&](int r, Communicator& comm) {
+    DecodeArgs a = cases[r].args();
+    if (r == 1) a.batch = 1;
+    context_parallel_decode(a, comm, cpu);
+  });
+  EXPECT_EQ(got[0], "batch");
+  EXPECT_EQ(got[1], "batch");
+  // The outputs were not written.
+  for (const testing::HostCase& c : cases) EXPECT_TRUE(c.out == base.out);
+  // all_gather sizes that differ: an error on every rank, no hang.
+  got = on_every_rank(3, [&](int r, Communicator& comm) {
+    std::vector<char> send(r == 2 ? 8 : 4), recv(3 * send.size());
+    comm.all_gather(send.data(), recv.data(), send.size(), nullptr);
+  });
+  for (const std::string& a : got) EXPECT_EQ(a, "bytes");
+  EXPECT_THROW(make_local_group(0), Error);
+}
+
+}  // namespace
+}  // namespace pagedattn
