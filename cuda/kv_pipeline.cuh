@@ -76,6 +76,19 @@ __device__ __forceinline__ int row_index(const SplitParams& p, int id, int t, in
   return (id * p.num_kv_heads) * p.block_size + slot;
 }
 
+// Copies chunk c of tile row r of K and V (row index -1: zero fill).
+template <typename T, int D>
+__device__ __forceinline__ void copy_chunk(char* sK, char* sV, const int* s_row, int r, int c,
+                                           const char* gK, long long v_minus_k) {
+  constexpr long long kRowBytes = D * static_cast<long long>(sizeof(T));
+  const int row = s_row[r];
+  const bool ok = row >= 0;
+  const char* src = gK + (ok ? row : 0) * kRowBytes + c * 16;
+  const int dst = RowGeom<T, D>::offset(r, c);
+  cp_async16(sK + dst, src, ok);
+  cp_async16(sV + dst, src + v_minus_k, ok);
+}
+
 // Issues the cp.async copies of one tile; rows with index -1 are zero-filled (and flagged
 // invalid in the tile's row mask, see KvPipeline). Each thread copies whole 16-byte chunks of a
 // few rows at fixed positions: per row one shared-memory read of its index and one wide multiply,
@@ -112,24 +125,12 @@ __device__ __forceinline__ void issue_tile(char* sK, char* sV, const int* s_row,
 #pragma unroll
     for (int k = 0; k < (TT + RP - 1) / RP; ++k) {
       const int r = r0 + k * RP;
-      if (TT % RP == 0 || r < TT) {
-        const int row = s_row[r];
-        const bool ok = row >= 0;
-        const char* src = gK + (ok ? row : 0) * kRowBytes + c * 16;
-        const int dst = RowGeom<T, D>::offset(r, c);
-        cp_async16(sK + dst, src, ok);
-        cp_async16(sV + dst, src + v_minus_k, ok);
-      }
+      if (TT % RP == 0 || r < TT) copy_chunk<T, D>(sK, sV, s_row, r, c, gK, v_minus_k);
     }
   } else {
     for (int idx = threadIdx.x; idx < TT * CH; idx += kThreads) {
-      const int r = idx / CH, c = idx - r * CH;
-      const int row = s_row[r];
-      const bool ok = row >= 0;
-      const char* src = gK + (ok ? row : 0) * kRowBytes + c * 16;
-      const int dst = RowGeom<T, D>::offset(r, c);
-      cp_async16(sK + dst, src, ok);
-      cp_async16(sV + dst, src + v_minus_k, ok);
+      const int r = idx / CH;
+      copy_chunk<T, D>(sK, sV, s_row, r, idx - r * CH, gK, v_minus_k);
     }
   }
 }

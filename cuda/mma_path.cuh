@@ -275,20 +275,25 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const WorkItem& i
     for (int v = 0; v < w; ++v) fac[v] *= fa;
     fac[w] = fb;
   }
+  // Columns c and c + 1 of the row, merged over the warps (unrolled: fac stays in registers).
+  auto merged = [&](int c) {
+    float2 a = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      if (w >= WT) break;
+      const float2 v = *reinterpret_cast<const float2*>(first + w * 16 * SROW + c);
+      a.x = fmaf(v.x, fac[w], a.x);
+      a.y = fmaf(v.y, fac[w], a.y);
+    }
+    return a;
+  };
   const int c0 = (tid % tpr) * 2;  // pairs of columns, tpr threads side by side
   if (item.finish) {               // the sequence's only split: out and lse directly
     const std::int64_t out_row = static_cast<std::int64_t>(b) * p.num_heads + head0 + hl;
     const float inv = total.inv_sum();
     for (int c = c0; c < D; c += 2 * tpr) {
-      float a0 = 0.f, a1 = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        if (w >= WT) break;
-        const float2 v = *reinterpret_cast<const float2*>(first + w * 16 * SROW + c);
-        a0 = fmaf(v.x, fac[w], a0);
-        a1 = fmaf(v.y, fac[w], a1);
-      }
-      store_out_pair(p.out, p.out_dtype, out_row * D + c, a0 * inv, a1 * inv);
+      const float2 a = merged(c);
+      store_out_pair(p.out, p.out_dtype, out_row * D + c, a.x * inv, a.y * inv);
     }
     if (p.lse != nullptr && c0 == 0) p.lse[out_row] = total.lse();
     return;
@@ -299,17 +304,7 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const WorkItem& i
     p.part_ml[2 * pidx + 1] = total.l;
   }
   float* dst = p.part_acc + pidx * D;
-  for (int c = c0; c < D; c += 2 * tpr) {
-    float a0 = 0.f, a1 = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      if (w >= WT) break;
-      const float2 v = *reinterpret_cast<const float2*>(first + w * 16 * SROW + c);
-      a0 = fmaf(v.x, fac[w], a0);
-      a1 = fmaf(v.y, fac[w], a1);
-    }
-    *reinterpret_cast<float2*>(dst + c) = make_float2(a0, a1);
-  }
+  for (int c = c0; c < D; c += 2 * tpr) *reinterpret_cast<float2*>(dst + c) = merged(c);
 }
 
 }  // namespace pagedattn::detail::cuda
