@@ -1,0 +1,90 @@
+// The two OCP 8-bit float formats serving engines store KV caches in, and their exact
+// conversions to and from f32 (host and device alike, plain bit manipulation):
+//   e4m3: sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities; NaN = S.1111.111;
+//         largest finite 448; smallest subnormal 2^-9.
+//   e5m2: sign, 5 exponent bits (bias 15), 2 mantissa bits; IEEE-like Inf and NaN; largest
+//         finite 57344; smallest subnormal 2^-16. It is the top byte of an f16.
+// From f32: round to nearest, ties to even; finite values beyond the range saturate to the
+// largest finite value of the sign; NaN stays NaN; Inf stays Inf in e5m2 and becomes NaN in e4m3
+// (which has no Inf), so a non-finite value never turns into one that looks valid.
+// No DType uses them yet: they are the first piece of fp8 KV caches.
+#pragma once
+
+#include <cstdint>
+
+#include "pagedattn/dtype.hpp"
+#include "pagedattn/host_device.hpp"
+
+namespace pagedattn {
+
+struct fp8_e4m3_t {
+  std::uint8_t bits;
+};
+struct fp8_e5m2_t {
+  std::uint8_t bits;
+};
+
+namespace detail {
+
+// |x|'s float bits (finite) rounded to the code (exponent << M | mantissa) of a format with M
+// mantissa bits and exponent bias BIAS, ties to even; the exponent is not bounded above (the
+// caller saturates). Subnormals of both f32 and the format are handled.
+template <int M, int BIAS>
+PAGEDATTN_HOST_DEVICE std::uint32_t round_to_small_float(std::uint32_t abs) {
+  constexpr std::uint32_t kMinNormal = static_cast<std::uint32_t>(127 + 1 - BIAS) << 23;
+  if (abs < kMinNormal) {  // a subnormal of the format (or zero): units of 2^(1 - BIAS - M)
+    if (abs == 0) return 0;
+    const std::uint32_t exp = abs >> 23;
+    const std::uint32_t man = exp ? (abs & 0x7fffffu) | 0x800000u : abs & 0x7fffffu;
+    const int e = exp ? static_cast<int>(exp) : 1;
+    const int shift = 151 - BIAS - M - e;  // value / unit = man >> shift
+    if (shift > 25) return 0;              // below half a unit
+    std::uint32_t code = man >> shift;
+    const std::uint32_t rem = man & ((1u << shift) - 1u);
+    const std::uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (code & 1u))) ++code;  // may reach the smallest normal
+    return code;
+  }
+  // Normal: rebias the exponent, round the mantissa to M bits (a carry rolls into the exponent).
+  std::uint32_t v = abs - (static_cast<std::uint32_t>(127 - BIAS) << 23);
+  v += (1u << (22 - M)) - 1u + ((v >> (23 - M)) & 1u);
+  return v >> (23 - M);
+}
+
+}  // namespace detail
+
+PAGEDATTN_HOST_DEVICE float fp8_e4m3_to_float(fp8_e4m3_t c) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(c.bits & 0x80u) << 24;
+  const std::uint32_t exp = (c.bits >> 3) & 0xfu, man = c.bits & 0x7u;
+  if (exp == 0xfu && man == 0x7u) return bits_float(sign | 0x7fc00000u);  // NaN
+  if (exp == 0) {  // subnormal or zero: man * 2^-9, exact
+    const float mag = static_cast<float>(man) * 0.001953125f;
+    return sign ? -mag : mag;
+  }
+  return bits_float(sign | ((exp + 120u) << 23) | (man << 20));
+}
+
+PAGEDATTN_HOST_DEVICE float fp8_e5m2_to_float(fp8_e5m2_t c) {
+  return f16_to_float(f16_t{static_cast<std::uint16_t>(c.bits << 8)});
+}
+
+PAGEDATTN_HOST_DEVICE fp8_e4m3_t float_to_fp8_e4m3(float f) {
+  const std::uint32_t u = float_bits(f);
+  const std::uint8_t sign = static_cast<std::uint8_t>((u >> 24) & 0x80u);
+  const std::uint32_t abs = u & 0x7fffffffu;
+  if (abs >= 0x7f800000u) return fp8_e4m3_t{static_cast<std::uint8_t>(sign | 0x7fu)};  // NaN, Inf
+  const std::uint32_t code = detail::round_to_small_float<3, 7>(abs);
+  return fp8_e4m3_t{static_cast<std::uint8_t>(sign | (code > 0x7eu ? 0x7eu : code))};
+}
+
+PAGEDATTN_HOST_DEVICE fp8_e5m2_t float_to_fp8_e5m2(float f) {
+  const std::uint32_t u = float_bits(f);
+  const std::uint8_t sign = static_cast<std::uint8_t>((u >> 24) & 0x80u);
+  const std::uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return fp8_e5m2_t{static_cast<std::uint8_t>(sign | 0x7eu)};   // NaN
+  if (abs == 0x7f800000u) return fp8_e5m2_t{static_cast<std::uint8_t>(sign | 0x7cu)};  // Inf
+  const std::uint32_t code = detail::round_to_small_float<2, 15>(abs);
+  return fp8_e5m2_t{static_cast<std::uint8_t>(sign | (code > 0x7bu ? 0x7bu : code))};
+}
+
+}  // namespace pagedattn

@@ -1,0 +1,157 @@
+// The fp8 conversions (core/include/pagedattn/fp8.hpp), exhaustively: every one of the 256 codes
+// of each format against the format's definition; every finite code back to itself; every
+// midpoint between neighbours to the even one; saturation, NaN and Inf; and random f32 values
+// against a brute-force search for the nearest code (ties to even).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+
+#include "pagedattn/fp8.hpp"
+#include "test_seed.hpp"
+
+namespace pagedattn {
+namespace {
+
+// The value of a code by the definition: (-1)^s * 2^(e - bias) * (1 + m / 2^M), or
+// 2^(1 - bias) * m / 2^M for e = 0; NaN and Inf as each format defines them.
+double by_definition(std::uint8_t c, int M, int bias, bool ieee_specials) {
+  const int E = 7 - M;
+  const int s = c >> 7, e = (c >> M) & ((1 << E) - 1), m = c & ((1 << M) - 1);
+  const double sign = s ? -1.0 : 1.0;
+  if (ieee_specials && e == (1 << E) - 1) {
+    return m == 0 ? sign * std::numeric_limits<double>::infinity()
+                  : std::numeric_limits<double>::quiet_NaN();
+  }
+  if (!ieee_specials && e == (1 << E) - 1 && m == (1 << M) - 1) {
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+  if (e == 0) return sign * std::ldexp(m, 1 - bias - M);
+  return sign * std::ldexp((1 << M) + m, e - bias - M);
+}
+
+struct Format {
+  const char* name;
+  int M, bias;
+  bool ieee;
+  std::uint8_t max_code;  // largest finite
+  float (*decode)(std::uint8_t);
+  std::uint8_t (*encode)(float);
+};
+
+const Format kFormats[] = {
+    {"e4m3", 3, 7, false, 0x7e, [](std::uint8_t c) { return fp8_e4m3_to_float({c}); },
+     [](float f) { return float_to_fp8_e4m3(f).bits; }},
+    {"e5m2", 2, 15, true, 0x7b, [](std::uint8_t c) { return fp8_e5m2_to_float({c}); },
+     [](float f) { return float_to_fp8_e5m2(f).bits; }},
+};
+
+bool is_nan_code(const Format& f, std::uint8_t c) { return std::isnan(f.decode(c)); }
+
+TEST(Fp8, EveryCodeDecodesByTheDefinition) {
+  for (const Format& f : kFormats) {
+    SCOPED_TRACE(f.name);
+    for (int c = 0; c < 256; ++c) {
+      const double want = by_definition(static_cast<std::uint8_t>(c), f.M, f.bias, f.ieee);
+      const float got = f.decode(static_cast<std::uint8_t>(c));
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got)) << c;
+      } else {
+        EXPECT_EQ(static_cast<double>(got), want) << c;
+        EXPECT_EQ(std::signbit(got), (c & 0x80) != 0) << c;
+      }
+    }
+    EXPECT_EQ(f.decode(f.max_code), f.ieee ? 57344.f : 448.f);
+  }
+}
+
+TEST(Fp8, FiniteCodesRoundTripAndMidpointsGoToEven) {
+  for (const Format& f : kFormats) {
+    SCOPED_TRACE(f.name);
+    for (int c = 0; c < 256; ++c) {
+      const std::uint8_t code = static_cast<std::uint8_t>(c);
+      const float v = f.decode(code);
+      if (std::isnan(v)) {
+        EXPECT_TRUE(is_nan_code(f, f.encode(v))) << c;
+        continue;
+      }
+      if (std::isinf(v)) continue;
+      EXPECT_EQ(f.encode(v), code) << c;
+    }
+    // Positive neighbours c, c + 1 (both finite): the midpoint (exact in f32) goes to the even
+    // code, a step of one f32 ulp either side to the nearer one.
+    for (int c = 0; c < f.max_code; ++c) {
+      const float lo = f.decode(static_cast<std::uint8_t>(c));
+      const float hi = f.decode(static_cast<std::uint8_t>(c + 1));
+      const float mid = (lo + hi) / 2;
+      ASSERT_EQ(static_cast<double>(mid), (static_cast<double>(lo) + hi) / 2) << c;
+      EXPECT_EQ(f.encode(mid), (c % 2 == 0) ? c : c + 1) << c;
+      EXPECT_EQ(f.encode(std::nextafter(mid, 0.f)), c) << c;
+      EXPECT_EQ(f.encode(std::nextafter(mid, 1e30f)), c + 1) << c;
+      EXPECT_EQ(f.encode(-mid), ((c % 2 == 0) ? c : c + 1) | 0x80) << c;
+    }
+  }
+}
+
+TEST(Fp8, SaturationNaNAndInf) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const Format& f : kFormats) {
+    SCOPED_TRACE(f.name);
+    const float max = f.decode(f.max_code);
+    for (float big :
+         {max, std::nextafter(max, inf), max * 1.2f, 1e30f, std::numeric_limits<float>::max()}) {
+      EXPECT_EQ(f.encode(big), f.max_code) << big;
+      EXPECT_EQ(f.encode(-big), f.max_code | 0x80) << big;
+    }
+    EXPECT_TRUE(is_nan_code(f, f.encode(nan)));
+    EXPECT_TRUE(is_nan_code(f, f.encode(-nan)));
+    if (f.ieee) {  // e5m2 keeps Inf
+      EXPECT_EQ(f.encode(inf), 0x7c);
+      EXPECT_EQ(f.encode(-inf), 0xfc);
+    } else {  // e4m3 has none: NaN, never a value that looks valid
+      EXPECT_TRUE(is_nan_code(f, f.encode(inf)));
+      EXPECT_TRUE(is_nan_code(f, f.encode(-inf)));
+    }
+    // Below half the smallest subnormal: zero of the sign; f32 subnormals too.
+    const float tiny = f.decode(1) / 2;
+    EXPECT_EQ(f.encode(tiny), 0);  // a tie: to even (zero)
+    EXPECT_EQ(f.encode(std::nextafter(tiny, 1.f)), 1);
+    EXPECT_EQ(f.encode(-1e-40f), 0x80);
+    EXPECT_EQ(f.encode(0.f), 0);
+    EXPECT_EQ(f.encode(-0.f), 0x80);
+  }
+}
+
+// The nearest finite code by search (ties to the even code), saturating past the largest.
+std::uint8_t nearest(const Format& f, float x) {
+  const bool neg = std::signbit(x);
+  const double a = std::fabs(static_cast<double>(x));
+  int best = 0;
+  double best_err = a;
+  for (int c = 1; c <= f.max_code; ++c) {
+    const double err = std::fabs(a - f.decode(static_cast<std::uint8_t>(c)));
+    if (err < best_err || (err == best_err && c % 2 == 0)) best = c, best_err = err;
+  }
+  return static_cast<std::uint8_t>(best | (neg ? 0x80 : 0));
+}
+
+TEST(Fp8, RandomValuesGoToTheNearestCode) {
+  std::mt19937_64 rng(testing::seed_for_test());
+  SCOPED_TRACE("PAGEDATTN_TEST_SEED=" + std::to_string(testing::base_seed()));
+  std::uniform_real_distribution<float> exponent(-22.f, 17.f);
+  std::uniform_real_distribution<float> unit(-1.f, 1.f);
+  for (const Format& f : kFormats) {
+    SCOPED_TRACE(f.name);
+    for (int i = 0; i < 20000; ++i) {
+      const float x = unit(rng) * std::exp2(exponent(rng));
+      ASSERT_EQ(f.encode(x), nearest(f, x)) << x;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pagedattn
