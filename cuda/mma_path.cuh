@@ -33,7 +33,7 @@ struct MmaCfg {
 };
 
 template <typename T, int D>
-__device__ __forceinline__ void mma_item(const SplitParams& p, const WorkItem& item,
+__device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& item,
                                          typename MmaCfg<T, D>::Pipe& pipe, char* smem) {
   using Cfg = MmaCfg<T, D>;
   using Op = MmaOp<T>;

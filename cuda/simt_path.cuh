@@ -66,7 +66,7 @@ struct SimtCfg {
 };
 
 template <typename T, int D>
-__device__ __forceinline__ void simt_item(const SplitParams& p, const WorkItem& item,
+__device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& item,
                                           typename SimtCfg<T, D>::Pipe& pipe, char* smem) {
   using Cfg = SimtCfg<T, D>;
   constexpr int STAGES = Cfg::STAGES;

@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   const int i = blockIdx.x;
-  WorkItem item;
+  CtaItem item;
   item.head_chunk = i % p.head_chunks;
   item.kv = (i / p.head_chunks) % p.num_kv_heads;
   plan_item(p, i / (p.head_chunks * p.num_kv_heads), &plan);

@@ -42,7 +42,7 @@ struct SplitParams {
 
 // One CTA's share of the plan, derived on the device (split_kernel.cuh) and handed to the
 // compute paths.
-struct WorkItem {
+struct CtaItem {
   int seq;                 // b
   int kv;                  // kv head
   int head_chunk;          // CUDA-core path with group > 16: which 16 heads of the group
