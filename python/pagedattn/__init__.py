@@ -117,7 +117,9 @@ def _is_cupy(x: Any) -> bool:
 
 
 def _is_ml_bf16(x: Any) -> bool:
-    return _is_numpy(x) and x.dtype.name == "bfloat16"
+    # ml_dtypes' bfloat16 is a user-defined NumPy dtype (kind "V"); testing the kind first keeps
+    # the common case cheap (dtype.name is a slow property, and this runs for every tensor).
+    return _is_numpy(x) and x.dtype.kind == "V" and x.dtype.name == "bfloat16"
 
 
 def _looks_like_tensor(x: Any) -> bool:
@@ -147,14 +149,20 @@ def _cuda_device(x: Any) -> Optional[int]:
 
 
 def _unwrap(x: Any, name: str, tags: List[str]) -> Any:
-    """The object handed to the module: bf16 markings noted in ``tags``, autograd detached."""
+    """The object handed to the module: bf16 markings noted in ``tags``, autograd detached.
+    Runs for every tensor of every call, so the common cases return early."""
     if isinstance(x, BF16Bits):
         tags.append(name)
         x = x.tensor
-    elif _is_ml_bf16(x):
-        tags.append(name)
-        return x.view(_module("numpy").uint16)
-    if _is_torch(x) and x.requires_grad:
+    else:
+        np = sys.modules.get("numpy")
+        if np is not None and isinstance(x, np.ndarray):
+            if x.dtype.kind == "V" and x.dtype.name == "bfloat16":  # ml_dtypes' bfloat16
+                tags.append(name)
+                return x.view(np.uint16)
+            return x
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor) and x.requires_grad:
         x = x.detach()
     return x
 
@@ -302,13 +310,12 @@ def decode(
     k_in = _unwrap(k_cache, "k_cache", tags)
     v_in = _unwrap(v_cache, "v_cache", tags)
     like = q.tensor if isinstance(q, BF16Bits) else q
-    shape = tuple(int(s) for s in q_in.shape)
     if out is None:
-        out = _empty(like, shape, False, "out")
+        out = _empty(like, tuple(int(s) for s in q_in.shape), False, "out")
         if isinstance(q, BF16Bits):
             out = BF16Bits(out)
     if lse is None and return_lse:
-        lse = _empty(like, shape[:2], True, "lse")
+        lse = _empty(like, tuple(int(s) for s in q_in.shape[:2]), True, "lse")
     out_user = out.tensor if isinstance(out, BF16Bits) else out
     out_in = _unwrap(out, "out", tags)
     lse_in = None if lse is None else _unwrap(lse, "lse", tags)
