@@ -36,7 +36,8 @@ void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
     }
     if (backend == Backend::kCuda) {
       fail(ErrorCode::kUnsupported, "backend", "cuda",
-           "context-parallel decode runs on the CPU backend so far");
+           "context-parallel decode runs on the CPU backend (no communicator over device "
+           "memory)");
     }
     validate_shapes(args);
     if (args.batch > 0) validate_tables(args, args.context_lens, args.block_table);

@@ -7,7 +7,7 @@
 // From f32: round to nearest, ties to even; finite values beyond the range saturate to the
 // largest finite value of the sign; NaN stays NaN; Inf stays Inf in e5m2 and becomes NaN in e4m3
 // (which has no Inf), so a non-finite value never turns into one that looks valid.
-// No DType uses them yet: they are the first piece of fp8 KV caches.
+// No DType stores them: they are conversions only, for fp8 KV caches.
 #pragma once
 
 #include <cstdint>
