@@ -81,6 +81,36 @@ PAGEDATTN_HOST_DEVICE float f16_to_float(f16_t h) {
   return bits_float(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
+namespace detail {
+
+// The code (exponent << M | mantissa) of a float format with M mantissa bits and exponent bias
+// BIAS nearest to the value of `abs` (|x|'s f32 bits, not NaN), ties to even. The exponent is
+// not bounded above: the caller saturates (Inf rounds past every finite code). Subnormals of
+// both f32 and the format are handled. float_to_f16 and the fp8 conversions share it.
+template <int M, int BIAS>
+PAGEDATTN_HOST_DEVICE std::uint32_t round_to_small_float(std::uint32_t abs) {
+  constexpr std::uint32_t kMinNormal = static_cast<std::uint32_t>(127 + 1 - BIAS) << 23;
+  if (abs < kMinNormal) {  // a subnormal of the format (or zero): units of 2^(1 - BIAS - M)
+    if (abs == 0) return 0;
+    const std::uint32_t exp = abs >> 23;
+    const std::uint32_t man = exp ? (abs & 0x7fffffu) | 0x800000u : abs & 0x7fffffu;
+    const int e = exp ? static_cast<int>(exp) : 1;
+    const int shift = 151 - BIAS - M - e;  // value / unit = man >> shift
+    if (shift > 25) return 0;              // below half a unit
+    std::uint32_t code = man >> shift;
+    const std::uint32_t rem = man & ((1u << shift) - 1u);
+    const std::uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (code & 1u))) ++code;  // may reach the smallest normal
+    return code;
+  }
+  // Normal: rebias the exponent, round the mantissa to M bits (a carry rolls into the exponent).
+  std::uint32_t v = abs - (static_cast<std::uint32_t>(127 - BIAS) << 23);
+  v += (1u << (22 - M)) - 1u + ((v >> (23 - M)) & 1u);
+  return v >> (23 - M);
+}
+
+}  // namespace detail
+
 PAGEDATTN_HOST_DEVICE f16_t float_to_f16(float f) {
   const std::uint32_t u = float_bits(f);
   const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
@@ -88,24 +118,9 @@ PAGEDATTN_HOST_DEVICE f16_t float_to_f16(float f) {
   if (abs > 0x7f800000u) {  // NaN: quiet, keep the top payload bits
     return f16_t{static_cast<std::uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu))};
   }
-  if (abs >= 0x477ff000u) {  // rounds to >= 65520: overflow to Inf (Inf stays Inf)
-    return f16_t{static_cast<std::uint16_t>(sign | 0x7c00u)};
-  }
-  if (abs < 0x38800000u) {  // below the smallest normal f16 (2^-14): subnormal or zero
-    if (abs < 0x33000000u) return f16_t{sign};  // below half the smallest subnormal (2^-25)
-    const std::uint32_t exp = abs >> 23;
-    const std::uint32_t man = (abs & 0x7fffffu) | 0x800000u;
-    const std::uint32_t shift = 126u - exp;  // 14..24 (13 for the f16 mantissa + the exponent gap)
-    std::uint32_t half = man >> shift;
-    const std::uint32_t rem = man & ((1u << shift) - 1u);
-    const std::uint32_t mid = 1u << (shift - 1u);
-    if (rem > mid || (rem == mid && (half & 1u))) ++half;
-    return f16_t{static_cast<std::uint16_t>(sign | half)};
-  }
-  // Normal: rebias the exponent, round the mantissa to 10 bits (a carry rolls into the exponent).
-  std::uint32_t v = abs - (112u << 23);
-  v += 0xfffu + ((v >> 13) & 1u);
-  return f16_t{static_cast<std::uint16_t>(sign | (v >> 13))};
+  // Rounding to 65520 or more (Inf included) reaches the Inf code: overflow to Inf.
+  const std::uint32_t code = detail::round_to_small_float<10, 15>(abs);
+  return f16_t{static_cast<std::uint16_t>(sign | (code > 0x7c00u ? 0x7c00u : code))};
 }
 
 // Typed load/store of one element as f32: the one place storage types meet arithmetic.

@@ -24,35 +24,6 @@ struct fp8_e5m2_t {
   std::uint8_t bits;
 };
 
-namespace detail {
-
-// |x|'s float bits (finite) rounded to the code (exponent << M | mantissa) of a format with M
-// mantissa bits and exponent bias BIAS, ties to even; the exponent is not bounded above (the
-// caller saturates). Subnormals of both f32 and the format are handled.
-template <int M, int BIAS>
-PAGEDATTN_HOST_DEVICE std::uint32_t round_to_small_float(std::uint32_t abs) {
-  constexpr std::uint32_t kMinNormal = static_cast<std::uint32_t>(127 + 1 - BIAS) << 23;
-  if (abs < kMinNormal) {  // a subnormal of the format (or zero): units of 2^(1 - BIAS - M)
-    if (abs == 0) return 0;
-    const std::uint32_t exp = abs >> 23;
-    const std::uint32_t man = exp ? (abs & 0x7fffffu) | 0x800000u : abs & 0x7fffffu;
-    const int e = exp ? static_cast<int>(exp) : 1;
-    const int shift = 151 - BIAS - M - e;  // value / unit = man >> shift
-    if (shift > 25) return 0;              // below half a unit
-    std::uint32_t code = man >> shift;
-    const std::uint32_t rem = man & ((1u << shift) - 1u);
-    const std::uint32_t mid = 1u << (shift - 1);
-    if (rem > mid || (rem == mid && (code & 1u))) ++code;  // may reach the smallest normal
-    return code;
-  }
-  // Normal: rebias the exponent, round the mantissa to M bits (a carry rolls into the exponent).
-  std::uint32_t v = abs - (static_cast<std::uint32_t>(127 - BIAS) << 23);
-  v += (1u << (22 - M)) - 1u + ((v >> (23 - M)) & 1u);
-  return v >> (23 - M);
-}
-
-}  // namespace detail
-
 PAGEDATTN_HOST_DEVICE float fp8_e4m3_to_float(fp8_e4m3_t c) {
   const std::uint32_t sign = static_cast<std::uint32_t>(c.bits & 0x80u) << 24;
   const std::uint32_t exp = (c.bits >> 3) & 0xfu, man = c.bits & 0x7u;
