@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "pagedattn/detail/backends.hpp"
 #include "pagedattn/validate.hpp"
 
 namespace pagedattn {
@@ -17,7 +18,7 @@ namespace {
 // What every rank tells the others before any work: the shapes the merge depends on, and
 // whether its own arguments passed validation.
 struct Header {
-  std::int32_t ok, batch, num_heads, head_dim, out_dtype, has_lse;
+  std::int32_t ok, batch, num_heads, head_dim;
 };
 
 }  // namespace
@@ -44,12 +45,7 @@ void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
   } catch (const Error&) {
     local_error = std::current_exception();
   }
-  const Header mine{local_error ? 0 : 1,
-                    args.batch,
-                    args.num_heads,
-                    args.head_dim,
-                    static_cast<int>(args.out_dtype),
-                    args.lse != nullptr ? 1 : 0};
+  const Header mine{local_error ? 0 : 1, args.batch, args.num_heads, args.head_dim};
   std::vector<Header> all(ranks);
   comm.all_gather(&mine, all.data(), sizeof(Header), options.cuda_stream);
   if (local_error) std::rethrow_exception(local_error);
@@ -84,7 +80,7 @@ void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
   local.out = out.data();
   local.out_dtype = DType::kF32;
   local.lse = lse.data();
-  decode(local, options);
+  detail::cpu::decode(local, detail::DecodeOptions(options));  // validated above, not again
   std::vector<float> parts(ranks * rows * D), part_lse(ranks * rows);
   comm.all_gather(out.data(), parts.data(), sizeof(float) * rows * D, options.cuda_stream);
   comm.all_gather(lse.data(), part_lse.data(), sizeof(float) * rows, options.cuda_stream);
