@@ -194,6 +194,24 @@ def _empty(like: Any, shape: Tuple[int, ...], float32: bool, name: str) -> Any:
     )
 
 
+def _outputs(like_arg: Any, out: Any, lse: Any, return_lse: bool, out_shape: Sequence[int],
+             tags: List[str]):
+    """out (when None: allocated like ``like_arg`` with ``out_shape``, bf16-marked like it) and
+    lse (when None and ``return_lse``: float32, out's shape without head_dim). Returns (out,
+    lse, out as the caller gets it back, out and lse as handed to the module)."""
+    like = like_arg.tensor if isinstance(like_arg, BF16Bits) else like_arg
+    if out is None:
+        out = _empty(like, tuple(int(s) for s in out_shape), False, "out")
+        if isinstance(like_arg, BF16Bits):
+            out = BF16Bits(out)
+    if lse is None and return_lse:
+        lse = _empty(like, tuple(int(s) for s in out_shape[:-1]), True, "lse")
+    out_user = out.tensor if isinstance(out, BF16Bits) else out
+    out_in = _unwrap(out, "out", tags)
+    lse_in = None if lse is None else _unwrap(lse, "lse", tags)
+    return out, lse, out_user, out_in, lse_in
+
+
 def _stream(stream: Stream, like: Any) -> int:
     if stream is None:
         if _is_torch(like) and like.device.type == "cuda":
@@ -309,16 +327,7 @@ def decode(
     q_in = _unwrap(q, "q", tags)
     k_in = _unwrap(k_cache, "k_cache", tags)
     v_in = _unwrap(v_cache, "v_cache", tags)
-    like = q.tensor if isinstance(q, BF16Bits) else q
-    if out is None:
-        out = _empty(like, tuple(int(s) for s in q_in.shape), False, "out")
-        if isinstance(q, BF16Bits):
-            out = BF16Bits(out)
-    if lse is None and return_lse:
-        lse = _empty(like, tuple(int(s) for s in q_in.shape[:2]), True, "lse")
-    out_user = out.tensor if isinstance(out, BF16Bits) else out
-    out_in = _unwrap(out, "out", tags)
-    lse_in = None if lse is None else _unwrap(lse, "lse", tags)
+    out, lse, out_user, out_in, lse_in = _outputs(q, out, lse, return_lse, q_in.shape, tags)
     ws_in = None if workspace is None else _unwrap(workspace, "workspace", [])
     _ext.decode(
         q_in, k_in, v_in,
@@ -457,22 +466,13 @@ def merge_states(
     backend = _check_backend(backend)
     tags: List[str] = []
     parts_in = _unwrap(parts, "parts", tags)
-    like = parts.tensor if isinstance(parts, BF16Bits) else parts
     shape = tuple(int(s) for s in parts_in.shape)
     if len(shape) < 2:
         raise Error(
             f"pagedattn: parts.shape = {list(shape)}: expected [num_segments, ..., head_dim]",
             "parts",
         )
-    if out is None:
-        out = _empty(like, shape[1:], False, "out")
-        if isinstance(parts, BF16Bits):
-            out = BF16Bits(out)
-    if lse is None and return_lse:
-        lse = _empty(like, shape[1:-1], True, "lse")
-    out_user = out.tensor if isinstance(out, BF16Bits) else out
-    out_in = _unwrap(out, "out", tags)
-    lse_in = None if lse is None else _unwrap(lse, "lse", tags)
+    out, lse, out_user, out_in, lse_in = _outputs(parts, out, lse, return_lse, shape[1:], tags)
     _ext.merge_states(
         parts_in, _unwrap(part_lse, "part_lse", []), out_in, lse_in, backend,
         _stream(stream, parts_in), tags,
