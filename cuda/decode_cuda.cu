@@ -61,11 +61,10 @@ int split_ctas_per_sm(const DecodeArgs& a) {
       break;
   }
   if (n <= 0) {
-    int dev = 0, optin = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     cudaGetLastError();  // the failed attribute call's error is reported here, not later
     const DeviceInfo& d = current_device();
+    int optin = 0;
+    cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, d.device);
     fail(ErrorCode::kUnsupported, "head_dim", a.head_dim,
          std::string("the CUDA kernel for this head dim and k_dtype ") + dtype_name(a.k_dtype) +
              " needs more shared memory per block than this GPU (compute capability " +
