@@ -14,7 +14,8 @@ namespace pagedattn::detail::cpu {
 namespace {
 
 template <typename Part, typename Out>
-void merge_typed(const MergeStatesArgs& a, const MergeStatesOptions& o) {
+void merge_typed(const MergeStatesArgs& a, const SegmentStrides& strides,
+                 const MergeStatesOptions& o) {
   const int S = a.num_segments, D = a.head_dim;
   const std::int64_t R = a.num_rows;
   const auto* parts = static_cast<const Part*>(a.parts);
@@ -31,8 +32,8 @@ void merge_typed(const MergeStatesArgs& a, const MergeStatesOptions& o) {
       for (int d = 0; d < D; ++d) acc[d] = 0.f;
       for (int s = 0; s < S; ++s) {
         float fa = 0.f, fb = 0.f;
-        if (!st.merge(segment_state(a.part_lse[s * R + r]), fa, fb)) continue;
-        const Part* p = parts + (s * R + r) * D;
+        if (!st.merge(segment_state(a.part_lse[s * strides.lse + r]), fa, fb)) continue;
+        const Part* p = parts + s * strides.parts + r * D;
         for (int d = 0; d < D; ++d) acc[d] = acc[d] * fa + to_float(p[d]) * fb;
       }
       const float inv = st.inv_sum();
@@ -43,27 +44,27 @@ void merge_typed(const MergeStatesArgs& a, const MergeStatesOptions& o) {
 }
 
 template <typename Part>
-void merge_to(const MergeStatesArgs& a, const MergeStatesOptions& o) {
+void merge_to(const MergeStatesArgs& a, const SegmentStrides& st, const MergeStatesOptions& o) {
   switch (a.out_dtype) {
     case DType::kF32:
-      return merge_typed<Part, float>(a, o);
+      return merge_typed<Part, float>(a, st, o);
     case DType::kF16:
-      return merge_typed<Part, f16_t>(a, o);
+      return merge_typed<Part, f16_t>(a, st, o);
     case DType::kBF16:
-      return merge_typed<Part, bf16_t>(a, o);
+      return merge_typed<Part, bf16_t>(a, st, o);
   }
 }
 
 }  // namespace
 
-void merge_states(const MergeStatesArgs& a, const MergeStatesOptions& o) {
+void merge_states(const MergeStatesArgs& a, const SegmentStrides& st, const MergeStatesOptions& o) {
   switch (a.part_dtype) {
     case DType::kF32:
-      return merge_to<float>(a, o);
+      return merge_to<float>(a, st, o);
     case DType::kF16:
-      return merge_to<f16_t>(a, o);
+      return merge_to<f16_t>(a, st, o);
     case DType::kBF16:
-      return merge_to<bf16_t>(a, o);
+      return merge_to<bf16_t>(a, st, o);
   }
 }
 

@@ -19,7 +19,7 @@ constexpr int kMergeThreads = 256;
 template <typename Part, typename Out>
 __global__ void __launch_bounds__(kMergeThreads)
     merge_kernel(const Part* parts, const float* part_lse, Out* out, float* lse, int S,
-                 std::int64_t R, int D) {
+                 std::int64_t R, int D, SegmentStrides strides) {
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kMergeThreads + threadIdx.x;
   if (i >= R * D) return;
   const std::int64_t r = i / D;
@@ -28,15 +28,15 @@ __global__ void __launch_bounds__(kMergeThreads)
   float acc = 0.f;
   for (int s = 0; s < S; ++s) {
     float fa = 0.f, fb = 0.f;
-    if (!st.merge(segment_state(part_lse[s * R + r]), fa, fb)) continue;
-    acc = acc * fa + to_float(parts[(s * R + r) * D + d]) * fb;
+    if (!st.merge(segment_state(part_lse[s * strides.lse + r]), fa, fb)) continue;
+    acc = acc * fa + to_float(parts[s * strides.parts + r * D + d]) * fb;
   }
   out[i] = from_float<Out>(acc * st.inv_sum());
   if (lse != nullptr && d == 0) lse[r] = st.lse();
 }
 
 template <typename Part, typename Out>
-void launch(const MergeStatesArgs& a, cudaStream_t stream) {
+void launch(const MergeStatesArgs& a, const SegmentStrides& strides, cudaStream_t stream) {
   const std::int64_t n = static_cast<std::int64_t>(a.num_rows) * a.head_dim;
   const std::int64_t blocks = (n + kMergeThreads - 1) / kMergeThreads;
   if (blocks > INT32_MAX) {
@@ -44,33 +44,34 @@ void launch(const MergeStatesArgs& a, cudaStream_t stream) {
   }
   merge_kernel<Part, Out><<<static_cast<unsigned>(blocks), kMergeThreads, 0, stream>>>(
       static_cast<const Part*>(a.parts), a.part_lse, static_cast<Out*>(a.out), a.lse,
-      a.num_segments, a.num_rows, a.head_dim);
+      a.num_segments, a.num_rows, a.head_dim, strides);
   check(cudaGetLastError(), "merge_states kernel launch");
 }
 
 template <typename Part>
-void launch_to(const MergeStatesArgs& a, cudaStream_t stream) {
+void launch_to(const MergeStatesArgs& a, const SegmentStrides& strides, cudaStream_t stream) {
   switch (a.out_dtype) {
     case DType::kF32:
-      return launch<Part, float>(a, stream);
+      return launch<Part, float>(a, strides, stream);
     case DType::kF16:
-      return launch<Part, f16_t>(a, stream);
+      return launch<Part, f16_t>(a, strides, stream);
     case DType::kBF16:
-      return launch<Part, bf16_t>(a, stream);
+      return launch<Part, bf16_t>(a, strides, stream);
   }
 }
 
 }  // namespace
 
-void merge_states(const MergeStatesArgs& a, const MergeStatesOptions& o) {
+void merge_states(const MergeStatesArgs& a, const SegmentStrides& strides,
+                  const MergeStatesOptions& o) {
   const auto stream = static_cast<cudaStream_t>(o.cuda_stream);
   switch (a.part_dtype) {
     case DType::kF32:
-      return launch_to<float>(a, stream);
+      return launch_to<float>(a, strides, stream);
     case DType::kF16:
-      return launch_to<f16_t>(a, stream);
+      return launch_to<f16_t>(a, strides, stream);
     case DType::kBF16:
-      return launch_to<bf16_t>(a, stream);
+      return launch_to<bf16_t>(a, strides, stream);
   }
 }
 

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "cuda_error.hpp"
+#include "pagedattn/detail/backends.hpp"
 #include "workspace.hpp"
 
 namespace pagedattn::detail::cuda {
@@ -44,6 +45,17 @@ StreamWorkspace::~StreamWorkspace() {
   // Ordered after every launch enqueued on the stream meanwhile; an error here (a broken
   // context) has already been reported by the launch that caused it.
   if (ptr_ != nullptr && cudaFreeAsync(ptr_, stream_) != cudaSuccess) cudaGetLastError();
+}
+
+std::shared_ptr<void> stream_scratch(std::size_t bytes, void* stream) {
+  auto* ws = new StreamWorkspace(bytes, static_cast<cudaStream_t>(stream));
+  return std::shared_ptr<void>(ws->get(), [ws](void*) { delete ws; });
+}
+
+void copy_and_wait(void* dst, const void* src, std::size_t bytes, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 }
 
 }  // namespace pagedattn::detail::cuda

@@ -1,53 +1,53 @@
-// context_parallel_decode(): every rank validates its own share, the ranks exchange a header
-// (shapes and whether their validation passed) so that a bad argument on one rank is an error on
-// all of them instead of a hang, then each decodes its share into f32 (out, lse), the states are
-// all-gathered and merged in rank order (merge_states), so every rank computes the same bits.
+// context_parallel_decode(): every rank validates its own share; over host memory (or with
+// check_group) the ranks exchange a header (shapes and whether their validation passed) so that a
+// bad argument on one rank is an error on all of them instead of a hang. Then each rank decodes
+// its share into f32 (out, lse), written straight into its own slot of the gather buffer (one
+// block of rows * (head_dim + 1) floats per rank: out, then lse), the blocks are all-gathered (or
+// gathered to the root) in place, and merged in rank order (merge_states over the strided
+// blocks), so every rank computes the same bits. The same steps run on both backends; only
+// where the buffers live differs.
 #include "pagedattn/context_parallel.hpp"
 
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "pagedattn/detail/backends.hpp"
+#include "pagedattn/detail/merge_backends.hpp"
 #include "pagedattn/validate.hpp"
 
 namespace pagedattn {
 namespace {
 
-// What every rank tells the others before any work: the shapes the merge depends on, and
-// whether its own arguments passed validation.
+// What every rank tells the others before any work: the shapes the merge depends on, whether
+// its own arguments passed validation, and the root it was asked for.
 struct Header {
-  std::int32_t ok, batch, num_heads, head_dim;
+  std::int32_t ok, batch, num_heads, head_dim, root;
 };
 
-}  // namespace
+constexpr std::size_t kAlign = 256;
 
-void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
-                             const DecodeOptions& options) {
+std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// The header exchange; throws on every rank alike when one rank's validation failed or the
+// shapes differ.
+void check_group(const DecodeArgs& args, Communicator& comm, Backend backend, int root,
+                 const std::exception_ptr& local_error, void* stream) {
   const int ranks = comm.size();
-  // Local validation; its error is rethrown after the header exchange, when every rank knows.
-  std::exception_ptr local_error;
-  try {
-    validate_options(options);
-    const Backend backend = resolve_backend(options.backend);
-    if (backend != comm.memory()) {
-      fail(ErrorCode::kInvalidArgument, "backend", backend_name(backend),
-           std::string("must be the communicator's memory, ") + backend_name(comm.memory()));
-    }
-    if (backend == Backend::kCuda) {
-      fail(ErrorCode::kUnsupported, "backend", "cuda",
-           "context-parallel decode runs on the CPU backend (no communicator over device "
-           "memory)");
-    }
-    validate_shapes(args);
-    if (args.batch > 0) validate_tables(args, args.context_lens, args.block_table);
-  } catch (const Error&) {
-    local_error = std::current_exception();
-  }
-  const Header mine{local_error ? 0 : 1, args.batch, args.num_heads, args.head_dim};
+  const Header mine{local_error ? 0 : 1, args.batch, args.num_heads, args.head_dim, root};
   std::vector<Header> all(ranks);
-  comm.all_gather(&mine, all.data(), sizeof(Header), options.cuda_stream);
+  if (backend == Backend::kCuda) {
+    std::shared_ptr<void> dev = detail::cuda::stream_scratch(sizeof(Header) * (ranks + 1), stream);
+    auto* recv = static_cast<char*>(dev.get());
+    char* send = recv + sizeof(Header) * comm.rank();
+    detail::cuda::copy_and_wait(send, &mine, sizeof(Header), stream);
+    comm.all_gather(send, recv, sizeof(Header), stream);
+    detail::cuda::copy_and_wait(all.data(), recv, sizeof(Header) * ranks, stream);
+  } else {
+    comm.all_gather(&mine, all.data(), sizeof(Header), stream);
+  }
   if (local_error) std::rethrow_exception(local_error);
   for (int r = 0; r < ranks; ++r) {
     if (!all[r].ok) {
@@ -69,36 +69,126 @@ void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
     differs("batch", first.batch, h.batch);
     differs("num_heads", first.num_heads, h.num_heads);
     differs("head_dim", first.head_dim, h.head_dim);
+    differs("root", first.root, h.root);
+  }
+}
+
+}  // namespace
+
+std::size_t context_parallel_state_bytes(const DecodeArgs& args) {
+  return static_cast<std::size_t>(args.batch) * args.num_heads * (args.head_dim + 1) *
+         sizeof(float);
+}
+
+std::size_t context_parallel_workspace_size(const DecodeArgs& args, int ranks) {
+  if (ranks < 1) fail(ErrorCode::kInvalidArgument, "ranks", ranks, "must be at least 1");
+  DecodeArgs local = args;
+  local.out_dtype = DType::kF32;
+  return align_up(static_cast<std::size_t>(ranks) * context_parallel_state_bytes(args)) +
+         cuda_workspace_size(local);
+}
+
+void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
+                             const DecodeOptions& options,
+                             const ContextParallelOptions& cp_options) {
+  const int ranks = comm.size();
+  const int rank = comm.rank();
+  const int root = cp_options.root;
+  const Backend memory = comm.memory();
+  // Local validation; over host memory its error is rethrown after the header exchange, when
+  // every rank knows.
+  std::exception_ptr local_error;
+  try {
+    validate_options(options);
+    if (root < -1 || root >= ranks) {
+      fail(ErrorCode::kInvalidArgument, "root", root,
+           "must be -1 (every rank) or a rank in [0, " + std::to_string(ranks) + ")");
+    }
+    const Backend backend = resolve_backend(options.backend);
+    if (backend != memory) {
+      fail(ErrorCode::kInvalidArgument, "backend", backend_name(backend),
+           std::string("must be the communicator's memory, ") + backend_name(memory));
+    }
+    validate_shapes(args);
+    if (args.batch > 0 && backend == Backend::kCpu) {
+      validate_tables(args, args.context_lens, args.block_table);
+    }
+    if (backend == Backend::kCuda && options.workspace != nullptr &&
+        options.workspace_bytes < context_parallel_workspace_size(args, ranks)) {
+      fail(ErrorCode::kInvalidArgument, "workspace_bytes", options.workspace_bytes,
+           "too small: context_parallel_workspace_size() = " +
+               std::to_string(context_parallel_workspace_size(args, ranks)));
+    }
+  } catch (const Error&) {
+    if (memory == Backend::kCuda && !cp_options.check_group) throw;
+    local_error = std::current_exception();
+  }
+  if (memory == Backend::kCpu || cp_options.check_group) {
+    check_group(args, comm, memory, root, local_error, options.cuda_stream);
   }
   if (args.batch == 0) return;
 
-  // This rank's share in f32, then every rank's, then the merge in rank order.
+  // One block per rank: rows * D floats of out, then rows floats of lse.
   const std::int64_t rows = static_cast<std::int64_t>(args.batch) * args.num_heads;
   const std::int64_t D = args.head_dim;
-  std::vector<float> out(rows * D), lse(rows);
+  const std::size_t block_bytes = context_parallel_state_bytes(args);
+  const std::size_t gathered_bytes = align_up(block_bytes * ranks);
+  std::vector<float> host;
+  std::shared_ptr<void> device;
+  float* gathered = nullptr;
+  detail::DecodeOptions local_options(options);
+  if (memory == Backend::kCuda) {
+    if (options.workspace != nullptr) {
+      gathered = static_cast<float*>(options.workspace);
+      local_options.workspace = static_cast<char*>(options.workspace) + gathered_bytes;
+      local_options.workspace_bytes = options.workspace_bytes - gathered_bytes;
+    } else {
+      device = detail::cuda::stream_scratch(gathered_bytes, options.cuda_stream);
+      gathered = static_cast<float*>(device.get());
+    }
+  } else {
+    host.resize(gathered_bytes / sizeof(float));
+    gathered = host.data();
+  }
+  const std::int64_t block_floats = rows * (D + 1);
+  float* mine = gathered + rank * block_floats;
+
   DecodeArgs local = args;
-  local.out = out.data();
+  local.out = mine;
   local.out_dtype = DType::kF32;
-  local.lse = lse.data();
-  detail::cpu::decode(local, detail::DecodeOptions(options));  // validated above, not again
-  std::vector<float> parts(ranks * rows * D), part_lse(ranks * rows);
-  comm.all_gather(out.data(), parts.data(), sizeof(float) * rows * D, options.cuda_stream);
-  comm.all_gather(lse.data(), part_lse.data(), sizeof(float) * rows, options.cuda_stream);
+  local.lse = mine + rows * D;
+  if (memory == Backend::kCuda) {
+    detail::cuda::decode(local, local_options);
+  } else {
+    detail::cpu::decode(local, local_options);  // validated above, not again
+  }
+  if (root < 0) {
+    comm.all_gather(mine, gathered, block_bytes, options.cuda_stream);
+  } else {
+    comm.gather(mine, gathered, block_bytes, root, options.cuda_stream);
+    if (rank != root) return;
+  }
 
   MergeStatesArgs m;
   m.num_segments = ranks;
   m.num_rows = static_cast<int>(rows);
   m.head_dim = args.head_dim;
-  m.parts = parts.data();
+  m.parts = gathered;
   m.part_dtype = DType::kF32;
-  m.part_lse = part_lse.data();
+  m.part_lse = gathered + rows * D;
   m.out = args.out;
   m.out_dtype = args.out_dtype;
   m.lse = args.lse;
   MergeStatesOptions mo;
-  mo.backend = Backend::kCpu;
+  mo.backend = memory;
   mo.num_threads = options.num_threads;
-  merge_states(m, mo);
+  mo.cuda_stream = options.cuda_stream;
+  const detail::SegmentStrides strides{block_floats, block_floats};
+  if (memory == Backend::kCuda) {
+    detail::cuda::merge_states(m, strides, mo);
+  } else {
+    detail::cpu::merge_states(m, strides, mo);
+  }
 }
 
 }  // namespace pagedattn

@@ -1,6 +1,7 @@
 // make_local_group(): communicators for threads of one process over host memory. all_gather is
 // two barriers: every rank posts its send buffer, every rank copies all of them into its recv,
-// and no rank leaves (and may reuse its send buffer) before every copy is done.
+// and no rank leaves (and may reuse its send buffer) before every copy is done; gather is the
+// same with only the root copying.
 #include <condition_variable>
 #include <cstring>
 #include <memory>
@@ -44,6 +45,20 @@ class LocalCommunicator final : public Communicator {
   Backend memory() const override { return Backend::kCpu; }
 
   void all_gather(const void* send, void* recv, std::size_t bytes, void*) override {
+    exchange(send, recv, bytes, /*copy=*/true);
+  }
+
+  void gather(const void* send, void* recv, std::size_t bytes, int root, void*) override {
+    if (root < 0 || root >= s_->ranks) {
+      fail(ErrorCode::kInvalidArgument, "root", root, "is not a rank of the group");
+    }
+    exchange(send, recv, bytes, /*copy=*/rank_ == root);
+  }
+
+ private:
+  // Posts `send`, waits for every rank, copies every rank's buffer into recv when `copy`, and
+  // waits again so that no send buffer is reused while another rank still reads it.
+  void exchange(const void* send, void* recv, std::size_t bytes, bool copy) {
     std::unique_lock<std::mutex> lock(s_->mutex);
     s_->sends[rank_] = send;
     s_->sizes[rank_] = bytes;
@@ -51,21 +66,21 @@ class LocalCommunicator final : public Communicator {
     // Every rank sees the same sizes, so a mismatch is an error on every rank alike.
     bool same = true;
     for (int r = 0; r < s_->ranks; ++r) same = same && s_->sizes[r] == bytes;
-    if (same) {
+    if (same && copy) {
       lock.unlock();
       for (int r = 0; r < s_->ranks; ++r) {
-        if (bytes) std::memcpy(static_cast<char*>(recv) + r * bytes, s_->sends[r], bytes);
+        char* to = static_cast<char*>(recv) + r * bytes;
+        if (bytes && to != s_->sends[r]) std::memcpy(to, s_->sends[r], bytes);  // in place: skip
       }
       lock.lock();
     }
     s_->barrier(lock);
     if (!same) {
       fail(ErrorCode::kInvalidArgument, "bytes", bytes,
-           "all_gather sizes differ between the ranks of the group");
+           "collective sizes differ between the ranks of the group");
     }
   }
 
- private:
   std::shared_ptr<SharedState> s_;
   int rank_;
 };

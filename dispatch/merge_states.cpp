@@ -13,10 +13,10 @@ void merge_states(const MergeStatesArgs& args, const MergeStatesOptions& options
   const Backend backend = resolve_backend(options.backend);
   if (args.num_rows == 0) return;
   if (backend == Backend::kCuda) {
-    detail::cuda::merge_states(args, options);
+    detail::cuda::merge_states(args, detail::SegmentStrides::packed(args), options);
     return;
   }
-  detail::cpu::merge_states(args, options);
+  detail::cpu::merge_states(args, detail::SegmentStrides::packed(args), options);
 }
 
 }  // namespace pagedattn

@@ -1,10 +1,12 @@
-// Context-parallel decode over the in-process group (pagedattn/context_parallel.hpp): 1-4 ranks
-// as threads, every sequence's blocks shared out by ranges (uneven, some ranks holding none) or
-// by strides; every rank must get the decode of the whole contexts (f64 reference), the same
-// bits on every rank. A bad argument on one rank is an error on every rank, never a hang.
+// Context-parallel decode (pagedattn/context_parallel.hpp) with 1-4 ranks as threads, on the CPU
+// over the in-process group and on one GPU over a communicator staged through it: every
+// sequence's blocks shared out by ranges (uneven, some ranks holding none) or by strides; every
+// rank (or the root) must get the decode of the whole contexts (f64 reference), the same bits on
+// every rank. A bad argument on one rank is an error on every rank, never a hang.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -12,9 +14,14 @@
 #include <tuple>
 #include <vector>
 
+#if PAGEDATTN_TESTS_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 #include "gtest_printers.hpp"
 #include "pagedattn/context_parallel.hpp"
 #include "pagedattn/error.hpp"
+#include "pagedattn/testing/device_case.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/testing/tolerance.hpp"
 #include "test_seed.hpp"
@@ -62,12 +69,53 @@ std::vector<RankShare> share_out(const testing::HostCase& c, int ranks, Share ho
   return out;
 }
 
-using CpParam = std::tuple<int, Share, DType>;  // ranks, share, out dtype
+#if PAGEDATTN_TESTS_WITH_CUDA
+// A communicator over device memory for threads on one GPU, so the CUDA protocol runs with any
+// number of ranks without NCCL: waits for the stream, stages the buffers through the host and the
+// in-process group. (tests/test_context_parallel_nccl.cpp runs the real NCCL communicator.)
+class StagedDeviceCommunicator final : public Communicator {
+ public:
+  explicit StagedDeviceCommunicator(Communicator& host) : host_(host) {}
+  int rank() const override { return host_.rank(); }
+  int size() const override { return host_.size(); }
+  Backend memory() const override { return Backend::kCuda; }
+  void all_gather(const void* send, void* recv, std::size_t bytes, void* stream) override {
+    exchange(send, recv, bytes, -1, stream);
+  }
+  void gather(const void* send, void* recv, std::size_t bytes, int root, void* stream) override {
+    exchange(send, recv, bytes, root, stream);
+  }
+
+ private:
+  void exchange(const void* send, void* recv, std::size_t bytes, int root, void* stream) {
+    const auto s = static_cast<cudaStream_t>(stream);
+    std::vector<char> mine(bytes), all(bytes * size());
+    ASSERT_EQ(cudaMemcpyAsync(mine.data(), send, bytes, cudaMemcpyDeviceToHost, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    if (root < 0) {
+      host_.all_gather(mine.data(), all.data(), bytes, nullptr);
+    } else {
+      host_.gather(mine.data(), all.data(), bytes, root, nullptr);
+      if (rank() != root) return;
+    }
+    ASSERT_EQ(cudaMemcpy(recv, all.data(), all.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  Communicator& host_;
+};
+#endif
+
+// Who gets the result: every rank (all-gather), or the last rank only (gather to a root).
+enum class Mode { kAll, kRootLast };
+
+using CpParam = std::tuple<Backend, int, Share, DType, Mode>;  // backend, ranks, share, out, mode
 
 class ContextParallel : public ::testing::TestWithParam<CpParam> {};
 
+// On CUDA each rank decodes device copies of its share on its own stream; with strides it also
+// passes a caller workspace (context_parallel_workspace_size), with ranges the library's scratch.
 TEST_P(ContextParallel, EveryRankGetsTheWholeDecode) {
-  const auto [ranks, how, out_dtype] = GetParam();
+  const auto [backend, ranks, how, out_dtype, mode] = GetParam();
+  if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
   testing::CaseSpec spec;
   spec.batch = 5;
   spec.num_heads = 8;
@@ -83,6 +131,8 @@ TEST_P(ContextParallel, EveryRankGetsTheWholeDecode) {
   testing::HostCase c = testing::make_case(spec);
   std::mt19937 rng(static_cast<std::uint32_t>(spec.seed));
   const std::vector<RankShare> shares = share_out(c, ranks, how, rng);
+  ContextParallelOptions cp;
+  cp.root = mode == Mode::kAll ? -1 : ranks - 1;
   auto group = make_local_group(ranks);
   std::vector<testing::HostCase> results(ranks, c);
   std::vector<std::string> errors(ranks);
@@ -95,39 +145,67 @@ TEST_P(ContextParallel, EveryRankGetsTheWholeDecode) {
       a.block_table = shares[r].table.data();
       a.context_lens = shares[r].lens.data();
       DecodeOptions o;
-      o.backend = Backend::kCpu;
+      o.backend = backend;
       o.num_threads = 1;
       try {
-        context_parallel_decode(a, *group[r], o);
+        if (backend == Backend::kCpu) {
+          context_parallel_decode(a, *group[r], o, cp);
+          return;
+        }
+#if PAGEDATTN_TESTS_WITH_CUDA
+        cudaStream_t stream = nullptr;
+        ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+        {
+          testing::DeviceCase dev(a, stream);
+          o.cuda_stream = stream;
+          testing::DeviceBuffer ws;
+          if (how == Share::kStrides) {
+            ws = testing::DeviceBuffer(context_parallel_workspace_size(dev.args(), ranks));
+            o.workspace = ws.get();
+            o.workspace_bytes = ws.size();
+          }
+          StagedDeviceCommunicator comm(*group[r]);
+          context_parallel_decode(dev.args(), comm, o, cp);
+          dev.download(a, stream);
+        }
+        cudaStreamDestroy(stream);
+#endif
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
     });
   }
   for (std::thread& t : threads) t.join();
+  const int first = mode == Mode::kAll ? 0 : ranks - 1;
   for (int r = 0; r < ranks; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
     ASSERT_EQ(errors[r], "");
+    if (r < first) {  // not the root: out and lse untouched (still NaN)
+      for (float x : results[r].lse) EXPECT_TRUE(std::isnan(x));
+      continue;
+    }
     const testing::Comparison cmp = testing::compare_with_reference(results[r]);
     EXPECT_TRUE(cmp.all_finite) << cmp.first_bad;
     EXPECT_LE(cmp.rel_err(), testing::out_tolerance(out_dtype)) << cmp.first_bad;
     EXPECT_LE(cmp.max_abs_err_lse, testing::lse_tolerance()) << cmp.first_bad;
-    EXPECT_TRUE(results[r].out == results[0].out) << "ranks disagree";
-    EXPECT_TRUE(results[r].lse == results[0].lse) << "ranks disagree";
+    EXPECT_TRUE(results[r].out == results[first].out) << "ranks disagree";
+    EXPECT_TRUE(results[r].lse == results[first].lse) << "ranks disagree";
   }
 }
 
 std::string cp_name(const ::testing::TestParamInfo<CpParam>& info) {
-  const int ranks = std::get<0>(info.param);
-  const Share how = std::get<1>(info.param);
-  return std::to_string(ranks) + "ranks_" + (how == Share::kRanges ? "ranges" : "strides") +
-         "_out_" + dtype_name(std::get<2>(info.param));
+  const auto [backend, ranks, how, out, mode] = info.param;
+  return std::string(backend_name(backend)) + "_" + std::to_string(ranks) + "ranks_" +
+         (how == Share::kRanges ? "ranges" : "strides") + "_out_" + dtype_name(out) +
+         (mode == Mode::kAll ? "_all" : "_root");
 }
 
 INSTANTIATE_TEST_SUITE_P(All, ContextParallel,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                         ::testing::Combine(::testing::Values(Backend::kCpu, Backend::kCuda),
+                                            ::testing::Values(1, 2, 3, 4),
                                             ::testing::Values(Share::kRanges, Share::kStrides),
-                                            ::testing::Values(DType::kF32, DType::kBF16)),
+                                            ::testing::Values(DType::kF32, DType::kBF16),
+                                            ::testing::Values(Mode::kAll, Mode::kRootLast)),
                          cp_name);
 
 // Runs `body(rank)` on every rank of a new group, in threads; returns each rank's error argument
@@ -179,6 +257,24 @@ TEST(ContextParallelErrors, ABadRankFailsEveryRank) {
   EXPECT_EQ(got[1], "batch");
   // The outputs were not written.
   for (const testing::HostCase& c : cases) EXPECT_TRUE(c.out == base.out);
+  // A root outside the group: every rank names it; roots that differ between ranks too.
+  cases.assign(2, base);
+  got = on_every_rank(2, [&](int r, Communicator& comm) {
+    ContextParallelOptions cp;
+    cp.root = 2;
+    context_parallel_decode(cases[r].args(), comm, cpu, cp);
+  });
+  EXPECT_EQ(got[0], "root");
+  EXPECT_EQ(got[1], "root");
+  got = on_every_rank(2, [&](int r, Communicator& comm) {
+    ContextParallelOptions cp;
+    cp.root = r;
+    context_parallel_decode(cases[r].args(), comm, cpu, cp);
+  });
+  EXPECT_EQ(got[0], "root");
+  EXPECT_EQ(got[1], "root");
+  for (const testing::HostCase& c : cases) EXPECT_TRUE(c.out == base.out);
+  EXPECT_THROW(context_parallel_workspace_size(cases[0].args(), 0), Error);
   // all_gather sizes that differ: an error on every rank, no hang.
   got = on_every_rank(3, [&](int r, Communicator& comm) {
     std::vector<char> send(r == 2 ? 8 : 4), recv(3 * send.size());

@@ -9,10 +9,18 @@ bool available(std::string* why) {
   return false;
 }
 
-void decode(const DecodeArgs&, const DecodeOptions&) {
+namespace {
+[[noreturn]] void unavailable() {
   fail(ErrorCode::kBackendUnavailable, "backend", "cuda",
        "unavailable: this build of pagedattn has no CUDA backend");
 }
+}  // namespace
+
+void decode(const DecodeArgs&, const DecodeOptions&) { unavailable(); }
+
+std::shared_ptr<void> stream_scratch(std::size_t, void*) { unavailable(); }
+
+void copy_and_wait(void*, const void*, std::size_t, void*) { unavailable(); }
 
 }  // namespace pagedattn::detail::cuda
 

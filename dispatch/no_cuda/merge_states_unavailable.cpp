@@ -3,7 +3,7 @@
 
 namespace pagedattn::detail::cuda {
 
-void merge_states(const MergeStatesArgs&, const MergeStatesOptions&) {
+void merge_states(const MergeStatesArgs&, const SegmentStrides&, const MergeStatesOptions&) {
   fail(ErrorCode::kBackendUnavailable, "backend", "cuda",
        "unavailable: this build of pagedattn has no CUDA backend");
 }

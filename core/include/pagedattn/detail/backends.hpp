@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "pagedattn/pagedattn.hpp"
@@ -43,6 +44,12 @@ bool available(std::string* why);
 void decode(const DecodeArgs& args, const DecodeOptions& options);
 // Device workspace bytes decode needs for these shapes (see pagedattn::cuda_workspace_size).
 std::size_t workspace_size(const DecodeArgs& args);
+// `bytes` of device memory from the library's stream-ordered pool on the current device, given
+// back on `stream` (a cudaStream_t) when the last owner lets go: uses enqueued meanwhile finish
+// first.
+std::shared_ptr<void> stream_scratch(std::size_t bytes, void* stream);
+// Copies between host and device memory on `stream` and waits for the copy.
+void copy_and_wait(void* dst, const void* src, std::size_t bytes, void* stream);
 }  // namespace cuda
 
 }  // namespace pagedattn::detail
