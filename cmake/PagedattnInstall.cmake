@@ -1,9 +1,16 @@
 # cmake --install: headers, the library and a package config, so that a consumer writes
 #   find_package(pagedattn REQUIRED)
 #   target_link_libraries(app PRIVATE pagedattn::pagedattn)
+# and, when built with NCCL, pagedattn::nccl (pagedattn/nccl_communicator.hpp).
 include(CMakePackageConfigHelpers)
 
-install(TARGETS pagedattn EXPORT pagedattnTargets
+set(_pagedattn_installed pagedattn)
+if(PAGEDATTN_WITH_NCCL)
+  list(APPEND _pagedattn_installed pagedattn_nccl)  # pagedattn::nccl
+  install(FILES ${PROJECT_SOURCE_DIR}/nccl/include/pagedattn/nccl_communicator.hpp
+          DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pagedattn)
+endif()
+install(TARGETS ${_pagedattn_installed} EXPORT pagedattnTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -1,5 +1,6 @@
 # ctest driver: install the build tree into a scratch prefix, then configure, build and run the
-# consumer project against it. Variables: BUILD_DIR, SOURCE_DIR, WORK_DIR, and NO_CUDA_TOOLKIT:
+# consumer project against it. Variables: BUILD_DIR, SOURCE_DIR, WORK_DIR, WITH_NCCL (the
+# package has pagedattn::nccl: its header is installed and its consumer runs), and NO_CUDA_TOOLKIT:
 # when true, the consumer is configured and built as on a machine without the CUDA toolkit (no
 # nvcc on PATH, CUDAToolkit_ROOT, CUDA_PATH, CUDA_HOME, CUDACXX and LIBRARY_PATH unset,
 # find_package(CUDAToolkit) disabled), and the installed package must name no CUDA target.
@@ -16,6 +17,10 @@ set(public pagedattn/block_manager.hpp pagedattn/cache_ops.hpp pagedattn/context
            pagedattn/dtype.hpp
            pagedattn/error.hpp pagedattn/host_device.hpp pagedattn/merge_states.hpp
            pagedattn/pagedattn.hpp pagedattn/reference.hpp)
+if(WITH_NCCL)
+  list(APPEND public pagedattn/nccl_communicator.hpp)
+  list(SORT public)
+endif()
 if(NOT installed STREQUAL public)
   message(FATAL_ERROR "installed headers are '${installed}', expected exactly '${public}'")
 endif()
@@ -56,4 +61,10 @@ endif()
 execute_process(COMMAND ${WORK_DIR}/build/consumer RESULT_VARIABLE rc)
 if(rc)
   message(FATAL_ERROR "the consumer computed a wrong result: ${rc}")
+endif()
+if(WITH_NCCL)
+  execute_process(COMMAND ${WORK_DIR}/build/consumer_nccl RESULT_VARIABLE rc)
+  if(rc)
+    message(FATAL_ERROR "the pagedattn::nccl consumer failed: ${rc}")
+  endif()
 endif()
