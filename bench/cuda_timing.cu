@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda_timing.hpp"
+#include "device_random.cuh"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/cuda_check.hpp"
@@ -58,39 +59,12 @@ __global__ void read_kernel(const int4* __restrict__ p, std::size_t n, int* sink
   if (acc == 0x7fffffff) *sink = acc;
 }
 
-// ---- random inputs on the device (a counter hash: reproducible, never zeros) ----
-__device__ __forceinline__ std::uint32_t hash32(std::uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return static_cast<std::uint32_t>(x);
-}
-
-template <typename T>
-__device__ __forceinline__ T from_f(float x);
-template <>
-__device__ __forceinline__ float from_f<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __half from_f<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
-// Approximately N(0, 1): Box-Muller over two hashed uniforms.
+// ---- random inputs on the device (device_random.cuh) ----
 template <typename T>
 __global__ void fill_normal(T* p, std::size_t n, std::uint64_t seed) {
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const float u1 = (hash32(seed * 0x9e3779b97f4a7c15ull + 2 * i) + 1.f) * 2.3283064e-10f;
-    const float u2 = hash32(seed * 0x9e3779b97f4a7c15ull + 2 * i + 1) * 2.3283064e-10f;
-    p[i] = from_f<T>(sqrtf(-2.f * logf(u1)) * cospif(2.f * u2));
+    p[i] = from_f<T>(hashed_normal(seed, i));
   }
 }
 

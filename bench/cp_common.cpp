@@ -1,0 +1,64 @@
+// What both measurements of pagedattn-cp-bench share (cp_timing.hpp): the step time from the
+// ranks' samples, and the group's error against the single device.
+#include <algorithm>
+#include <cmath>
+
+#include "cp_timing.hpp"
+
+namespace pagedattn::bench {
+namespace {
+
+float element(const std::vector<std::uint8_t>& bytes, DType t, std::size_t i) {
+  switch (t) {
+    case DType::kF32:
+      return reinterpret_cast<const float*>(bytes.data())[i];
+    case DType::kF16:
+      return to_float(reinterpret_cast<const f16_t*>(bytes.data())[i]);
+    case DType::kBF16:
+      return to_float(reinterpret_cast<const bf16_t*>(bytes.data())[i]);
+  }
+  return 0;
+}
+
+}  // namespace
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double state_bytes(const CpShape& s) {
+  DecodeArgs a;
+  a.batch = 1;
+  a.num_heads = s.heads;
+  a.head_dim = s.head_dim;
+  return static_cast<double>(context_parallel_state_bytes(a));
+}
+
+double group_step_ms(const std::vector<std::vector<double>>& times, int steps) {
+  std::vector<double> slowest(times.empty() ? 0 : times[0].size(), 0.0);
+  for (const std::vector<double>& rank : times) {
+    for (std::size_t i = 0; i < slowest.size(); ++i) slowest[i] = std::max(slowest[i], rank[i]);
+  }
+  return median(slowest) / steps;
+}
+
+void compare_results(CpRow& row, DType t, const StepResult& single, const StepResult& grouped) {
+  double max_ref = 1e-30, max_diff = 0;
+  for (std::size_t i = 0; i < single.out.size() / dtype_size(t); ++i) {
+    const float a = element(single.out, t, i), b = element(grouped.out, t, i);
+    max_ref = std::max(max_ref, static_cast<double>(std::fabs(a)));
+    // A non-finite result counts as an infinite error (std::max would drop a NaN).
+    max_diff =
+        std::max(max_diff, std::isfinite(b) ? static_cast<double>(std::fabs(a - b)) : INFINITY);
+  }
+  row.rel_err = max_diff / max_ref;
+  row.lse_err = 0;
+  for (std::size_t h = 0; h < single.lse.size(); ++h) {
+    const double d = std::fabs(static_cast<double>(single.lse[h]) - grouped.lse[h]);
+    row.lse_err = std::max(row.lse_err, std::isfinite(d) ? d : INFINITY);
+  }
+}
+
+}  // namespace pagedattn::bench
