@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # The GPU job, run on the H200 machine from the repository root over a build made elsewhere:
 #   scripts/gpu_job.sh [stage...]     stages: tests sanitize bench flashinfer anchors fuzz ncu
-#                                     ncu-flashinfer (default: tests sanitize bench flashinfer
-#                                     anchors fuzz)
+#                                     ncu-flashinfer cp python (default: tests sanitize bench
+#                                     flashinfer anchors fuzz)
 # Env: BUILD (default build-gpu), OUT (logs; default ./out), ANCHORS (the seed benchmark folder,
 # default .anchors), FLASHINFER (FlashInfer's decode benchmark binary, default .fi/fi_decode_bench,
 # built by its build.sh), SHAPES=quick for a short benchmark list, SHAPES=anchors
 # for the anchor shapes alone (bf16).
 # Logs: tests.log, sanitize.log, bench.csv, bench.log, anchors.log (+ the anchors' own CSV),
-# flashinfer.csv, flashinfer.log, fuzz.log, ncu.log, summary.txt.
+# flashinfer.csv, flashinfer.log, fuzz.log, ncu.log, cp.log, cp_bench.csv, python.log,
+# summary.txt.
+# cp: context-parallel decode over NCCL on every visible GPU (NCCL from the machine's
+# nvidia-nccl-cu13 wheel; NCCL_NVLS_ENABLE=0 keeps NVLink multicast off). python: builds the
+# Python package for this machine's python3 (PYDEPS: a prefix with xsimd and Eigen's CMake
+# packages where the machine lacks them) and runs its tests and examples on the GPU.
 # Every stage has its own timeout so a hang cannot eat the job.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -149,5 +154,63 @@ if has ncu-flashinfer; then
       >> "$OUT/ncu.log" 2>&1
     note "ncu flashinfer $shape rc=$?"
   done
+fi
+if has cp; then
+  export NCCL_NVLS_ENABLE=0
+  nccl_lib=$(python3 -c "import nvidia.nccl as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null)
+  export LD_LIBRARY_PATH="${nccl_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  {
+    nvidia-smi topo -m
+    echo "## nccl tests"
+    timeout 300 "$BUILD/tests/pagedattn_nccl_tests" --gtest_brief=1
+    echo "nccl tests rc=$?"
+    echo "## context-parallel tests on one GPU (staged communicator)"
+    timeout 300 "$TESTS" --gtest_filter='*ContextParallel*' --gtest_brief=1
+    echo "cp tests rc=$?"
+    echo "## memcheck"
+    timeout 200 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTS" \
+      --gtest_filter='All/ContextParallel.*/cuda_3ranks*' --gtest_brief=1
+    echo "cp memcheck rc=$?"
+  } > "$OUT/cp.log" 2>&1
+  note "$(grep -E 'rc=|^\[  PASSED  \]|^\[  FAILED  \]|ERROR SUMMARY' "$OUT/cp.log" | tr '\n' ' ')"
+  CP="$BUILD/bench/pagedattn-cp-bench"
+  gpus=$(nvidia-smi -L | wc -l)
+  all=$(seq -s, 0 $((gpus - 1)))
+  timeout 300 "$CP" --backend cuda --gpus "$all" --csv > "$OUT/cp_bench.csv" 2>> "$OUT/cp.log"
+  note "cp-bench all-gather rc=$?"
+  timeout 200 "$CP" --backend cuda --gpus "$all" --root 0 --csv 2>> "$OUT/cp.log" | tail -n +2 \
+    >> "$OUT/cp_bench.csv"
+  note "cp-bench gather rc=$?"
+  timeout 200 "$CP" --backend cuda --gpus 0 --csv 2>> "$OUT/cp.log" | tail -n +2 \
+    >> "$OUT/cp_bench.csv"
+  note "cp-bench one GPU rc=$?"
+  cat "$OUT/cp_bench.csv" >> "$SUMMARY"
+fi
+
+if has python; then
+  # Built here (the machine's python3 differs from the build machine's); CUDA for this GPU only.
+  [ -n "${PYDEPS:-}" ] && export CMAKE_PREFIX_PATH="$(cd "$PYDEPS" && pwd)"
+  site=$(mktemp -d)
+  {
+    echo "## pip install"
+    CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90-real -DPAGEDATTN_NCCL=OFF" \
+      CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) timeout 500 python3 -m pip install -q \
+      --no-build-isolation --no-deps --target "$site" .
+    echo "pip rc=$?"
+    echo "## pytest"
+    PYTHONPATH=$site timeout 300 python3 -m pytest -q -rs python/tests
+    echo "pytest rc=$?"
+    echo "## call overhead (CUDA, plain launches)"
+    for ctx in 4096 1; do
+      PYTHONPATH=$site timeout 120 python3 python/examples/call_overhead.py --device cuda \
+        --context $ctx
+    done
+    echo "## the C++ call, plain launches"
+    timeout 120 "$BENCH" --backend cuda --plain --csv --shape 1,32,8,128,4096 --shape 1,32,8,128,1
+    echo "## decode loop"
+    PYTHONPATH=$site timeout 200 python3 python/examples/decode_loop.py --device cuda
+    echo "examples rc=$?"
+  } > "$OUT/python.log" 2>&1
+  note "$(grep -E 'rc=|passed|failed' "$OUT/python.log" | tr '\n' ' ')"
 fi
 note "# done $(date -u +%FT%TZ)"

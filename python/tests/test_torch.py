@@ -253,11 +253,18 @@ def test_cuda_write_cache_and_copy_blocks_match_cpu():
     pagedattn.copy_blocks(k_gpu, v_gpu, [(1, 4), (6, 2)])
     torch.cuda.synchronize()
     assert torch.equal(k_gpu.cpu(), k_cpu) and torch.equal(v_gpu.cpu(), v_cpu)
+    # A slot past the pool: checked, an error naming it and nothing written; unchecked (the
+    # default, no host round trip), the slot is skipped on the device.
+    bad_slots = torch.tensor([0, 1, 2, 3, 128], dtype=torch.int32).cuda()
+    before = k_gpu.clone()
     with pytest.raises(pagedattn.Error) as info:
-        pagedattn.write_cache(key.cuda(), value.cuda(),
-                              torch.tensor([0, 1, 2, 3, 128], dtype=torch.int32).cuda(),
-                              k_gpu, v_gpu)
+        pagedattn.write_cache(key.cuda(), value.cuda(), bad_slots, k_gpu, v_gpu, checked=True)
     assert info.value.code == "out_of_range" and info.value.argument == "slot_mapping[4]"
+    torch.cuda.synchronize()
+    assert torch.equal(k_gpu, before)
+    pagedattn.write_cache(key.cuda(), value.cuda(), bad_slots, k_gpu, v_gpu)
+    torch.cuda.synchronize()
+    assert torch.equal(k_gpu[0, :, :4], key.cuda()[:4].to(torch.float16).transpose(0, 1))
 
 
 @needs_cuda
