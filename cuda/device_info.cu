@@ -1,9 +1,10 @@
 // Device facts and the usability check behind pagedattn::cuda_available (device_info.hpp).
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <deque>
 #include <mutex>
 #include <string>
-#include <vector>
 
 #include "combine.cuh"
 #include "cuda_error.hpp"
@@ -22,7 +23,8 @@ const DeviceInfo& current_device() {
   int dev = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   static std::mutex mu;
-  static std::vector<DeviceInfo> cache;
+  // A deque: growing it for a new device keeps the references handed out for the others valid.
+  static std::deque<DeviceInfo> cache;
   std::lock_guard<std::mutex> lock(mu);
   if (static_cast<int>(cache.size()) <= dev) cache.resize(dev + 1);
   DeviceInfo& d = cache[dev];
@@ -40,6 +42,18 @@ const DeviceInfo& current_device() {
 }
 
 bool device_usable(std::string* why) {
+  // Every CUDA call asks (backend selection), so a device found usable is remembered: the
+  // checks below cost several runtime calls, a few microseconds per call otherwise. A device
+  // found unusable is checked again next time.
+  constexpr int kKnownDevices = 64;
+  static std::atomic<bool> known_usable[kKnownDevices] = {};
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess) {
+    cudaGetLastError();  // the checks below say why
+  } else if (current >= 0 && current < kKnownDevices &&
+             known_usable[current].load(std::memory_order_acquire)) {
+    return true;
+  }
   auto no = [&](const std::string& reason) {
     if (why) *why = reason;
     return false;
@@ -81,6 +95,7 @@ bool device_usable(std::string* why) {
               " (rebuild with CMAKE_CUDA_ARCHITECTURES including " + std::to_string(major) +
               std::to_string(minor) + ")");
   }
+  if (dev < kKnownDevices) known_usable[dev].store(true, std::memory_order_release);
   return true;
 }
 
