@@ -201,12 +201,13 @@ if has python; then
     PYTHONPATH=$site timeout 300 python3 -m pytest -q -rs python/tests
     echo "pytest rc=$?"
     echo "## call overhead (CUDA, plain launches)"
-    for ctx in 4096 1; do
+    for shape in 1,32,8,128,4096 1,32,8,128,1 32,32,8,128,16384 128,32,8,128,4096; do
       PYTHONPATH=$site timeout 120 python3 python/examples/call_overhead.py --device cuda \
-        --context $ctx
+        --shape $shape --calls 500
     done
     echo "## the C++ call, plain launches"
-    timeout 120 "$BENCH" --backend cuda --plain --csv --shape 1,32,8,128,4096 --shape 1,32,8,128,1
+    timeout 120 "$BENCH" --backend cuda --plain --csv --shape 1,32,8,128,4096 --shape 1,32,8,128,1 \
+      --shape 32,32,8,128,16384 --shape 128,32,8,128,4096
     echo "## decode loop"
     PYTHONPATH=$site timeout 200 python3 python/examples/decode_loop.py --device cuda
     echo "examples rc=$?"

@@ -14,6 +14,7 @@ the C++ call; on the CPU (NumPy arrays) each call runs the decode to completion.
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 
 import numpy as np
@@ -54,11 +55,19 @@ def main():
     lens = np.full(B, ctx, dtype=np.int32)
     if cuda:
         dev = torch.device("cuda")
-        q = torch.randn(B, H, D, device=dev, dtype=torch.bfloat16)
-        k = torch.randn(nb, KV, bs, D, device=dev, dtype=torch.bfloat16)
-        v = torch.randn_like(k)
+        # As many input sets as pagedattn-bench rotates through (together over 4x a 60 MB L2, at
+        # most 16), so the GPU reads the cache from memory here too.
+        kv_bytes = 2 * nb * KV * bs * D * 2
+        n_sets = max(1, min(16, -(-240_000_000 // kv_bytes)))
+        sets = [(torch.randn(B, H, D, device=dev, dtype=torch.bfloat16),
+                 torch.randn(nb, KV, bs, D, device=dev, dtype=torch.bfloat16),
+                 torch.randn(nb, KV, bs, D, device=dev, dtype=torch.bfloat16))
+                for _ in range(n_sets)]
+        q, k, v = sets[0]
         table, lens = torch.from_numpy(table).to(dev), torch.from_numpy(lens).to(dev)
         out = torch.empty_like(q)
+        # A caller workspace, as pagedattn-bench passes one: no pool allocation per call.
+        ws = torch.empty(pagedattn.workspace_size(q, k, table), dtype=torch.uint8, device=dev)
         stream = torch.cuda.current_stream().cuda_stream
         sync = torch.cuda.synchronize
         kind = "CUDA, bf16, plain launches"
@@ -67,16 +76,31 @@ def main():
         k = rng.standard_normal((nb, KV, bs, D), dtype=np.float32)
         v = rng.standard_normal((nb, KV, bs, D), dtype=np.float32)
         out = np.empty_like(q)
+        sets = [(q, k, v)]
+        ws = None
         stream = 0
         sync = lambda: None  # noqa: E731
         kind = "CPU, f32, NumPy"
     backend = "cuda" if cuda else "cpu"
 
+    rotation = itertools.cycle(sets)
+
     def package():
-        pagedattn.decode(q, k, v, table, lens, out=out, backend=backend)
+        sq, sk, sv = next(rotation)
+        pagedattn.decode(sq, sk, sv, table, lens, out=out, backend=backend, workspace=ws)
 
     def module():
-        _ext.decode(q, k, v, table, lens, out, None, None, backend, stream, None, False, [])
+        sq, sk, sv = next(rotation)
+        _ext.decode(sq, sk, sv, table, lens, out, None, None, backend, stream, ws, False, [])
+
+    # The module over tensors described as tuples, as the package hands PyTorch tensors to it
+    # (pagedattn._ref): the module's own cost without any tensor import.
+    rest = [pagedattn._ref(x) for x in (table, lens, out, ws)]
+    described = itertools.cycle([[pagedattn._ref(x) for x in st] + rest for st in sets])
+
+    def module_described():
+        dq, dk, dv, dt, dl, do, dw = next(described)
+        _ext.decode(dq, dk, dv, dt, dl, do, None, None, backend, stream, dw, False, [])
 
     def per_call(f):
         best = float("inf")
@@ -91,12 +115,20 @@ def main():
             best = min(best, (time.perf_counter() - t) / a.calls * 1e6)
         return best
 
-    print(f"shape B={B} H={H} KV={KV} D={D} ctx={ctx} block 16, {kind}")
-    print(f"pagedattn.decode      {per_call(package):9.2f} us per call (min of {a.repeats})")
-    print(f"pagedattn._ext.decode {per_call(module):9.2f} us per call (min of {a.repeats})")
+    print(f"shape B={B} H={H} KV={KV} D={D} ctx={ctx} block 16, {kind}, "
+          f"{len(sets)} input set(s) in rotation")
+    kv_bytes_per_call = 2 * B * ctx * KV * D * (2 if cuda else 4)
+    us = per_call(package)
+    print(f"pagedattn.decode      {us:9.2f} us per call (min of {a.repeats}), "
+          f"{kv_bytes_per_call / (us * 1e-6) / 1e9:.1f} GB/s of K/V")
+    print(f"pagedattn._ext.decode {per_call(module):9.2f} us per call (min of {a.repeats}),"
+          " tensors through DLPack")
+    if cuda:
+        print(f"pagedattn._ext.decode {per_call(module_described):9.2f} us per call"
+              f" (min of {a.repeats}), tensors described (what the package passes)")
     print(f"compare with: pagedattn-bench --backend {backend}"
           f"{' --plain' if cuda else ''} --dtype {'bf16' if cuda else 'f32'} "
-          f"--shape {B},{H},{KV},{D},{ctx}")
+          f"--shape {B},{H},{KV},{D},{ctx} (it passes a workspace too)")
 
 
 if __name__ == "__main__":

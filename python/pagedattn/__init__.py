@@ -167,6 +167,48 @@ def _unwrap(x: Any, name: str, tags: List[str]) -> Any:
     return x
 
 
+# PyTorch dtypes as DLPack (type code, bits): 0 int, 1 uint, 2 float, 4 bfloat.
+_TORCH_DLPACK_DTYPES: Optional[dict] = None
+
+
+def _torch_dlpack_dtypes(torch: Any) -> dict:
+    global _TORCH_DLPACK_DTYPES
+    if _TORCH_DLPACK_DTYPES is None:
+        table = {torch.float32: (2, 32), torch.float16: (2, 16), torch.bfloat16: (4, 16),
+                 torch.float64: (2, 64), torch.int32: (0, 32), torch.int16: (0, 16),
+                 torch.int64: (0, 64), torch.int8: (0, 8), torch.uint8: (1, 8)}
+        uint16 = getattr(torch, "uint16", None)
+        if uint16 is not None:
+            table[uint16] = (1, 16)
+        _TORCH_DLPACK_DTYPES = table
+    return _TORCH_DLPACK_DTYPES
+
+
+def _describe_torch(x: Any, dtypes: dict) -> Any:
+    """The tuple _ref gives for a PyTorch tensor (x as it is where the dtype table lacks its
+    dtype, or for a negated view, which DLPack refuses with an error)."""
+    code_bits = dtypes.get(x.dtype)
+    if code_bits is None or x.is_neg():
+        return x
+    dev = x.get_device()
+    if dev >= 0:
+        return (x.data_ptr(), code_bits[0], code_bits[1], 2, dev, x.shape, x.stride())
+    return (x.data_ptr(), code_bits[0], code_bits[1], 1, 0, x.shape, x.stride())
+
+
+def _ref(x: Any) -> Any:
+    """What the module gets for an (unwrapped) tensor. A PyTorch tensor goes as a plain tuple
+    (data pointer, DLPack type code, bits, DLPack device type, device index, shape, strides in
+    elements), read from its attributes: exporting it through DLPack costs several microseconds
+    a tensor, most of a small call. The module checks the tuple exactly as it checks a DLPack
+    tensor. Anything else (and a PyTorch dtype the table lacks, so that its error names it) goes
+    as it is."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(x, torch.Tensor):
+        return x
+    return _describe_torch(x, _torch_dlpack_dtypes(torch))
+
+
 def _empty(like: Any, shape: Tuple[int, ...], float32: bool, name: str) -> Any:
     """An uninitialised tensor of the same framework and device as ``like``: of its dtype, or
     float32."""
@@ -214,8 +256,13 @@ def _outputs(like_arg: Any, out: Any, lse: Any, return_lse: bool, out_shape: Seq
 
 def _stream(stream: Stream, like: Any) -> int:
     if stream is None:
-        if _is_torch(like) and like.device.type == "cuda":
+        if _is_torch(like) and like.is_cuda:
             torch = _module("torch")
+            # The raw handle of PyTorch's current stream, without building a Stream object (a
+            # few microseconds a call); the public API where this PyTorch lacks it.
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            if raw is not None:
+                return int(raw(like.get_device()))
             return int(torch.cuda.current_stream(like.device).cuda_stream)
         if _is_cupy(like):
             cupy = _module("cupy")
@@ -319,6 +366,15 @@ def decode(
     Raises:
         pagedattn.Error: naming the argument, before anything is written.
     """
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        T = torch.Tensor
+        if (type(q) is T and type(k_cache) is T and type(v_cache) is T and type(block_table) is T
+                and type(context_lens) is T and (out is None or type(out) is T)
+                and (lse is None or type(lse) is T) and (workspace is None or type(workspace) is T)
+                and type(backend) is str):
+            return _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, out,
+                                 lse, return_lse, backend, stream, workspace, checked)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("block_table", block_table), ("context_lens", context_lens)):
         _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
@@ -330,14 +386,47 @@ def decode(
     out, lse, out_user, out_in, lse_in = _outputs(q, out, lse, return_lse, q_in.shape, tags)
     ws_in = None if workspace is None else _unwrap(workspace, "workspace", [])
     _ext.decode(
-        q_in, k_in, v_in,
-        _unwrap(block_table, "block_table", []), _unwrap(context_lens, "context_lens", []),
-        out_in, lse_in, None if scale is None else float(scale), backend,
-        _stream(stream, q_in), ws_in, bool(checked), tags,
+        _ref(q_in), _ref(k_in), _ref(v_in),
+        _ref(_unwrap(block_table, "block_table", [])),
+        _ref(_unwrap(context_lens, "context_lens", [])),
+        _ref(out_in), _ref(lse_in), None if scale is None else float(scale), backend,
+        _stream(stream, q_in), _ref(ws_in), bool(checked), tags,
     )
     if return_lse:
         return out_user, lse
     return out_user
+
+
+def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, out, lse,
+                  return_lse, backend, stream, workspace, checked):
+    """decode() when every tensor is a plain PyTorch tensor, the serving loop's case: the same
+    checks (in the module) and results, with the least Python work per call."""
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if lse is None and return_lse:
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+    if stream is None:
+        dev = q.get_device()
+        if dev >= 0:
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            stream = int(raw(dev)) if raw is not None else int(
+                torch.cuda.current_stream(q.device).cuda_stream)
+        else:
+            stream = 0
+    else:
+        stream = _stream(stream, q)
+    dtypes = _torch_dlpack_dtypes(torch)
+    _ext.decode(
+        _describe_torch(q, dtypes), _describe_torch(k_cache, dtypes),
+        _describe_torch(v_cache, dtypes), _describe_torch(block_table, dtypes),
+        _describe_torch(context_lens, dtypes), _describe_torch(out, dtypes),
+        None if lse is None else _describe_torch(lse, dtypes),
+        None if scale is None else float(scale), backend, stream,
+        None if workspace is None else _describe_torch(workspace, dtypes), bool(checked), [],
+    )
+    if return_lse:
+        return out, lse
+    return out
 
 
 def workspace_size(q: Tensor, k_cache: Tensor, block_table: Tensor, *, backend: str = "auto") -> int:
@@ -393,8 +482,9 @@ def write_cache(
     tags: List[str] = []
     k_in = _unwrap(k_cache, "k_cache", tags)
     _ext.write_cache(
-        _unwrap(key, "key", tags), _unwrap(value, "value", tags),
-        _unwrap(slot_mapping, "slot_mapping", []), k_in, _unwrap(v_cache, "v_cache", tags),
+        _ref(_unwrap(key, "key", tags)), _ref(_unwrap(value, "value", tags)),
+        _ref(_unwrap(slot_mapping, "slot_mapping", [])), _ref(k_in),
+        _ref(_unwrap(v_cache, "v_cache", tags)),
         backend, _stream(stream, k_in), bool(checked), tags,
     )
 

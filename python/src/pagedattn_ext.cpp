@@ -282,11 +282,35 @@ void describe(Tensor& t, const Array& a) {
   t.device = device_of(a.device_type(), a.device_id(), t.name);
 }
 
+// A tensor the Python layer described as a plain tuple (pagedattn/__init__.py, _ref): (data
+// pointer, DLPack type code, bits, DLPack device type, device index, shape, strides in elements).
+// PyTorch tensors come this way: their DLPack export costs more than the rest of a small call.
+bool import_described(nb::handle h, Tensor& t) {
+  if (!nb::isinstance<nb::tuple>(h)) return false;
+  const nb::tuple d = nb::borrow<nb::tuple>(h);
+  if (d.size() != 7) return false;
+  t.data = reinterpret_cast<void*>(nb::cast<std::uintptr_t>(d[0]));
+  t.dt.code = nb::cast<std::uint8_t>(d[1]);
+  t.dt.bits = nb::cast<std::uint8_t>(d[2]);
+  t.dt.lanes = 1;
+  const nb::tuple shape = nb::cast<nb::tuple>(d[5]), strides = nb::cast<nb::tuple>(d[6]);
+  if (shape.size() != strides.size()) return false;
+  t.shape.resize(shape.size());
+  t.strides.resize(shape.size());
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    t.shape[i] = nb::cast<std::int64_t>(shape[i]);
+    t.strides[i] = nb::cast<std::int64_t>(strides[i]);
+  }
+  t.device = device_of(nb::cast<int>(d[3]), nb::cast<int>(d[4]), t.name);
+  return true;
+}
+
 // Imports a tensor without copying. Outputs must be writable.
 Tensor import_tensor(nb::handle h, const std::string& name, bool writable, bool bf16_bits) {
   Tensor t;
   t.name = name;
   t.bf16_bits = bf16_bits;
+  if (import_described(h, t)) return t;
   if (writable) {
     if (nb::try_cast(h, t.out, /*convert=*/false)) {
       describe(t, t.out);
