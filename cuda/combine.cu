@@ -24,6 +24,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   // visible (a no-op for a plain launch).
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  // The next decode's split kernel is a programmatic dependent of this one: let its CTAs become
+  // resident now; they wait on the device for this grid's end before touching memory.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   const int lane = threadIdx.x & 31;
   const int D = p.head_dim;

@@ -198,6 +198,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   p.out = a.out;
   p.out_dtype = static_cast<int>(a.out_dtype);
   p.lse = a.lse;
+  p.pdl = current_device().pdl;
 
   const bool mma = use_mma(a);
   if (splits > 0) {
@@ -242,7 +243,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   // With splits, on sm_90, the combine is a programmatic dependent launch: its CTAs are scheduled
   // while the split grid drains and wait on the device (griddepcontrol.wait) instead of paying a
   // launch after it.
-  launch_combine(c, a.out_dtype, splits > 0 && current_device().pdl, stream);
+  launch_combine(c, a.out_dtype, splits > 0 && p.pdl, stream);
 }
 
 }  // namespace pagedattn::detail::cuda

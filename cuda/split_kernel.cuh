@@ -38,6 +38,12 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   __shared__ ItemInfo plan;
 
 #if __CUDA_ARCH__ >= 900
+  // This grid is launched as a programmatic dependent of the stream's previous kernel (on sm_90,
+  // launch_split_typed): its CTAs may become resident while that kernel drains, and wait here,
+  // before reading or writing any global memory, until it has finished and its writes are
+  // visible. The launch latency between two steps is hidden that way; what the previous kernel
+  // wrote (q, the cache, the tables) is read only after it. (A no-op for a plain launch.)
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   // The combine is launched as a programmatic dependent of this grid: once every CTA here has
   // started, its CTAs may take free SM slots and wait (griddepcontrol.wait) for this grid's end.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -109,7 +115,17 @@ template <typename T, int D, bool kMma>
 void launch_split_typed(const SplitParams& p, int grid, cudaStream_t stream) {
   using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
   prepare_split_typed<T, D, kMma>();
-  split_kernel<T, D, kMma><<<grid, kThreads, Cfg::SMEM, stream>>>(p);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = Cfg::SMEM;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = p.pdl ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, split_kernel<T, D, kMma>, p);  // checked by the caller
 }
 
 // Calls f(std::integral_constant<int, D>) for the compile-time head_dim D and returns true, or

@@ -38,6 +38,9 @@ struct SplitParams {
   void* out;
   int out_dtype;  // DType as int
   float* lse;
+  // Launched as a programmatic dependent of the stream's previous kernel (sm_90): the kernel
+  // waits for it on the device (split_kernel.cuh).
+  bool pdl;
 };
 
 // One CTA's share of the plan, derived on the device (split_kernel.cuh) and handed to the
