@@ -2,6 +2,8 @@
 // ranks' samples, and the group's error against the single device.
 #include <algorithm>
 #include <cmath>
+#include <exception>
+#include <thread>
 
 #include "cp_timing.hpp"
 
@@ -26,6 +28,51 @@ double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+DecodeArgs share_args(const CpShape& s, int pool_blocks, int table_len, const void* q,
+                      const void* k, const void* v, const std::int32_t* table,
+                      const std::int32_t* lens, void* out, float* lse) {
+  DecodeArgs a;
+  a.batch = 1;
+  a.num_heads = s.heads;
+  a.num_kv_heads = s.kv_heads;
+  a.head_dim = s.head_dim;
+  a.block_size = s.block_size;
+  a.num_blocks = pool_blocks;
+  a.max_blocks_per_seq = table_len;
+  a.q = q;
+  a.k_cache = k;
+  a.v_cache = v;
+  a.q_dtype = a.k_dtype = a.v_dtype = a.out_dtype = s.dtype;
+  a.block_table = table;
+  a.context_lens = lens;
+  a.out = out;
+  a.lse = lse;
+  return a;
+}
+
+std::pair<int, int> share_range(int nb, int r, int ranks) {
+  return {static_cast<int>(static_cast<std::int64_t>(nb) * r / ranks),
+          static_cast<int>(static_cast<std::int64_t>(nb) * (r + 1) / ranks)};
+}
+
+void on_ranks(int ranks, const std::function<void(int)>& body) {
+  std::vector<std::exception_ptr> errors(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
 }
 
 double state_bytes(const CpShape& s) {

@@ -17,6 +17,7 @@
 
 #include "cp_barrier.hpp"
 #include "cp_timing.hpp"
+#include "cuda_events.hpp"
 #include "device_random.cuh"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/testing/cuda_check.hpp"
@@ -100,21 +101,9 @@ struct Share {
     out = DeviceBuffer(qo * esz);
     lse = DeviceBuffer(static_cast<std::size_t>(s.heads) * 4);
     check_cuda(cudaDeviceSynchronize(), "fill");
-    args.batch = 1;
-    args.num_heads = s.heads;
-    args.num_kv_heads = s.kv_heads;
-    args.head_dim = s.head_dim;
-    args.block_size = s.block_size;
-    args.num_blocks = pool_blocks;
-    args.max_blocks_per_seq = static_cast<int>(row.size());
-    args.q = q.get();
-    args.k_cache = k.get();
-    args.v_cache = v.get();
-    args.q_dtype = args.k_dtype = args.v_dtype = args.out_dtype = s.dtype;
-    args.block_table = table.as<std::int32_t>();
-    args.context_lens = lens.as<std::int32_t>();
-    args.out = out.get();
-    args.lse = lse.as<float>();
+    args =
+        share_args(s, pool_blocks, static_cast<int>(row.size()), q.get(), k.get(), v.get(),
+                   table.as<std::int32_t>(), lens.as<std::int32_t>(), out.get(), lse.as<float>());
     ws = DeviceBuffer(ranks > 0 ? context_parallel_workspace_size(args, ranks)
                                 : cuda_workspace_size(args));
     check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -155,18 +144,6 @@ double time_replay(const Share& sh, cudaGraphExec_t exec, cudaEvent_t a, cudaEve
   check_cuda(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
   return ms;
 }
-
-struct Events {
-  cudaEvent_t a = nullptr, b = nullptr;
-  Events() {
-    check_cuda(cudaEventCreate(&a), "cudaEventCreate");
-    check_cuda(cudaEventCreate(&b), "cudaEventCreate");
-  }
-  ~Events() {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-};
 
 StepResult download(const Share& sh, const CpShape& s) {
   StepResult r{std::vector<std::uint8_t>(static_cast<std::size_t>(s.heads) * s.head_dim *
@@ -217,43 +194,30 @@ CpRow time_cuda(const CpShape& s, const std::vector<Communicator*>& comms,
   // The group: rank r holds blocks [r * nb / ranks, (r + 1) * nb / ranks).
   const int root = o.root < 0 ? 0 : o.root;
   std::vector<std::vector<double>> times(ranks, std::vector<double>(o.samples));
-  std::vector<std::exception_ptr> errors(ranks);
   StepResult grouped;
   SpinBarrier barrier(ranks);
   ContextParallelOptions cp;
   cp.root = o.root;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        check_cuda(cudaSetDevice(devices[r]), "cudaSetDevice");
-        const int lo = static_cast<int>(static_cast<std::int64_t>(nb) * r / ranks);
-        const int hi = static_cast<int>(static_cast<std::int64_t>(nb) * (r + 1) / ranks);
-        Share sh(s, lo, hi, ranks, 100 + r);
-        const DecodeOptions opt = sh.options();
-        auto step = [&] { context_parallel_decode(sh.args, *comms[r], opt, cp); };
-        step();  // warm-up
-        check_cuda(cudaStreamSynchronize(sh.stream), "warm-up");
-        barrier.wait();
-        cudaGraphExec_t exec = capture(sh, K, step);
-        Events ev;
-        barrier.wait();
-        time_replay(sh, exec, ev.a, ev.b);
-        for (int i = 0; i < o.samples; ++i) {
-          barrier.wait();
-          times[r][i] = time_replay(sh, exec, ev.a, ev.b);
-        }
-        cudaGraphExecDestroy(exec);
-        if (r == root) grouped = download(sh, s);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (const std::exception_ptr& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  on_ranks(ranks, [&](int r) {
+    check_cuda(cudaSetDevice(devices[r]), "cudaSetDevice");
+    const auto [lo, hi] = share_range(nb, r, ranks);
+    Share sh(s, lo, hi, ranks, 100 + r);
+    const DecodeOptions opt = sh.options();
+    auto step = [&] { context_parallel_decode(sh.args, *comms[r], opt, cp); };
+    step();  // warm-up; NCCL connects its peers here, outside any capture
+    check_cuda(cudaStreamSynchronize(sh.stream), "warm-up");
+    barrier.wait();
+    cudaGraphExec_t exec = capture(sh, K, step);
+    Events ev;
+    barrier.wait();
+    time_replay(sh, exec, ev.a, ev.b);
+    for (int i = 0; i < o.samples; ++i) {
+      barrier.wait();
+      times[r][i] = time_replay(sh, exec, ev.a, ev.b);
+    }
+    cudaGraphExecDestroy(exec);
+    if (r == root) grouped = download(sh, s);
+  });
   row.group_ms = group_step_ms(times, K);
   row.state_bytes = state_bytes(s);
   compare_results(row, s.dtype, single, grouped);

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "pagedattn/context_parallel.hpp"
@@ -55,6 +57,15 @@ struct StepResult {
 };
 
 double median(std::vector<double> v);
+// Rank r's share of nb blocks: the contiguous range [first, second).
+std::pair<int, int> share_range(int nb, int r, int ranks);
+// Runs body(r) on one thread per rank and waits for them; then rethrows the first rank's error.
+void on_ranks(int ranks, const std::function<void(int)>& body);
+// The DecodeArgs of one share: batch 1 in the shape's dtype over the given buffers (a pool of
+// pool_blocks blocks, a table row of table_len entries).
+DecodeArgs share_args(const CpShape& shape, int pool_blocks, int table_len, const void* q,
+                      const void* k, const void* v, const std::int32_t* table,
+                      const std::int32_t* lens, void* out, float* lse);
 // context_parallel_state_bytes() of the shape's step.
 double state_bytes(const CpShape& shape);
 // times[rank][sample] in ms for `steps` steps: the median over samples of the slowest rank, per

@@ -69,21 +69,8 @@ struct Share {
     len = std::max(0, std::min(hi * s.block_size, s.context) - lo * s.block_size);
     out.assign(q.size(), 0);
     lse.assign(s.heads, 0.f);
-    args.batch = 1;
-    args.num_heads = s.heads;
-    args.num_kv_heads = s.kv_heads;
-    args.head_dim = s.head_dim;
-    args.block_size = s.block_size;
-    args.num_blocks = pool_blocks;
-    args.max_blocks_per_seq = static_cast<int>(table.size());
-    args.q = q.data();
-    args.k_cache = k.data();
-    args.v_cache = v.data();
-    args.q_dtype = args.k_dtype = args.v_dtype = args.out_dtype = s.dtype;
-    args.block_table = table.data();
-    args.context_lens = &len;
-    args.out = out.data();
-    args.lse = lse.data();
+    args = share_args(s, pool_blocks, static_cast<int>(table.size()), q.data(), k.data(), v.data(),
+                      table.data(), &len, out.data(), lse.data());
   }
 };
 
@@ -132,39 +119,24 @@ CpRow time_cpu(const CpShape& s, const std::vector<Communicator*>& comms,
 
   const int root = o.root < 0 ? 0 : o.root;
   std::vector<std::vector<double>> times(ranks, std::vector<double>(o.samples));
-  std::vector<std::exception_ptr> errors(ranks);
   StepResult grouped;
   SpinBarrier barrier(ranks);
   ContextParallelOptions cp;
   cp.root = o.root;
-  std::vector<std::thread> pool;
-  for (int r = 0; r < ranks; ++r) {
-    pool.emplace_back([&, r] {
-      try {
-        const int lo = static_cast<int>(static_cast<std::int64_t>(nb) * r / ranks);
-        const int hi = static_cast<int>(static_cast<std::int64_t>(nb) * (r + 1) / ranks);
-        Share sh(s, q, lk, lv, lo, hi, 100 + r);
-        DecodeOptions ro;
-        ro.backend = Backend::kCpu;
-        ro.num_threads = std::max(1, threads / ranks);
-        auto step = [&] { context_parallel_decode(sh.args, *comms[r], ro, cp); };
-        step();  // warm-up
-        for (int i = 0; i < o.samples; ++i) {
-          barrier.wait();
-          times[r][i] = time_ms(K, step);
-        }
-        if (r == root) {
-          grouped = StepResult{sh.out, sh.lse};
-        }
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  }
-  for (std::thread& t : pool) t.join();
-  for (const std::exception_ptr& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  on_ranks(ranks, [&](int r) {
+    const auto [lo, hi] = share_range(nb, r, ranks);
+    Share sh(s, q, lk, lv, lo, hi, 100 + r);
+    DecodeOptions ro;
+    ro.backend = Backend::kCpu;
+    ro.num_threads = std::max(1, threads / ranks);
+    auto step = [&] { context_parallel_decode(sh.args, *comms[r], ro, cp); };
+    step();  // warm-up
+    for (int i = 0; i < o.samples; ++i) {
+      barrier.wait();
+      times[r][i] = time_ms(K, step);
+    }
+    if (r == root) grouped = StepResult{sh.out, sh.lse};
+  });
   row.group_ms = group_step_ms(times, K);
   compare_results(row, s.dtype, StepResult{single.out, single.lse}, grouped);
   return row;

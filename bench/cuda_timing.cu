@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda_events.hpp"
 #include "cuda_timing.hpp"
 #include "device_random.cuh"
 #include "pagedattn/cache_layout.hpp"
@@ -26,18 +27,6 @@ namespace {
 
 using testing::check_cuda;
 using testing::DeviceBuffer;
-
-struct Events {
-  cudaEvent_t a, b;
-  Events() {
-    check_cuda(cudaEventCreate(&a), "cudaEventCreate");
-    check_cuda(cudaEventCreate(&b), "cudaEventCreate");
-  }
-  ~Events() {
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-};
 
 // ---- read ceiling ----
 template <int UNROLL>

@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "cp_shares.hpp"
 #include "gtest_printers.hpp"
 #include "pagedattn/context_parallel.hpp"
 #include "pagedattn/error.hpp"
@@ -28,46 +29,6 @@
 
 namespace pagedattn {
 namespace {
-
-enum class Share { kRanges, kStrides };
-
-// Rank r's block table and lengths: the blocks of every sequence it holds, in context order.
-struct RankShare {
-  std::vector<std::int32_t> table, lens;
-};
-
-std::vector<RankShare> share_out(const testing::HostCase& c, int ranks, Share how,
-                                 std::mt19937& rng) {
-  const int B = c.spec.batch, BS = c.spec.block_size;
-  std::vector<RankShare> out(ranks);
-  for (RankShare& s : out) {
-    s.table.assign(c.block_table.size(), -1);
-    s.lens.assign(B, 0);
-  }
-  for (int b = 0; b < B; ++b) {
-    const int len = c.context_lens[b];
-    const int nb = (len + BS - 1) / BS;
-    std::vector<int> owner(nb);
-    if (how == Share::kStrides) {
-      for (int i = 0; i < nb; ++i) owner[i] = i % ranks;
-    } else {  // ranges at random cut points: uneven, some empty
-      std::vector<int> cuts(ranks - 1);
-      for (int& x : cuts) x = std::uniform_int_distribution<int>(0, nb)(rng);
-      std::sort(cuts.begin(), cuts.end());
-      for (int i = 0; i < nb; ++i) {
-        owner[i] = static_cast<int>(std::upper_bound(cuts.begin(), cuts.end(), i) - cuts.begin());
-      }
-    }
-    for (int i = 0; i < nb; ++i) {
-      RankShare& s = out[owner[i]];
-      const int slot = s.lens[b] / BS;  // holders get whole blocks, the last one its remainder
-      s.table[static_cast<std::size_t>(b) * c.table_stride + slot] =
-          c.block_table[static_cast<std::size_t>(b) * c.table_stride + i];
-      s.lens[b] += std::min(BS, len - i * BS);
-    }
-  }
-  return out;
-}
 
 #if PAGEDATTN_TESTS_WITH_CUDA
 // A communicator over device memory for threads on one GPU, so the CUDA protocol runs with any

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "cp_shares.hpp"
 #include "pagedattn/context_parallel.hpp"
 #include "pagedattn/nccl_communicator.hpp"
 #include "pagedattn/testing/device_case.hpp"
@@ -63,33 +64,6 @@ std::vector<std::string> on_every_gpu(
   return errors;
 }
 
-// Rank r's share: every sequence's blocks cut into contiguous ranges at random points.
-std::vector<std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>>> share_ranges(
-    const testing::HostCase& c, int ranks, std::mt19937& rng) {
-  const int B = c.spec.batch, BS = c.spec.block_size;
-  std::vector<std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>>> out(ranks);
-  for (auto& s : out) {
-    s.first.assign(c.block_table.size(), -1);
-    s.second.assign(B, 0);
-  }
-  for (int b = 0; b < B; ++b) {
-    const int len = c.context_lens[b];
-    const int nb = (len + BS - 1) / BS;
-    std::vector<int> cuts(ranks - 1);
-    for (int& x : cuts) x = std::uniform_int_distribution<int>(0, nb)(rng);
-    std::sort(cuts.begin(), cuts.end());
-    for (int i = 0; i < nb; ++i) {
-      const int owner =
-          static_cast<int>(std::upper_bound(cuts.begin(), cuts.end(), i) - cuts.begin());
-      auto& [table, lens] = out[owner];
-      table[static_cast<std::size_t>(b) * c.table_stride + lens[b] / BS] =
-          c.block_table[static_cast<std::size_t>(b) * c.table_stride + i];
-      lens[b] += std::min(BS, len - i * BS);
-    }
-  }
-  return out;
-}
-
 enum class Step { kAllGather, kGatherToRoot0, kCheckedGroup, kGraph };
 
 class NcclContextParallel : public ::testing::TestWithParam<Step> {};
@@ -109,7 +83,7 @@ TEST_P(NcclContextParallel, EveryRankGetsTheWholeDecode) {
   spec.seed = 20261130 + static_cast<int>(run);
   testing::HostCase c = testing::make_case(spec);
   std::mt19937 rng(static_cast<std::uint32_t>(spec.seed));
-  const auto shares = share_ranges(c, ranks, rng);
+  const std::vector<RankShare> shares = share_out(c, ranks, Share::kRanges, rng);
   std::vector<testing::HostCase> results(ranks, c);
   ContextParallelOptions cp;
   cp.root = run == Step::kGatherToRoot0 ? 0 : -1;
@@ -118,8 +92,8 @@ TEST_P(NcclContextParallel, EveryRankGetsTheWholeDecode) {
     testing::HostCase& mine = results[r];
     mine.poison_outputs();
     DecodeArgs a = mine.args();
-    a.block_table = shares[r].first.data();
-    a.context_lens = shares[r].second.data();
+    a.block_table = shares[r].table.data();
+    a.context_lens = shares[r].lens.data();
     testing::DeviceCase dev(a, stream);
     DecodeOptions o;
     o.backend = Backend::kCuda;
