@@ -123,40 +123,21 @@ std::size_t workspace_size(const DecodeArgs& a) {
   return workspace_layout(a, max_total_splits(a, plan_options(a))).total;
 }
 
-void decode(const DecodeArgs& a, const DecodeOptions& options) {
-  if (a.batch == 0) return;
+void check_launch(const DecodeArgs& a, const pagedattn::DecodeOptions& options) {
   require_aligned("q", a.q);
   require_aligned("k_cache", a.k_cache);
   require_aligned("v_cache", a.v_cache);
+  if (options.workspace != nullptr) require_aligned("workspace", options.workspace);
   // The kernels address cache rows with 32-bit indices (cuda/kv_pipeline.cuh).
   if (static_cast<std::int64_t>(a.num_blocks) * a.num_kv_heads * a.block_size > INT32_MAX) {
     fail(ErrorCode::kUnsupported, "num_blocks", a.num_blocks,
          "the CUDA backend addresses at most 2^31 - 1 cache rows (num_blocks * num_kv_heads * "
          "block_size)");
   }
-  cudaStream_t stream = static_cast<cudaStream_t>(options.cuda_stream);
-  // The grid and the workspace depend on shapes only, sized for the split plan; single_split
-  // needs fewer splits, so the same grid and workspace serve it.
-  PlanOptions plan = plan_options(a);
-  const std::int64_t splits = max_total_splits(a, plan);
-  plan.single_split = options.single_split;
-  const Layout lay = workspace_layout(a, splits);
-  char* ws = nullptr;
-  std::optional<StreamWorkspace> own;  // returned to the pool on this stream when decode ends
-  if (options.workspace != nullptr) {
-    if (options.workspace_bytes < lay.total) {
-      fail(ErrorCode::kInvalidArgument, "workspace_bytes", options.workspace_bytes,
-           "too small: cuda_workspace_size() = " + std::to_string(lay.total));
-    }
-    require_aligned("workspace", options.workspace);
-    ws = static_cast<char*>(options.workspace);
-  } else {
-    own.emplace(lay.total, stream);
-    ws = own->get();
-  }
-
+  split_ctas_per_sm(a);  // a kernel that does not fit on this device: an error naming head_dim
   if (options.cuda_checked) {
     // Read the device tables back and validate them exactly as the CPU path does.
+    cudaStream_t stream = static_cast<cudaStream_t>(options.cuda_stream);
     std::vector<std::int32_t> lens(a.batch);
     const std::size_t table_elems =
         static_cast<std::size_t>(a.batch - 1) * a.table_stride() + a.max_blocks_per_seq;
@@ -171,6 +152,30 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
     }
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     validate_tables(a, lens.data(), table.data());
+  }
+}
+
+void decode(const DecodeArgs& a, const DecodeOptions& options) {
+  if (a.batch == 0) return;
+  check_launch(a, options);
+  cudaStream_t stream = static_cast<cudaStream_t>(options.cuda_stream);
+  // The grid and the workspace depend on shapes only, sized for the split plan; single_split
+  // needs fewer splits, so the same grid and workspace serve it.
+  PlanOptions plan = plan_options(a);
+  const std::int64_t splits = max_total_splits(a, plan);
+  plan.single_split = options.single_split;
+  const Layout lay = workspace_layout(a, splits);
+  char* ws = nullptr;
+  std::optional<StreamWorkspace> own;  // returned to the pool on this stream when decode ends
+  if (options.workspace != nullptr) {
+    if (options.workspace_bytes < lay.total) {
+      fail(ErrorCode::kInvalidArgument, "workspace_bytes", options.workspace_bytes,
+           "too small: cuda_workspace_size() = " + std::to_string(lay.total));
+    }
+    ws = static_cast<char*>(options.workspace);
+  } else {
+    own.emplace(lay.total, stream);
+    ws = own->get();
   }
 
   SplitParams p{};

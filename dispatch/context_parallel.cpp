@@ -76,15 +76,18 @@ void check_group(const DecodeArgs& args, Communicator& comm, Backend backend, in
 }  // namespace
 
 std::size_t context_parallel_state_bytes(const DecodeArgs& args) {
-  return static_cast<std::size_t>(args.batch) * args.num_heads * (args.head_dim + 1) *
-         sizeof(float);
+  // Rounded up so that every rank's block, and the out at its start, is 256-byte aligned: the
+  // decode stores out in 8- and 16-byte pieces (an odd batch * num_heads would misalign every
+  // other rank's block otherwise).
+  return align_up(static_cast<std::size_t>(args.batch) * args.num_heads * (args.head_dim + 1) *
+                  sizeof(float));
 }
 
 std::size_t context_parallel_workspace_size(const DecodeArgs& args, int ranks) {
   if (ranks < 1) fail(ErrorCode::kInvalidArgument, "ranks", ranks, "must be at least 1");
   DecodeArgs local = args;
   local.out_dtype = DType::kF32;
-  return align_up(static_cast<std::size_t>(ranks) * context_parallel_state_bytes(args)) +
+  return static_cast<std::size_t>(ranks) * context_parallel_state_bytes(args) +
          cuda_workspace_size(local);
 }
 
@@ -113,11 +116,16 @@ void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
     if (args.batch > 0 && backend == Backend::kCpu) {
       validate_tables(args, args.context_lens, args.block_table);
     }
-    if (backend == Backend::kCuda && options.workspace != nullptr &&
-        options.workspace_bytes < context_parallel_workspace_size(args, ranks)) {
-      fail(ErrorCode::kInvalidArgument, "workspace_bytes", options.workspace_bytes,
-           "too small: context_parallel_workspace_size() = " +
-               std::to_string(context_parallel_workspace_size(args, ranks)));
+    if (backend == Backend::kCuda && args.batch > 0) {
+      // Everything the CUDA decode would refuse, here, before the header exchange: a rank that
+      // failed after it would leave the others waiting in the collective.
+      detail::cuda::check_launch(args, options);
+      if (options.workspace != nullptr &&
+          options.workspace_bytes < context_parallel_workspace_size(args, ranks)) {
+        fail(ErrorCode::kInvalidArgument, "workspace_bytes", options.workspace_bytes,
+             "too small: context_parallel_workspace_size() = " +
+                 std::to_string(context_parallel_workspace_size(args, ranks)));
+      }
     }
   } catch (const Error&) {
     if (memory == Backend::kCuda && !cp_options.check_group) throw;
@@ -132,11 +140,12 @@ void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
   const std::int64_t rows = static_cast<std::int64_t>(args.batch) * args.num_heads;
   const std::int64_t D = args.head_dim;
   const std::size_t block_bytes = context_parallel_state_bytes(args);
-  const std::size_t gathered_bytes = align_up(block_bytes * ranks);
+  const std::size_t gathered_bytes = block_bytes * ranks;
   std::vector<float> host;
   std::shared_ptr<void> device;
   float* gathered = nullptr;
   detail::DecodeOptions local_options(options);
+  local_options.cuda_checked = false;  // the tables were checked above (check_launch)
   if (memory == Backend::kCuda) {
     if (options.workspace != nullptr) {
       gathered = static_cast<float*>(options.workspace);
@@ -150,7 +159,7 @@ void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
     host.resize(gathered_bytes / sizeof(float));
     gathered = host.data();
   }
-  const std::int64_t block_floats = rows * (D + 1);
+  const std::int64_t block_floats = static_cast<std::int64_t>(block_bytes / sizeof(float));
   float* mine = gathered + rank * block_floats;
 
   DecodeArgs local = args;

@@ -18,6 +18,8 @@ namespace {
 
 void decode(const DecodeArgs&, const DecodeOptions&) { unavailable(); }
 
+void check_launch(const DecodeArgs&, const pagedattn::DecodeOptions&) { unavailable(); }
+
 std::shared_ptr<void> stream_scratch(std::size_t, void*) { unavailable(); }
 
 void copy_and_wait(void*, const void*, std::size_t, void*) { unavailable(); }

@@ -72,8 +72,8 @@ void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
                              const ContextParallelOptions& cp_options = {});
 
 // Bytes of the states a rank sends per step (its f32 out and lse): batch * num_heads *
-// (head_dim + 1) * 4. A rank receives `ranks` times this (all-gather) or, the root, `ranks - 1`
-// times (gather).
+// (head_dim + 1) * 4, rounded up to 256 (every rank's block starts aligned). A rank receives
+// `ranks - 1` times this (all-gather), or the root does (gather).
 std::size_t context_parallel_state_bytes(const DecodeArgs& args);
 
 // Device workspace bytes of one CUDA context-parallel step over `ranks` ranks on the current

@@ -40,8 +40,12 @@ void decode(const DecodeArgs& args, const DecodeOptions& options);
 namespace cuda {
 // Whether the CUDA backend was built and a device is usable; `why` says what is missing.
 bool available(std::string* why);
-// Runs on device memory.
+// Runs on device memory; check_launch first.
 void decode(const DecodeArgs& args, const DecodeOptions& options);
+// What decode refuses before any launch (batch > 0): q, the caches and the workspace not 16-byte
+// aligned, a pool of more than 2^31 - 1 cache rows, a kernel that does not fit on the device, and
+// with cuda_checked the device tables (read back, waiting for the stream).
+void check_launch(const DecodeArgs& args, const pagedattn::DecodeOptions& options);
 // Device workspace bytes decode needs for these shapes (see pagedattn::cuda_workspace_size).
 std::size_t workspace_size(const DecodeArgs& args);
 // `bytes` of device memory from the library's stream-ordered pool on the current device, given
