@@ -131,4 +131,13 @@ bool combine_has_image() {
   return cudaFuncGetAttributes(&attr, combine_kernel<float>) == cudaSuccess;
 }
 
+int kernels_ptx_version() {
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, combine_kernel<float>) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return attr.ptxVersion;
+}
+
 }  // namespace pagedattn::detail::cuda

@@ -29,5 +29,9 @@ void launch_combine(const CombineParams& params, DType out_dtype, bool pdl, cuda
 // Whether the build holds machine code or PTX the current device can run (the combine stands for
 // every kernel of the library: all are built for the same architectures).
 bool combine_has_image();
+// The virtual architecture the current device runs this library's kernels from (90 for sm_90
+// code; 80 when an sm_80-only build runs on a newer GPU through its PTX), 0 when none runs. All
+// kernels are built for the same architectures, so the combine's tells for every one.
+int kernels_ptx_version();
 
 }  // namespace pagedattn::detail::cuda

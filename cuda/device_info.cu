@@ -35,7 +35,10 @@ const DeviceInfo& current_device() {
           "cudaDeviceGetAttribute");
     check(cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, dev),
           "cudaDeviceGetAttribute");
-    d.pdl = d.cc_major >= 9;
+    // Programmatic launches only where the kernels' code has griddepcontrol in it: an
+    // sm_80-only build running on Hopper through PTX compiled none, and launched as a dependent
+    // it would not wait for the kernel before it.
+    d.pdl = d.cc_major >= 9 && kernels_ptx_version() >= 90;
     d.device = dev;
   }
   return d;

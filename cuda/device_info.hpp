@@ -11,7 +11,7 @@ struct DeviceInfo {
   int device = -1;
   int sms = 0;
   int cc_major = 0, cc_minor = 0;
-  bool pdl = false;  // programmatic dependent launch (griddepcontrol)
+  bool pdl = false;  // programmatic dependent launch (griddepcontrol): sm_90 with sm_90 code
 };
 
 // The current device's facts (cached per device; thread-safe). Throws pagedattn::Error on a CUDA
