@@ -185,15 +185,17 @@ def _torch_dlpack_dtypes(torch: Any) -> dict:
 
 
 def _describe_torch(x: Any, dtypes: dict) -> Any:
-    """The tuple _ref gives for a PyTorch tensor (x as it is where the dtype table lacks its
-    dtype, or for a negated view, which DLPack refuses with an error)."""
+    """The tuple _ref gives for a PyTorch tensor on the CPU or a CUDA device (x as it is for
+    any other device, where the dtype table lacks its dtype, or for a negated view: the DLPack
+    path then refuses it with the error that names it)."""
     code_bits = dtypes.get(x.dtype)
     if code_bits is None or x.is_neg():
         return x
-    dev = x.get_device()
-    if dev >= 0:
-        return (x.data_ptr(), code_bits[0], code_bits[1], 2, dev, x.shape, x.stride())
-    return (x.data_ptr(), code_bits[0], code_bits[1], 1, 0, x.shape, x.stride())
+    if x.is_cuda:
+        return (x.data_ptr(), code_bits[0], code_bits[1], 2, x.get_device(), x.shape, x.stride())
+    if x.is_cpu:
+        return (x.data_ptr(), code_bits[0], code_bits[1], 1, 0, x.shape, x.stride())
+    return x  # another device (MPS, XPU, meta, ...): DLPack's path names it
 
 
 def _ref(x: Any) -> Any:
@@ -376,8 +378,10 @@ def decode(
             return _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, out,
                                  lse, return_lse, backend, stream, workspace, checked)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
-                    ("block_table", block_table), ("context_lens", context_lens)):
-        _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+                    ("block_table", block_table), ("context_lens", context_lens),
+                    ("out", out), ("lse", lse), ("workspace", workspace)):
+        if x is not None or name in ("q", "k_cache", "v_cache", "block_table", "context_lens"):
+            _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
     backend = _check_backend(backend)
     tags: List[str] = []
     q_in = _unwrap(q, "q", tags)
@@ -551,8 +555,9 @@ def merge_states(
     Raises:
         pagedattn.Error: naming the argument, before anything is written.
     """
-    for name, x in (("parts", parts), ("part_lse", part_lse)):
-        _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+    for name, x in (("parts", parts), ("part_lse", part_lse), ("out", out), ("lse", lse)):
+        if x is not None or name in ("parts", "part_lse"):
+            _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
     backend = _check_backend(backend)
     tags: List[str] = []
     parts_in = _unwrap(parts, "parts", tags)

@@ -53,3 +53,15 @@ def test_described_tensors_are_checked_like_dlpack_ones():
     assert errors[0] == errors[1]
     assert errors[0][0] == "context_lens" and "int32" in errors[0][1]
     assert not out.any()  # nothing written
+
+
+def test_a_tuple_is_not_an_output():
+    """Only the package builds descriptions: a tuple passed as out, lse or workspace is refused
+    as what it is, never taken for a pointer."""
+    rng = np.random.default_rng(5)
+    c = make_case(rng, context_lens=[5, 9], q_dtype="f32", kv_dtype="f32")
+    fake = (0, 2, 32, 1, 0, (2, 8, 64), (512, 64, 1))
+    for name in ("out", "lse", "workspace"):
+        with pytest.raises(pagedattn.Error) as info:
+            pagedattn.decode(*c.args(), **{name: fake})
+        assert info.value.argument == name
