@@ -1,10 +1,12 @@
 // What both measurements of pagedattn-cp-bench share (cp_timing.hpp): the step time from the
 // ranks' samples, and the group's error against the single device.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <exception>
 #include <thread>
 
+#include "cp_barrier.hpp"
 #include "cp_timing.hpp"
 
 namespace pagedattn::bench {
@@ -57,8 +59,9 @@ std::pair<int, int> share_range(int nb, int r, int ranks) {
           static_cast<int>(static_cast<std::int64_t>(nb) * (r + 1) / ranks)};
 }
 
-void on_ranks(int ranks, const std::function<void(int)>& body) {
+void on_ranks(int ranks, SpinBarrier& barrier, const std::function<void(int)>& body) {
   std::vector<std::exception_ptr> errors(ranks);
+  std::atomic<int> first{-1};  // the rank that failed first: its error is the one to report
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
@@ -66,13 +69,14 @@ void on_ranks(int ranks, const std::function<void(int)>& body) {
         body(r);
       } catch (...) {
         errors[r] = std::current_exception();
+        int none = -1;
+        first.compare_exchange_strong(none, r);
+        barrier.abort();  // the others leave the barrier instead of waiting for this rank
       }
     });
   }
   for (std::thread& t : threads) t.join();
-  for (const std::exception_ptr& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  if (first.load() >= 0) std::rethrow_exception(errors[first.load()]);
 }
 
 double state_bytes(const CpShape& s) {
@@ -96,9 +100,10 @@ void compare_results(CpRow& row, DType t, const StepResult& single, const StepRe
   for (std::size_t i = 0; i < single.out.size() / dtype_size(t); ++i) {
     const float a = element(single.out, t, i), b = element(grouped.out, t, i);
     max_ref = std::max(max_ref, static_cast<double>(std::fabs(a)));
-    // A non-finite result counts as an infinite error (std::max would drop a NaN).
-    max_diff =
-        std::max(max_diff, std::isfinite(b) ? static_cast<double>(std::fabs(a - b)) : INFINITY);
+    // A non-finite value on either side counts as an infinite error (std::max drops a NaN).
+    max_diff = std::max(max_diff, std::isfinite(a) && std::isfinite(b)
+                                      ? static_cast<double>(std::fabs(a - b))
+                                      : INFINITY);
   }
   row.rel_err = max_diff / max_ref;
   row.lse_err = 0;

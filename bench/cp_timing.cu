@@ -198,7 +198,7 @@ CpRow time_cuda(const CpShape& s, const std::vector<Communicator*>& comms,
   SpinBarrier barrier(ranks);
   ContextParallelOptions cp;
   cp.root = o.root;
-  on_ranks(ranks, [&](int r) {
+  on_ranks(ranks, barrier, [&](int r) {
     check_cuda(cudaSetDevice(devices[r]), "cudaSetDevice");
     const auto [lo, hi] = share_range(nb, r, ranks);
     Share sh(s, lo, hi, ranks, 100 + r);

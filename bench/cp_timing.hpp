@@ -59,8 +59,10 @@ struct StepResult {
 double median(std::vector<double> v);
 // Rank r's share of nb blocks: the contiguous range [first, second).
 std::pair<int, int> share_range(int nb, int r, int ranks);
+class SpinBarrier;
 // Runs body(r) on one thread per rank and waits for them; then rethrows the first rank's error.
-void on_ranks(int ranks, const std::function<void(int)>& body);
+// A rank that throws aborts `barrier`, so the others leave it (with an error) instead of waiting.
+void on_ranks(int ranks, SpinBarrier& barrier, const std::function<void(int)>& body);
 // The DecodeArgs of one share: batch 1 in the shape's dtype over the given buffers (a pool of
 // pool_blocks blocks, a table row of table_len entries).
 DecodeArgs share_args(const CpShape& shape, int pool_blocks, int table_len, const void* q,

@@ -123,7 +123,7 @@ CpRow time_cpu(const CpShape& s, const std::vector<Communicator*>& comms,
   SpinBarrier barrier(ranks);
   ContextParallelOptions cp;
   cp.root = o.root;
-  on_ranks(ranks, [&](int r) {
+  on_ranks(ranks, barrier, [&](int r) {
     const auto [lo, hi] = share_range(nb, r, ranks);
     Share sh(s, q, lk, lv, lo, hi, 100 + r);
     DecodeOptions ro;

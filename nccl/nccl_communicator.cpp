@@ -98,7 +98,16 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<int
   check_nccl(ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data()),
              nullptr, "ncclCommInitAll");
   std::vector<std::unique_ptr<Communicator>> group;
-  for (ncclComm_t c : comms) group.push_back(std::make_unique<NcclCommunicator>(c, /*owned=*/true));
+  group.reserve(comms.size());  // push_back cannot throw below
+  try {
+    for (ncclComm_t c : comms) {
+      group.push_back(std::make_unique<NcclCommunicator>(c, /*owned=*/true));
+    }
+  } catch (...) {
+    // The communicators not yet owned by a wrapper (the one whose wrapper failed included).
+    for (std::size_t i = group.size(); i < comms.size(); ++i) ncclCommDestroy(comms[i]);
+    throw;
+  }
   return group;
 }
 
