@@ -5,13 +5,17 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <random>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "fault_injection.hpp"
 #include "pagedattn/cache_layout.hpp"
+#include "pagedattn/context_parallel.hpp"
 #include "pagedattn/detail/dispatch.hpp"
 #include "pagedattn/reference.hpp"
+#include "pagedattn/testing/cp_shares.hpp"
 #include "pagedattn/testing/device_case.hpp"
 
 namespace pagedattn::fuzz {
@@ -197,6 +201,64 @@ std::string check_finite(const Result& r, const testing::HostCase& h) {
   return {};
 }
 
+// Context parallelism, on the CPU backend when it is tested: the blocks of every sequence shared
+// out among 2 or 3 ranks of the in-process group at random cut points (some ranks holding none),
+// each rank decoding its share with context_parallel_decode on one thread; every rank must get
+// the same bits, and they must pass the finite and reference checks of a plain run.
+std::string check_context_parallel(const FuzzCase& c, BuiltCase& bc, const ReferenceResult& ref,
+                                   const Tolerance& tol, double* worst_ratio,
+                                   const CheckOptions& options) {
+  const DecodeArgs& a = bc.args;
+  testing::HostCase& h = bc.host;
+  if (a.batch == 0 || std::find(options.backends.begin(), options.backends.end(), Backend::kCpu) ==
+                          options.backends.end()) {
+    return {};
+  }
+  const int ranks = 2 + static_cast<int>((c.spec.seed >> 11) & 1);
+  std::mt19937 rng(static_cast<std::uint32_t>(c.spec.seed * 2654435761u + 17));
+  const std::vector<testing::RankShare> shares =
+      testing::share_out(h, ranks, testing::Share::kRanges, rng);
+  auto group = make_local_group(ranks);
+  std::vector<std::vector<std::uint8_t>> outs(ranks, std::vector<std::uint8_t>(h.out.size()));
+  std::vector<std::vector<float>> lses(ranks, std::vector<float>(h.lse.size(), NAN));
+  std::vector<std::string> errors(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      DecodeArgs mine = a;
+      mine.block_table = shares[r].table.data();
+      mine.context_lens = shares[r].lens.data();
+      mine.out = outs[r].data();
+      mine.lse = a.lse != nullptr ? lses[r].data() : nullptr;
+      DecodeOptions o;
+      o.backend = Backend::kCpu;
+      o.num_threads = 1;
+      try {
+        context_parallel_decode(mine, *group[r], o);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const std::string tag = std::to_string(ranks) + " ranks: ";
+  for (int r = 0; r < ranks; ++r) {
+    if (!errors[r].empty()) return tag + "rank " + std::to_string(r) + " threw: " + errors[r];
+  }
+  for (int r = 1; r < ranks; ++r) {
+    if (outs[r] != outs[0] ||
+        std::memcmp(lses[r].data(), lses[0].data(), lses[0].size() * sizeof(float)) != 0) {
+      return tag + "rank " + std::to_string(r) + " got other bits than rank 0";
+    }
+  }
+  h.out = outs[0];
+  if (a.lse != nullptr) std::copy(lses[0].begin(), lses[0].end(), h.lse.begin());
+  const Result got = read_outputs(h);
+  if (std::string bad = check_finite(got, h); !bad.empty()) return tag + bad;
+  const std::string bad = compare(got, ref.out, ref.lse, tol, a.num_heads, a.head_dim, worst_ratio);
+  return bad.empty() ? bad : tag + bad;
+}
+
 Outcome fail(const std::string& oracle, const std::string& message) {
   Outcome o;
   o.verdict = Verdict::kFail;
@@ -292,6 +354,10 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
       return fail("plan", tag + "planner vs single split: " + bad);
     }
     planned.push_back(std::move(runs[0]));
+  }
+  if (std::string bad = check_context_parallel(c, bc, ref, tol, &outcome.worst_ratio, options);
+      !bad.empty()) {
+    return fail("context-parallel", bad);
   }
   // Backends against each other (the first one listed is the baseline).
   for (std::size_t i = 1; i < planned.size(); ++i) {

@@ -18,10 +18,10 @@
 #include <cuda_runtime.h>
 #endif
 
-#include "cp_shares.hpp"
 #include "gtest_printers.hpp"
 #include "pagedattn/context_parallel.hpp"
 #include "pagedattn/error.hpp"
+#include "pagedattn/testing/cp_shares.hpp"
 #include "pagedattn/testing/device_case.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/testing/tolerance.hpp"
@@ -29,6 +29,10 @@
 
 namespace pagedattn {
 namespace {
+
+using testing::RankShare;
+using testing::Share;
+using testing::share_out;
 
 #if PAGEDATTN_TESTS_WITH_CUDA
 // A communicator over device memory for threads on one GPU, so the CUDA protocol runs with any

@@ -16,15 +16,19 @@
 #include <thread>
 #include <vector>
 
-#include "cp_shares.hpp"
 #include "pagedattn/context_parallel.hpp"
 #include "pagedattn/nccl_communicator.hpp"
+#include "pagedattn/testing/cp_shares.hpp"
 #include "pagedattn/testing/device_case.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/testing/tolerance.hpp"
 
 namespace pagedattn {
 namespace {
+
+using testing::RankShare;
+using testing::Share;
+using testing::share_out;
 
 int device_count() {
   int n = 0;

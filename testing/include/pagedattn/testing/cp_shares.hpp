@@ -1,6 +1,6 @@
-// How the context-parallel tests share out the blocks of a random case among ranks: for every
-// sequence, each rank's block table row lists the blocks it holds in context order and its
-// context length counts their tokens (a sequence's last, partial block goes to the rank that
+// How the context-parallel tests and the fuzzer share out the blocks of a random case among ranks:
+// for every sequence, each rank's block table row lists the blocks it holds in context order and
+// its context length counts their tokens (a sequence's last, partial block goes to the rank that
 // holds it, as the last entry of its row).
 #pragma once
 
@@ -11,7 +11,7 @@
 
 #include "pagedattn/testing/random_case.hpp"
 
-namespace pagedattn {
+namespace pagedattn::testing {
 
 // Ranges: each sequence cut at random points into contiguous ranges (uneven, some empty).
 // Strides: block i to rank i % ranks.
@@ -22,7 +22,7 @@ struct RankShare {
   std::vector<std::int32_t> table, lens;
 };
 
-inline std::vector<RankShare> share_out(const testing::HostCase& c, int ranks, Share how,
+inline std::vector<RankShare> share_out(const HostCase& c, int ranks, Share how,
                                         std::mt19937& rng) {
   const int B = c.spec.batch, BS = c.spec.block_size;
   std::vector<RankShare> out(ranks);
@@ -55,4 +55,4 @@ inline std::vector<RankShare> share_out(const testing::HostCase& c, int ranks, S
   return out;
 }
 
-}  // namespace pagedattn
+}  // namespace pagedattn::testing
