@@ -262,6 +262,57 @@ std::vector<std::string> on_every_rank(int ranks, F body) {
   return argument;
 }
 
+#if PAGEDATTN_TESTS_WITH_CUDA
+// On CUDA with check_group, what the decode refuses before a launch is found before the header
+// exchange: a misaligned q on rank 1 (named there) and a bad block id with cuda_checked on rank 2
+// are errors on every rank, never a hang; the outputs stay untouched.
+TEST(ContextParallelErrors, CheckGroupOnCudaFailsEveryRank) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  testing::CaseSpec spec;
+  spec.batch = 2;
+  spec.context_lens = {40, 7};
+  spec.seed = 4;
+  const testing::HostCase base = testing::make_case(spec);
+  for (const bool misaligned_q : {true, false}) {
+    SCOPED_TRACE(misaligned_q ? "misaligned q on rank 1" : "bad block id on rank 2");
+    std::vector<testing::HostCase> cases(3, base);
+    std::vector<std::vector<std::uint8_t>> outs(3);
+    const auto got = on_every_rank(3, [&](int r, Communicator& host) {
+      testing::HostCase& c = cases[r];
+      if (!misaligned_q && r == 2) c.block_table[0] = c.num_blocks + 5;
+      testing::DeviceCase dev(c.args());
+      DecodeArgs a = dev.args();
+      testing::DeviceBuffer shifted;
+      if (misaligned_q && r == 1) {
+        shifted = testing::DeviceBuffer(c.q.size() + 16);
+        a.q = shifted.as<char>() + 4;  // valid memory, not 16-byte aligned
+      }
+      DecodeOptions o;
+      o.backend = Backend::kCuda;
+      o.cuda_checked = !misaligned_q;
+      ContextParallelOptions cp;
+      cp.check_group = true;
+      StagedDeviceCommunicator comm(host);
+      try {
+        context_parallel_decode(a, comm, o, cp);
+      } catch (...) {
+        dev.download(c.args());
+        outs[r] = c.out;
+        throw;
+      }
+    });
+    EXPECT_EQ(got[0], "rank");
+    EXPECT_EQ(got[1], misaligned_q ? "q" : "rank");
+    if (misaligned_q) {
+      EXPECT_EQ(got[2], "rank");
+    } else {
+      EXPECT_EQ(got[2].rfind("block_table", 0), 0u) << got[2];
+    }
+    for (const auto& out : outs) EXPECT_TRUE(out == base.out) << "an output was written";
+  }
+}
+#endif
+
 TEST(ContextParallelErrors, ABadRankFailsEveryRank) {
   testing::CaseSpec spec;
   spec.batch = 2;
