@@ -69,6 +69,85 @@ class StagedDeviceCommunicator final : public Communicator {
 };
 #endif
 
+// Each rank's copy of the case after context_parallel_decode over its share, and its error text
+// ("" when it returned). Rank r runs in a thread of its own, on the CPU over the in-process
+// group or, on CUDA, over device copies on a stream of its own through a staged communicator,
+// with a caller workspace (context_parallel_workspace_size) when `workspace` is set, else the
+// library's scratch. Outputs start as NaN, so an unwritten element shows.
+struct RankRuns {
+  std::vector<testing::HostCase> results;
+  std::vector<std::string> errors;
+};
+
+RankRuns decode_on_ranks(Backend backend, const testing::HostCase& c,
+                         const std::vector<RankShare>& shares, const ContextParallelOptions& cp,
+                         bool workspace) {
+  const int ranks = static_cast<int>(shares.size());
+  auto group = make_local_group(ranks);
+  RankRuns runs{std::vector<testing::HostCase>(ranks, c), std::vector<std::string>(ranks)};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      testing::HostCase& mine = runs.results[r];
+      mine.poison_outputs();
+      DecodeArgs a = mine.args();
+      a.block_table = shares[r].table.data();
+      a.context_lens = shares[r].lens.data();
+      DecodeOptions o;
+      o.backend = backend;
+      o.num_threads = 1;
+      try {
+        if (backend == Backend::kCpu) {
+          context_parallel_decode(a, *group[r], o, cp);
+          return;
+        }
+#if PAGEDATTN_TESTS_WITH_CUDA
+        cudaStream_t stream = nullptr;
+        ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+        {
+          testing::DeviceCase dev(a, stream);
+          o.cuda_stream = stream;
+          testing::DeviceBuffer ws;
+          if (workspace) {
+            ws = testing::DeviceBuffer(context_parallel_workspace_size(dev.args(), ranks));
+            o.workspace = ws.get();
+            o.workspace_bytes = ws.size();
+          }
+          StagedDeviceCommunicator comm(*group[r]);
+          context_parallel_decode(dev.args(), comm, o, cp);
+          dev.download(a, stream);
+        }
+        cudaStreamDestroy(stream);
+#endif
+      } catch (const std::exception& e) {
+        runs.errors[r] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return runs;
+}
+
+// Every rank from `first` on got the f64 reference of the whole contexts, the same bits as rank
+// `first`; the ranks before it (not the root of a gather) kept their NaN outputs.
+void expect_whole_decode(RankRuns& runs, int first, DType out_dtype) {
+  for (std::size_t r = 0; r < runs.results.size(); ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_EQ(runs.errors[r], "");
+    testing::HostCase& got = runs.results[r];
+    if (static_cast<int>(r) < first) {  // not the root: out and lse untouched (still NaN)
+      for (float x : got.lse) EXPECT_TRUE(std::isnan(x));
+      continue;
+    }
+    const testing::Comparison cmp = testing::compare_with_reference(got);
+    EXPECT_TRUE(cmp.all_finite) << cmp.first_bad;
+    EXPECT_LE(cmp.rel_err(), testing::out_tolerance(out_dtype)) << cmp.first_bad;
+    EXPECT_LE(cmp.max_abs_err_lse, testing::lse_tolerance()) << cmp.first_bad;
+    EXPECT_TRUE(got.out == runs.results[first].out) << "ranks disagree";
+    EXPECT_TRUE(got.lse == runs.results[first].lse) << "ranks disagree";
+  }
+}
+
 // Who gets the result: every rank (all-gather), or the last rank only (gather to a root).
 enum class Mode { kAll, kRootLast };
 
@@ -76,8 +155,7 @@ using CpParam = std::tuple<Backend, int, Share, DType, Mode>;  // backend, ranks
 
 class ContextParallel : public ::testing::TestWithParam<CpParam> {};
 
-// On CUDA each rank decodes device copies of its share on its own stream; with strides it also
-// passes a caller workspace (context_parallel_workspace_size), with ranges the library's scratch.
+// With strides the CUDA ranks pass a caller workspace, with ranges they use the library's scratch.
 TEST_P(ContextParallel, EveryRankGetsTheWholeDecode) {
   const auto [backend, ranks, how, out_dtype, mode] = GetParam();
   if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
@@ -98,64 +176,8 @@ TEST_P(ContextParallel, EveryRankGetsTheWholeDecode) {
   const std::vector<RankShare> shares = share_out(c, ranks, how, rng);
   ContextParallelOptions cp;
   cp.root = mode == Mode::kAll ? -1 : ranks - 1;
-  auto group = make_local_group(ranks);
-  std::vector<testing::HostCase> results(ranks, c);
-  std::vector<std::string> errors(ranks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      testing::HostCase& mine = results[r];
-      mine.poison_outputs();
-      DecodeArgs a = mine.args();
-      a.block_table = shares[r].table.data();
-      a.context_lens = shares[r].lens.data();
-      DecodeOptions o;
-      o.backend = backend;
-      o.num_threads = 1;
-      try {
-        if (backend == Backend::kCpu) {
-          context_parallel_decode(a, *group[r], o, cp);
-          return;
-        }
-#if PAGEDATTN_TESTS_WITH_CUDA
-        cudaStream_t stream = nullptr;
-        ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-        {
-          testing::DeviceCase dev(a, stream);
-          o.cuda_stream = stream;
-          testing::DeviceBuffer ws;
-          if (how == Share::kStrides) {
-            ws = testing::DeviceBuffer(context_parallel_workspace_size(dev.args(), ranks));
-            o.workspace = ws.get();
-            o.workspace_bytes = ws.size();
-          }
-          StagedDeviceCommunicator comm(*group[r]);
-          context_parallel_decode(dev.args(), comm, o, cp);
-          dev.download(a, stream);
-        }
-        cudaStreamDestroy(stream);
-#endif
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  const int first = mode == Mode::kAll ? 0 : ranks - 1;
-  for (int r = 0; r < ranks; ++r) {
-    SCOPED_TRACE("rank " + std::to_string(r));
-    ASSERT_EQ(errors[r], "");
-    if (r < first) {  // not the root: out and lse untouched (still NaN)
-      for (float x : results[r].lse) EXPECT_TRUE(std::isnan(x));
-      continue;
-    }
-    const testing::Comparison cmp = testing::compare_with_reference(results[r]);
-    EXPECT_TRUE(cmp.all_finite) << cmp.first_bad;
-    EXPECT_LE(cmp.rel_err(), testing::out_tolerance(out_dtype)) << cmp.first_bad;
-    EXPECT_LE(cmp.max_abs_err_lse, testing::lse_tolerance()) << cmp.first_bad;
-    EXPECT_TRUE(results[r].out == results[first].out) << "ranks disagree";
-    EXPECT_TRUE(results[r].lse == results[first].lse) << "ranks disagree";
-  }
+  RankRuns runs = decode_on_ranks(backend, c, shares, cp, how == Share::kStrides);
+  expect_whole_decode(runs, mode == Mode::kAll ? 0 : ranks - 1, out_dtype);
 }
 
 std::string cp_name(const ::testing::TestParamInfo<CpParam>& info) {
@@ -193,44 +215,8 @@ TEST_P(ContextParallelOddRows, EveryRankGetsTheWholeDecode) {
   testing::HostCase c = testing::make_case(spec);
   std::mt19937 rng(static_cast<std::uint32_t>(spec.seed));
   const std::vector<RankShare> shares = share_out(c, ranks, Share::kRanges, rng);
-  auto group = make_local_group(ranks);
-  std::vector<testing::HostCase> results(ranks, c);
-  std::vector<std::string> errors(ranks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      results[r].poison_outputs();
-      DecodeArgs a = results[r].args();
-      a.block_table = shares[r].table.data();
-      a.context_lens = shares[r].lens.data();
-      DecodeOptions o;
-      o.backend = backend;
-      o.num_threads = 1;
-      try {
-        if (backend == Backend::kCpu) {
-          context_parallel_decode(a, *group[r], o);
-          return;
-        }
-#if PAGEDATTN_TESTS_WITH_CUDA
-        testing::DeviceCase dev(a);
-        StagedDeviceCommunicator comm(*group[r]);
-        context_parallel_decode(dev.args(), comm, o);
-        dev.download(a);
-#endif
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (int r = 0; r < ranks; ++r) {
-    SCOPED_TRACE("rank " + std::to_string(r));
-    ASSERT_EQ(errors[r], "");
-    const testing::Comparison cmp = testing::compare_with_reference(results[r]);
-    EXPECT_TRUE(cmp.all_finite) << cmp.first_bad;
-    EXPECT_LE(cmp.rel_err(), testing::out_tolerance(spec.out_dtype)) << cmp.first_bad;
-    EXPECT_LE(cmp.max_abs_err_lse, testing::lse_tolerance()) << cmp.first_bad;
-  }
+  RankRuns runs = decode_on_ranks(backend, c, shares, {}, false);
+  expect_whole_decode(runs, 0, spec.out_dtype);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, ContextParallelOddRows,
