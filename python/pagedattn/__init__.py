@@ -378,9 +378,10 @@ def decode(
             return _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, out,
                                  lse, return_lse, backend, stream, workspace, checked)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
-                    ("block_table", block_table), ("context_lens", context_lens),
-                    ("out", out), ("lse", lse), ("workspace", workspace)):
-        if x is not None or name in ("q", "k_cache", "v_cache", "block_table", "context_lens"):
+                    ("block_table", block_table), ("context_lens", context_lens)):
+        _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+    for name, x in (("out", out), ("lse", lse), ("workspace", workspace)):
+        if x is not None:
             _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
     backend = _check_backend(backend)
     tags: List[str] = []
@@ -409,16 +410,7 @@ def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, 
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if lse is None and return_lse:
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-    if stream is None:
-        dev = q.get_device()
-        if dev >= 0:
-            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-            stream = int(raw(dev)) if raw is not None else int(
-                torch.cuda.current_stream(q.device).cuda_stream)
-        else:
-            stream = 0
-    else:
-        stream = _stream(stream, q)
+    stream = _stream(stream, q)
     dtypes = _torch_dlpack_dtypes(torch)
     _ext.decode(
         _describe_torch(q, dtypes), _describe_torch(k_cache, dtypes),
@@ -555,8 +547,10 @@ def merge_states(
     Raises:
         pagedattn.Error: naming the argument, before anything is written.
     """
-    for name, x in (("parts", parts), ("part_lse", part_lse), ("out", out), ("lse", lse)):
-        if x is not None or name in ("parts", "part_lse"):
+    for name, x in (("parts", parts), ("part_lse", part_lse)):
+        _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+    for name, x in (("out", out), ("lse", lse)):
+        if x is not None:
             _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
     backend = _check_backend(backend)
     tags: List[str] = []
