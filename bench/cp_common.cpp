@@ -26,12 +26,6 @@ float element(const std::vector<std::uint8_t>& bytes, DType t, std::size_t i) {
 
 }  // namespace
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 DecodeArgs share_args(const CpShape& s, int pool_blocks, int table_len, const void* q,
                       const void* k, const void* v, const std::int32_t* table,
                       const std::int32_t* lens, void* out, float* lse) {

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "median.hpp"
 #include "pagedattn/context_parallel.hpp"
 
 namespace pagedattn::bench {
@@ -56,7 +57,6 @@ struct StepResult {
   std::vector<float> lse;
 };
 
-double median(std::vector<double> v);
 // Rank r's share of nb blocks: the contiguous range [first, second).
 std::pair<int, int> share_range(int nb, int r, int ranks);
 class SpinBarrier;

@@ -16,6 +16,7 @@
 #include "cuda_events.hpp"
 #include "cuda_timing.hpp"
 #include "device_random.cuh"
+#include "median.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/cuda_check.hpp"
@@ -79,11 +80,6 @@ struct InputSet {
   DeviceBuffer q, k, v, table, lens, out, lse;
   DecodeArgs args;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 }  // namespace
 

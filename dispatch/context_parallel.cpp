@@ -39,7 +39,7 @@ void check_group(const DecodeArgs& args, Communicator& comm, Backend backend, in
   const Header mine{local_error ? 0 : 1, args.batch, args.num_heads, args.head_dim, root};
   std::vector<Header> all(ranks);
   if (backend == Backend::kCuda) {
-    std::shared_ptr<void> dev = detail::cuda::stream_scratch(sizeof(Header) * (ranks + 1), stream);
+    std::shared_ptr<void> dev = detail::cuda::stream_scratch(sizeof(Header) * ranks, stream);
     auto* recv = static_cast<char*>(dev.get());
     char* send = recv + sizeof(Header) * comm.rank();
     detail::cuda::copy_and_wait(send, &mine, sizeof(Header), stream);
