@@ -38,6 +38,20 @@ struct ItemContext {
   const std::int32_t* context_lens;
   int num_heads;
   int group_size;
+  // The attention variants (pagedattn/variants.hpp); the plan already starts each sequence at
+  // its window's first block.
+  int window_left = -1;
+  float soft_cap = 0.f;                 // 0: none
+  const float* alibi_slopes = nullptr;  // [num_heads], or null
+};
+
+// What the variants do to the logits of one block for a tile of heads: the soft-cap, then the
+// ALiBi bias slope_r * pos, pos = first_pos + t for the block's t-th computed token.
+struct BlockLogits {
+  float cap = 0.f;                // 0: none
+  const float* slopes = nullptr;  // the tile's first head's slope, or null
+  int first_pos = 0;              // position of the first computed token minus (L - 1)
+  bool active() const { return cap > 0.f || slopes != nullptr; }
 };
 
 // Query heads per register tile of the kernel.

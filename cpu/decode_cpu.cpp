@@ -17,6 +17,7 @@
 #include "pagedattn/detail/backends.hpp"
 #include "pagedattn/online_softmax.hpp"
 #include "pagedattn/split_plan.hpp"
+#include "pagedattn/variants.hpp"
 
 namespace pagedattn::detail::cpu {
 namespace {
@@ -144,12 +145,13 @@ struct CallerState {
   std::vector<std::int32_t> plan_lens;
   std::vector<Task> tasks;               // built from the plan on every call (grow-only)
   std::vector<std::int32_t> fault_lens;  // Fault::kLastBlockOffByOne's context lengths
-  int plan_kv_heads = -1, plan_block_size = -1, plan_parallelism = -1;
+  int plan_kv_heads = -1, plan_block_size = -1, plan_parallelism = -1, plan_window = -1;
   bool plan_single = false;
 
   const SplitPlan& plan_for(const DecodeArgs& a, const PlanOptions& po) {
     const bool same = plan_kv_heads == a.num_kv_heads && plan_block_size == a.block_size &&
                       plan_parallelism == po.parallelism && plan_single == po.single_split &&
+                      plan_window == po.window_left &&
                       plan_lens.size() == static_cast<std::size_t>(a.batch) &&
                       std::equal(plan_lens.begin(), plan_lens.end(), a.context_lens);
     if (!same) {
@@ -159,6 +161,7 @@ struct CallerState {
       plan_block_size = a.block_size;
       plan_parallelism = po.parallelism;
       plan_single = po.single_split;
+      plan_window = po.window_left;
     }
     return plan;
   }
@@ -223,8 +226,10 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   // scheduler slice for a thread that is not running). The count depends only on the shape, the
   // context lengths and the requested threads, so results stay deterministic.
   const int requested = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
-  std::int64_t tokens = 0;
-  for (int b = 0; b < a.batch; ++b) tokens += a.context_lens[b];
+  std::int64_t tokens = 0;  // attended: the window's, with one
+  for (int b = 0; b < a.batch; ++b) {
+    tokens += a.context_lens[b] - window_first_token(a.context_lens[b], a.window_left);
+  }
   const std::int64_t kv_bytes =
       tokens * a.num_kv_heads * D * 2 * static_cast<std::int64_t>(dtype_size(a.k_dtype));
   const int threads = threads_for_work(requested, kv_bytes);
@@ -239,6 +244,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   po.parallelism = threads * kTasksPerThread * KV;
   po.min_chunk_tokens = 256;
   po.single_split = options.single_split;
+  po.window_left = a.window_left;
   CallerState& st = caller_state();
   const SplitPlan& plan = st.plan_for(a, po);
 
@@ -278,6 +284,9 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   ctx.context_lens = a.context_lens;
   ctx.num_heads = H;
   ctx.group_size = G;
+  ctx.window_left = a.window_left;
+  ctx.soft_cap = a.logits_soft_cap;
+  ctx.alibi_slopes = a.alibi_slopes;
 
   // Test-only planted bugs (detail::Fault, set through the internal options), made around the
   // kernel so that the kernel carries no test code. kLastBlockOffByOne: the kernel sees each
@@ -340,10 +349,12 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
           softmax_merge(state, merged, SoftmaxState{part_m[p], part_l[p]}, &part_acc[p * D], D);
         }
       }
+      // The sink joins the denominator only (out = acc * fa / l with its l).
+      const float fa = a.sinks != nullptr ? add_sink(state, a.sinks[h]) : 1.f;
       // A NaN state (a NaN or infinite logit in some split; see softmax_tile) gives NaN out and
       // lse, never the 0 and -inf of an empty context.
       const bool nan = std::isnan(state.l);
-      store_row(a.out, a.out_dtype, row * D, acc, nan ? NAN : state.inv_sum(), D);
+      store_row(a.out, a.out_dtype, row * D, acc, nan ? NAN : state.inv_sum() * fa, D);
       if (a.lse) a.lse[row] = nan ? NAN : state.lse();
     }
   };

@@ -19,6 +19,7 @@
 
 #include "cpu_kernel.hpp"
 #include "pagedattn/online_softmax.hpp"
+#include "pagedattn/variants.hpp"
 #include "row_sums.hpp"
 #include "widen.hpp"
 
@@ -314,11 +315,37 @@ inline void scores_of(const QT* q, int D, const T* k, std::int64_t ts, float* s,
   }
 }
 
+// Applies the variants to R heads' logits of one block (s[r * ss + t], t < n; the padding up to
+// the next multiple of W too, which softmax_tile overwrites). A non-finite logit stays
+// non-finite (tanh would make an infinite one finite), so softmax_tile still marks the head NaN.
+template <class Arch, int R>
+inline void transform_logits(float* s, int ss, int n, const BlockLogits& v) {
+  using B = fbatch<Arch>;
+  constexpr int W = static_cast<int>(B::size);
+  alignas(64) static constexpr float kIota[16] = {0, 1, 2,  3,  4,  5,  6,  7,
+                                                  8, 9, 10, 11, 12, 13, 14, 15};
+  const B iota = B::load_aligned(kIota);
+  const int nw = (n + W - 1) / W * W;
+  const B cap(v.cap), inv_cap(v.cap > 0.f ? 1.f / v.cap : 0.f);
+  for (int r = 0; r < R; ++r) {
+    float* sr = s + r * ss;
+    const B slope(v.slopes != nullptr ? v.slopes[r] : 0.f);
+    for (int t = 0; t < nw; t += W) {
+      const B x = B::load_aligned(sr + t);
+      B y = x;
+      if (v.cap > 0.f) y = cap * xsimd::tanh(x * inv_cap) + (x - x);
+      if (v.slopes != nullptr)
+        y = xsimd::fma(slope, B(static_cast<float>(v.first_pos + t)) + iota, y);
+      y.store_aligned(sr + t);
+    }
+  }
+}
+
 // One block of n tokens (k, v: its first slot) for R query heads starting at q.
 template <class Arch, int R, bool P, class T, class QT>
 inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int n, int D,
-                       float scale, float* s, int ss, float* m, float* l, float* acc,
-                       PacedPrefetch& pf) {
+                       float scale, const BlockLogits& var, float* s, int ss, float* m, float* l,
+                       float* acc, PacedPrefetch& pf) {
   using Shape = TileShape<Arch>;
   constexpr int W = Shape::W;
   constexpr int TT = Shape::tokens(R);
@@ -331,6 +358,7 @@ inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int
     scores_of<Arch, R, TT, P>(q, D, k + t * ts, ts, s + t, ss, scale);
   }
   for (; t < n; ++t) scores_of<Arch, R, 1, P>(q, D, k + t * ts, ts, s + t, ss, scale);
+  if (var.active()) transform_logits<Arch, R>(s, ss, n, var);
   softmax_tile<Arch, R>(s, ss, n, m, l, acc, D);
   for (int r = 0; r < R; r += RV) {
     const float* p = s + r * ss;
@@ -396,14 +424,20 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
     start_unit(pf, u, 1);
     pf.rest();
   }
+  // With a window, the tokens of the first block before it are skipped (never computed).
+  const int first_tok = window_first_token(L, c.window_left);
   for (int blk = it.block_begin; blk < it.block_end; ++blk) {
     const int id = c.table.block(it.seq, blk);
-    const int n = valid_in_block(L, BS, blk);
+    const int skip = std::max(0, first_tok - blk * BS);
+    const int n = valid_in_block(L, BS, blk) - skip;
+    BlockLogits var;
+    var.cap = c.soft_cap;
+    var.first_pos = blk * BS + skip - (L - 1);
     for (int i = 0; i < kv_count; ++i) {
       pf.rest();
       start_unit(pf, (blk - it.block_begin) * kv_count + i + kPrefetchUnits, kPrefetchPieces);
       const int kv = kv_first + i;
-      const std::int64_t base = c.layout.offset(id, kv, 0);
+      const std::int64_t base = c.layout.offset(id, kv, skip);
       const T* kb = k_cache + base;
       const T* vb = v_cache + base;
       const QT* q = q_heads + static_cast<std::int64_t>(i) * G * D;
@@ -417,21 +451,27 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
         // cannot keep q in registers (see scores_tile), so two 4-head tiles run faster there.
         const int rest = G - g;
         const int R = rest >= 8 && TileShape<Arch>::kRegs == 32 ? 8 : rest >= 4 ? 4 : rest;
+        if (c.alibi_slopes != nullptr) var.slopes = c.alibi_slopes + kv * G + g;
         switch (R) {
           case 8:
-            block_tile<Arch, 8, P>(qg, kb, vb, ts, n, D, c.scale, s, ss, mi + g, li + g, ag, pf);
+            block_tile<Arch, 8, P>(qg, kb, vb, ts, n, D, c.scale, var, s, ss, mi + g, li + g, ag,
+                                   pf);
             break;
           case 4:
-            block_tile<Arch, 4, P>(qg, kb, vb, ts, n, D, c.scale, s, ss, mi + g, li + g, ag, pf);
+            block_tile<Arch, 4, P>(qg, kb, vb, ts, n, D, c.scale, var, s, ss, mi + g, li + g, ag,
+                                   pf);
             break;
           case 3:
-            block_tile<Arch, 3, P>(qg, kb, vb, ts, n, D, c.scale, s, ss, mi + g, li + g, ag, pf);
+            block_tile<Arch, 3, P>(qg, kb, vb, ts, n, D, c.scale, var, s, ss, mi + g, li + g, ag,
+                                   pf);
             break;
           case 2:
-            block_tile<Arch, 2, P>(qg, kb, vb, ts, n, D, c.scale, s, ss, mi + g, li + g, ag, pf);
+            block_tile<Arch, 2, P>(qg, kb, vb, ts, n, D, c.scale, var, s, ss, mi + g, li + g, ag,
+                                   pf);
             break;
           default:
-            block_tile<Arch, 1, P>(qg, kb, vb, ts, n, D, c.scale, s, ss, mi + g, li + g, ag, pf);
+            block_tile<Arch, 1, P>(qg, kb, vb, ts, n, D, c.scale, var, s, ss, mi + g, li + g, ag,
+                                   pf);
             break;
         }
         g += R;

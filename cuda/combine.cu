@@ -8,6 +8,7 @@
 #include "combine.cuh"
 #include "cuda_error.hpp"
 #include "pagedattn/online_softmax.hpp"
+#include "pagedattn/variants.hpp"
 #include "store_out.cuh"
 
 namespace pagedattn::detail::cuda {
@@ -88,8 +89,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
   }
-  const SoftmaxState2 total{mmax, lsum};
-  if (d < D) store_out<OutT>(p.out, idx * D + d, acc * total.inv_sum());
+  SoftmaxState2 total{mmax, lsum};
+  // The sink joins the denominator only; an empty context gets out = 0 and lse = the sink.
+  const float fa = p.sinks != nullptr ? add_sink(total, __ldg(p.sinks + h) * kLog2e) : 1.f;
+  if (d < D) store_out<OutT>(p.out, idx * D + d, acc * (total.inv_sum() * fa));
   if (p.lse != nullptr && dc == 0 && lane == 0) p.lse[idx] = total.lse();
 }
 

@@ -19,6 +19,7 @@ struct CombineParams {
   const int* split_offset;  // [batch + 1]: the first partial of each sequence, in splits
   void* out;
   float* lse;
+  const float* sinks;  // f32 [num_heads], natural-log units, or null (DecodeArgs::sinks)
   int batch, num_heads, head_dim;
 };
 

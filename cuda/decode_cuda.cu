@@ -15,6 +15,7 @@
 #include "device_info.hpp"
 #include "pagedattn/detail/backends.hpp"
 #include "pagedattn/validate.hpp"
+#include "pagedattn/variants.hpp"
 #include "split_params.cuh"
 #include "workspace.hpp"
 
@@ -84,6 +85,7 @@ PlanOptions plan_options(const DecodeArgs& a) {
   o.min_chunk_tokens = kMinChunkTokens;
   o.even_waves = true;
   o.max_splits_per_seq = kMaxSplitsPerSeq;
+  o.window_left = a.window_left;
   return o;
 }
 
@@ -150,8 +152,22 @@ void check_launch(const DecodeArgs& a, const pagedattn::DecodeOptions& options) 
                             cudaMemcpyDeviceToHost, stream),
             "cudaMemcpyAsync(block_table)");
     }
+    // The variants' per-head values, where given.
+    std::vector<float> slopes(a.alibi_slopes ? a.num_heads : 0), sinks(a.sinks ? a.num_heads : 0);
+    if (a.alibi_slopes != nullptr) {
+      check(cudaMemcpyAsync(slopes.data(), a.alibi_slopes, slopes.size() * sizeof(float),
+                            cudaMemcpyDeviceToHost, stream),
+            "cudaMemcpyAsync(alibi_slopes)");
+    }
+    if (a.sinks != nullptr) {
+      check(cudaMemcpyAsync(sinks.data(), a.sinks, sinks.size() * sizeof(float),
+                            cudaMemcpyDeviceToHost, stream),
+            "cudaMemcpyAsync(sinks)");
+    }
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     validate_tables(a, lens.data(), table.data());
+    validate_variant_values(a, a.alibi_slopes ? slopes.data() : nullptr,
+                            a.sinks ? sinks.data() : nullptr);
   }
 }
 
@@ -194,8 +210,14 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   p.max_blocks = a.max_blocks_per_seq;
   p.table_stride = a.table_stride();
   p.block_div = FastDiv::make(static_cast<std::uint32_t>(a.block_size));
-  p.scale_log2 = a.effective_scale() * 1.4426950408889634f;
+  p.scale_log2 = a.effective_scale() * kLog2e;
   p.plan = plan;
+  const float cap = a.logits_soft_cap;
+  p.cap2 = cap > 0.f ? cap * kLog2e : 0.f;
+  p.inv_cap2 = cap > 0.f ? 1.f / p.cap2 : 0.f;
+  p.alibi = a.alibi_slopes;
+  p.logit_variant = cap > 0.f || a.alibi_slopes != nullptr;
+  p.sinks = a.sinks;
   p.head_chunks = head_chunks(a);
   p.split_offset = reinterpret_cast<int*>(ws);
   p.part_ml = reinterpret_cast<float*>(ws + lay.offsets_bytes);
@@ -242,6 +264,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   c.split_offset = p.split_offset;
   c.out = a.out;
   c.lse = a.lse;
+  c.sinks = a.sinks;
   c.batch = a.batch;
   c.num_heads = a.num_heads;
   c.head_dim = a.head_dim;

@@ -6,6 +6,7 @@
 
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/split_plan.hpp"
+#include "pagedattn/variants.hpp"
 #include "ptx.cuh"
 #include "split_params.cuh"
 
@@ -21,6 +22,14 @@ __device__ __forceinline__ int blocks_of(const SplitParams& p, int len) {
   return q + (len != q * p.block_size);
 }
 
+// The blocks a context of `len` tokens has in the plan, from logical block *first on
+// (planned_blocks of core/split_plan.hpp, through the FastDiv).
+__device__ __forceinline__ int planned_of(const SplitParams& p, int len, int* first) {
+  *first = static_cast<int>(
+      p.block_div.div(static_cast<unsigned>(window_first_token(len, p.plan.window_left))));
+  return blocks_of(p, len) - *first;
+}
+
 struct ItemInfo {
   int seq, split, chunk, offset, found;
 };
@@ -32,9 +41,9 @@ __device__ inline void plan_item(const SplitParams& p, int j, ItemInfo* item) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int cap = p.max_blocks * p.block_size;  // validated to fit int32
   long long sum = 0;
-  int mx = 0;
+  int mx = 0, first = 0;
   for (int b = tid; b < p.batch; b += kThreads) {
-    const int nb = blocks_of(p, clamp_len(__ldg(p.lens + b), cap));
+    const int nb = planned_of(p, clamp_len(__ldg(p.lens + b), cap), &first);
     sum += nb;
     mx = max(mx, nb);
   }
@@ -65,7 +74,7 @@ __device__ inline void plan_item(const SplitParams& p, int j, ItemInfo* item) {
     const int b = base + tid;
     int ns = 0;
     if (b < p.batch) {
-      ns = splits_for(blocks_of(p, clamp_len(__ldg(p.lens + b), cap)), chunk);
+      ns = splits_for(planned_of(p, clamp_len(__ldg(p.lens + b), cap), &first), chunk);
     }
     int incl = ns;
 #pragma unroll

@@ -68,10 +68,11 @@ __device__ __forceinline__ int fetch_id(const SplitParams& p, const std::int32_t
 }
 
 // Token t's row from the kv head's first row, in rows of D elements (below 2^31: the host
-// checks the pool's size), or -1 when it must not be read (past the split, or a block id outside
-// the pool: unchecked mode skips such tokens).
-__device__ __forceinline__ int row_index(const SplitParams& p, int id, int t, int tok_end) {
-  if (t >= tok_end || id < 0 || id >= p.num_blocks) return -1;
+// checks the pool's size), or -1 when it must not be read (before the window, past the split, or
+// a block id outside the pool: unchecked mode skips such tokens).
+__device__ __forceinline__ int row_index(const SplitParams& p, int id, int t, int tok_lo,
+                                         int tok_end) {
+  if (t >= tok_end || t < tok_lo || id < 0 || id >= p.num_blocks) return -1;
   const int slot = t - static_cast<int>(p.block_div.div(static_cast<unsigned>(t))) * p.block_size;
   return (id * p.num_kv_heads) * p.block_size + slot;
 }
@@ -167,6 +168,8 @@ struct KvPipeline {
   const char* gK;                 // the kv head's K and V in block 0
   long long v_minus_k;            // gV - gK
   int tok_begin, tok_end, ntiles;
+  int tok_lo;    // the window's first token (0 without one): rows before it are not read
+  int last_pos;  // the query's position, L - 1 (ALiBi)
 
   __device__ __forceinline__ const char* k(int st) const { return stages + st * kTileBytes; }
   __device__ __forceinline__ const char* v(int st) const {
@@ -196,7 +199,7 @@ struct KvPipeline {
   // without a row pass has_row() == false).
   __device__ __forceinline__ void store_row(int n, int id) {
     const bool mine = has_row();
-    const int row = mine ? row_index(*p, id, tok_of(n), tok_end) : -1;
+    const int row = mine ? row_index(*p, id, tok_of(n), tok_lo, tok_end) : -1;
     if (mine) rows_at[(n % STAGES) * TT + my_row()] = row;
     const unsigned bits = __ballot_sync(0xffffffffu, row >= 0);
     if ((threadIdx.x & 31) == 0) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kv_pipeline.cuh"
+#include "logit_variants.cuh"
 #include "pagedattn/online_softmax.hpp"
 #include "ptx.cuh"
 #include "split_params.cuh"
@@ -94,6 +95,13 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   // adds sl * 16 rows (a multiple of 8, so the swizzle is unchanged), and k-step kk reads chunk
   // 2 kk + half, at the offset of step kk % 4 plus 128 bytes per 4 steps (the swizzle permutes
   // chunks only within a 128-byte segment).
+  // The ALiBi slopes of rows g and g + 8 (log2 units; 0 without ALiBi).
+  float slope2[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = wh * 16 + g + 8 * r;
+    slope2[r] = alibi_slope2(p, head0 + row, row < G);
+  }
   int k_at[4], v_at[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -150,6 +158,16 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
         for (int e = 0; e < 4; ++e) {
           s[n][e] *= p.scale_log2;
           bad[e >> 1] = fmaf(s[n][e], 0.f, bad[e >> 1]);
+        }
+      }
+      if (p.logit_variant) {  // uniform: the soft-cap and ALiBi, on every column of the slice
+        const int rel0 = pipe.tok_begin + it * Cfg::TT + sl * 16 + 2 * q4 - pipe.last_pos;
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[n][e] = variant_logit(p, s[n][e], slope2[e >> 1], rel0 + n * 8 + (e & 1));
+          }
         }
       }
       if (bits != 0xffffu) {
@@ -290,7 +308,8 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   const int c0 = (tid % tpr) * 2;  // pairs of columns, tpr threads side by side
   if (item.finish) {               // the sequence's only split: out and lse directly
     const std::int64_t out_row = static_cast<std::int64_t>(b) * p.num_heads + head0 + hl;
-    const float inv = total.inv_sum();
+    const float fa = fold_sink(p, total, head0 + hl);  // the sink: denominator only
+    const float inv = total.inv_sum() * fa;
     for (int c = c0; c < D; c += 2 * tpr) {
       const float2 a = merged(c);
       store_out_pair(p.out, p.out_dtype, out_row * D + c, a.x * inv, a.y * inv);

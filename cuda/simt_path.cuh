@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "kv_pipeline.cuh"
+#include "logit_variants.cuh"
 #include "pagedattn/online_softmax.hpp"
 #include "ptx.cuh"
 #include "split_params.cuh"
@@ -99,6 +100,9 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& i
                  : 0.f;
     }
   }
+  float slope2[HW];  // ALiBi, log2 units (0 without)
+#pragma unroll
+  for (int h = 0; h < HW; ++h) slope2[h] = alibi_slope2(p, head0 + h_first + h, h < nh);
   pipe.prologue();
   float acc[HW][E];
   SoftmaxState2 st[HW];
@@ -133,6 +137,9 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& i
         for (int o2 = 8; o2 > 0; o2 >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o2);
         // x * 0 is 0 for a finite logit, NaN otherwise.
         bad[h] = fmaf(ok ? d : 0.f, 0.f, bad[h]);
+        if (p.logit_variant) {  // uniform
+          d = variant_logit(p, d, slope2[h], pipe.tok_begin + it * Cfg::TT + r - pipe.last_pos);
+        }
         sc[h] = ok ? d : -INFINITY;
       }
       if (ok) {  // per half-warp; no shuffles inside
@@ -201,7 +208,8 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& i
       if (h >= nh) break;
       if (item.finish) {  // the sequence's only split: out and lse directly
         const std::int64_t row = static_cast<std::int64_t>(b) * p.num_heads + head0 + h_first + h;
-        const float inv = st[h].inv_sum();
+        const float fa = fold_sink(p, st[h], head0 + h_first + h);  // the sink: denominator only
+        const float inv = st[h].inv_sum() * fa;
 #pragma unroll
         for (int e = 0; e < E; ++e)
           store_out(p.out, p.out_dtype, row * D + l16 * E + e, acc[h][e] * inv);

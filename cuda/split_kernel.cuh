@@ -58,10 +58,13 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   item.part_base = static_cast<std::int64_t>(plan.offset + plan.split) * p.num_heads;
 
   const int len = clamp_len(__ldg(p.lens + item.seq), p.max_blocks * p.block_size);
-  const int nb = blocks_of(p, len);
+  int first = 0;  // with a window, the blocks before it are not planned
+  const int nb = planned_of(p, len, &first);
   item.finish = splits_for(nb, plan.chunk) == 1;
   int blk_begin = 0, blk_end = 0;
   split_block_range(nb, plan.chunk, plan.split, &blk_begin, &blk_end);
+  blk_begin += first;
+  blk_end += first;
   const std::int64_t head_off = static_cast<std::int64_t>(item.kv) * p.block_size * D * sizeof(T);
   Pipe pipe;
   pipe.stages = smem;
@@ -72,7 +75,9 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   pipe.gK = static_cast<const char*>(p.k) + head_off;
   pipe.v_minus_k = static_cast<const char*>(p.v) - static_cast<const char*>(p.k);
   pipe.tok_begin = blk_begin * p.block_size;
+  pipe.tok_lo = window_first_token(len, p.plan.window_left);
   pipe.tok_end = min(blk_end * p.block_size, len);
+  pipe.last_pos = len - 1;
   pipe.ntiles = (pipe.tok_end - pipe.tok_begin + TT - 1) / TT;
   if constexpr (kMma) {
     mma_item<T, D>(p, item, pipe, smem);

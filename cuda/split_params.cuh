@@ -28,11 +28,18 @@ struct SplitParams {
   int batch, num_heads, num_kv_heads, group, block_size, num_blocks, max_blocks, table_stride;
   FastDiv block_div;  // token -> (block, slot)
   float scale_log2;   // scale * log2(e): scores are kept in log2 units
-  PlanOptions plan;
-  int head_chunks;    // CTAs per item along the group (CUDA-core path with group > 16)
-  float* part_ml;     // [partials][2]: m (log2 units), l
-  float* part_acc;    // [partials][head_dim]
-  int* split_offset;  // [batch + 1], written by CTA 0 for the combine
+  PlanOptions plan;   // plan.window_left is DecodeArgs::window_left
+  // The logit variants (pagedattn/variants.hpp) in log2 units: soft-cap cap2 = cap * log2(e)
+  // (0: none) and its inverse; ALiBi slopes (f32 [num_heads], times log2(e) on use, or null);
+  // logit_variant says whether either is set (the compute paths skip both otherwise).
+  float cap2, inv_cap2;
+  const float* alibi;
+  bool logit_variant;
+  const float* sinks;  // f32 [num_heads] in natural-log units, or null
+  int head_chunks;     // CTAs per item along the group (CUDA-core path with group > 16)
+  float* part_ml;      // [partials][2]: m (log2 units), l
+  float* part_acc;     // [partials][head_dim]
+  int* split_offset;   // [batch + 1], written by CTA 0 for the combine
   // A sequence with a single split is finished by its CTA: out (out_dtype) and lse (may be
   // null) written directly, no partial state; the combine skips it.
   void* out;

@@ -31,6 +31,19 @@ constexpr std::size_t kAlign = 256;
 
 std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
+// These variants depend on a token's position in the whole sequence (the window, ALiBi) or must
+// be counted once per sequence (sinks), and a rank sees only its share of the context: refused,
+// by name, until the shares carry their positions. The soft-cap acts on each logit alone and
+// runs as in decode().
+void refuse_variants(const DecodeArgs& a) {
+  const char* why =
+      "not supported by context_parallel_decode (each rank holds a share of the "
+      "context); decode the sequence on one device";
+  if (a.window_left >= 0) fail(ErrorCode::kUnsupported, "window_left", a.window_left, why);
+  if (a.alibi_slopes != nullptr) fail(ErrorCode::kUnsupported, "alibi_slopes", "set", why);
+  if (a.sinks != nullptr) fail(ErrorCode::kUnsupported, "sinks", "set", why);
+}
+
 // The header exchange; throws on every rank alike when one rank's validation failed or the
 // shapes differ.
 void check_group(const DecodeArgs& args, Communicator& comm, Backend backend, int root,
@@ -113,6 +126,7 @@ void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
            std::string("must be the communicator's memory, ") + backend_name(memory));
     }
     validate_shapes(args);
+    refuse_variants(args);
     if (args.batch > 0 && backend == Backend::kCpu) {
       validate_tables(args, args.context_lens, args.block_table);
     }

@@ -18,6 +18,7 @@ void decode(const DecodeArgs& args, const DecodeOptions& options) {
     return;
   }
   validate_tables(args, args.context_lens, args.block_table);
+  validate_variant_values(args, args.alibi_slopes, args.sinks);
   cpu::decode(args, options);
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "pagedattn/cache_layout.hpp"
+#include "pagedattn/variants.hpp"
 
 namespace pagedattn {
 namespace {
@@ -194,6 +195,14 @@ void validate_shapes(const DecodeArgs& a, bool require_out) {
   if (a.scale && !std::isfinite(*a.scale)) {
     fail(ErrorCode::kInvalidArgument, "scale", *a.scale, "must be finite");
   }
+  if (a.window_left < -1) {
+    fail(ErrorCode::kInvalidArgument, "window_left", a.window_left,
+         "must be -1 (no window) or at least 0");
+  }
+  if (!(a.logits_soft_cap >= 0.f) || !std::isfinite(a.logits_soft_cap)) {
+    fail(ErrorCode::kInvalidArgument, "logits_soft_cap", a.logits_soft_cap,
+         "must be finite and at least 0 (0: no soft-cap)");
+  }
   if (a.batch == 0) return;  // a no-op: nothing is read or written
   require_non_null("q", a.q);
   require_non_null("k_cache", a.k_cache);
@@ -216,7 +225,7 @@ void validate_tables(const DecodeArgs& a, const std::int32_t* context_lens,
            "out of range [0, " + std::to_string(capacity) + "] (max_blocks_per_seq * block_size)");
     }
     const int used = blocks_for(len, a.block_size);
-    for (int i = 0; i < used; ++i) {
+    for (int i = window_first_block(len, a.window_left, a.block_size); i < used; ++i) {
       const std::int32_t id = table.block(b, i);
       if (id < 0 || id >= a.num_blocks) {
         std::ostringstream arg;
@@ -226,6 +235,19 @@ void validate_tables(const DecodeArgs& a, const std::int32_t* context_lens,
                  ") (num_blocks) inside context_lens[" + std::to_string(b) +
                  "] = " + std::to_string(len));
       }
+    }
+  }
+}
+
+void validate_variant_values(const DecodeArgs& a, const float* alibi_slopes, const float* sinks) {
+  for (int h = 0; h < a.num_heads; ++h) {
+    if (alibi_slopes != nullptr && !std::isfinite(alibi_slopes[h])) {
+      fail(ErrorCode::kInvalidArgument, "alibi_slopes[" + std::to_string(h) + "]", alibi_slopes[h],
+           "must be finite");
+    }
+    if (sinks != nullptr && (std::isnan(sinks[h]) || sinks[h] == INFINITY)) {
+      fail(ErrorCode::kInvalidArgument, "sinks[" + std::to_string(h) + "]", sinks[h],
+           "must not be NaN or +inf (-inf is no sink)");
     }
   }
 }

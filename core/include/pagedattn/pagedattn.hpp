@@ -4,7 +4,9 @@
 //   s_t        = scale * dot(q[b,h,:], K[block_table[b, t / BS], kv, t % BS, :]),  t < L_b
 //   out[b,h,:] = sum_t softmax(s)_t * V[block_table[b, t / BS], kv, t % BS, :]
 //   lse[b,h]   = log(sum_t exp(s_t));   L_b == 0 gives out = 0 and lse = -inf.
-// See docs/architecture.md.
+// The attention variants (a sliding window, a logits soft-cap, ALiBi slopes, attention sinks)
+// change which t are attended and what s_t is: see DecodeArgs and pagedattn/variants.hpp.
+// See docs/architecture.md and docs/variants.md.
 #pragma once
 
 #include <cstddef>
@@ -67,9 +69,31 @@ struct DecodeArgs {
   float* lse = nullptr;        // optional
   std::optional<float> scale;  // default 1 / sqrt(head_dim)
 
+  // Attention variants (docs/variants.md); the defaults are plain softmax attention. They
+  // combine freely. With the query at position L_b - 1:
+  // - window_left >= 0: attend to tokens t >= L_b - 1 - window_left only (the last
+  //   window_left + 1 tokens); blocks wholly before the window, and their table entries, are
+  //   never read. -1: the whole context.
+  // - logits_soft_cap > 0: s_t = cap * tanh(s_t / cap), after the scale. 0: none.
+  // - alibi_slopes: f32 [num_heads], s_t += slope_h * (t - (L_b - 1)), after the soft-cap.
+  // - sinks: f32 [num_heads], a logit per query head that joins the softmax's denominator
+  //   (exp(sink_h) is added to sum_t exp(s_t)) and contributes no value; lse includes it, so an
+  //   empty context gives out = 0 and lse = sink_h. -inf is no sink.
+  // alibi_slopes and sinks live where the other tensors do (host memory for the CPU backend,
+  // device memory for CUDA); slopes must be finite and sinks not NaN or +inf (checked where the
+  // values are in host memory: the CPU backend, and CUDA with cuda_checked).
+  int window_left = -1;
+  float logits_soft_cap = 0.f;
+  const float* alibi_slopes = nullptr;
+  const float* sinks = nullptr;
+
   int table_stride() const { return block_table_stride ? block_table_stride : max_blocks_per_seq; }
   int group_size() const { return num_kv_heads > 0 ? num_heads / num_kv_heads : 0; }
   float effective_scale() const;
+  // Whether any attention variant is set.
+  bool has_variant() const {
+    return window_left >= 0 || logits_soft_cap > 0.f || alibi_slopes != nullptr || sinks != nullptr;
+  }
 };
 
 struct DecodeOptions {

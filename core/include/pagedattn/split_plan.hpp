@@ -10,6 +10,7 @@
 
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/host_device.hpp"
+#include "pagedattn/variants.hpp"
 
 namespace pagedattn {
 
@@ -17,7 +18,8 @@ struct WorkItem {
   int seq;
   int kv_head;
   int split;        // index among this sequence's splits
-  int block_begin;  // logical blocks [block_begin, block_end) of the sequence
+  int block_begin;  // logical blocks [block_begin, block_end) of the sequence (with a window,
+                    // from its first block on)
   int block_end;
 };
 
@@ -29,6 +31,9 @@ struct PlanOptions {
   // Cut batches of similar lengths into one whole wave of equal items (the CUDA backend):
   // see choose_chunk_blocks.
   bool even_waves = false;
+  // DecodeArgs::window_left: a sequence's items cover only the blocks from
+  // window_first_block(L) on (see planned_blocks).
+  int window_left = -1;
 };
 
 struct SplitPlan {
@@ -100,6 +105,13 @@ PAGEDATTN_HOST_DEVICE int choose_chunk_blocks(std::int64_t total_blocks, int max
   // Bounded splits per sequence keep the partials buffer small.
   chunk = chunk > by_splits ? chunk : by_splits;
   return static_cast<int>(chunk < max_blocks ? chunk : max_blocks);
+}
+
+// The blocks of a context of `len` tokens the plan covers, from logical block *first on: all of
+// them, or with a window those from window_first_block on.
+PAGEDATTN_HOST_DEVICE int planned_blocks(int len, int block_size, int window_left, int* first) {
+  *first = window_first_block(len, window_left, block_size);
+  return blocks_for(len, block_size) - *first;
 }
 
 // The splits of a sequence of nb blocks under chunk size `chunk`: ceil(nb / chunk) of them, of

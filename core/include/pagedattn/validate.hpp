@@ -39,7 +39,14 @@ void validate_shapes(const DecodeArgs& args, bool require_out = true);
 
 // context_lens and block_table given in host memory: 0 <= L_b <= max_blocks_per_seq * block_size
 // and every id in the first ceil(L_b / block_size) entries of row b lies in [0, num_blocks).
+// With window_left >= 0 only the entries from window_first_block(L_b) on are checked (the
+// others are never read).
 void validate_tables(const DecodeArgs& args, const std::int32_t* context_lens,
                      const std::int32_t* block_table);
+
+// alibi_slopes and sinks given in host memory (either may be null): every slope finite, no sink
+// NaN or +inf.
+void validate_variant_values(const DecodeArgs& args, const float* alibi_slopes,
+                             const float* sinks);
 
 }  // namespace pagedattn
