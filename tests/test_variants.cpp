@@ -1,0 +1,1038 @@
+// The attention variants of DecodeArgs (window_left, logits_soft_cap, alibi_slopes, sinks; see
+// pagedattn/variants.hpp) on every backend against the f64 reference: each alone and all
+// together, over dtypes, head dims, GQA groups, block sizes, windows and lengths. A window is
+// checked on a copy of the case where everything before it is unreadable (table entries of -1 and
+// garbage, NaN in the cache), against the reference of the clean case. Also: every CPU
+// instruction set's kernel, NaN and Inf inside the window, sinks on empty contexts and as a
+// denominator term only, a block-aligned window as the truncated context, the argument errors,
+// context-parallel decode, and bitwise determinism. The CUDA rows skip where no device is
+// present.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "cpu_kernel.hpp"
+#include "gtest_printers.hpp"
+#include "pagedattn/cache_layout.hpp"
+#include "pagedattn/context_parallel.hpp"
+#include "pagedattn/detail/dispatch.hpp"
+#include "pagedattn/online_softmax.hpp"
+#include "pagedattn/reference.hpp"
+#include "pagedattn/testing/cp_shares.hpp"
+#include "pagedattn/testing/device_case.hpp"
+#include "pagedattn/testing/device_memory.hpp"
+#include "pagedattn/testing/random_case.hpp"
+#include "pagedattn/testing/tolerance.hpp"
+#include "pagedattn/variants.hpp"
+#include "test_seed.hpp"
+
+namespace pagedattn {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// The variant arguments of one call, kept on the host; the CUDA runs upload slopes and sinks.
+struct Variants {
+  int window_left = -1;
+  float soft_cap = 0.f;
+  std::vector<float> slopes;  // empty: no ALiBi
+  std::vector<float> sinks;   // empty: no sinks
+};
+
+DecodeArgs with_variants(DecodeArgs a, const Variants& v) {
+  a.window_left = v.window_left;
+  a.logits_soft_cap = v.soft_cap;
+  a.alibi_slopes = v.slopes.empty() ? nullptr : v.slopes.data();
+  a.sinks = v.sinks.empty() ? nullptr : v.sinks.data();
+  return a;
+}
+
+std::string describe(const Variants& v) {
+  std::ostringstream os;
+  os << "window_left=" << v.window_left << " soft_cap=" << v.soft_cap
+     << " alibi=" << (v.slopes.empty() ? "no" : "yes")
+     << " sinks=" << (v.sinks.empty() ? "no" : "yes");
+  return os.str();
+}
+
+// The usual ALiBi slopes: 2^(-8 (h + 1) / H).
+std::vector<float> alibi_slopes(int heads) {
+  std::vector<float> s(heads);
+  for (int h = 0; h < heads; ++h) s[h] = std::exp2(-8.f * (h + 1) / heads);
+  return s;
+}
+
+// Sinks below, around and above the logits' lse, and every fifth head without one (-inf).
+std::vector<float> sink_logits(int heads) {
+  std::vector<float> s(heads);
+  for (int h = 0; h < heads; ++h) s[h] = h % 5 == 1 ? -kInf : -2.f + 2.5f * (h % 5);
+  return s;
+}
+
+// Two kv heads; table rows padded and strided, spare blocks in the pool (poisoned), as in the
+// reference grid (test_backend_reference.cpp).
+testing::CaseSpec variant_spec(DType dtype, int head_dim, int block_size, int group,
+                               std::vector<int> lens, std::uint64_t salt = 0) {
+  testing::CaseSpec s;
+  s.batch = static_cast<int>(lens.size());
+  s.num_kv_heads = 2;
+  s.num_heads = 2 * group;
+  s.head_dim = head_dim;
+  s.block_size = block_size;
+  s.context_lens = std::move(lens);
+  s.q_dtype = s.kv_dtype = s.out_dtype = dtype;
+  s.spare_blocks = 5;
+  s.table_padding = 2;
+  s.table_stride_extra = 3;
+  s.seed = testing::seed_for_test() + salt;
+  return s;
+}
+
+std::int32_t& table_entry(testing::HostCase& c, int seq, int i) {
+  return c.block_table[static_cast<std::size_t>(seq) * c.table_stride + i];
+}
+
+void store_nan_rows(testing::HostCase& c, int block, int slot_begin, int slot_end) {
+  const CacheLayout layout =
+      CacheLayout::dense(c.num_blocks, c.spec.num_kv_heads, c.spec.block_size, c.spec.head_dim);
+  for (int kv = 0; kv < c.spec.num_kv_heads; ++kv) {
+    for (int slot = slot_begin; slot < slot_end; ++slot) {
+      const std::int64_t base = layout.offset(block, kv, slot);
+      for (int d = 0; d < c.spec.head_dim; ++d) {
+        store_from_float(c.k.data(), c.spec.kv_dtype, base + d, kNaN);
+        store_from_float(c.v.data(), c.spec.kv_dtype, base + d, kNaN);
+      }
+    }
+  }
+}
+
+// Makes everything before each sequence's window unreadable, so that reading any of it shows as a
+// NaN or an out-of-bounds access: the table entries of the blocks wholly before the window become
+// -1, ids past the pool, negative garbage, the id of a block no sequence owns (make_case fills
+// those with NaN), or keep their id while that block is filled with NaN; the slots before the
+// window's first token in its first block get NaN. A no-op without a window.
+void poison_before_window(testing::HostCase& c, int window_left) {
+  if (window_left < 0) return;
+  const int BS = c.spec.block_size;
+  std::vector<char> owned(c.num_blocks, 0);
+  for (int b = 0; b < c.spec.batch; ++b) {
+    for (int i = 0; i < blocks_for(c.context_lens[b], BS); ++i) owned[table_entry(c, b, i)] = 1;
+  }
+  const int spare = static_cast<int>(std::find(owned.begin(), owned.end(), 0) - owned.begin());
+  ASSERT_LT(spare, c.num_blocks) << "the case needs a spare block";
+  for (int b = 0; b < c.spec.batch; ++b) {
+    const int L = c.context_lens[b];
+    if (L == 0) continue;
+    const int t0 = window_first_token(L, window_left);
+    const int first = t0 / BS;
+    for (int i = 0; i < first; ++i) {
+      std::int32_t& id = table_entry(c, b, i);
+      switch (i % 5) {
+        case 0:
+          id = -1;
+          break;
+        case 1:
+          id = c.num_blocks + 1000 + i;
+          break;
+        case 2:
+          id = -500000 - i;
+          break;
+        case 3:
+          store_nan_rows(c, id, 0, BS);
+          break;
+        default:
+          id = spare;
+          break;
+      }
+    }
+    store_nan_rows(c, table_entry(c, b, first), 0, t0 - first * BS);
+  }
+}
+
+// Runs decode with the variants over the case on `backend`: on the CPU over the host buffers, on
+// CUDA over device copies (DeviceCase, with device copies of the slopes and sinks, which it does
+// not carry), with out and lse copied back.
+void run_variant_decode(testing::HostCase& c, const Variants& v, Backend backend,
+                        detail::DecodeOptions o = {}) {
+  o.backend = backend;
+  const DecodeArgs host = with_variants(c.args(), v);
+  if (backend != Backend::kCuda) {
+    detail::decode(host, o);
+    return;
+  }
+  testing::DeviceCase dev(host, o.cuda_stream);
+  testing::DeviceBuffer slopes, sinks;
+  DecodeArgs a = dev.args();
+  if (!v.slopes.empty()) {
+    slopes = testing::DeviceBuffer(v.slopes.data(), v.slopes.size() * sizeof(float));
+    a.alibi_slopes = slopes.as<const float>();
+  }
+  if (!v.sinks.empty()) {
+    sinks = testing::DeviceBuffer(v.sinks.data(), v.sinks.size() * sizeof(float));
+    a.sinks = sinks.as<const float>();
+  }
+  detail::decode(a, o);
+  dev.download(host, o.cuda_stream);
+}
+
+// testing::compare_with_reference against a reference computed apart from the case: the case's
+// args() carry no variants, and a window's reference is taken on the case before the slots before
+// the window were poisoned. The same measures, element for element.
+testing::Comparison compare_outputs(const testing::HostCase& c, const ReferenceResult& ref) {
+  testing::Comparison r;
+  r.ref_scale = 1e-30;
+  const int D = c.spec.head_dim;
+  for (std::size_t i = 0; i < ref.out.size(); ++i) {
+    r.ref_scale = std::max(r.ref_scale, std::fabs(ref.out[i]));
+    const double got = load_as_float(c.out.data(), c.spec.out_dtype, i);
+    if (!std::isfinite(got)) {
+      if (r.all_finite) {
+        std::ostringstream os;
+        os << "out[" << i / D / c.spec.num_heads << "][" << (i / D) % c.spec.num_heads << "]["
+           << i % D << "] = " << got;
+        r.first_bad = os.str();
+      }
+      r.all_finite = false;
+      continue;
+    }
+    r.max_abs_err_out = std::max(r.max_abs_err_out, std::fabs(got - ref.out[i]));
+  }
+  for (std::size_t i = 0; i < ref.lse.size(); ++i) {
+    const double got = c.lse[i], want = ref.lse[i];
+    if (std::isnan(got)) {
+      if (r.all_finite) r.first_bad = "lse[" + std::to_string(i) + "] = nan";
+      r.all_finite = false;
+    } else if (std::isinf(want) || std::isinf(got)) {
+      if (got != want) r.max_abs_err_lse = std::numeric_limits<double>::infinity();
+    } else {
+      r.max_abs_err_lse = std::max(r.max_abs_err_lse, std::fabs(got - want));
+    }
+  }
+  return r;
+}
+
+// testing::expect_matches_reference (reference_check.hpp) for compare_outputs.
+void expect_matches(const testing::HostCase& c, const ReferenceResult& ref,
+                    const std::string& what) {
+  const testing::Comparison cmp = compare_outputs(c, ref);
+  SCOPED_TRACE(what + ": " + testing::describe(c.spec) + " " + testing::seed_note(c.spec.seed));
+  EXPECT_TRUE(cmp.all_finite) << "first bad element: " << cmp.first_bad;
+  EXPECT_LE(cmp.rel_err(), testing::out_tolerance(c.spec.out_dtype));
+  EXPECT_LE(cmp.max_abs_err_lse, testing::lse_tolerance());
+}
+
+// The reference reads the case only (args() hands out writable pointers for the outputs).
+ReferenceResult variant_reference(const testing::HostCase& c, const Variants& v) {
+  return reference_decode(with_variants(const_cast<testing::HostCase&>(c).args(), v));
+}
+
+// max |a - b| over out, relative to max |b|.
+double rel_diff(const ReferenceResult& a, const ReferenceResult& b) {
+  double err = 0, scale = 1e-30;
+  for (std::size_t i = 0; i < a.out.size(); ++i) {
+    err = std::max(err, std::fabs(a.out[i] - b.out[i]));
+    scale = std::max(scale, std::fabs(b.out[i]));
+  }
+  return err / scale;
+}
+
+// Poisons a copy of `clean` before the window, decodes it with the variants and checks it against
+// the reference of the clean case.
+void check_variant(const testing::HostCase& clean, const Variants& v, Backend backend,
+                   const std::string& what = "") {
+  testing::HostCase c = clean;
+  const ReferenceResult ref = variant_reference(c, v);
+  poison_before_window(c, v.window_left);
+  run_variant_decode(c, v, backend);
+  expect_matches(c, ref, what + (what.empty() ? "" : " ") + describe(v));
+}
+
+// ---- The grid: every variant alone and all of them together, against the reference. ----
+
+enum class Kind { kWindow, kSoftCap, kAlibi, kSinks, kAll };
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kWindow:
+      return "window";
+    case Kind::kSoftCap:
+      return "softcap";
+    case Kind::kAlibi:
+      return "alibi";
+    case Kind::kSinks:
+      return "sinks";
+    case Kind::kAll:
+      return "all";
+  }
+  return "?";
+}
+void PrintTo(Kind k, std::ostream* os) { *os << kind_name(k); }
+
+struct Shape {
+  int head_dim, block_size, group;
+};
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << "d" << s.head_dim << "_bs" << s.block_size << "_g" << s.group;
+}
+
+using GridParam = std::tuple<Backend, Kind, DType, Shape>;
+class VariantReference : public ::testing::TestWithParam<GridParam> {};
+
+// The windows of a grid row: the last token alone (0), two tokens, around one block, one that
+// starts inside a block of the long sequence and spans several of its splits, exactly the longest
+// context, and more than any context.
+std::vector<int> windows_for(int block_size, int longest) {
+  std::set<int> w = {block_size - 1, block_size, block_size + 1};
+  w.insert({0, 1, 1000, longest - 1, longest + 100});
+  return {w.begin(), w.end()};
+}
+
+TEST_P(VariantReference, MatchesTheReference) {
+  const auto [backend, kind, dtype, shape] = GetParam();
+  if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const int BS = shape.block_size;
+  // The long sequence is split into several work items (as in test_non_finite.cpp); the others
+  // are empty, one token, and end just before, at and after block boundaries.
+  const int longest = 3001;
+  testing::CaseSpec spec = variant_spec(dtype, shape.head_dim, BS, shape.group,
+                                        {longest, 0, 1, BS - 1, BS, BS + 1, 2 * BS, 37});
+  // Logits of order 9 (magnitude 3): large enough for a cap of 5 or 30 to bend them.
+  if (kind == Kind::kSoftCap || kind == Kind::kAll) spec.magnitude = 3.f;
+  const testing::HostCase c = testing::make_case(spec);
+  const int H = spec.num_heads;
+
+  Variants base;
+  if (kind == Kind::kAlibi || kind == Kind::kAll) base.slopes = alibi_slopes(H);
+  if (kind == Kind::kSinks || kind == Kind::kAll) base.sinks = sink_logits(H);
+  if (kind == Kind::kAll) base.soft_cap = 30.f;
+
+  if (kind == Kind::kWindow || kind == Kind::kAll) {
+    for (int w : windows_for(BS, longest)) {
+      Variants v = base;
+      v.window_left = w;
+      check_variant(c, v, backend);
+    }
+  } else if (kind == Kind::kSoftCap) {
+    for (float cap : {5.f, 30.f, 50.f}) {
+      Variants v = base;
+      v.soft_cap = cap;
+      // The cap must move the result far beyond the tolerance, or the check proves nothing.
+      EXPECT_GT(rel_diff(variant_reference(c, v), variant_reference(c, base)), 0.05)
+          << "cap " << cap;
+      check_variant(c, v, backend);
+    }
+  } else {
+    check_variant(c, base, backend);
+  }
+}
+
+std::string grid_name(const ::testing::TestParamInfo<GridParam>& info) {
+  const auto [backend, kind, dtype, shape] = info.param;
+  return std::string(backend_name(backend)) + "_" + kind_name(kind) + "_" + dtype_name(dtype) +
+         "_d" + std::to_string(shape.head_dim) + "_bs" + std::to_string(shape.block_size) + "_g" +
+         std::to_string(shape.group);
+}
+
+// Head dims 64, 128 and 80 (a padded one), groups 1, 4, 8 and 16, block sizes 1, 16 and 7.
+INSTANTIATE_TEST_SUITE_P(
+    Grid, VariantReference,
+    ::testing::Combine(
+        ::testing::Values(Backend::kCpu, Backend::kCuda),
+        ::testing::Values(Kind::kWindow, Kind::kSoftCap, Kind::kAlibi, Kind::kSinks, Kind::kAll),
+        ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+        ::testing::Values(Shape{64, 16, 4}, Shape{128, 16, 8}, Shape{80, 7, 1}, Shape{128, 1, 16})),
+    grid_name);
+
+// ---- Every instruction set's CPU kernel (the backend itself runs only the one it picks). ----
+
+// Runs one instruction set's kernel over each sequence's window as a single item covering every
+// kv head (the backend's path, with the q buffer), finalizes as the backend does (the sink joins
+// the sum) and writes out (f32) and lse into the case.
+void run_kernel(testing::HostCase& c, const Variants& v, detail::cpu::KernelFn fn) {
+  const DecodeArgs a = with_variants(c.args(), v);
+  const int H = a.num_heads, D = a.head_dim, G = a.group_size(), KV = a.num_kv_heads;
+  std::vector<float> q(static_cast<std::size_t>(a.batch) * H * D);
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    q[i] = load_as_float(a.q, a.q_dtype, i) * a.effective_scale();
+  }
+  detail::cpu::ItemContext ctx;
+  ctx.q_scaled = q.data();
+  ctx.q_bf16 = a.q_dtype == DType::kBF16 ? static_cast<const bf16_t*>(a.q) : nullptr;
+  ctx.scale = a.effective_scale();
+  ctx.k_cache = a.k_cache;
+  ctx.v_cache = a.v_cache;
+  ctx.kv_dtype = a.k_dtype;
+  ctx.layout = CacheLayout::dense(a.num_blocks, KV, a.block_size, D);
+  ctx.table = BlockTableView{a.block_table, a.max_blocks_per_seq, a.table_stride()};
+  ctx.context_lens = a.context_lens;
+  ctx.num_heads = H;
+  ctx.group_size = G;
+  ctx.window_left = a.window_left;
+  ctx.soft_cap = a.logits_soft_cap;
+  ctx.alibi_slopes = a.alibi_slopes;
+  alignas(64) float scores[detail::cpu::kHeadTile * 256];
+  std::vector<float> m(H), l(H), acc(static_cast<std::size_t>(H) * D);
+  std::vector<float> q_buffer(static_cast<std::size_t>(H) * D + 16);
+  float* out = reinterpret_cast<float*>(c.out.data());
+  for (int b = 0; b < a.batch; ++b) {
+    const int L = a.context_lens[b];
+    const WorkItem item{b, 0, 0, window_first_block(L, a.window_left, a.block_size),
+                        blocks_for(L, a.block_size)};
+    fn(ctx, item, KV, m.data(), l.data(), acc.data(),
+       detail::cpu::ItemScratch{scores, q_buffer.data()});
+    for (int h = 0; h < H; ++h) {
+      SoftmaxState st{m[h], l[h]};
+      const float fa = a.sinks ? add_sink(st, a.sinks[h]) : 1.f;
+      const bool nan = std::isnan(st.l);
+      const float inv = nan ? kNaN : st.inv_sum() * fa;
+      const std::size_t row = static_cast<std::size_t>(b) * H + h;
+      for (int d = 0; d < D; ++d) out[row * D + d] = acc[static_cast<std::size_t>(h) * D + d] * inv;
+      c.lse[row] = nan ? kNaN : st.lse();
+    }
+  }
+}
+
+TEST(VariantCpuIsa, EveryKernelAppliesTheVariants) {
+  std::vector<std::pair<const char*, detail::cpu::KernelFn>> kernels;
+  for (const char* name : {"avx512bf16", "avx512", "avx2", "sse2", "neon"}) {
+    if (const detail::cpu::KernelFn fn = detail::cpu::kernel_for_isa(name)) {
+      kernels.emplace_back(name, fn);
+    }
+  }
+  ASSERT_FALSE(kernels.empty());
+  std::uint64_t salt = 0;
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    // Groups 1, 3 (a partial head tile), 4, 8 and 16 (two tiles); blocks 16, 7, 1 and 33.
+    for (const Shape& s : {Shape{64, 16, 4}, Shape{80, 7, 3}, Shape{128, 1, 8}, Shape{128, 33, 16},
+                           Shape{64, 16, 1}}) {
+      const int BS = s.block_size;
+      testing::CaseSpec spec =
+          variant_spec(dt, s.head_dim, BS, s.group, {700, 0, 1, BS, BS + 1, 37}, ++salt);
+      spec.out_dtype = DType::kF32;  // the kernel's own f32 results
+      spec.magnitude = 2.f;
+      const testing::HostCase clean = testing::make_case(spec);
+      const int H = spec.num_heads;
+      std::vector<Variants> configs(7);
+      configs[0].window_left = 0;
+      configs[1].window_left = BS + 1;
+      configs[2].window_left = 300;
+      configs[3].soft_cap = 5.f;
+      configs[4].slopes = alibi_slopes(H);
+      configs[5].sinks = sink_logits(H);
+      configs[6] = {300, 30.f, alibi_slopes(H), sink_logits(H)};
+      for (const Variants& v : configs) {
+        testing::HostCase c = clean;
+        const ReferenceResult ref = variant_reference(c, v);
+        poison_before_window(c, v.window_left);
+        for (const auto& [name, fn] : kernels) {
+          c.poison_outputs();
+          run_kernel(c, v, fn);
+          expect_matches(c, ref, std::string(name) + " " + describe(v));
+        }
+      }
+    }
+  }
+}
+
+// ---- Sinks and windows checked beyond the reference comparison, and determinism. ----
+
+class VariantBackend : public ::testing::TestWithParam<Backend> {};
+
+// L = 0: out = 0 and lse = the sink (-inf where the head has none), whatever q holds.
+TEST_P(VariantBackend, EmptyContextGivesZeroOutAndTheSinkAsLse) {
+  const Backend backend = GetParam();
+  if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    testing::CaseSpec spec = variant_spec(dt, 128, 16, 5, {0, 40, 0});
+    testing::HostCase c = testing::make_case(spec);
+    const int H = spec.num_heads, D = spec.head_dim;
+    store_from_float(c.q.data(), dt, (2 * H + 3) * static_cast<std::size_t>(D) + 5, kNaN);
+    for (const Variants& v : {Variants{-1, 0.f, {}, sink_logits(H)},
+                              Variants{0, 30.f, alibi_slopes(H), sink_logits(H)}}) {
+      SCOPED_TRACE(describe(v) + " " + dtype_name(dt));
+      const ReferenceResult ref = variant_reference(c, v);
+      c.poison_outputs();
+      run_variant_decode(c, v, backend);
+      for (int b : {0, 2}) {
+        for (int h = 0; h < H; ++h) {
+          const std::size_t row = static_cast<std::size_t>(b) * H + h;
+          for (int d = 0; d < D; ++d) {
+            ASSERT_EQ(load_as_float(c.out.data(), dt, row * D + d), 0.f) << "seq " << b;
+          }
+          if (v.sinks[h] == -kInf) {
+            EXPECT_EQ(c.lse[row], -kInf) << "seq " << b << " head " << h;
+          } else {
+            EXPECT_NEAR(c.lse[row], v.sinks[h], testing::lse_tolerance())
+                << "seq " << b << " head " << h;
+          }
+        }
+      }
+      expect_matches(c, ref, describe(v));
+    }
+  }
+}
+
+// A sink of -inf is no sink: the same bits as a call without sinks.
+TEST_P(VariantBackend, NegativeInfiniteSinksAreNoSinks) {
+  const Backend backend = GetParam();
+  if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const testing::HostCase clean =
+        testing::make_case(variant_spec(dt, 128, 16, 4, {2500, 0, 1, 17}));
+    const int H = clean.spec.num_heads;
+    for (const Variants& v : {Variants{}, Variants{200, 30.f, alibi_slopes(H), {}}}) {
+      SCOPED_TRACE(describe(v) + " " + dtype_name(dt));
+      testing::HostCase without = clean, with = clean;
+      run_variant_decode(without, v, backend);
+      Variants s = v;
+      s.sinks.assign(H, -kInf);
+      run_variant_decode(with, s, backend);
+      EXPECT_TRUE(with.out == without.out) << "out differs";
+      EXPECT_EQ(std::memcmp(with.lse.data(), without.lse.data(), with.lse.size() * 4), 0)
+          << "lse differs";
+      expect_matches(with, variant_reference(with, s), "-inf sinks");
+    }
+  }
+}
+
+// A sink only adds exp(sink) to the softmax's denominator: out is the sink-free out scaled by
+// exp(lse - lse'), and lse' = log(exp(lse) + exp(sink)).
+TEST_P(VariantBackend, SinksOnlyAddToTheDenominator) {
+  const Backend backend = GetParam();
+  if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const testing::HostCase clean =
+      testing::make_case(variant_spec(DType::kF32, 64, 16, 8, {3000, 1, 16, 100}));
+  const int H = clean.spec.num_heads, D = clean.spec.head_dim;
+  for (const Variants& v : {Variants{}, Variants{500, 30.f, alibi_slopes(H), {}}}) {
+    SCOPED_TRACE(describe(v));
+    testing::HostCase without = clean, with = clean;
+    run_variant_decode(without, v, backend);
+    Variants s = v;
+    s.sinks = sink_logits(H);
+    run_variant_decode(with, s, backend);
+    expect_matches(with, variant_reference(with, s), "with sinks");
+    const float* x = reinterpret_cast<const float*>(without.out.data());
+    const float* y = reinterpret_cast<const float*>(with.out.data());
+    double scale = 1e-30, err = 0, lse_err = 0;
+    for (std::size_t row = 0; row < without.lse.size(); ++row) {
+      const double lse0 = without.lse[row], sink = s.sinks[row % H];
+      const double lse1 =
+          sink == -kInf ? lse0
+                        : std::max(lse0, sink) + std::log1p(std::exp(-std::fabs(lse0 - sink)));
+      lse_err = std::max(lse_err, std::fabs(with.lse[row] - lse1));
+      const double f = std::exp(lse0 - lse1);
+      for (int d = 0; d < D; ++d) {
+        scale = std::max(scale, std::fabs(double(y[row * D + d])));
+        err = std::max(err, std::fabs(y[row * D + d] - f * x[row * D + d]));
+      }
+    }
+    EXPECT_LE(err / scale, 2 * testing::out_tolerance(DType::kF32));
+    EXPECT_LE(lse_err, 2 * testing::lse_tolerance());
+  }
+}
+
+// A window whose first token starts a block is the context truncated to it: the same decode as
+// that of a table shifted to the window's first block, with the lengths cut to the window (ALiBi
+// positions count back from the last token, so they do not move). This checks the windowed
+// results against the reference of an unwindowed case.
+TEST_P(VariantBackend, BlockAlignedWindowIsTheTruncatedContext) {
+  const Backend backend = GetParam();
+  if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const int BS = 16, w = 40 * BS - 1;  // first token L - 40 * BS: block-aligned for L % BS == 0
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const testing::HostCase clean =
+        testing::make_case(variant_spec(dt, 128, BS, 4, {3200, 1600, 960, 16, 1, 0}));
+    const int H = clean.spec.num_heads;
+    testing::HostCase cut = clean;
+    for (int b = 0; b < clean.spec.batch; ++b) {
+      const int L = clean.context_lens[b];
+      const int first = window_first_token(L, w) / BS;
+      ASSERT_EQ(window_first_token(L, w), first * BS);
+      for (int i = 0; i < clean.table_stride; ++i) {
+        table_entry(cut, b, i) = i + first < clean.table_stride
+                                     ? clean.block_table[b * clean.table_stride + i + first]
+                                     : -1;
+      }
+      cut.context_lens[b] = L - first * BS;
+    }
+    for (const Variants& v :
+         {Variants{w, 0.f, {}, {}}, Variants{w, 30.f, alibi_slopes(H), sink_logits(H)}}) {
+      SCOPED_TRACE(describe(v) + " " + dtype_name(dt));
+      Variants unwindowed = v;
+      unwindowed.window_left = -1;
+      const ReferenceResult ref = variant_reference(cut, unwindowed);
+      testing::HostCase c = clean;
+      poison_before_window(c, w);
+      run_variant_decode(c, v, backend);
+      expect_matches(c, ref, "against the truncated context");
+    }
+  }
+}
+
+// Same inputs, same options: the same bits, call after call. On the CPU also one thread against
+// two and the single-split plan, which split differently and so agree to rounding only (as in
+// Api.ThreadCountsAndSingleSplitGiveTheSameResult). The case moves enough K/V in its windows (over
+// 16 MB: twice work_threads.hpp's bytes per thread) for the CPU backend to take both threads.
+TEST_P(VariantBackend, RepeatedCallsGiveTheSameBits) {
+  const Backend backend = GetParam();
+  if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
+  testing::CaseSpec spec = variant_spec(DType::kF32, 64, 16, 2, {12000, 1, 2000, 333, 0});
+  spec.num_kv_heads = 4;
+  spec.num_heads = 8;
+  spec.magnitude = 2.f;
+  const testing::HostCase clean = testing::make_case(spec);
+  const Variants v{9000, 30.f, alibi_slopes(8), sink_logits(8)};
+  const ReferenceResult ref = variant_reference(clean, v);
+  testing::HostCase poisoned = clean;
+  poison_before_window(poisoned, v.window_left);
+  auto run = [&](int threads, bool single_split) {
+    testing::HostCase c = poisoned;
+    detail::DecodeOptions o;
+    o.num_threads = threads;
+    o.single_split = single_split;
+    run_variant_decode(c, v, backend, o);
+    expect_matches(c, ref,
+                   "threads " + std::to_string(threads) + (single_split ? " single split" : ""));
+    return c;
+  };
+  const std::vector<int> thread_counts =
+      backend == Backend::kCpu ? std::vector<int>{2, 1} : std::vector<int>{0};
+  std::vector<testing::HostCase> firsts;
+  for (int threads : thread_counts) {
+    const testing::HostCase first = run(threads, false);
+    for (int rep = 0; rep < 2; ++rep) {
+      const testing::HostCase again = run(threads, false);
+      EXPECT_TRUE(again.out == first.out) << "threads " << threads << " run " << rep;
+      EXPECT_EQ(std::memcmp(again.lse.data(), first.lse.data(), first.lse.size() * 4), 0)
+          << "threads " << threads << " run " << rep;
+    }
+    firsts.push_back(first);
+  }
+  if (backend != Backend::kCpu) return;
+  firsts.push_back(run(1, true));
+  const float* x = reinterpret_cast<const float*>(firsts[0].out.data());
+  for (std::size_t k = 1; k < firsts.size(); ++k) {
+    const float* y = reinterpret_cast<const float*>(firsts[k].out.data());
+    for (std::size_t i = 0; i < firsts[0].out.size() / 4; ++i) {
+      ASSERT_NEAR(x[i], y[i], 1e-5) << "run " << k << " element " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, VariantBackend, ::testing::Values(Backend::kCpu, Backend::kCuda),
+                         [](const ::testing::TestParamInfo<Backend>& i) {
+                           return std::string(backend_name(i.param));
+                         });
+
+// ---- NaN and Inf inside the window. ----
+
+enum class Poison { kQNaN, kQPosInf, kQNegInf, kKNaN, kKPosInf, kKNegInf, kKLastRowPosInf };
+const char* poison_name(Poison p) {
+  switch (p) {
+    case Poison::kQNaN:
+      return "q_nan";
+    case Poison::kQPosInf:
+      return "q_posinf";
+    case Poison::kQNegInf:
+      return "q_neginf";
+    case Poison::kKNaN:
+      return "k_nan";
+    case Poison::kKPosInf:
+      return "k_posinf";
+    case Poison::kKNegInf:
+      return "k_neginf";
+    case Poison::kKLastRowPosInf:
+      return "k_last_row_posinf";
+  }
+  return "?";
+}
+void PrintTo(Poison p, std::ostream* os) { *os << poison_name(p); }
+
+float poison_value(Poison p) {
+  switch (p) {
+    case Poison::kQPosInf:
+    case Poison::kKPosInf:
+    case Poison::kKLastRowPosInf:
+      return kInf;
+    case Poison::kQNegInf:
+    case Poison::kKNegInf:
+      return -kInf;
+    default:
+      return kNaN;
+  }
+}
+
+using NonFiniteParam = std::tuple<Backend, DType, Poison>;
+class VariantNonFinite : public ::testing::TestWithParam<NonFiniteParam> {};
+
+// NaN or +-Inf in q, or in a K row inside the window, gives NaN in all of that head's out and in
+// its lse, with a soft-cap too (tanh of an infinite logit is finite, and must not hide it); the
+// other heads keep the reference's results and an empty context keeps out = 0, lse = the sink.
+TEST_P(VariantNonFinite, GivesNaNInTheHeadsItReaches) {
+  const auto [backend, dtype, poison] = GetParam();
+  if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
+  // Sequence 0 is split; its window (1000 tokens) spans several splits. Sequence 1 ends inside a
+  // block, sequence 2 is empty.
+  const testing::CaseSpec spec = variant_spec(dtype, 128, 16, 4, {3000, 37, 0});
+  const int H = spec.num_heads, KV = spec.num_kv_heads, G = H / KV, D = spec.head_dim;
+  const int BS = spec.block_size;
+  const testing::HostCase clean = testing::make_case(spec);
+  for (const Variants& v :
+       {Variants{-1, 30.f, {}, {}}, Variants{1000, 30.f, alibi_slopes(H), sink_logits(H)}}) {
+    SCOPED_TRACE(std::string(poison_name(poison)) + " " + describe(v));
+    testing::HostCase c = clean;
+    const float bad = poison_value(poison);
+    std::vector<bool> bad_head(static_cast<std::size_t>(spec.batch) * H, false);
+    auto poison_k_row = [&](int b, int t, int kv, int d) {
+      const int id = table_entry(c, b, t / BS);
+      const std::size_t i = ((static_cast<std::size_t>(id) * KV + kv) * BS + t % BS) * D + d;
+      store_from_float(c.k.data(), dtype, i, bad);
+      for (int g = 0; g < G; ++g) bad_head[static_cast<std::size_t>(b) * H + kv * G + g] = true;
+    };
+    switch (poison) {
+      case Poison::kQNaN:
+      case Poison::kQPosInf:
+      case Poison::kQNegInf:
+        store_from_float(c.q.data(), dtype, (0 * H + 5) * static_cast<std::size_t>(D) + 7, bad);
+        bad_head[0 * H + 5] = true;
+        store_from_float(c.q.data(), dtype, (2 * H + 1) * static_cast<std::size_t>(D) + 3, bad);
+        break;
+      case Poison::kKNaN:
+      case Poison::kKPosInf:
+      case Poison::kKNegInf:
+        poison_k_row(0, 2500, 0, 11);  // inside the window, in an earlier split than the last
+        break;
+      case Poison::kKLastRowPosInf:
+        poison_k_row(1, 36, 1, 0);
+        break;
+    }
+    const ReferenceResult ref = variant_reference(c, v);
+    poison_before_window(c, v.window_left);
+    // Finite sentinels (0x3F bytes are finite in every dtype): a NaN read back was written.
+    std::fill(c.out.begin(), c.out.end(), std::uint8_t{0x3F});
+    std::fill(c.lse.begin(), c.lse.end(), 12345.f);
+    run_variant_decode(c, v, backend);
+
+    double scale = 1e-30, err = 0, lse_err = 0;
+    for (int b = 0; b < spec.batch; ++b) {
+      for (int h = 0; h < H; ++h) {
+        const std::size_t row = static_cast<std::size_t>(b) * H + h;
+        if (bad_head[row]) {
+          for (int d = 0; d < D; ++d) {
+            ASSERT_TRUE(std::isnan(ref.out[row * D + d]))
+                << "reference, seq " << b << " head " << h;
+            ASSERT_TRUE(std::isnan(load_as_float(c.out.data(), dtype, row * D + d)))
+                << "seq " << b << " head " << h << " out[" << d
+                << "] = " << load_as_float(c.out.data(), dtype, row * D + d);
+          }
+          EXPECT_TRUE(std::isnan(ref.lse[row])) << "reference, seq " << b << " head " << h;
+          EXPECT_TRUE(std::isnan(c.lse[row]))
+              << "seq " << b << " head " << h << " lse = " << c.lse[row];
+          continue;
+        }
+        for (int d = 0; d < D; ++d) {
+          const double got = load_as_float(c.out.data(), dtype, row * D + d);
+          ASSERT_TRUE(std::isfinite(got)) << "seq " << b << " head " << h << " out[" << d << "]";
+          scale = std::max(scale, std::fabs(ref.out[row * D + d]));
+          err = std::max(err, std::fabs(got - ref.out[row * D + d]));
+        }
+        if (std::isinf(ref.lse[row])) {
+          EXPECT_EQ(c.lse[row], ref.lse[row]) << "seq " << b << " head " << h;
+        } else {
+          ASSERT_TRUE(std::isfinite(c.lse[row])) << "seq " << b << " head " << h;
+          lse_err = std::max(lse_err, std::fabs(c.lse[row] - ref.lse[row]));
+        }
+      }
+    }
+    EXPECT_LE(err / scale, testing::out_tolerance(dtype));
+    EXPECT_LE(lse_err, testing::lse_tolerance());
+  }
+}
+
+std::string non_finite_name(const ::testing::TestParamInfo<NonFiniteParam>& info) {
+  const auto [backend, dtype, poison] = info.param;
+  return std::string(backend_name(backend)) + "_" + dtype_name(dtype) + "_" + poison_name(poison);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, VariantNonFinite,
+    ::testing::Combine(::testing::Values(Backend::kCpu, Backend::kCuda),
+                       ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                       ::testing::Values(Poison::kQNaN, Poison::kQPosInf, Poison::kQNegInf,
+                                         Poison::kKNaN, Poison::kKPosInf, Poison::kKNegInf,
+                                         Poison::kKLastRowPosInf)),
+    non_finite_name);
+
+// ---- Argument errors: typed, naming the field, nothing written. ----
+
+testing::HostCase small_case() {
+  testing::CaseSpec spec;
+  spec.batch = 3;
+  spec.num_heads = 4;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 64;
+  spec.block_size = 8;
+  spec.context_lens = {20, 0, 9};
+  spec.table_padding = 2;
+  return testing::make_case(spec);
+}
+
+struct BadVariant {
+  std::string what;
+  Variants v;
+  std::string argument;  // what Error::argument() names
+  std::string message;   // a part of the message
+};
+
+std::vector<BadVariant> bad_variants() {
+  const std::vector<float> ok(4, 0.5f);
+  auto with = [](std::vector<float> x, int i, float value) {
+    x[i] = value;
+    return x;
+  };
+  return {
+      {"window_left -2", {-2, 0.f, {}, {}}, "window_left", "window_left = -2"},
+      {"window_left INT_MIN",
+       {std::numeric_limits<int>::min(), 0.f, {}, {}},
+       "window_left",
+       "window_left = -2147483648"},
+      {"negative soft-cap", {-1, -1.f, {}, {}}, "logits_soft_cap", "logits_soft_cap = -1"},
+      {"NaN soft-cap", {-1, kNaN, {}, {}}, "logits_soft_cap", "logits_soft_cap = nan"},
+      {"infinite soft-cap", {-1, kInf, {}, {}}, "logits_soft_cap", "logits_soft_cap = inf"},
+      {"NaN slope", {-1, 0.f, with(ok, 2, kNaN), {}}, "alibi_slopes[2]", "alibi_slopes[2] = nan"},
+      {"infinite slope", {-1, 0.f, with(ok, 0, -kInf), {}}, "alibi_slopes[0]", "alibi_slopes[0]"},
+      {"NaN sink", {-1, 0.f, {}, with(ok, 1, kNaN)}, "sinks[1]", "sinks[1] = nan"},
+      {"+inf sink", {-1, 0.f, {}, with(ok, 3, kInf)}, "sinks[3]", "sinks[3] = inf"},
+  };
+}
+
+TEST(VariantValidation, BadVariantArgumentsAreErrorsAndWriteNothing) {
+  for (const BadVariant& k : bad_variants()) {
+    SCOPED_TRACE(k.what);
+    testing::HostCase c = small_case();
+    std::fill(c.out.begin(), c.out.end(), std::uint8_t{0x3F});
+    std::fill(c.lse.begin(), c.lse.end(), 12345.f);
+    const std::vector<std::uint8_t> out_before = c.out;
+    const std::vector<float> lse_before = c.lse;
+    const DecodeArgs a = with_variants(c.args(), k.v);
+    DecodeOptions o;
+    o.backend = Backend::kCpu;
+    try {
+      decode(a, o);
+      ADD_FAILURE() << "decode accepted " << k.what;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_EQ(e.argument(), k.argument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(k.message), std::string::npos)
+          << "message '" << e.what() << "' lacks '" << k.message << "'";
+    }
+    EXPECT_EQ(c.out, out_before) << "out was written despite the error";
+    EXPECT_EQ(std::memcmp(c.lse.data(), lse_before.data(), lse_before.size() * 4), 0)
+        << "lse was written despite the error";
+    // The reference validates the same way.
+    try {
+      reference_decode(a);
+      ADD_FAILURE() << "the reference accepted " << k.what;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.argument(), k.argument) << e.what();
+    }
+  }
+}
+
+// The values the variants allow at their edges: no window (-1), no cap (0), a -inf sink, slopes
+// of 0 and negative ones.
+TEST(VariantValidation, EdgeValuesAreAccepted) {
+  testing::HostCase c = small_case();
+  const Variants v{-1, 0.f, {0.f, -0.25f, 1.f, 0.f}, {-kInf, 0.f, -100.f, 50.f}};
+  check_variant(c, v, Backend::kCpu);
+}
+
+// ---- The CUDA backend's own paths: checked mode and device-resident variant values. ----
+
+// Every CUDA test here (and the CUDA rows above) uses device copies; the window and soft-cap
+// errors come from the shapes' validation, the slope and sink values are read back only with
+// cuda_checked.
+TEST(VariantCuda, BadVariantArgumentsAreErrorsAndWriteNothing) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  for (const BadVariant& k : bad_variants()) {
+    SCOPED_TRACE(k.what);
+    testing::HostCase c = small_case();
+    std::fill(c.out.begin(), c.out.end(), std::uint8_t{0x3F});
+    testing::DeviceCase dev(c.args());
+    testing::DeviceBuffer slopes, sinks;
+    DecodeArgs a = dev.args();
+    a.window_left = k.v.window_left;
+    a.logits_soft_cap = k.v.soft_cap;
+    if (!k.v.slopes.empty()) {
+      slopes = testing::DeviceBuffer(k.v.slopes.data(), k.v.slopes.size() * sizeof(float));
+      a.alibi_slopes = slopes.as<const float>();
+    }
+    if (!k.v.sinks.empty()) {
+      sinks = testing::DeviceBuffer(k.v.sinks.data(), k.v.sinks.size() * sizeof(float));
+      a.sinks = sinks.as<const float>();
+    }
+    DecodeOptions o;
+    o.backend = Backend::kCuda;
+    o.cuda_checked = true;
+    try {
+      decode(a, o);
+      ADD_FAILURE() << "decode accepted " << k.what;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_EQ(e.argument(), k.argument) << e.what();
+    }
+    std::vector<std::uint8_t> out(c.out.size());
+    testing::copy_to_host(out.data(), a.out, out.size());
+    EXPECT_EQ(out, c.out) << "out was written";
+  }
+}
+
+// Checked mode validates only the table entries from the window's first block on: the garbage
+// before the window is accepted, and the results match.
+TEST(VariantCuda, CheckedModeIgnoresTableEntriesBeforeTheWindow) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const testing::HostCase clean =
+      testing::make_case(variant_spec(DType::kBF16, 128, 16, 8, {4000, 0, 300, 17}));
+  const int H = clean.spec.num_heads;
+  for (const Variants& v :
+       {Variants{100, 0.f, {}, {}}, Variants{1000, 30.f, alibi_slopes(H), sink_logits(H)}}) {
+    testing::HostCase c = clean;
+    const ReferenceResult ref = variant_reference(c, v);
+    poison_before_window(c, v.window_left);
+    detail::DecodeOptions o;
+    o.cuda_checked = true;
+    run_variant_decode(c, v, Backend::kCuda, o);
+    expect_matches(c, ref, "checked " + describe(v));
+  }
+}
+
+// ---- Context-parallel decode. ----
+
+struct RankError {
+  bool thrown = false;
+  ErrorCode code = ErrorCode::kInvalidArgument;
+  std::string argument;
+};
+
+// Runs `body(rank, comm)` on every rank of a new local group, in threads; each rank's error.
+template <typename F>
+std::vector<RankError> on_every_rank(int ranks, F body) {
+  auto group = make_local_group(ranks);
+  std::vector<RankError> errors(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        body(r, *group[r]);
+      } catch (const Error& e) {
+        errors[r] = {true, e.code(), e.argument()};
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
+// A rank holds only a share of each context, so the variants that depend on token positions or
+// must count once per sequence are refused, by name, on every rank; when a single rank sets one,
+// it names the argument and the others name that rank. Nothing is written.
+TEST(VariantContextParallel, WindowAlibiAndSinksAreRefusedOnEveryRank) {
+  testing::CaseSpec spec;
+  spec.batch = 2;
+  spec.context_lens = {40, 7};
+  spec.seed = testing::seed_for_test();
+  const testing::HostCase base = testing::make_case(spec);
+  const int H = spec.num_heads;
+  const std::vector<std::pair<std::string, Variants>> refused = {
+      {"window_left", {0, 0.f, {}, {}}},
+      {"window_left", {100, 30.f, {}, {}}},
+      {"alibi_slopes", {-1, 0.f, alibi_slopes(H), {}}},
+      {"sinks", {-1, 0.f, {}, sink_logits(H)}},
+  };
+  DecodeOptions cpu;
+  cpu.backend = Backend::kCpu;
+  for (const auto& [name, v] : refused) {
+    for (int ranks : {1, 2, 3}) {
+      for (int only : {-1, ranks - 1}) {  // every rank sets it, or the last one only
+        if (only >= 0 && ranks == 1) continue;
+        SCOPED_TRACE(describe(v) + " ranks " + std::to_string(ranks) +
+                     (only < 0 ? " on every rank" : " on the last rank"));
+        std::vector<testing::HostCase> cases(ranks, base);
+        const auto errors = on_every_rank(ranks, [&](int r, Communicator& comm) {
+          const DecodeArgs a =
+              only < 0 || r == only ? with_variants(cases[r].args(), v) : cases[r].args();
+          context_parallel_decode(a, comm, cpu);
+        });
+        for (int r = 0; r < ranks; ++r) {
+          ASSERT_TRUE(errors[r].thrown) << "rank " << r << " accepted it";
+          if (only < 0 || r == only) {
+            EXPECT_EQ(errors[r].code, ErrorCode::kUnsupported) << "rank " << r;
+            EXPECT_EQ(errors[r].argument, name) << "rank " << r;
+          } else {
+            EXPECT_EQ(errors[r].argument, "rank") << "rank " << r;
+          }
+          EXPECT_TRUE(cases[r].out == base.out) << "rank " << r << " wrote out";
+        }
+      }
+    }
+  }
+}
+
+// The soft-cap acts on each logit alone, so each rank's share decodes with it: every rank gets
+// the reference of the whole contexts with the cap, the same bits on every rank.
+TEST(VariantContextParallel, SoftCapMatchesTheReferenceOnEveryRank) {
+  testing::CaseSpec spec;
+  spec.batch = 5;
+  spec.num_heads = 8;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 64;
+  spec.block_size = 16;
+  spec.context_lens = {1000, 37, 0, 16, 300};
+  spec.q_dtype = spec.kv_dtype = spec.out_dtype = DType::kBF16;
+  spec.magnitude = 3.f;
+  spec.seed = testing::seed_for_test();
+  const testing::HostCase c = testing::make_case(spec);
+  const Variants v{-1, 5.f, {}, {}};
+  const ReferenceResult ref = variant_reference(c, v);
+  std::mt19937 rng(static_cast<std::uint32_t>(spec.seed));
+  for (int ranks : {2, 3}) {
+    for (testing::Share how : {testing::Share::kRanges, testing::Share::kStrides}) {
+      SCOPED_TRACE(std::to_string(ranks) + " ranks" +
+                   (how == testing::Share::kRanges ? " ranges" : " strides"));
+      const std::vector<testing::RankShare> shares = testing::share_out(c, ranks, how, rng);
+      std::vector<testing::HostCase> results(ranks, c);
+      const auto errors = on_every_rank(ranks, [&](int r, Communicator& comm) {
+        testing::HostCase& mine = results[r];
+        mine.poison_outputs();
+        DecodeArgs a = with_variants(mine.args(), v);
+        a.block_table = shares[r].table.data();
+        a.context_lens = shares[r].lens.data();
+        DecodeOptions o;
+        o.backend = Backend::kCpu;
+        o.num_threads = 1;
+        context_parallel_decode(a, comm, o);
+      });
+      for (int r = 0; r < ranks; ++r) {
+        ASSERT_FALSE(errors[r].thrown) << "rank " << r << ": " << errors[r].argument;
+        expect_matches(results[r], ref, "rank " + std::to_string(r));
+        EXPECT_TRUE(results[r].out == results[0].out) << "ranks disagree";
+        EXPECT_TRUE(results[r].lse == results[0].lse) << "ranks disagree";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pagedattn
