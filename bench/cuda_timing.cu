@@ -145,6 +145,13 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
   sets = std::max(2, std::min(sets, 16));
   while (sets > 1 && sets * kv_set_bytes > 0.5 * static_cast<double>(free_b)) --sets;
 
+  // The variants' per-head values, on the host for the reference and on the device for decode
+  // (one copy serves every set: they are read-only and tiny).
+  const Variants& variants = options.variants;
+  const VariantValues host_values(variants, H);
+  const DeviceBuffer slopes(host_values.slopes.data(), host_values.slopes.size() * sizeof(float));
+  const DeviceBuffer sinks(host_values.sinks.data(), host_values.sinks.size() * sizeof(float));
+
   std::mt19937_64 rng(20261129u + static_cast<std::uint64_t>(B) * 131 + s.context);
   std::vector<InputSet> in;
   in.reserve(sets);
@@ -187,6 +194,8 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     a.context_lens = static_cast<const std::int32_t*>(set.lens.get());
     a.out = set.out.get();
     a.lse = static_cast<float*>(set.lse.get());
+    apply_variants(variants, static_cast<const float*>(slopes.get()),
+                   static_cast<const float*>(sinks.get()), a);
     in.push_back(std::move(set));
   }
   check_cuda(cudaDeviceSynchronize(), "fill");
@@ -227,6 +236,7 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     h.context_lens = host_lens.data();
     h.out = nullptr;
     h.lse = nullptr;
+    apply_variants(variants, host_values.slopes.data(), host_values.sinks.data(), h);
     std::vector<std::uint8_t> scratch(qo * esz);
     h.out = scratch.data();
     const ReferenceResult ref = reference_decode(h);

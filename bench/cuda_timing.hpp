@@ -2,6 +2,7 @@
 // cuda_timing.cu when the CUDA backend is, else from cuda_timing_unavailable.cpp.
 #pragma once
 
+#include "bench_variants.hpp"
 #include "pagedattn/pagedattn.hpp"
 
 namespace pagedattn::bench {
@@ -22,6 +23,7 @@ struct CudaTimingOptions {
   bool graph = true;        // time CUDA-graph replays (false: plain launches)
   bool contiguous = false;  // block tables in order instead of a random permutation
   int min_iterations = 50;
+  Variants variants;  // applied to every step (their slopes and sinks copied to the device)
 };
 
 struct Timing {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "pagedattn/cache_layout.hpp"
+#include "pagedattn/variants.hpp"
 
 namespace pagedattn::bench {
 namespace {
@@ -19,6 +20,7 @@ void naive_rows(const DecodeArgs& a, int threads) {
   const T* k_cache = static_cast<const T*>(a.k_cache);
   const T* v_cache = static_cast<const T*>(a.v_cache);
   const std::int64_t rows = static_cast<std::int64_t>(a.batch) * H;
+  const float cap = a.logits_soft_cap;
 
 #pragma omp parallel num_threads(threads)
   {
@@ -30,27 +32,43 @@ void naive_rows(const DecodeArgs& a, int threads) {
       for (int d = 0; d < D; ++d) q[d] = load_as_float(a.q, a.q_dtype, row * D + d);
       for (int d = 0; d < D; ++d) acc[d] = 0.f;
       float m = -INFINITY, l = 0.f;
-      for (int blk = 0; blk < blocks_for(L, BS); ++blk) {
+      // The attended tokens [first, L): the whole context, or the window.
+      const int first = window_first_token(L, a.window_left);
+      const float slope = a.alibi_slopes != nullptr ? a.alibi_slopes[h] : 0.f;
+      for (int blk = first / BS; blk < blocks_for(L, BS); ++blk) {
         const int n = valid_in_block(L, BS, blk);
+        const int t0 = std::max(first - blk * BS, 0);
         const std::int64_t base = layout.offset(table.block(b, blk), kv, 0);
         float m_new = m;
-        for (int t = 0; t < n; ++t) {
+        for (int t = t0; t < n; ++t) {
           const T* k = k_cache + base + t * layout.token_stride;
           float dot = 0.f;
           for (int d = 0; d < D; ++d) dot += q[d] * to_float(k[d]);
           s[t] = dot * scale;
+          if (cap > 0.f) s[t] = cap * std::tanh(s[t] / cap);
+          s[t] += slope * static_cast<float>(blk * BS + t - (L - 1));
           m_new = std::max(m_new, s[t]);
         }
         const float alpha = std::exp(m - m_new);
         l *= alpha;
         for (int d = 0; d < D; ++d) acc[d] *= alpha;
-        for (int t = 0; t < n; ++t) {
+        for (int t = t0; t < n; ++t) {
           const float p = std::exp(s[t] - m_new);
           l += p;
           const T* v = v_cache + base + t * layout.token_stride;
           for (int d = 0; d < D; ++d) acc[d] += p * to_float(v[d]);
         }
         m = m_new;
+      }
+      // A sink joins the denominator only (-inf: none).
+      const float sink = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
+      if (sink > m) {
+        const float alpha = std::exp(m - sink);
+        l = l * alpha + 1.f;
+        for (int d = 0; d < D; ++d) acc[d] *= alpha;
+        m = sink;
+      } else if (sink > -INFINITY) {
+        l += std::exp(sink - m);
       }
       const float inv = l > 0.f ? 1.f / l : 0.f;
       for (int d = 0; d < D; ++d) store_from_float(a.out, a.out_dtype, row * D + d, acc[d] * inv);

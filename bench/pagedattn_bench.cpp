@@ -4,7 +4,7 @@
 //   pagedattn-bench [--backend cpu|cuda|naive] [--dtype f32|f16|bf16[,...]]
 //                   [--shape B,H,KV,D,CTX[,BS]]... [--threads N] [--csv] [--contiguous]
 //                   [--iters N] [--min-time S] [--bw-mib N] [--no-naive] [--plain]
-//                   [--long-first TOKENS]
+//                   [--long-first TOKENS] [--window N] [--soft-cap X] [--alibi] [--sinks]
 //
 // Every flag is parsed strictly (cli/args.hpp) and every shape checked before anything is
 // measured; a bad one is a message naming the flag and the value, and exit status 2.
@@ -12,6 +12,10 @@
 // CPU timings rotate the inputs across enough copies of the cache that together they exceed the
 // last-level cache several times, so no step is served from it. The CPU backend's shapes are also
 // run through the naive baseline (naive_decode.hpp) and the speed-up is printed.
+//
+// The attention variants (--window, --soft-cap, --alibi, --sinks) apply to every row, the naive
+// baseline's too, and the output says which were on. With a window a step reads only the attended
+// tokens' K/V, and GB/s counts only those bytes.
 #include <omp.h>
 #include <unistd.h>
 
@@ -27,12 +31,14 @@
 #include <string>
 #include <vector>
 
+#include "bench_variants.hpp"
 #include "cli/args.hpp"
 #include "cuda_timing.hpp"
 #include "naive_decode.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/validate.hpp"
+#include "pagedattn/variants.hpp"
 #include "read_bandwidth.hpp"
 
 using namespace pagedattn;
@@ -57,11 +63,12 @@ struct Options {
   bool csv = false;
   bool contiguous = false;
   bool naive = true;
-  bool plain = false;      // CUDA: plain launches instead of CUDA-graph replays
-  int long_first = 0;      // > 0: sequence 0 of every shape holds this many tokens
-  int iters = 20;          // timed runs at least
-  double min_time = 0.5;   // seconds of timed runs at least
-  double max_time = 10.0;  // stop after this many seconds (at least 3 runs)
+  bool plain = false;        // CUDA: plain launches instead of CUDA-graph replays
+  int long_first = 0;        // > 0: sequence 0 of every shape holds this many tokens
+  bench::Variants variants;  // --window, --soft-cap, --alibi, --sinks: on every row
+  int iters = 20;            // timed runs at least
+  double min_time = 0.5;     // seconds of timed runs at least
+  double max_time = 10.0;    // stop after this many seconds (at least 3 runs)
   std::size_t bw_mib = 2048;
 };
 
@@ -69,6 +76,7 @@ constexpr int kMaxTokens = 1 << 30;  // a context, a batch, a head count
 constexpr long long kMaxIters = 1000000000;
 constexpr double kMaxSeconds = 3600;    // --min-time
 constexpr long long kMaxBwMib = 65536;  // --bw-mib: 64 GiB
+constexpr double kMaxSoftCap = 1e6;     // --soft-cap
 
 void print_help(const char* prog) {
   std::printf(
@@ -93,9 +101,18 @@ void print_help(const char* prog) {
       "  --plain            CUDA: time plain launches (default: CUDA-graph replays)\n"
       "  --long-first T     sequence 0 of each shape holds T tokens (1 to %d), the others CTX\n"
       "                     (a skewed batch; the context column shows CTX)\n"
+      "attention variants, on every row (the CSV's window, soft_cap, alibi and sinks columns\n"
+      "and the table's variants column say which were on; see docs/variants.md):\n"
+      "  --window N         sliding window: attend only to the last N + 1 tokens of each\n"
+      "                     sequence (window_left = N, 0 to %d); GB/s and %%readBW count only\n"
+      "                     the attended tokens' K/V bytes, the rest is never read\n"
+      "  --soft-cap X       logits soft-cap: s -> X * tanh(s / X), X in (0, %g]\n"
+      "  --alibi            ALiBi biases with the paper's slopes 2^(-8 (h + 1) / H)\n"
+      "  --sinks            attention sinks: one random logit per head, uniform in [-2, 2],\n"
+      "                     from a fixed seed\n"
       "  --help, -h         this text\n",
       prog, kMaxGroupSize, kMaxBlockSize, kMaxThreads, kMaxIters, kMaxSeconds, kMaxBwMib,
-      kMaxTokens);
+      kMaxTokens, kMaxTokens, kMaxSoftCap);
 }
 
 Shape parse_shape(const std::string& text) {
@@ -188,6 +205,20 @@ Options parse(int argc, char** argv) {
       o.plain = true;
     } else if (args.is("--long-first")) {
       o.long_first = static_cast<int>(args.integer(1, kMaxTokens));
+    } else if (args.is("--window")) {
+      o.variants.window_left = static_cast<int>(args.integer(0, kMaxTokens));
+    } else if (args.is("--soft-cap")) {
+      const std::string text = args.value();
+      o.variants.soft_cap =
+          static_cast<float>(cli::parse_number("--soft-cap", text, 0, kMaxSoftCap, true));
+      // The library takes the cap as a float: one that rounds to 0 there would turn it off.
+      if (o.variants.soft_cap < std::numeric_limits<float>::min()) {
+        cli::bad_value("--soft-cap", text, "too small: below the smallest normal float");
+      }
+    } else if (args.is("--alibi")) {
+      o.variants.alibi = true;
+    } else if (args.is("--sinks")) {
+      o.variants.sinks = true;
     } else {
       args.unknown();
     }
@@ -211,9 +242,21 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// Bytes of K and V one decode step must read: every sequence's tokens, each kv head, once.
-double kv_bytes(const Shape& s, DType t) {
-  return 2.0 * s.total_tokens() * s.kv_heads * s.head_dim * static_cast<double>(dtype_size(t));
+// Tokens of each kv head one decode step attends to over the batch: every context's, or with a
+// window the last window_left + 1 of each (from window_first_token on; the blocks before it, and
+// the slots of the first attended block before it, are never read).
+double attended_tokens(const Shape& s, int window_left) {
+  if (s.batch <= 0) return 0.0;
+  const auto attended = [&](int len) {
+    return static_cast<double>(len - window_first_token(len, window_left));
+  };
+  return (s.batch - 1) * attended(s.context) + attended(s.context_of(0));
+}
+
+// Bytes of K and V one decode step must read: every attended token, each kv head, once.
+double kv_bytes(const Shape& s, DType t, int window_left) {
+  return 2.0 * attended_tokens(s, window_left) * s.kv_heads * s.head_dim *
+         static_cast<double>(dtype_size(t));
 }
 
 // Median wall time (ms) of fn(i) for i = 0, 1, ... after `warmup` untimed calls.
@@ -266,27 +309,49 @@ struct Row {
   double ms, gbps, pct, rel_err;
 };
 
+// The variants column of the printed table: "-" for plain attention.
+std::string variants_text(const bench::Variants& v) {
+  std::vector<std::string> on;
+  if (v.window_left >= 0) on.push_back("window=" + std::to_string(v.window_left));
+  if (v.soft_cap > 0.f) {
+    std::ostringstream cap;
+    cap << "soft_cap=" << v.soft_cap;
+    on.push_back(cap.str());
+  }
+  if (v.alibi) on.push_back("alibi");
+  if (v.sinks) on.push_back("sinks");
+  std::string text;
+  for (const std::string& item : on) text += (text.empty() ? "" : ",") + item;
+  return text.empty() ? "-" : text;
+}
+
 void print_row(const Options& o, DType dtype, const Row& r) {
   const Shape& s = r.shape;
+  const bench::Variants& v = o.variants;
   if (o.csv) {
-    std::printf("%s,%s,%d,%d,%d,%d,%d,%d,%.4f,%.2f,%.1f,%.3g\n", r.backend.c_str(),
+    std::printf("%s,%s,%d,%d,%d,%d,%d,%d,%.4f,%.2f,%.1f,%.3g,%d,%g,%d,%d\n", r.backend.c_str(),
                 dtype_name(dtype), s.batch, s.heads, s.kv_heads, s.head_dim, s.context,
-                s.block_size, r.ms, r.gbps, r.pct, r.rel_err);
+                s.block_size, r.ms, r.gbps, r.pct, r.rel_err, v.window_left, v.soft_cap,
+                v.alibi ? 1 : 0, v.sinks ? 1 : 0);
   } else {
-    std::printf("%-6s %-5s %4d %4d %4d %4d %7d %4d %10.3f %8.2f %7.1f%% %10.3g\n",
+    std::printf("%-6s %-5s %4d %4d %4d %4d %7d %4d %10.3f %8.2f %7.1f%% %10.3g  %s\n",
                 r.backend.c_str(), dtype_name(dtype), s.batch, s.heads, s.kv_heads, s.head_dim,
-                s.context, s.block_size, r.ms, r.gbps, r.pct, r.rel_err);
+                s.context, s.block_size, r.ms, r.gbps, r.pct, r.rel_err, variants_text(v).c_str());
   }
   std::fflush(stdout);
 }
 
-// A case of `shape` plus extra copies of its cache, so consecutive steps read different memory.
+// A case of `shape` plus extra copies of its cache, so consecutive steps read different memory,
+// and the attention variants every step applies.
 struct RotatingCase {
   testing::HostCase base;
   std::vector<std::vector<std::uint8_t>> k_copies, v_copies;
+  bench::Variants variants;
+  bench::VariantValues values;
   int copies() const { return 1 + static_cast<int>(k_copies.size()); }
   DecodeArgs args(int i) {
     DecodeArgs a = base.args();
+    bench::apply_variants(variants, values.slopes.data(), values.sinks.data(), a);
     const int c = i % copies();
     if (c > 0) {
       a.k_cache = k_copies[c - 1].data();
@@ -308,7 +373,7 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s) {
   spec.q_dtype = spec.kv_dtype = spec.out_dtype = dtype;
   spec.fragmented = !o.contiguous;
   spec.seed = 20261129u + static_cast<std::uint64_t>(s.batch) * 131 + s.context;
-  RotatingCase rc{testing::make_case(spec), {}, {}};
+  RotatingCase rc{testing::make_case(spec), {}, {}, o.variants, {o.variants, s.heads}};
   const double cache_bytes = static_cast<double>(rc.base.k.size() + rc.base.v.size());
   const double want = 4.0 * static_cast<double>(bench::last_level_cache_bytes());
   const int copies = std::min(64, static_cast<int>(std::ceil(want / std::max(cache_bytes, 1.0))));
@@ -339,15 +404,15 @@ int run(int argc, char** argv) {
   if (o.csv) {
     std::printf(
         "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,"
-        "pct_read_bw,rel_err\n");
+        "pct_read_bw,rel_err,window,soft_cap,alibi,sinks\n");
   } else {
-    std::printf("%-6s %-5s %4s %4s %4s %4s %7s %4s %10s %8s %8s %10s\n", "impl", "dtype", "B", "H",
-                "KV", "D", "ctx", "BS", "ms", "GB/s", "%readBW", "rel_err");
+    std::printf("%-6s %-5s %4s %4s %4s %4s %7s %4s %10s %8s %8s %10s  %s\n", "impl", "dtype", "B",
+                "H", "KV", "D", "ctx", "BS", "ms", "GB/s", "%readBW", "rel_err", "variants");
   }
   bool accurate = true;
   for (DType dtype : o.dtypes) {
     for (const Shape& s : o.shapes) {
-      const double bytes = kv_bytes(s, dtype);
+      const double bytes = kv_bytes(s, dtype, o.variants.window_left);
       auto row_for = [&](const std::string& name, double ms, double err) {
         const double gbps = bytes / (ms * 1e-3) / 1e9;
         return Row{name, s, ms, gbps, 100.0 * gbps / read_bw, err};
@@ -358,6 +423,7 @@ int run(int argc, char** argv) {
         co.contiguous = o.contiguous;
         co.graph = !o.plain;
         co.min_iterations = std::max(o.iters, 50);
+        co.variants = o.variants;
         const bench::Timing t = bench::cuda_time_shape(s, dtype, co);
         const Row r = row_for("cuda", t.ms, t.rel_err);
         accurate = accurate && !(r.rel_err > tol);

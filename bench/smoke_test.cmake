@@ -1,4 +1,7 @@
 # Runs pagedattn-bench on tiny shapes and checks the CSV it prints (format and accuracy only).
+set(header_want "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,")
+string(APPEND header_want "pct_read_bw,rel_err,window,soft_cap,alibi,sinks")
+set(num "[0-9.eE+-]+")
 foreach(dtype f32 bf16)
   execute_process(
     COMMAND ${BENCH} --csv --dtype ${dtype} --threads 2 --iters 2 --min-time 0 --bw-mib 64
@@ -10,19 +13,17 @@ foreach(dtype f32 bf16)
   string(REPLACE "\n" ";" lines "${out}")
   list(FILTER lines EXCLUDE REGEX "^$")
   list(GET lines 0 header)
-  if(NOT header STREQUAL
-     "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,pct_read_bw,rel_err")
+  if(NOT header STREQUAL "${header_want}")
     message(FATAL_ERROR "unexpected CSV header: '${header}'")
   endif()
   list(LENGTH lines n)
   if(NOT n EQUAL 5)  # header + (cpu, naive) x 2 shapes
     message(FATAL_ERROR "expected 4 CSV rows, got:\n${out}")
   endif()
-  set(num "[0-9.eE+-]+")
   foreach(i RANGE 1 4)
     list(GET lines ${i} row)
     if(NOT row MATCHES
-       "^(cpu|naive),${dtype},[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,${num},${num},${num},${num}$")
+       "^(cpu|naive),${dtype},[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,${num},${num},${num},${num},-1,0,0,0$")
       message(FATAL_ERROR "malformed CSV row: '${row}'")
     endif()
   endforeach()
@@ -50,5 +51,29 @@ foreach(i RANGE 1 2)
   list(GET lines ${i} row)
   if(NOT row MATCHES "^(cpu|naive),bf16,4,8,2,64,40,16,")
     message(FATAL_ERROR "malformed --long-first row: '${row}'")
+  endif()
+endforeach()
+
+# Every attention variant at once, on the CPU backend and the naive baseline: the exit status
+# carries both against the f64 reference (the naive one fatal only as --backend naive, so it runs
+# on its own too), and the variant columns say what was on.
+foreach(backend cpu naive)
+  execute_process(
+    COMMAND ${BENCH} --csv --backend ${backend} --dtype bf16 --threads 2 --iters 2 --min-time 0
+            --bw-mib 64 --shape 3,8,2,64,100,16 --window 37 --soft-cap 2.5 --alibi --sinks
+    OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "pagedattn-bench --backend ${backend} with every variant exited with "
+                        "${rc}:\n${out}\n${err}")
+  endif()
+  string(REPLACE "\n" ";" lines "${out}")
+  list(FILTER lines EXCLUDE REGEX "^$")
+  list(GET lines 0 header)
+  if(NOT header STREQUAL "${header_want}")
+    message(FATAL_ERROR "unexpected CSV header with the variants: '${header}'")
+  endif()
+  list(GET lines 1 row)
+  if(NOT row MATCHES "^${backend},bf16,3,8,2,64,100,16,${num},${num},${num},${num},37,2.5,1,1$")
+    message(FATAL_ERROR "malformed row with the variants: '${row}'")
   endif()
 endforeach()

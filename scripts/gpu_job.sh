@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The GPU job, run on the H200 machine from the repository root over a build made elsewhere:
 #   scripts/gpu_job.sh [stage...]     stages: tests sanitize bench flashinfer anchors fuzz ncu
-#                                     ncu-flashinfer cp python (default: tests sanitize bench
-#                                     flashinfer anchors fuzz)
+#                                     ncu-flashinfer cp python variants (default: tests
+#                                     sanitize bench flashinfer anchors fuzz)
 # Env: BUILD (default build-gpu), OUT (logs; default ./out), ANCHORS (the seed benchmark folder,
 # default .anchors), FLASHINFER (FlashInfer's decode benchmark binary, default .fi/fi_decode_bench,
 # built by its build.sh), SHAPES=quick for a short benchmark list, SHAPES=anchors
 # for the anchor shapes alone (bf16).
 # Logs: tests.log, sanitize.log, bench.csv, bench.log, anchors.log (+ the anchors' own CSV),
 # flashinfer.csv, flashinfer.log, fuzz.log, ncu.log, cp.log, cp_bench.csv, python.log,
-# summary.txt.
+# variants.csv, summary.txt.
+# variants: plain decode against each attention variant and all of them, on three anchor shapes
+# (bf16) and one f32 shape (the CUDA-core path).
 # cp: context-parallel decode over NCCL on every visible GPU (NCCL from the machine's
 # nvidia-nccl-cu13 wheel; NCCL_NVLS_ENABLE=0 keeps NVLink multicast off). python: builds the
 # Python package for this machine's python3 (PYDEPS: a prefix with xsimd and Eigen's CMake
@@ -102,6 +104,29 @@ if has bench; then
     >> "$OUT/bench.csv"
   note "skewed batch rc=$?"
   cat "$OUT/bench.csv" | tee -a "$SUMMARY" > /dev/null
+fi
+
+if has variants; then
+  VSHAPES=(--shape 1,32,8,128,32768 --shape 32,32,8,128,4096 --shape 128,32,8,128,4096)
+  : > "$OUT/variants.csv"
+  for v in "plain" "--soft-cap 30" "--alibi" "--sinks" "--window 1023" \
+    "--soft-cap 30 --alibi --sinks" "--soft-cap 30 --alibi --sinks --window 1023"; do
+    flags=()
+    [ "$v" != plain ] && read -r -a flags <<< "$v"
+    echo "## bf16 $v" >> "$OUT/variants.csv"
+    timeout 120 "$BENCH" --backend cuda --dtype bf16 --csv "${VSHAPES[@]}" "${flags[@]}" \
+      >> "$OUT/variants.csv" 2>> "$OUT/variants.log"
+    note "variants bf16 '$v' rc=$?"
+  done
+  for v in "plain" "--soft-cap 30 --alibi --sinks"; do
+    flags=()
+    [ "$v" != plain ] && read -r -a flags <<< "$v"
+    echo "## f32 $v" >> "$OUT/variants.csv"
+    timeout 120 "$BENCH" --backend cuda --dtype f32 --csv --shape 32,32,8,128,4096 "${flags[@]}" \
+      >> "$OUT/variants.csv" 2>> "$OUT/variants.log"
+    note "variants f32 '$v' rc=$?"
+  done
+  cat "$OUT/variants.csv" >> "$SUMMARY"
 fi
 
 if has fuzz; then

@@ -9,7 +9,9 @@ values live in fixed-size blocks of a shared cache pool found through a per-sequ
 Every function takes any DLPack tensor (NumPy, PyTorch, CuPy, JAX, ...) and uses it in place,
 without copies: dtypes, shapes, devices and strides are read from the tensors. CPU tensors run on
 the CPU backend, CUDA tensors on the CUDA backend on the tensors' device. A bad input raises
-pagedattn.Error (a ValueError) naming the argument, before anything is written.
+pagedattn.Error (a ValueError) naming the argument, before anything is written. decode also
+takes the attention variants: a sliding window, a logits soft-cap, ALiBi slopes and attention
+sinks.
 
 Functions: decode, write_cache, copy_blocks, workspace_size, bf16; class BlockManager.
 See docs/python.md in the source tree for the whole story.
@@ -17,6 +19,8 @@ See docs/python.md in the source tree for the whole story.
 
 from __future__ import annotations
 
+import numbers
+import operator
 import sys
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
@@ -303,6 +307,47 @@ def _check_backend(backend: Any) -> str:
     return backend
 
 
+def _per_head(x: Any, name: str) -> Any:
+    """alibi_slopes or sinks as handed to the module (None stays None). The module checks the
+    dtype, shape and device and names the argument; a tuple or list is refused here, so that it
+    is never taken for a described tensor."""
+    if x is None:
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None and type(x) is torch.Tensor:  # the serving loop's case, first
+        return _describe_torch(x, _torch_dlpack_dtypes(torch))
+    _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+    return _ref(_unwrap(x, name, []))
+
+
+def _variant_args(window_left: Any, logits_soft_cap: Any, alibi_slopes: Any, sinks: Any) -> tuple:
+    """The attention variants as the module's trailing decode arguments. Their types are checked
+    here; their values (window_left >= -1, a finite cap >= 0, finite slopes, sinks neither NaN
+    nor +inf) by the library, which names the argument or the element."""
+    window = window_left
+    if type(window) is not int:  # a plain int (never a bool) needs no conversion
+        try:
+            if isinstance(window, bool):
+                raise TypeError
+            window = operator.index(window)
+        except TypeError:
+            raise Error(
+                f"pagedattn: window_left = {window_left!r}: expected an int (-1: no window)",
+                "window_left",
+            ) from None
+    if not -(2**31) <= window < 2**31:
+        raise Error(f"pagedattn: window_left = {window}: outside the int32 range", "window_left")
+    cap = logits_soft_cap
+    if type(cap) is not float:
+        if isinstance(cap, bool) or not isinstance(cap, numbers.Real):
+            raise Error(
+                f"pagedattn: logits_soft_cap = {cap!r}: expected a number (0: no soft-cap)",
+                "logits_soft_cap",
+            )
+        cap = float(cap)
+    return window, cap, _per_head(alibi_slopes, "alibi_slopes"), _per_head(sinks, "sinks")
+
+
 # ----------------------------------------------------------------------------------------------
 # The functions
 
@@ -322,6 +367,10 @@ def decode(
     stream: Stream = None,
     workspace: Optional[Tensor] = None,
     checked: bool = False,
+    window_left: int = -1,
+    logits_soft_cap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
+    sinks: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """One decode step of attention over a paged KV cache.
 
@@ -333,6 +382,12 @@ def decode(
         lse[b,h]   = log(sum_t exp(scale * q[b,h,:] . K_t))
 
     A context of 0 gives out = 0 and lse = -inf. Table entries past a context are never read.
+
+    The attention variants (window_left, logits_soft_cap, alibi_slopes, sinks; see
+    docs/variants.md) change which tokens are attended and what the logits are; they combine
+    freely, and the defaults give the plain attention above. With L = context_lens[b] and the
+    query at position L - 1, the logit of token t is s_t = scale * q[b,h,:] . K_t, then
+    cap * tanh(s_t / cap) with a soft-cap, then + alibi_slopes[h] * (t - (L - 1)) with ALiBi.
 
     Args:
         q: [batch, num_heads, head_dim], float32, float16 or bfloat16, contiguous.
@@ -358,6 +413,20 @@ def decode(
             errors as the CPU path) before running; synchronizes the stream, so not under
             graph capture. Unchecked, bad lengths are clamped and bad block ids skipped. The
             CPU backend always checks.
+        window_left: -1 (the default) attends to the whole context; N >= 0 to the last N + 1
+            tokens only (t >= L - 1 - N). Blocks before the window, and their table entries,
+            are never read (they may hold -1). A sliding window of W tokens counting the
+            query's own is window_left = W - 1.
+        logits_soft_cap: cap > 0 replaces each scaled logit s by cap * tanh(s / cap) (Gemma
+            2); 0 (the default) leaves it.
+        alibi_slopes: float32 [num_heads] on q's device, contiguous: ALiBi adds
+            alibi_slopes[h] * (t - (L - 1)) to the logit of token t (after the soft-cap).
+            Slopes must be finite.
+        sinks: float32 [num_heads] on q's device, contiguous: one logit per query head that
+            joins the softmax's denominator and brings no value (gpt-oss). lse includes it, and
+            a context of 0 gives out = 0 and lse = sinks[h]. -inf is no sink; NaN and +inf are
+            errors. The values of alibi_slopes and sinks are checked on the CPU and, on CUDA,
+            with ``checked``.
 
     All tensors must be on one device. The input tensors are read in place and ``out``/``lse``
     written in place: nothing is copied.
@@ -376,7 +445,8 @@ def decode(
                 and (lse is None or type(lse) is T) and (workspace is None or type(workspace) is T)
                 and type(backend) is str):
             return _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, out,
-                                 lse, return_lse, backend, stream, workspace, checked)
+                                 lse, return_lse, backend, stream, workspace, checked, window_left,
+                                 logits_soft_cap, alibi_slopes, sinks)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("block_table", block_table), ("context_lens", context_lens)):
         _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
@@ -390,12 +460,16 @@ def decode(
     v_in = _unwrap(v_cache, "v_cache", tags)
     out, lse, out_user, out_in, lse_in = _outputs(q, out, lse, return_lse, q_in.shape, tags)
     ws_in = None if workspace is None else _unwrap(workspace, "workspace", [])
+    if alibi_slopes is None and sinks is None and window_left == -1 and logits_soft_cap == 0.0:
+        variants: tuple = ()
+    else:
+        variants = _variant_args(window_left, logits_soft_cap, alibi_slopes, sinks)
     _ext.decode(
         _ref(q_in), _ref(k_in), _ref(v_in),
         _ref(_unwrap(block_table, "block_table", [])),
         _ref(_unwrap(context_lens, "context_lens", [])),
         _ref(out_in), _ref(lse_in), None if scale is None else float(scale), backend,
-        _stream(stream, q_in), _ref(ws_in), bool(checked), tags,
+        _stream(stream, q_in), _ref(ws_in), bool(checked), tags, *variants,
     )
     if return_lse:
         return out_user, lse
@@ -403,23 +477,34 @@ def decode(
 
 
 def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, out, lse,
-                  return_lse, backend, stream, workspace, checked):
+                  return_lse, backend, stream, workspace, checked, window_left, logits_soft_cap,
+                  alibi_slopes, sinks):
     """decode() when every tensor is a plain PyTorch tensor, the serving loop's case: the same
-    checks (in the module) and results, with the least Python work per call."""
+    checks (in the module) and results, with the least Python work per call. A call without
+    attention variants passes the module none of their arguments; only one that sets a variant
+    pays for checking and describing them."""
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if lse is None and return_lse:
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
     stream = _stream(stream, q)
     dtypes = _torch_dlpack_dtypes(torch)
-    _ext.decode(
-        _describe_torch(q, dtypes), _describe_torch(k_cache, dtypes),
-        _describe_torch(v_cache, dtypes), _describe_torch(block_table, dtypes),
-        _describe_torch(context_lens, dtypes), _describe_torch(out, dtypes),
-        None if lse is None else _describe_torch(lse, dtypes),
-        None if scale is None else float(scale), backend, stream,
-        None if workspace is None else _describe_torch(workspace, dtypes), bool(checked), [],
-    )
+    q_d = _describe_torch(q, dtypes)
+    k_d = _describe_torch(k_cache, dtypes)
+    v_d = _describe_torch(v_cache, dtypes)
+    table_d = _describe_torch(block_table, dtypes)
+    lens_d = _describe_torch(context_lens, dtypes)
+    out_d = _describe_torch(out, dtypes)
+    lse_d = None if lse is None else _describe_torch(lse, dtypes)
+    scale = None if scale is None else float(scale)
+    ws_d = None if workspace is None else _describe_torch(workspace, dtypes)
+    if alibi_slopes is None and sinks is None and window_left == -1 and logits_soft_cap == 0.0:
+        _ext.decode(q_d, k_d, v_d, table_d, lens_d, out_d, lse_d, scale, backend, stream, ws_d,
+                    bool(checked), [])
+    else:
+        _ext.decode(q_d, k_d, v_d, table_d, lens_d, out_d, lse_d, scale, backend, stream, ws_d,
+                    bool(checked), [],
+                    *_variant_args(window_left, logits_soft_cap, alibi_slopes, sinks))
     if return_lse:
         return out, lse
     return out

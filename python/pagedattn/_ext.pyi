@@ -26,6 +26,10 @@ def decode(
     workspace: Optional[Any],
     checked: bool,
     bf16: Sequence[str],
+    window_left: int = -1,
+    logits_soft_cap: float = 0.0,
+    alibi_slopes: Optional[Any] = None,
+    sinks: Optional[Any] = None,
 ) -> None: ...
 def workspace_size(q: Any, k_cache: Any, block_table: Any, backend: str) -> int: ...
 def write_cache(

@@ -14,7 +14,9 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <sstream>
@@ -448,10 +450,23 @@ DecodeCall decode_inputs(nb::handle q_h, nb::handle k_h, nb::handle v_h, nb::han
   return c;
 }
 
+// A per-head input of the attention variants (alibi_slopes, sinks): f32 [num_heads], contiguous,
+// on q's device.
+Tensor per_head_input(nb::handle h, const char* name, const Tensor& q, const Device& device) {
+  Tensor t = input(h, name);
+  t.require_ndim(1, "[num_heads]");
+  t.require_dim(0, q.shape[1], "num_heads, q.shape[1]");
+  t.require_float32();
+  t.require_contiguous();
+  t.require_device(device, "q");
+  return t;
+}
+
 void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle block_table,
             nb::handle context_lens, nb::handle out_h, nb::handle lse_h,
             std::optional<double> scale, const std::string& backend, std::uintptr_t stream,
-            nb::handle workspace_h, bool checked, const std::vector<std::string>& bf16) {
+            nb::handle workspace_h, bool checked, const std::vector<std::string>& bf16,
+            int window_left, double logits_soft_cap, nb::handle alibi_h, nb::handle sinks_h) {
   DecodeCall c = decode_inputs(q, k_cache, v_cache, block_table, context_lens, bf16);
   auto& a = c.args;
   const Tensor& qt = c.keep[0];
@@ -482,6 +497,29 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
   }
 
   if (scale) a.scale = static_cast<float>(*scale);
+
+  // The attention variants; their values are checked by the library (validate.hpp), once the cap
+  // is a float: a positive cap that would round to 0 (no soft-cap) or overflow is refused here.
+  a.window_left = window_left;
+  a.logits_soft_cap = static_cast<float>(logits_soft_cap);
+  if (logits_soft_cap > 0 && std::isfinite(logits_soft_cap) &&
+      !(a.logits_soft_cap >= FLT_MIN && std::isfinite(a.logits_soft_cap))) {
+    std::ostringstream value, least;
+    value << logits_soft_cap;
+    least << FLT_MIN;
+    bad(ErrorCode::kInvalidArgument, "logits_soft_cap", "", value.str(),
+        "outside the float32 range (a positive cap must be at least " + least.str() +
+            " and below the largest float)");
+  }
+  Tensor slopes, sinks;
+  if (!alibi_h.is_none()) {
+    slopes = per_head_input(alibi_h, "alibi_slopes", qt, c.device);
+    a.alibi_slopes = static_cast<const float*>(slopes.data);
+  }
+  if (!sinks_h.is_none()) {
+    sinks = per_head_input(sinks_h, "sinks", qt, c.device);
+    a.sinks = static_cast<const float*>(sinks.data);
+  }
 
   pagedattn::DecodeOptions o;
   o.backend = pick_backend(backend, c.device, "q");
@@ -832,7 +870,8 @@ NB_MODULE(_ext, m) {
 
   m.def("decode", &decode, "q"_a, "k_cache"_a, "v_cache"_a, "block_table"_a, "context_lens"_a,
         "out"_a, "lse"_a.none(), "scale"_a.none(), "backend"_a, "stream"_a, "workspace"_a.none(),
-        "checked"_a, "bf16"_a);
+        "checked"_a, "bf16"_a, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
+        "alibi_slopes"_a.none() = nb::none(), "sinks"_a.none() = nb::none());
   m.def("workspace_size", &workspace_size, "q"_a, "k_cache"_a, "block_table"_a, "backend"_a);
   m.def("write_cache", &write_cache, "key"_a, "value"_a, "slot_mapping"_a, "k_cache"_a, "v_cache"_a,
         "backend"_a, "stream"_a, "checked"_a, "bf16"_a);

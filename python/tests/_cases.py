@@ -88,10 +88,11 @@ class Case:
         return (arg(self.q, self.q_dtype), arg(self.k, self.kv_dtype), arg(self.v, self.kv_dtype),
                 self.block_table, self.context_lens)
 
-    def reference(self, scale: Optional[float] = None):
+    def reference(self, scale: Optional[float] = None, **variants):
+        """The f64 reference of this case; ``variants`` as reference_decode takes them."""
         return reference_decode(load(self.q, self.q_dtype), load(self.k, self.kv_dtype),
                                 load(self.v, self.kv_dtype), self.block_table, self.context_lens,
-                                scale)
+                                scale, **variants)
 
 
 def make_case(rng: np.random.Generator, *, context_lens: Sequence[int], num_heads: int = 8,
@@ -129,8 +130,15 @@ def make_case(rng: np.random.Generator, *, context_lens: Sequence[int], num_head
                 kv_dtype, block_size)
 
 
-def reference_decode(q, k, v, block_table, context_lens, scale: Optional[float] = None):
-    """The f64 two-pass reference: (out [B, H, D], lse [B, H])."""
+def reference_decode(q, k, v, block_table, context_lens, scale: Optional[float] = None, *,
+                     window_left: int = -1, logits_soft_cap: float = 0.0,
+                     alibi_slopes: Optional[Sequence[float]] = None,
+                     sinks: Optional[Sequence[float]] = None):
+    """The f64 two-pass reference: (out [B, H, D], lse [B, H]). With the attention variants
+    (docs/variants.md), for the query at position L - 1: only tokens t >= L - 1 - window_left
+    are attended (all with -1), a logit s becomes cap * tanh(s / cap) and then
+    s + slope_h * (t - (L - 1)), and a sink adds exp(sink_h) to the softmax's denominator (an
+    empty context then gives lse = sink_h)."""
     batch, num_heads, head_dim = q.shape
     _, num_kv_heads, block_size, _ = k.shape
     group = num_heads // num_kv_heads
@@ -140,18 +148,27 @@ def reference_decode(q, k, v, block_table, context_lens, scale: Optional[float] 
     for b in range(batch):
         n = int(context_lens[b])
         if n == 0:
+            if sinks is not None:
+                lse[b] = np.asarray(sinks, dtype=np.float64)
             continue
-        t = np.arange(n)
+        first = max(n - 1 - window_left, 0) if window_left >= 0 else 0
+        t = np.arange(first, n)
         blocks = np.asarray(block_table[b])[t // block_size]
         for h in range(num_heads):
             kv = h // group
-            keys = k[blocks, kv, t % block_size]      # [n, D]
+            keys = k[blocks, kv, t % block_size]      # [tokens, D]
             vals = v[blocks, kv, t % block_size]
             s = scale * (keys @ q[b, h])
-            m = s.max()
+            if logits_soft_cap > 0:
+                s = logits_soft_cap * np.tanh(s / logits_soft_cap)
+            if alibi_slopes is not None:
+                s = s + float(alibi_slopes[h]) * (t - (n - 1))
+            sink = -np.inf if sinks is None else float(sinks[h])
+            m = max(s.max(), sink)
             p = np.exp(s - m)
-            out[b, h] = (p @ vals) / p.sum()
-            lse[b, h] = m + math.log(p.sum())
+            denominator = p.sum() + math.exp(sink - m)
+            out[b, h] = (p @ vals) / denominator
+            lse[b, h] = m + math.log(denominator)
     return out, lse
 
 

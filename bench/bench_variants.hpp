@@ -1,0 +1,61 @@
+// The attention variants pagedattn-bench applies to every row it times (--window, --soft-cap,
+// --alibi, --sinks) and their per-head values, the same for the CPU and the CUDA timings.
+#pragma once
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "pagedattn/pagedattn.hpp"
+
+namespace pagedattn::bench {
+
+struct Variants {
+  int window_left = -1;  // --window N: the last N + 1 tokens of each sequence (-1: all)
+  float soft_cap = 0.f;  // --soft-cap X (0: none)
+  bool alibi = false;    // --alibi: the ALiBi paper's slopes
+  bool sinks = false;    // --sinks: one random sink logit per head
+
+  bool any() const { return window_left >= 0 || soft_cap > 0.f || alibi || sinks; }
+};
+
+// The ALiBi paper's slopes for H heads: 2^(-8 (h + 1) / H).
+inline std::vector<float> alibi_slopes(int num_heads) {
+  std::vector<float> s(num_heads);
+  for (int h = 0; h < num_heads; ++h) {
+    s[h] = static_cast<float>(std::exp2(-8.0 * (h + 1) / num_heads));
+  }
+  return s;
+}
+
+// One sink logit per head, uniform in [-2, 2] (about the spread of the benchmark's logits, so a
+// sink takes a share of the softmax without swamping it), from a fixed seed: every run, on every
+// host and for either backend, uses the same values. mt19937_64's output is fixed by the
+// standard, and the mapping to [0, 1) is done here rather than by a distribution, whose
+// algorithm the standard leaves to the library.
+inline std::vector<float> sink_logits(int num_heads) {
+  std::mt19937_64 rng(0x5eed51u);
+  std::vector<float> s(num_heads);
+  for (float& x : s) x = static_cast<float>(4.0 * ((rng() >> 11) * 0x1.0p-53) - 2.0);
+  return s;
+}
+
+// Host copies of one shape's per-head values (empty where the variant is off).
+struct VariantValues {
+  std::vector<float> slopes, sinks;
+  VariantValues(const Variants& v, int num_heads)
+      : slopes(v.alibi ? alibi_slopes(num_heads) : std::vector<float>{}),
+        sinks(v.sinks ? sink_logits(num_heads) : std::vector<float>{}) {}
+};
+
+// Sets a's variant fields; slopes and sinks are where a's other buffers are (host memory for
+// the CPU, device memory for CUDA), null where the variant is off.
+inline void apply_variants(const Variants& v, const float* slopes, const float* sinks,
+                           DecodeArgs& a) {
+  a.window_left = v.window_left;
+  a.logits_soft_cap = v.soft_cap;
+  a.alibi_slopes = v.alibi ? slopes : nullptr;
+  a.sinks = v.sinks ? sinks : nullptr;
+}
+
+}  // namespace pagedattn::bench
