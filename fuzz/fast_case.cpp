@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "pagedattn/cache_layout.hpp"
-#include "pagedattn/testing/tables.hpp"
+#include "pagedattn/variants.hpp"
 
 namespace pagedattn::fuzz {
 namespace {
@@ -56,9 +56,40 @@ void fill_normal(std::vector<std::uint8_t>& buf, DType t, std::size_t n, float s
   for (std::size_t i = 0; i < n; ++i) store_from_float(buf.data(), t, i, scale * rng.normal());
 }
 
+// One flag per cache slot (block * block_size + slot): 1 where some sequence reads it, a token in
+// [window_first_token(L), L) of its context, else 0. Entries before a window's first block are
+// never looked at, so they may hold anything.
+std::vector<char> attended_slots(const DecodeArgs& a, int window_left) {
+  const int BS = a.block_size;
+  std::vector<char> readable(static_cast<std::size_t>(a.num_blocks) * BS, 0);
+  const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
+  for (int b = 0; b < a.batch; ++b) {
+    const int L = a.context_lens[b];
+    for (int t = window_first_token(L, window_left); t < L; ++t) {
+      readable[static_cast<std::size_t>(table.block(b, t / BS)) * BS + t % BS] = 1;
+    }
+  }
+  return readable;
+}
+
+// A table entry that must never be read: -1, a huge id, random garbage (mostly negative or far
+// out of range), or a stale id inside the pool, which only a wrong result can reveal.
+std::int32_t trap_entry(Xoshiro& rng, int num_blocks) {
+  switch (rng.below(4)) {
+    case 0:
+      return -1;
+    case 1:
+      return std::numeric_limits<std::int32_t>::max() - 7;
+    case 2:
+      return static_cast<std::int32_t>(rng.below(1000000)) - 500000;
+    default:
+      return num_blocks > 0 ? static_cast<std::int32_t>(rng.below(num_blocks)) : -1;
+  }
+}
+
 }  // namespace
 
-testing::HostCase make_fast_case(const testing::CaseSpec& spec) {
+testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left) {
   testing::HostCase c;
   c.spec = spec;
   Xoshiro rng(spec.seed);
@@ -89,29 +120,25 @@ testing::HostCase make_fast_case(const testing::CaseSpec& spec) {
     for (int i = 0; i < used; ++i) entry(b, i) = i < shared ? entry(donor, i) : pool[next++];
     // Past the context: -1, garbage, or a stale id that is in range; none may be read.
     for (int i = used; i < c.table_stride && spec.poison; ++i) {
-      switch (rng.below(4)) {
-        case 0:
-          entry(b, i) = -1;
-          break;
-        case 1:
-          entry(b, i) = std::numeric_limits<std::int32_t>::max() - 7;
-          break;
-        case 2:
-          entry(b, i) = static_cast<std::int32_t>(rng.below(1000000)) - 500000;
-          break;
-        default:
-          entry(b, i) = c.num_blocks > 0 ? static_cast<std::int32_t>(rng.below(c.num_blocks)) : -1;
-          break;
-      }
+      entry(b, i) = trap_entry(rng, c.num_blocks);
+    }
+  }
+  // Before each window's first block: the same traps, planted once every row is built, so that a
+  // later sequence still shares the real prefix blocks (which its own window may read).
+  if (window_left >= 0 && spec.poison) {
+    for (int b = 0; b < B; ++b) {
+      const int first = window_first_block(c.context_lens[b], window_left, BS);
+      for (int i = 0; i < first; ++i) entry(b, i) = trap_entry(rng, c.num_blocks);
     }
   }
 
   const CacheLayout layout = CacheLayout::dense(c.num_blocks, KV, BS, D);
   fill_normal(c.q, spec.q_dtype, static_cast<std::size_t>(B) * H * D, spec.magnitude, rng);
 
-  // Every (block, slot) some sequence reads gets values; with poison, every other one NaN.
+  // Every (block, slot) some sequence reads gets values; with poison, every other one NaN (the
+  // slots before a window among them).
   const std::vector<char> readable =
-      spec.poison ? testing::readable_slots(c.args())
+      spec.poison ? attended_slots(c.args(), window_left)
                   : std::vector<char>(static_cast<std::size_t>(c.num_blocks) * BS, 1);
   const std::size_t bytes = dtype_size(spec.kv_dtype);
   c.k.assign(static_cast<std::size_t>(layout.elements()) * bytes, 0);

@@ -8,6 +8,9 @@
 
 namespace pagedattn::fuzz {
 
-testing::HostCase make_fast_case(const testing::CaseSpec& spec);
+// window_left >= 0: the case is decoded with that sliding window, so with poison the traps cover
+// what the window leaves unread as well: the table entries before each sequence's first attended
+// block get -1 or garbage ids, and every slot only unattended tokens map to gets NaN.
+testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left = -1);
 
 }  // namespace pagedattn::fuzz

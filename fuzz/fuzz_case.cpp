@@ -3,15 +3,18 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "fast_case.hpp"
 #include "pagedattn/cache_layout.hpp"
+#include "pagedattn/variants.hpp"
 
 namespace pagedattn::fuzz {
 namespace {
@@ -54,7 +57,11 @@ const char* const kMalformationNames[] = {"none",
                                           "dtype-mismatch",
                                           "bad-dtype",
                                           "nonfinite-scale",
-                                          "negative-batch"};
+                                          "negative-batch",
+                                          "window-left",
+                                          "soft-cap",
+                                          "nonfinite-slope",
+                                          "bad-sink"};
 static_assert(sizeof(kMalformationNames) / sizeof(kMalformationNames[0]) ==
               static_cast<std::size_t>(Malformation::kCount));
 
@@ -123,6 +130,159 @@ void fit_budget(testing::CaseSpec& s, std::int64_t budget) {
 
 float snapped(float x) { return std::max(-127.f, std::min(127.f, std::nearbyint(x))); }
 
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kMaxFloat = std::numeric_limits<float>::max();
+
+int longest_context(const testing::CaseSpec& s) {
+  int m = 0;
+  for (int L : s.context_lens) m = std::max(m, L);
+  return m;
+}
+
+// A context length of the case to measure a window against: a random non-empty one.
+int some_context(Rng& r, const testing::CaseSpec& s) {
+  std::vector<int> lens;
+  for (int L : s.context_lens) {
+    if (L > 0) lens.push_back(L);
+  }
+  if (lens.empty()) return 0;
+  return lens[static_cast<std::size_t>(r.uniform(0, static_cast<int>(lens.size()) - 1))];
+}
+
+// window_left, aimed at the edges: none of the past (0), one token, a block's worth +-1, the
+// window's first token on a block boundary of some sequence (+-1), just the whole context, longer
+// than every context (the window changes nothing but the path), or anywhere.
+int draw_window(Rng& r, const testing::CaseSpec& s) {
+  const int BS = std::max(s.block_size, 1), longest = longest_context(s);
+  switch (r.uniform(0, 8)) {
+    case 0:
+      return 0;
+    case 1:
+      return 1;
+    case 2:
+      return BS - 1 + r.uniform(0, 2);
+    case 3:
+      return r.uniform(2, 8) * BS + r.uniform(-1, 1);
+    case 4: {
+      const int L = some_context(r, s);
+      if (L == 0) return r.uniform(0, BS);
+      const int k = r.uniform(0, (L - 1) / BS);
+      return std::max(L - 1 - k * BS + r.uniform(-1, 1), 0);
+    }
+    case 5:
+      return std::max(longest - 1 + r.uniform(-1, 1), 0);
+    case 6:
+      return r.chance(0.8) ? longest + r.uniform(0, 1000) : INT32_MAX - r.uniform(0, 1);
+    default:
+      return r.uniform(0, std::max(longest, 1));
+  }
+}
+
+// The ALiBi paper's slopes for H heads (BLOOM's form for an H that is not a power of two: the
+// slopes of the power of two below, then every other slope of the one above).
+std::vector<float> standard_slopes(int H) {
+  if (H <= 0) return {};
+  int p = 1;
+  while (p * 2 <= H) p *= 2;
+  std::vector<float> slopes;
+  for (int h = 0; h < p; ++h) slopes.push_back(std::exp2(-8.f * (h + 1) / p));
+  for (int h = 0; static_cast<int>(slopes.size()) < H; ++h) {
+    slopes.push_back(std::exp2(-8.f * (2 * h + 1) / (2 * p)));
+  }
+  return slopes;
+}
+
+std::vector<float> draw_slopes(Rng& r, int H) {
+  std::vector<float> slopes(static_cast<std::size_t>(std::max(H, 0)));
+  switch (r.uniform(0, 5)) {
+    case 0:
+    case 1:
+      return standard_slopes(H);
+    case 2:  // uniform in [0, 1]
+      for (float& x : slopes) x = static_cast<float>(r.real());
+      break;
+    case 3:  // log-uniform over [1e-4, 4], either sign (a negative slope favours old tokens)
+      for (float& x : slopes) {
+        x = static_cast<float>(std::exp(std::log(1e-4) + r.real() * std::log(4e4)));
+        if (r.chance(0.3)) x = -x;
+      }
+      break;
+    case 4: {  // the standard ones scaled, some heads without a bias
+      const float f = static_cast<float>(std::exp2(r.uniform(-4, 3)));
+      slopes = standard_slopes(H);
+      for (float& x : slopes) x = r.chance(0.2) ? 0.f : x * f;
+      break;
+    }
+    default: {  // one steep head among gentle ones
+      for (float& x : slopes) x = static_cast<float>(0.01 * r.real());
+      if (H > 0) {
+        slopes[static_cast<std::size_t>(r.uniform(0, H - 1))] = r.chance(0.5) ? 16.f : -2.f;
+      }
+      break;
+    }
+  }
+  return slopes;
+}
+
+// Sinks around the scale where they matter (log of the attended tokens, what lse is for logits
+// near 0), no sink (-inf), large ones that swallow the softmax, and the largest the library
+// accepts (kMaxVariantMagnitude).
+float draw_sink(Rng& r, double center) {
+  const double u = r.real();
+  if (u < 0.55) return static_cast<float>(center + 8 * (r.real() - 0.5));
+  if (u < 0.7) return -kInf;
+  if (u < 0.85) {
+    static const float kLarge[] = {20.f, 50.f, 100.f, 1e4f, -50.f, -1e4f};
+    return r.pick(kLarge);
+  }
+  if (u < 0.98) return static_cast<float>(20 * (r.real() - 0.5));
+  static const float kExtreme[] = {1e19f, -1e19f, kMaxVariantMagnitude, -kMaxVariantMagnitude};
+  return r.pick(kExtreme);
+}
+
+std::vector<float> draw_sinks(Rng& r, const testing::CaseSpec& s) {
+  const double center = std::log1p(static_cast<double>(some_context(r, s)));
+  std::vector<float> sinks(static_cast<std::size_t>(std::max(s.num_heads, 0)));
+  if (r.chance(0.3)) {  // one value for every head
+    std::fill(sinks.begin(), sinks.end(), draw_sink(r, center));
+  } else {  // each head its own, -inf (no sink) among them
+    for (float& v : sinks) v = draw_sink(r, center);
+  }
+  return sinks;
+}
+
+// The attention variants of a case, from their own generator: every other draw of the case is
+// the same as without them. The soft-cap raises the magnitude so the logits reach the cap.
+void draw_variants(FuzzCase& c, Rng& r) {
+  testing::CaseSpec& s = c.spec;
+  const bool all = r.chance(0.04);  // every variant at once
+  if (all || r.chance(0.25)) c.window_left = draw_window(r, s);
+  if (all || r.chance(0.2)) {
+    static const float kCaps[] = {1.f, 2.f, 5.f, 10.f, 20.f, 30.f, 50.f, 60.f};
+    c.soft_cap = r.chance(0.6) ? r.pick(kCaps) : static_cast<float>(1 + 59 * r.real());
+    // Logits ~ N(0, (magnitude^2 * scale * sqrt(D))^2): aim their spread at a multiple of the
+    // cap, from mostly inside it to deep in its saturation. Half the huge cases keep theirs.
+    if (!c.huge() || r.chance(0.5)) {
+      static const double kReach[] = {0.5, 1, 2, 4, 10};
+      const double D = s.head_dim;
+      const double scale = c.scale != 0.f ? c.scale : 1 / std::sqrt(D);
+      const double m = std::sqrt(c.soft_cap * r.pick(kReach) / (scale * std::sqrt(D)));
+      s.magnitude = static_cast<float>(std::min(50.0, std::max(0.25, m)));
+    }
+  }
+  if (all || r.chance(0.2)) c.alibi_slopes = draw_slopes(r, s.num_heads);
+  if (all || r.chance(0.2)) c.sinks = draw_sinks(r, s);
+}
+
+// A case's per-head values for n heads: its own, repeated when n is larger.
+std::vector<float> per_head(const std::vector<float>& values, int n) {
+  std::vector<float> out(values);
+  if (values.empty()) return out;
+  out.resize(static_cast<std::size_t>(std::max(n, static_cast<int>(values.size()))));
+  for (std::size_t i = values.size(); i < out.size(); ++i) out[i] = values[i % values.size()];
+  return out;
+}
+
 }  // namespace
 
 const char* malformation_name(Malformation m) {
@@ -132,7 +292,9 @@ const char* malformation_name(Malformation m) {
 
 bool keeps_buffer_sizes(Malformation m) {
   return m == Malformation::kNone || m == Malformation::kIdOutOfRange ||
-         m == Malformation::kContextOverCapacity || m == Malformation::kNegativeContext;
+         m == Malformation::kContextOverCapacity || m == Malformation::kNegativeContext ||
+         m == Malformation::kWindowLeft || m == Malformation::kSoftCap ||
+         m == Malformation::kNonFiniteSlope || m == Malformation::kBadSink;
 }
 
 FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& options) {
@@ -224,6 +386,10 @@ FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& o
     }
   }
 
+  Rng variants(
+      splitmix64(splitmix64(seed ^ 0x6a09e667f3bcc909ull) ^ (index * 0x9e3779b97f4a7c15ull + 3)));
+  draw_variants(c, variants);
+
   if (r.chance(0.12)) {
     const int kinds = static_cast<int>(Malformation::kCount) - 1;
     Malformation m = static_cast<Malformation>(1 + r.uniform(0, kinds - 1));
@@ -245,6 +411,10 @@ FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& o
       s.context_lens[0] = 1;
     }
     if (m == Malformation::kTableStride) s.table_padding = std::max(s.table_padding, 2);
+    if (m == Malformation::kNonFiniteSlope && c.alibi_slopes.empty()) {
+      c.alibi_slopes = draw_slopes(variants, s.num_heads);
+    }
+    if (m == Malformation::kBadSink && c.sinks.empty()) c.sinks = draw_sinks(variants, s);
   }
   return c;
 }
@@ -263,7 +433,7 @@ BuiltCase build_case(const FuzzCase& c) {
     spec.spare_blocks = std::max(spec.spare_blocks, 1);
     if (spec.table_padding + spec.table_stride_extra == 0) spec.table_padding = 1;
   }
-  b.host = make_fast_case(spec);
+  b.host = make_fast_case(spec, c.window_left);
   testing::HostCase& h = b.host;
   if (c.snap) {
     // Integers in [-127, 127] are exact in every dtype and their products sum exactly in f32
@@ -280,6 +450,10 @@ BuiltCase build_case(const FuzzCase& c) {
   DecodeArgs& a = b.args;
   a = h.args();
   if (c.scale != 0.f) a.scale = c.scale;
+  a.window_left = c.window_left;
+  a.logits_soft_cap = c.soft_cap;
+  b.alibi_slopes = per_head(c.alibi_slopes, spec.num_heads);
+  b.sinks = per_head(c.sinks, spec.num_heads);
 
   const std::uint64_t p = c.bad_param;
   const int B = spec.batch;
@@ -300,8 +474,10 @@ BuiltCase build_case(const FuzzCase& c) {
       }
       if (with_blocks.empty()) not_applicable();
       const int s = with_blocks[p % with_blocks.size()];
+      // An entry that is read: a window's first block or later.
+      const int first = window_first_block(h.context_lens[s], c.window_left, spec.block_size);
       const int used = blocks_for(h.context_lens[s], spec.block_size);
-      const int i = static_cast<int>((p >> 8) % used);
+      const int i = first + static_cast<int>((p >> 8) % (used - first));
       const std::int32_t values[] = {h.num_blocks, h.num_blocks + static_cast<int>((p >> 16) % 7),
                                      -1,           -static_cast<int>((p >> 16) % 100000) - 1,
                                      INT32_MAX,    INT32_MIN};
@@ -413,9 +589,44 @@ BuiltCase build_case(const FuzzCase& c) {
       a.batch = p % 2 ? -1 : INT32_MIN;
       b.expected_argument = "batch";
       break;
+    case Malformation::kWindowLeft: {
+      const int values[] = {-2, -3, -1000, INT32_MIN};
+      a.window_left = values[p % 4];
+      b.expected_argument = "window_left";
+      break;
+    }
+    case Malformation::kSoftCap: {
+      const float values[] = {-1.f, -1e-30f, -60.f,  std::numeric_limits<float>::quiet_NaN(),
+                              kInf, -kInf,   1e-30f, kMaxFloat};
+      a.logits_soft_cap = values[p % 8];
+      b.expected_argument = "logits_soft_cap";
+      break;
+    }
+    case Malformation::kNonFiniteSlope: {
+      if (b.alibi_slopes.empty() || spec.num_heads <= 0) not_applicable();
+      const int head = static_cast<int>((p >> 8) % spec.num_heads);
+      const float values[] = {std::numeric_limits<float>::quiet_NaN(), kInf, -kInf, 1e21f,
+                              -kMaxFloat};
+      b.alibi_slopes[head] = values[p % 5];
+      b.expected_argument = seq_arg("alibi_slopes", head);
+      break;
+    }
+    case Malformation::kBadSink: {
+      if (b.sinks.empty() || spec.num_heads <= 0) not_applicable();
+      const int head = static_cast<int>((p >> 8) % spec.num_heads);
+      const float values[] = {std::numeric_limits<float>::quiet_NaN(), kInf, kMaxFloat, -1e21f};
+      b.sinks[head] = values[p % 4];
+      b.expected_argument = seq_arg("sinks", head);
+      break;
+    }
     case Malformation::kCount:
       not_applicable();
   }
+  // Host copies of the per-head arrays, long enough for the (possibly malformed) head count.
+  if (!b.alibi_slopes.empty()) b.alibi_slopes = per_head(b.alibi_slopes, a.num_heads);
+  if (!b.sinks.empty()) b.sinks = per_head(b.sinks, a.num_heads);
+  a.alibi_slopes = b.alibi_slopes.empty() ? nullptr : b.alibi_slopes.data();
+  a.sinks = b.sinks.empty() ? nullptr : b.sinks.data();
   if (c.bad == Malformation::kIdOutOfRange || c.bad == Malformation::kContextOverCapacity ||
       c.bad == Malformation::kNegativeContext) {
     a.block_table = h.block_table.data();
@@ -429,6 +640,10 @@ std::string describe(const FuzzCase& c) {
   os << testing::describe(c.spec) << " threads=" << c.threads << " mag=" << c.spec.magnitude;
   if (c.snap) os << " snap";
   if (c.scale != 0.f) os << " scale=" << c.scale;
+  if (c.windowed()) os << " window=" << c.window_left;
+  if (c.soft_capped()) os << " cap=" << c.soft_cap;
+  if (!c.alibi_slopes.empty()) os << " alibi";
+  if (!c.sinks.empty()) os << " sinks";
   if (c.malformed()) os << " malformed=" << malformation_name(c.bad);
   return os.str();
 }
@@ -465,7 +680,16 @@ std::string to_text(const FuzzCase& c) {
      << "snap " << c.snap << '\n'
      << "scale " << c.scale << '\n'
      << "threads " << c.threads << '\n'
-     << "malformation " << malformation_name(c.bad) << ' ' << c.bad_param << '\n';
+     << "window_left " << c.window_left << '\n'
+     << "logits_soft_cap " << c.soft_cap << '\n';
+  // One value per query head, or none (the line may be left out).
+  for (const auto& [key, values] :
+       {std::pair{"alibi_slopes", &c.alibi_slopes}, std::pair{"sinks", &c.sinks}}) {
+    os << key;
+    for (float x : *values) os << ' ' << x;
+    os << '\n';
+  }
+  os << "malformation " << malformation_name(c.bad) << ' ' << c.bad_param << '\n';
   return os.str();
 }
 
@@ -476,6 +700,13 @@ DType parse_dtype(const std::string& t) {
     if (t == dtype_name(d)) return d;
   }
   throw std::runtime_error("case file: unknown dtype '" + t + "'");
+}
+
+// A float as to_text writes it, "inf", "-inf" and "nan" included (operator>> takes none of them).
+bool parse_float(const std::string& t, float& v) {
+  char* end = nullptr;
+  v = std::strtof(t.c_str(), &end);
+  return !t.empty() && end == t.c_str() + t.size();
 }
 
 }  // namespace
@@ -548,6 +779,18 @@ FuzzCase from_text(const std::string& text) {
       if (!(ls >> c.scale)) bad();
     } else if (key == "threads") {
       read_int(c.threads);
+    } else if (key == "window_left") {
+      read_int(c.window_left);
+    } else if (key == "logits_soft_cap") {
+      if (!(ls >> word) || !parse_float(word, c.soft_cap)) bad();
+    } else if (key == "alibi_slopes" || key == "sinks") {
+      std::vector<float>& values = key == "sinks" ? c.sinks : c.alibi_slopes;
+      values.clear();
+      float x;
+      while (ls >> word) {
+        if (!parse_float(word, x)) bad();
+        values.push_back(x);
+      }
     } else if (key == "malformation") {
       if (!(ls >> word >> c.bad_param)) bad();
       bool found = false;
@@ -564,6 +807,13 @@ FuzzCase from_text(const std::string& text) {
   }
   if (s.batch < 0 || static_cast<int>(s.context_lens.size()) != s.batch) {
     throw std::runtime_error("case file: context_lens must list batch values");
+  }
+  for (const auto& [key, values] :
+       {std::pair{"alibi_slopes", &c.alibi_slopes}, std::pair{"sinks", &c.sinks}}) {
+    if (!values->empty() && static_cast<int>(values->size()) != s.num_heads) {
+      throw std::runtime_error(std::string("case file: ") + key +
+                               " must list num_heads values, or none");
+    }
   }
   return c;
 }

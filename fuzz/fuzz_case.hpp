@@ -1,10 +1,12 @@
 // One fuzz case: a random-case spec plus what the fuzzer adds on top of it (exact-logit snapping,
-// a custom scale, the CPU thread count, a planted malformation). Every case is a pure function of
-// (seed, index), and a case file holds the full description so a shrunk case replays alone.
+// a custom scale, the CPU thread count, the attention variants, a planted malformation). Every
+// case is a pure function of (seed, index), and a case file holds the full description so a
+// shrunk case replays alone.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "pagedattn/pagedattn.hpp"
 #include "pagedattn/testing/random_case.hpp"
@@ -27,6 +29,10 @@ enum class Malformation : int {
   kBadDtype,             // a dtype value that is not a DType
   kNonFiniteScale,       // scale NaN or Inf
   kNegativeBatch,        // batch < 0
+  kWindowLeft,           // window_left < -1
+  kSoftCap,              // logits_soft_cap negative, NaN or infinite
+  kNonFiniteSlope,       // an ALiBi slope NaN or infinite
+  kBadSink,              // a sink NaN or +inf
   kCount
 };
 const char* malformation_name(Malformation m);
@@ -41,6 +47,13 @@ struct FuzzCase {
   bool snap = false;
   float scale = 0.f;  // 0: the default 1 / sqrt(head_dim)
   int threads = 1;    // CPU backend threads (the split plan depends on them)
+  // The attention variants (DecodeArgs; pagedattn/variants.hpp). With a window and poison, the
+  // table entries before each sequence's first attended block hold -1 or garbage and the slots
+  // of unattended tokens NaN, like everything past a context.
+  int window_left = -1;
+  float soft_cap = 0.f;
+  std::vector<float> alibi_slopes;  // empty: none; else one per query head
+  std::vector<float> sinks;         // empty: none; else one per query head (-inf: no sink)
   Malformation bad = Malformation::kNone;
   std::uint64_t bad_param = 0;  // which sequence / entry / pointer / value the malformation uses
   // Where the case came from (informational once shrunk).
@@ -49,6 +62,11 @@ struct FuzzCase {
 
   bool malformed() const { return bad != Malformation::kNone; }
   bool huge() const { return spec.magnitude >= 4.f; }
+  bool windowed() const { return window_left >= 0; }
+  bool soft_capped() const { return soft_cap > 0.f; }
+  // The variants context_parallel_decode refuses (a position in the whole sequence, or a term
+  // counted once per sequence); the soft-cap it runs.
+  bool position_variants() const { return windowed() || !alibi_slopes.empty() || !sinks.empty(); }
 };
 
 // Draw knobs: which backends the case must suit.
@@ -62,6 +80,9 @@ FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& o
 // The built buffers plus the (possibly malformed) arguments the API is called with.
 struct BuiltCase {
   testing::HostCase host;
+  // The host copies of the variants' per-head arrays args points at (at least num_heads values
+  // for the arguments' num_heads, so a malformed head count never reads past them).
+  std::vector<float> alibi_slopes, sinks;
   DecodeArgs args;  // over host's buffers; malformed when the case is
   ErrorCode expected_code = ErrorCode::kInvalidArgument;
   std::string expected_argument;  // empty for a valid case

@@ -1,11 +1,13 @@
 // Coverage-guided fuzzing of the API's validation and the CPU path (libFuzzer, built with clang
 // and -fsanitize=fuzzer,address,undefined by scripts/build_libfuzzer.sh).
 //
-// The input bytes choose every DecodeArgs field, valid or not, then the contents of the context
-// lengths, the block table and the tensors. Buffers are allocated at exactly the sizes the
-// declared shapes imply, so AddressSanitizer reports any read or write outside them. Each input
-// must either raise pagedattn::Error, agree with the f64 reference's own validation, and leave
-// out and lse untouched; or succeed with every output finite and close to the reference.
+// The input bytes choose every DecodeArgs field, valid or not (the attention variants included),
+// then the contents of the context lengths, the block table and the tensors. Buffers are
+// allocated at exactly the sizes the declared shapes imply, so AddressSanitizer reports any read
+// or write outside them; with a window, the table entries before it are as random as the rest
+// (validation and the kernels must ignore them). Each input must either raise pagedattn::Error,
+// agree with the f64 reference's own validation, and leave out and lse untouched; or succeed with
+// every output finite and close to the reference.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -89,6 +91,47 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const bool with_lse = in.ConsumeBool();
   const bool single_split = in.ConsumeBool();
 
+  // The attention variants, valid or not. Each draw's first value is "none", which is what an
+  // input too short to choose gets (the corpus of plain cases keeps its meaning).
+  const float kNaN = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
+  switch (in.ConsumeIntegralInRange<int>(0, 7)) {
+    case 4:
+    case 5:  // anywhere up to twice the longest possible context
+      a.window_left = in.ConsumeIntegralInRange<int>(
+          0, 2 * std::max(a.max_blocks_per_seq, 1) * std::clamp(a.block_size, 1, 260));
+      break;
+    case 6:
+      a.window_left = INT32_MAX;
+      break;
+    case 7:
+      a.window_left = in.ConsumeIntegralInRange<int>(INT32_MIN, -2);
+      break;
+    default:
+      break;
+  }
+  switch (in.ConsumeIntegralInRange<int>(0, 7)) {
+    case 4:
+    case 5:
+      a.logits_soft_cap = in.ConsumeFloatingPointInRange<float>(0.5f, 60.f);
+      break;
+    case 6:  // small caps squash every logit; huge ones change nothing
+      a.logits_soft_cap =
+          in.ConsumeBool() ? in.ConsumeFloatingPointInRange<float>(1e-3f, 0.5f) : 1e20f;
+      break;
+    case 7: {
+      const float bad[] = {-1.f, -1e-30f, kNaN, kInf, -kInf};
+      a.logits_soft_cap = bad[in.ConsumeIntegralInRange<int>(0, 4)];
+      break;
+    }
+    default:
+      break;
+  }
+  // 0, 1: none; 2: valid values; 3: valid values but one invalid.
+  const int slopes_kind = in.ConsumeIntegralInRange<int>(0, 3);
+  const int sinks_kind = in.ConsumeIntegralInRange<int>(0, 3);
+  const int bad_head = in.ConsumeIntegralInRange<int>(0, 80);
+
   // Buffers at the declared sizes. Declared sizes too large for quick runs are skipped.
   const std::size_t stride = static_cast<std::size_t>(
       std::max(a.block_table_stride ? a.block_table_stride : a.max_blocks_per_seq, 0));
@@ -100,6 +143,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<std::int32_t> lens(static_cast<std::size_t>(std::max(a.batch, 0)));
   std::vector<std::int32_t> table(static_cast<std::size_t>(std::max(a.batch, 0)) * stride);
   std::vector<float> lse(product({a.batch, a.num_heads}));
+  // Exactly num_heads floats each (AddressSanitizer catches a read past them).
+  Buffer slopes(product({a.num_heads}) * sizeof(float)),
+      sinks(product({a.num_heads}) * sizeof(float));
 
   const long long capacity =
       static_cast<long long>(std::max(a.max_blocks_per_seq, 0)) * std::max(a.block_size, 0);
@@ -119,6 +165,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   fill(q, a.q_dtype, 0);
   fill(k, a.k_dtype, 7);
   fill(v, a.v_dtype, 13);
+  // Slopes in [-2, 2); sinks in [-16, 16) with -inf (no sink) for the lowest byte; then one
+  // element made invalid (a non-finite slope, a NaN or +inf sink) when asked for.
+  const std::size_t heads = slopes.size / sizeof(float);
+  float* slope = reinterpret_cast<float*>(slopes.data.get());
+  float* sink = reinterpret_cast<float*>(sinks.data.get());
+  for (std::size_t h = 0; h < heads; ++h) {
+    const int x = bytes.empty() ? static_cast<int>(h * 53 % 256) : bytes[(h + 29) % bytes.size()];
+    slope[h] = (x - 128) / 64.f;
+    sink[h] = x == 0 ? -kInf : (x - 128) / 8.f;
+  }
+  if (heads > 0 && slopes_kind == 3) {
+    slope[static_cast<std::size_t>(bad_head) % heads] = bad_head % 2 ? kNaN : -kInf;
+  }
+  if (heads > 0 && sinks_kind == 3) {
+    sink[static_cast<std::size_t>(bad_head) % heads] = bad_head % 2 ? kInf : kNaN;
+  }
   std::memset(out.data.get(), 0xff, std::max<std::size_t>(out.size, 1));
   std::fill(lse.begin(), lse.end(), std::numeric_limits<float>::quiet_NaN());
 
@@ -129,6 +191,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   a.context_lens = null_pointer == 4 ? nullptr : lens.data();
   a.out = null_pointer == 5 ? nullptr : out.data.get();
   a.lse = with_lse && null_pointer != 6 ? lse.data() : nullptr;
+  a.alibi_slopes = slopes_kind >= 2 ? slope : nullptr;
+  a.sinks = sinks_kind >= 2 ? sink : nullptr;
 
   const std::vector<std::uint8_t> out_before(out.data.get(), out.data.get() + out.size);
   pagedattn::detail::DecodeOptions options;

@@ -148,6 +148,7 @@ std::string common_flags(const Config& cfg) {
 
 struct Counts {
   long long cases = 0, valid = 0, malformed = 0, huge = 0, long_ctx = 0, empty_batch = 0;
+  long long window = 0, soft_cap = 0, alibi = 0, sinks = 0;  // valid cases with each variant
   long long failures = 0;
   double worst_ratio = 0;
 };
@@ -160,6 +161,10 @@ void count(Counts& n, const pf::FuzzCase& c, const pf::Outcome& o) {
     ++n.valid;
     if (c.huge()) ++n.huge;
     if (c.spec.batch == 0) ++n.empty_batch;
+    n.window += c.windowed();
+    n.soft_cap += c.soft_capped();
+    n.alibi += !c.alibi_slopes.empty();
+    n.sinks += !c.sinks.empty();
     for (int L : c.spec.context_lens) {
       if (L > 256) {
         ++n.long_ctx;
@@ -172,12 +177,14 @@ void count(Counts& n, const pf::FuzzCase& c, const pf::Outcome& o) {
 }
 
 std::string counts_text(const Counts& n, double elapsed) {
-  char buf[256];
+  char buf[512];
   std::snprintf(buf, sizeof buf,
                 "%lld cases in %.1fs (%.0f/s): valid %lld (huge-logit %lld, split-length %lld, "
-                "batch 0 %lld), malformed %lld; failures %lld; worst err/tol %.3g",
+                "batch 0 %lld; variants: window %lld, soft-cap %lld, alibi %lld, sinks %lld), "
+                "malformed %lld; failures %lld; worst err/tol %.3g",
                 n.cases, elapsed, elapsed > 0 ? n.cases / elapsed : 0.0, n.valid, n.huge,
-                n.long_ctx, n.empty_batch, n.malformed, n.failures, n.worst_ratio);
+                n.long_ctx, n.empty_batch, n.window, n.soft_cap, n.alibi, n.sinks, n.malformed,
+                n.failures, n.worst_ratio);
   return buf;
 }
 

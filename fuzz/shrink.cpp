@@ -1,6 +1,7 @@
 #include "shrink.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "pagedattn/cache_layout.hpp"
@@ -15,6 +16,10 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
   auto add = [&](auto&& edit) {
     FuzzCase n = c;
     edit(n.spec, n);
+    // The per-head arrays follow the head count: the leading heads' values.
+    for (std::vector<float>* values : {&n.alibi_slopes, &n.sinks}) {
+      if (!values->empty()) values->resize(static_cast<std::size_t>(n.spec.num_heads));
+    }
     out.push_back(std::move(n));
   };
   const int B = s.batch;
@@ -43,6 +48,35 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
     for (int v : shorter) {
       if (v < 0 || v >= L) continue;
       add([&](testing::CaseSpec& t, FuzzCase&) { t.context_lens[i] = v; });
+    }
+  }
+  // Fewer variants, then plainer ones: no window, or one of just the longest context (every block
+  // read, no traps before it); every slope 1; sinks of 0 where they are finite.
+  if (c.windowed()) {
+    add([](testing::CaseSpec&, FuzzCase& n) { n.window_left = -1; });
+    int longest = 0;
+    for (int L : s.context_lens) longest = std::max(longest, L);
+    if (c.window_left > longest) {
+      add([&](testing::CaseSpec&, FuzzCase& n) { n.window_left = longest; });
+    }
+  }
+  if (c.soft_capped()) add([](testing::CaseSpec&, FuzzCase& n) { n.soft_cap = 0.f; });
+  if (!c.alibi_slopes.empty()) {
+    add([](testing::CaseSpec&, FuzzCase& n) { n.alibi_slopes.clear(); });
+    if (std::any_of(c.alibi_slopes.begin(), c.alibi_slopes.end(),
+                    [](float x) { return x != 1.f; })) {
+      add([](testing::CaseSpec&, FuzzCase& n) {
+        std::fill(n.alibi_slopes.begin(), n.alibi_slopes.end(), 1.f);
+      });
+    }
+  }
+  if (!c.sinks.empty()) {
+    add([](testing::CaseSpec&, FuzzCase& n) { n.sinks.clear(); });
+    if (std::any_of(c.sinks.begin(), c.sinks.end(),
+                    [](float x) { return std::isfinite(x) && x != 0.f; })) {
+      add([](testing::CaseSpec&, FuzzCase& n) {
+        for (float& x : n.sinks) x = std::isfinite(x) ? 0.f : x;
+      });
     }
   }
   // Smaller dims.

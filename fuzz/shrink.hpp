@@ -1,5 +1,6 @@
 // Shrinks a failing case to a minimal one that still fails the same oracle: fewer sequences,
-// shorter contexts, smaller dims, simpler tables, plainer dtypes and values.
+// shorter contexts, fewer and plainer attention variants, smaller dims, simpler tables, plainer
+// dtypes and values.
 #pragma once
 
 #include <functional>

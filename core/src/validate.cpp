@@ -203,6 +203,12 @@ void validate_shapes(const DecodeArgs& a, bool require_out) {
     fail(ErrorCode::kInvalidArgument, "logits_soft_cap", a.logits_soft_cap,
          "must be finite and at least 0 (0: no soft-cap)");
   }
+  if (a.logits_soft_cap != 0.f &&
+      (a.logits_soft_cap < kMinSoftCap || a.logits_soft_cap > kMaxVariantMagnitude)) {
+    std::ostringstream why;
+    why << "must be 0 (no soft-cap) or in [" << kMinSoftCap << ", " << kMaxVariantMagnitude << "]";
+    fail(ErrorCode::kInvalidArgument, "logits_soft_cap", a.logits_soft_cap, why.str());
+  }
   if (a.batch == 0) return;  // a no-op: nothing is read or written
   require_non_null("q", a.q);
   require_non_null("k_cache", a.k_cache);
@@ -241,13 +247,18 @@ void validate_tables(const DecodeArgs& a, const std::int32_t* context_lens,
 
 void validate_variant_values(const DecodeArgs& a, const float* alibi_slopes, const float* sinks) {
   for (int h = 0; h < a.num_heads; ++h) {
-    if (alibi_slopes != nullptr && !std::isfinite(alibi_slopes[h])) {
+    if (alibi_slopes != nullptr && !(std::fabs(alibi_slopes[h]) <= kMaxVariantMagnitude)) {
+      std::ostringstream why;
+      why << "must be finite, of magnitude at most " << kMaxVariantMagnitude;
       fail(ErrorCode::kInvalidArgument, "alibi_slopes[" + std::to_string(h) + "]", alibi_slopes[h],
-           "must be finite");
+           why.str());
     }
-    if (sinks != nullptr && (std::isnan(sinks[h]) || sinks[h] == INFINITY)) {
-      fail(ErrorCode::kInvalidArgument, "sinks[" + std::to_string(h) + "]", sinks[h],
-           "must not be NaN or +inf (-inf is no sink)");
+    if (sinks != nullptr && sinks[h] != -INFINITY &&
+        !(std::fabs(sinks[h]) <= kMaxVariantMagnitude)) {
+      std::ostringstream why;
+      why << "must not be NaN or +inf and at most " << kMaxVariantMagnitude
+          << " in magnitude (-inf is no sink)";
+      fail(ErrorCode::kInvalidArgument, "sinks[" + std::to_string(h) + "]", sinks[h], why.str());
     }
   }
 }

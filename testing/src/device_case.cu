@@ -1,4 +1,5 @@
-// Host-buffer round trip through the CUDA backend: device copies of every input (and of the
+// Host-buffer round trip through the CUDA backend: device copies of every input (the variants'
+// per-head slopes and sinks included, and of the
 // poisoned out/lse, so an unwritten element shows), decode on the caller's stream, copies back.
 #include <cuda_runtime.h>
 
@@ -47,6 +48,9 @@ DeviceCase::DeviceCase(const DecodeArgs& host, void* stream_ptr) : args_(host) {
   lens_ = upload(host.context_lens, host.batch * sizeof(std::int32_t), stream);
   out_ = upload(host.out, out_bytes_, stream);  // carries the caller's poison
   if (host.lse) lse_ = upload(host.lse, lse_bytes_, stream);
+  const std::size_t head_bytes = static_cast<std::size_t>(host.num_heads) * sizeof(float);
+  if (host.alibi_slopes) slopes_ = upload(host.alibi_slopes, head_bytes, stream);
+  if (host.sinks) sinks_ = upload(host.sinks, head_bytes, stream);
   check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   args_.q = q_.get();
   args_.k_cache = k_.get();
@@ -55,6 +59,8 @@ DeviceCase::DeviceCase(const DecodeArgs& host, void* stream_ptr) : args_(host) {
   args_.context_lens = lens_.as<const std::int32_t>();
   args_.out = out_.get();
   args_.lse = host.lse ? lse_.as<float>() : nullptr;
+  args_.alibi_slopes = host.alibi_slopes ? slopes_.as<const float>() : nullptr;
+  args_.sinks = host.sinks ? sinks_.as<const float>() : nullptr;
 }
 
 void DeviceCase::download(const DecodeArgs& host, void* stream_ptr) const {

@@ -38,6 +38,11 @@ inline constexpr int kMaxBlockSize = 256;
 inline constexpr int kMaxGroupSize = 64;
 // DecodeOptions::num_threads and CacheOpOptions::num_threads lie in [0, kMaxThreads].
 inline constexpr int kMaxThreads = 4096;
+// The attention variants' values: a soft-cap of 0 or in [kMinSoftCap, kMaxVariantMagnitude],
+// ALiBi slopes and sinks of magnitude at most kMaxVariantMagnitude (sinks may be -inf). The
+// kernels keep logits in f32 (in log2 units on CUDA), where larger values would overflow.
+inline constexpr float kMinSoftCap = 1e-20f;
+inline constexpr float kMaxVariantMagnitude = 1e20f;
 
 // One decode step. Shapes:
 //   q, out:       [batch][num_heads][head_dim]
@@ -74,14 +79,16 @@ struct DecodeArgs {
   // - window_left >= 0: attend to tokens t >= L_b - 1 - window_left only (the last
   //   window_left + 1 tokens); blocks wholly before the window, and their table entries, are
   //   never read. -1: the whole context.
-  // - logits_soft_cap > 0: s_t = cap * tanh(s_t / cap), after the scale. 0: none.
+  // - logits_soft_cap > 0: s_t = cap * tanh(s_t / cap), after the scale. 0: none. Otherwise in
+  //   [kMinSoftCap, kMaxVariantMagnitude].
   // - alibi_slopes: f32 [num_heads], s_t += slope_h * (t - (L_b - 1)), after the soft-cap.
   // - sinks: f32 [num_heads], a logit per query head that joins the softmax's denominator
   //   (exp(sink_h) is added to sum_t exp(s_t)) and contributes no value; lse includes it, so an
   //   empty context gives out = 0 and lse = sink_h. -inf is no sink.
   // alibi_slopes and sinks live where the other tensors do (host memory for the CPU backend,
-  // device memory for CUDA); slopes must be finite and sinks not NaN or +inf (checked where the
-  // values are in host memory: the CPU backend, and CUDA with cuda_checked).
+  // device memory for CUDA); slopes and sinks must be finite with magnitudes at most
+  // kMaxVariantMagnitude, sinks may be -inf (checked where the values are in host memory: the CPU
+  // backend, and CUDA with cuda_checked).
   int window_left = -1;
   float logits_soft_cap = 0.f;
   const float* alibi_slopes = nullptr;
