@@ -163,8 +163,7 @@ void poison_before_window(testing::HostCase& c, int window_left) {
 }
 
 // Runs decode with the variants over the case on `backend`: on the CPU over the host buffers, on
-// CUDA over device copies (DeviceCase, with device copies of the slopes and sinks, which it does
-// not carry), with out and lse copied back.
+// CUDA over device copies (DeviceCase copies the slopes and sinks too), out and lse copied back.
 void run_variant_decode(testing::HostCase& c, const Variants& v, Backend backend,
                         detail::DecodeOptions o = {}) {
   o.backend = backend;
@@ -173,61 +172,13 @@ void run_variant_decode(testing::HostCase& c, const Variants& v, Backend backend
     detail::decode(host, o);
     return;
   }
-  testing::DeviceCase dev(host, o.cuda_stream);
-  testing::DeviceBuffer slopes, sinks;
-  DecodeArgs a = dev.args();
-  if (!v.slopes.empty()) {
-    slopes = testing::DeviceBuffer(v.slopes.data(), v.slopes.size() * sizeof(float));
-    a.alibi_slopes = slopes.as<const float>();
-  }
-  if (!v.sinks.empty()) {
-    sinks = testing::DeviceBuffer(v.sinks.data(), v.sinks.size() * sizeof(float));
-    a.sinks = sinks.as<const float>();
-  }
-  detail::decode(a, o);
-  dev.download(host, o.cuda_stream);
-}
-
-// testing::compare_with_reference against a reference computed apart from the case: the case's
-// args() carry no variants, and a window's reference is taken on the case before the slots before
-// the window were poisoned. The same measures, element for element.
-testing::Comparison compare_outputs(const testing::HostCase& c, const ReferenceResult& ref) {
-  testing::Comparison r;
-  r.ref_scale = 1e-30;
-  const int D = c.spec.head_dim;
-  for (std::size_t i = 0; i < ref.out.size(); ++i) {
-    r.ref_scale = std::max(r.ref_scale, std::fabs(ref.out[i]));
-    const double got = load_as_float(c.out.data(), c.spec.out_dtype, i);
-    if (!std::isfinite(got)) {
-      if (r.all_finite) {
-        std::ostringstream os;
-        os << "out[" << i / D / c.spec.num_heads << "][" << (i / D) % c.spec.num_heads << "]["
-           << i % D << "] = " << got;
-        r.first_bad = os.str();
-      }
-      r.all_finite = false;
-      continue;
-    }
-    r.max_abs_err_out = std::max(r.max_abs_err_out, std::fabs(got - ref.out[i]));
-  }
-  for (std::size_t i = 0; i < ref.lse.size(); ++i) {
-    const double got = c.lse[i], want = ref.lse[i];
-    if (std::isnan(got)) {
-      if (r.all_finite) r.first_bad = "lse[" + std::to_string(i) + "] = nan";
-      r.all_finite = false;
-    } else if (std::isinf(want) || std::isinf(got)) {
-      if (got != want) r.max_abs_err_lse = std::numeric_limits<double>::infinity();
-    } else {
-      r.max_abs_err_lse = std::max(r.max_abs_err_lse, std::fabs(got - want));
-    }
-  }
-  return r;
+  testing::cuda_decode_from_host(host, o);
 }
 
 // testing::expect_matches_reference (reference_check.hpp) for compare_outputs.
 void expect_matches(const testing::HostCase& c, const ReferenceResult& ref,
                     const std::string& what) {
-  const testing::Comparison cmp = compare_outputs(c, ref);
+  const testing::Comparison cmp = testing::compare_outputs(c, ref);
   SCOPED_TRACE(what + ": " + testing::describe(c.spec) + " " + testing::seed_note(c.spec.seed));
   EXPECT_TRUE(cmp.all_finite) << "first bad element: " << cmp.first_bad;
   EXPECT_LE(cmp.rel_err(), testing::out_tolerance(c.spec.out_dtype));

@@ -139,7 +139,10 @@ Backend run_decode(HostCase& c, const detail::DecodeOptions& options) {
 }
 
 Comparison compare_with_reference(HostCase& c) {
-  const ReferenceResult ref = reference_decode(c.args());
+  return compare_outputs(c, reference_decode(c.args()));
+}
+
+Comparison compare_outputs(const HostCase& c, const ReferenceResult& ref) {
   Comparison r;
   r.ref_scale = 1e-30;
   const int D = c.spec.head_dim;

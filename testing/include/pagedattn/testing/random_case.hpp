@@ -11,6 +11,7 @@
 
 #include "pagedattn/detail/backends.hpp"
 #include "pagedattn/pagedattn.hpp"
+#include "pagedattn/reference.hpp"
 #include "pagedattn/testing/tolerance.hpp"
 
 namespace pagedattn::testing {
@@ -68,6 +69,9 @@ struct Comparison {
   double rel_err() const { return max_abs_err_out / ref_scale; }
 };
 Comparison compare_with_reference(HostCase& c);
+// The same measures of c's out and lse against a reference computed apart (for arguments that
+// c.args() does not carry, such as the attention variants).
+Comparison compare_outputs(const HostCase& c, const ReferenceResult& ref);
 
 // Runs decode over the case on options.backend (resolved as decode() does); the CUDA backend
 // gets device copies of the buffers and its results are copied back. Returns the backend used.
