@@ -214,7 +214,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   p.plan = plan;
   const float cap = a.logits_soft_cap;
   p.cap2 = cap > 0.f ? cap * kLog2e : 0.f;
-  p.inv_cap2 = cap > 0.f ? 1.f / p.cap2 : 0.f;
+  p.cap_k = cap > 0.f ? soft_cap_exp2_scale(p.cap2) : 0.f;
   p.alibi = a.alibi_slopes;
   p.logit_variant = cap > 0.f || a.alibi_slopes != nullptr;
   p.sinks = a.sinks;

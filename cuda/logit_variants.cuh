@@ -16,7 +16,7 @@ __device__ __forceinline__ float alibi_slope2(const SplitParams& p, int head, bo
 // The logit x2 (log2 units) of a token rel = t - (L - 1) positions from the query.
 __device__ __forceinline__ float variant_logit(const SplitParams& p, float x2, float slope2,
                                                int rel) {
-  if (p.cap2 > 0.f) x2 = soft_cap_log2(x2, p.cap2, p.inv_cap2);
+  if (p.cap2 > 0.f) x2 = soft_cap_log2(x2, p.cap2, p.cap_k);
   return fmaf(slope2, static_cast<float>(rel), x2);
 }
 

@@ -30,9 +30,9 @@ struct SplitParams {
   float scale_log2;   // scale * log2(e): scores are kept in log2 units
   PlanOptions plan;   // plan.window_left is DecodeArgs::window_left
   // The logit variants (pagedattn/variants.hpp) in log2 units: soft-cap cap2 = cap * log2(e)
-  // (0: none) and its inverse; ALiBi slopes (f32 [num_heads], times log2(e) on use, or null);
-  // logit_variant says whether either is set (the compute paths skip both otherwise).
-  float cap2, inv_cap2;
+  // (0: none) and soft_cap_exp2_scale(cap2); ALiBi slopes (f32 [num_heads], times log2(e) on use,
+  // or null); logit_variant says whether either is set (the compute paths skip both otherwise).
+  float cap2, cap_k;
   const float* alibi;
   bool logit_variant;
   const float* sinks;  // f32 [num_heads] in natural-log units, or null

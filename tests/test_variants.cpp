@@ -804,6 +804,43 @@ TEST(VariantValidation, BadVariantArgumentsAreErrorsAndWriteNothing) {
 
 // The values the variants allow at their edges: no window (-1), no cap (0), a -inf sink, slopes
 // of 0 and negative ones.
+// The log2-unit soft-cap of the CUDA kernels (host build of the same function): an absolute error
+// of a few ulps of the cap over the whole range, saturating at +-cap, NaN kept, and the
+// window and sink helpers at their edges.
+TEST(VariantMath, SoftCapLog2IsTanhToAFewUlpsOfTheCap) {
+  for (const double cap : {1e-3, 1.0, 30.0, 50.0, 1e6}) {
+    const float cap2 = static_cast<float>(cap * kLog2e);
+    const float k = soft_cap_exp2_scale(cap2);
+    for (double s = -200 * cap; s <= 200 * cap; s += cap / 64) {
+      const double got = soft_cap_log2(static_cast<float>(s * kLog2e), cap2, k) / kLog2e;
+      EXPECT_NEAR(got, soft_cap(s, cap), 4e-7 * cap) << "cap " << cap << " s " << s;
+    }
+    EXPECT_EQ(soft_cap_log2(INFINITY, cap2, k), cap2);
+    EXPECT_EQ(soft_cap_log2(-INFINITY, cap2, k), -cap2);
+    EXPECT_TRUE(std::isnan(soft_cap_log2(NAN, cap2, k)));
+  }
+}
+
+TEST(VariantMath, WindowAndSinkHelpers) {
+  EXPECT_EQ(window_first_token(0, 5), 0);
+  EXPECT_EQ(window_first_token(10, -1), 0);
+  EXPECT_EQ(window_first_token(10, 0), 9);
+  EXPECT_EQ(window_first_token(10, 8), 1);
+  EXPECT_EQ(window_first_token(10, 9), 0);
+  EXPECT_EQ(window_first_token(10, 1000), 0);
+  EXPECT_EQ(window_first_block(35, 3, 16), 1);  // tokens 31..34: blocks 1 and 2
+  SoftmaxState empty = SoftmaxState::empty();
+  EXPECT_EQ(add_sink(empty, 2.5f), 0.f);  // the accumulator (0) is scaled away
+  EXPECT_EQ(empty.lse(), 2.5f);
+  SoftmaxState st{1.f, 2.f};
+  EXPECT_EQ(add_sink(st, -INFINITY), 1.f);
+  EXPECT_EQ(st.m, 1.f);
+  EXPECT_EQ(st.l, 2.f);
+  const float fa = add_sink(st, 3.f);
+  EXPECT_FLOAT_EQ(fa, std::exp(1.f - 3.f));
+  EXPECT_FLOAT_EQ(st.lse(), std::log(2 * std::exp(1.0) + std::exp(3.0)));
+}
+
 TEST(VariantValidation, EdgeValuesAreAccepted) {
   testing::HostCase c = small_case();
   const Variants v{-1, 0.f, {0.f, -0.25f, 1.f, 0.f}, {-kInf, 0.f, -100.f, 50.f}};

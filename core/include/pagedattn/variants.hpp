@@ -36,13 +36,20 @@ PAGEDATTN_HOST_DEVICE int window_first_block(int len, int window_left, int block
 // cap * tanh(s / cap) in double (the reference).
 inline double soft_cap(double s, double cap) { return cap * std::tanh(s / cap); }
 
-// The same in log2 units, where s2 = s * log2(e) and cap2 = cap * log2(e): cap2 * tanh(s2 / cap2)
-// with inv_cap2 = 1 / cap2, as 1 - 2 / (exp(2x) + 1), whose error is absolute (about 1e-7 of the
-// cap, what a logit's own rounding is) rather than relative near 0. The softmax depends on logit
-// differences only, so an absolute error is what counts.
-PAGEDATTN_HOST_DEVICE float soft_cap_log2(float s2, float cap2, float inv_cap2) {
-  const float e = Log2Exp::exp(2.f * kLog2e * (s2 * inv_cap2));
+// The same in log2 units, where s2 = s * log2(e) and cap2 = cap * log2(e): cap2 * tanh(s2 / cap2),
+// computed as cap2 - 2 cap2 / (exp(2 s2 / cap2) + 1) with k = soft_cap_exp2_scale(cap2), so
+// exp(2 s2 / cap2) = exp2(k s2). Its error is absolute (about 1e-7 of the cap, what a logit's own
+// rounding is) rather than relative near 0; the softmax depends on logit differences only, so an
+// absolute error is what counts. On the device the division is the approximate one (2 ulp; 0
+// once e + 1 passes 2^126, where the exact quotient is below 2^-125 of the cap anyway).
+PAGEDATTN_HOST_DEVICE float soft_cap_exp2_scale(float cap2) { return 2.f * kLog2e / cap2; }
+PAGEDATTN_HOST_DEVICE float soft_cap_log2(float s2, float cap2, float k) {
+  const float e = Log2Exp::exp(k * s2);
+#if defined(__CUDA_ARCH__)
+  return cap2 - __fdividef(2.f * cap2, e + 1.f);
+#else
   return cap2 - 2.f * cap2 / (e + 1.f);
+#endif
 }
 
 // Folds a sink logit (in Base's units; -inf for none) into a finished state: the state gains
