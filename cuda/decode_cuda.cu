@@ -130,6 +130,17 @@ void check_launch(const DecodeArgs& a, const pagedattn::DecodeOptions& options) 
   require_aligned("k_cache", a.k_cache);
   require_aligned("v_cache", a.v_cache);
   if (options.workspace != nullptr) require_aligned("workspace", options.workspace);
+  // Each sequence's q row is read, and its out row written, in 16-byte pieces.
+  const std::pair<const char*, std::int64_t> row_bytes[] = {
+      {"q_row_stride", a.q_stride() * static_cast<std::int64_t>(dtype_size(a.q_dtype))},
+      {"out_row_stride", a.out_stride() * static_cast<std::int64_t>(dtype_size(a.out_dtype))}};
+  for (const auto& [name, bytes] : row_bytes) {
+    if (bytes % 16 != 0) {
+      fail(ErrorCode::kInvalidArgument, name, name[0] == 'q' ? a.q_row_stride : a.out_row_stride,
+           "must make each row start 16-byte aligned for the CUDA backend (" +
+               std::to_string(bytes) + " bytes between rows)");
+    }
+  }
   // The kernels address cache rows with 32-bit indices (cuda/kv_pipeline.cuh).
   if (static_cast<std::int64_t>(a.num_blocks) * a.num_kv_heads * a.block_size > INT32_MAX) {
     fail(ErrorCode::kUnsupported, "num_blocks", a.num_blocks,
@@ -197,6 +208,8 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   SplitParams p{};
   p.q = a.q;
   p.q_dtype = static_cast<int>(a.q_dtype);
+  p.q_stride = a.q_stride();
+  p.out_stride = a.out_stride();
   p.k = a.k_cache;
   p.v = a.v_cache;
   p.table = a.block_table;
@@ -263,6 +276,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   c.part_acc = p.part_acc;
   c.split_offset = p.split_offset;
   c.out = a.out;
+  c.out_stride = a.out_stride();
   c.lse = a.lse;
   c.sinks = a.sinks;
   c.batch = a.batch;
