@@ -130,16 +130,26 @@ void check_launch(const DecodeArgs& a, const pagedattn::DecodeOptions& options) 
   require_aligned("k_cache", a.k_cache);
   require_aligned("v_cache", a.v_cache);
   if (options.workspace != nullptr) require_aligned("workspace", options.workspace);
-  // Each sequence's q row is read, and its out row written, in 16-byte pieces.
-  const std::pair<const char*, std::int64_t> row_bytes[] = {
-      {"q_row_stride", a.q_stride() * static_cast<std::int64_t>(dtype_size(a.q_dtype))},
-      {"out_row_stride", a.out_stride() * static_cast<std::int64_t>(dtype_size(a.out_dtype))}};
-  for (const auto& [name, bytes] : row_bytes) {
-    if (bytes % 16 != 0) {
-      fail(ErrorCode::kInvalidArgument, name, name[0] == 'q' ? a.q_row_stride : a.out_row_stride,
-           "must make each row start 16-byte aligned for the CUDA backend (" +
-               std::to_string(bytes) + " bytes between rows)");
+  // Every sequence's q row is read in 16-byte pieces (like q itself, 16-byte aligned), and out
+  // is stored two elements at a time (store_out_pair), so its rows start at even elements (out
+  // itself aligned to two elements). A single sequence's stride is never used.
+  if (a.batch > 1) {
+    const std::int64_t q_bytes = a.q_stride() * static_cast<std::int64_t>(dtype_size(a.q_dtype));
+    if (q_bytes % 16 != 0) {
+      fail(ErrorCode::kInvalidArgument, "q_row_stride", a.q_row_stride,
+           "must make each row of q start 16-byte aligned for the CUDA backend (" +
+               std::to_string(q_bytes) + " bytes between rows)");
     }
+    if (a.out_stride() % 2 != 0) {
+      fail(ErrorCode::kInvalidArgument, "out_row_stride", a.out_row_stride,
+           "must be even for the CUDA backend (rows of out are stored two elements at a time)");
+    }
+  }
+  const std::size_t pair_bytes = 2 * dtype_size(a.out_dtype);
+  if (reinterpret_cast<std::uintptr_t>(a.out) % pair_bytes != 0) {
+    fail(ErrorCode::kInvalidArgument, "out", a.out,
+         "must be aligned to two elements (" + std::to_string(pair_bytes) +
+             " bytes) for the CUDA backend");
   }
   // The kernels address cache rows with 32-bit indices (cuda/kv_pipeline.cuh).
   if (static_cast<std::int64_t>(a.num_blocks) * a.num_kv_heads * a.block_size > INT32_MAX) {

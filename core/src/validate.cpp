@@ -184,6 +184,11 @@ void validate_shapes(const DecodeArgs& a, bool require_out) {
   const std::pair<const char*, std::int64_t> row_strides[] = {{"q_row_stride", a.q_row_stride},
                                                               {"out_row_stride", a.out_row_stride}};
   for (const auto& [name, stride] : row_strides) {
+    // Every element offset b * stride + h * head_dim + d must fit in int64.
+    if (a.batch > 0 && stride > (INT64_MAX - row) / a.batch) {
+      fail(ErrorCode::kInvalidArgument, name, stride,
+           "too large: batch * stride exceeds the addressable range");
+    }
     if (stride != 0 && stride < row) {
       std::ostringstream v;
       v << stride << " (num_heads * head_dim = " << row << ")";
