@@ -130,6 +130,14 @@ void check_launch(const DecodeArgs& a, const pagedattn::DecodeOptions& options) 
   require_aligned("k_cache", a.k_cache);
   require_aligned("v_cache", a.v_cache);
   if (options.workspace != nullptr) require_aligned("workspace", options.workspace);
+  // Finished rows are stored two elements at a time (store_out_pair): a misaligned out would be a
+  // misaligned-address fault, which ruins the CUDA context, so it is an error here instead.
+  const std::size_t pair_bytes = 2 * dtype_size(a.out_dtype);
+  if (reinterpret_cast<std::uintptr_t>(a.out) % pair_bytes != 0) {
+    fail(ErrorCode::kInvalidArgument, "out", a.out,
+         "must be aligned to two elements (" + std::to_string(pair_bytes) +
+             " bytes) for the CUDA backend");
+  }
   // The kernels address cache rows with 32-bit indices (cuda/kv_pipeline.cuh).
   if (static_cast<std::int64_t>(a.num_blocks) * a.num_kv_heads * a.block_size > INT32_MAX) {
     fail(ErrorCode::kUnsupported, "num_blocks", a.num_blocks,
