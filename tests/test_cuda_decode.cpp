@@ -357,6 +357,31 @@ TEST(CudaDecode, UncheckedCorruptTablesStayInBounds) {
   }
 }
 
+// out is stored two elements at a time: one element off is an error naming out, before any
+// launch (a misaligned store would fault and ruin the context), and nothing is written.
+TEST(CudaDecode, MisalignedOutIsAnError) {
+  SKIP_WITHOUT_CUDA();
+  for (const DType t : {DType::kF32, DType::kBF16}) {
+    testing::HostCase c = testing::make_case(spec_for(t, 16, 4, 64, 16, {300, 17}));
+    DeviceCase d(c.args());
+    const std::size_t elems = c.out.size() / dtype_size(t);
+    DeviceBuffer shifted((elems + 2) * dtype_size(t));
+    check_cuda(cudaMemset(shifted.get(), 0x5a, shifted.size()), "cudaMemset");
+    DecodeArgs a = d.args();
+    a.out = shifted.as<char>() + dtype_size(t);  // valid memory, one element off
+    try {
+      decode(a, cuda_options());
+      ADD_FAILURE() << "a misaligned out was accepted (" << dtype_name(t) << ")";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_EQ(e.argument(), "out");
+    }
+    std::vector<std::uint8_t> after(shifted.size());
+    shifted.to_host(after);
+    for (const std::uint8_t byte : after) ASSERT_EQ(byte, 0x5a);
+  }
+}
+
 // A caller stream and workspace; a workspace that is too small is an error naming it.
 TEST(CudaDecode, StreamAndWorkspace) {
   SKIP_WITHOUT_CUDA();
