@@ -28,7 +28,8 @@ namespace pagedattn::detail::cpu {
 // bf16), multiplying the dot products by scale.
 struct ItemContext {
   const float* q_scaled;           // [batch][num_heads][head_dim]
-  const bf16_t* q_bf16 = nullptr;  // [batch][num_heads][head_dim], or null
+  const bf16_t* q_bf16 = nullptr;  // the caller's q: rows of q_bf16_stride elements, or null
+  std::int64_t q_bf16_stride = 0;
   float scale = 1.f;
   const void* k_cache;
   const void* v_cache;

@@ -265,7 +265,12 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   const float scale = a.effective_scale();
   const std::size_t q_elems = static_cast<std::size_t>(a.batch) * H * D;
   float* q_scaled = st.q_scaled.get(q_elems);
-  for (std::size_t i = 0; i < q_elems; ++i) q_scaled[i] = load_as_float(a.q, a.q_dtype, i) * scale;
+  const std::int64_t row = static_cast<std::int64_t>(H) * D;
+  for (int b = 0; b < a.batch; ++b) {
+    float* dst = q_scaled + b * row;
+    const std::int64_t src = b * a.q_stride();
+    for (std::int64_t i = 0; i < row; ++i) dst[i] = load_as_float(a.q, a.q_dtype, src + i) * scale;
+  }
 
   const std::int64_t P = plan.num_partials(H);
   float* part_m = st.partials.get(static_cast<std::size_t>(P) * (D + 2));
@@ -275,6 +280,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   ItemContext ctx;
   ctx.q_scaled = q_scaled;
   ctx.q_bf16 = a.q_dtype == DType::kBF16 ? static_cast<const bf16_t*>(a.q) : nullptr;
+  ctx.q_bf16_stride = a.q_stride();
   ctx.scale = scale;
   ctx.k_cache = a.k_cache;
   ctx.v_cache = a.v_cache;
@@ -354,7 +360,8 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
       // A NaN state (a NaN or infinite logit in some split; see softmax_tile) gives NaN out and
       // lse, never the 0 and -inf of an empty context.
       const bool nan = std::isnan(state.l);
-      store_row(a.out, a.out_dtype, row * D, acc, nan ? NAN : state.inv_sum() * fa, D);
+      store_row(a.out, a.out_dtype, b * a.out_stride() + static_cast<std::int64_t>(h) * D, acc,
+                nan ? NAN : state.inv_sum() * fa, D);
       if (a.lse) a.lse[row] = nan ? NAN : state.lse();
     }
   };

@@ -513,16 +513,15 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, 
   constexpr int W = static_cast<int>(fbatch<Arch>::size);
   const int D = c.layout.head_dim;
   const int heads = kv_count * c.group_size;
-  const std::int64_t q0 = (static_cast<std::int64_t>(it.seq) * c.num_heads +
-                           static_cast<std::int64_t>(it.kv_head) * c.group_size) *
-                          D;
+  const std::int64_t head0 = static_cast<std::int64_t>(it.kv_head) * c.group_size * D;
+  const std::int64_t q0 = static_cast<std::int64_t>(it.seq) * c.num_heads * D + head0;
   const auto from_pairs = [&] {
     alignas(64) float tmp[2 * W];
     for (int h = 0; h < heads; ++h)
       from_pair_order<W>(acc + static_cast<std::int64_t>(h) * D, tmp, D);
   };
   if constexpr (DP) {
-    const bf16_t* q = c.q_bf16 + q0;
+    const bf16_t* q = c.q_bf16 + it.seq * c.q_bf16_stride + head0;
     if constexpr (Widen<Arch>::template kPairs<T>) {
       if (D % (2 * W) == 0) {
         run_item<Arch, T, true>(c, it, kv_count, q, m, l, acc, scratch);

@@ -92,7 +92,10 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   SoftmaxState2 total{mmax, lsum};
   // The sink joins the denominator only; an empty context gets out = 0 and lse = the sink.
   const float fa = p.sinks != nullptr ? add_sink(total, __ldg(p.sinks + h) * kLog2e) : 1.f;
-  if (d < D) store_out<OutT>(p.out, idx * D + d, acc * (total.inv_sum() * fa));
+  if (d < D) {
+    store_out<OutT>(p.out, b * p.out_stride + static_cast<std::int64_t>(h) * D + d,
+                    acc * (total.inv_sum() * fa));
+  }
   if (p.lse != nullptr && dc == 0 && lane == 0) p.lse[idx] = total.lse();
 }
 

@@ -18,6 +18,7 @@ struct CombineParams {
   const float* part_acc;    // [partials][head_dim]
   const int* split_offset;  // [batch + 1]: the first partial of each sequence, in splits
   void* out;
+  long long out_stride;  // elements between consecutive sequences' rows of out
   float* lse;
   const float* sinks;  // f32 [num_heads], natural-log units, or null (DecodeArgs::sinks)
   int batch, num_heads, head_dim;

@@ -130,8 +130,21 @@ void check_launch(const DecodeArgs& a, const pagedattn::DecodeOptions& options) 
   require_aligned("k_cache", a.k_cache);
   require_aligned("v_cache", a.v_cache);
   if (options.workspace != nullptr) require_aligned("workspace", options.workspace);
-  // Finished rows are stored two elements at a time (store_out_pair): a misaligned out would be a
-  // misaligned-address fault, which ruins the CUDA context, so it is an error here instead.
+  // Every sequence's q row is read in 16-byte pieces (like q itself, 16-byte aligned), and out
+  // is stored two elements at a time (store_out_pair), so its rows start at even elements (out
+  // itself aligned to two elements). A single sequence's stride is never used.
+  if (a.batch > 1) {
+    const std::int64_t q_bytes = a.q_stride() * static_cast<std::int64_t>(dtype_size(a.q_dtype));
+    if (q_bytes % 16 != 0) {
+      fail(ErrorCode::kInvalidArgument, "q_row_stride", a.q_row_stride,
+           "must make each row of q start 16-byte aligned for the CUDA backend (" +
+               std::to_string(q_bytes) + " bytes between rows)");
+    }
+    if (a.out_stride() % 2 != 0) {
+      fail(ErrorCode::kInvalidArgument, "out_row_stride", a.out_row_stride,
+           "must be even for the CUDA backend (rows of out are stored two elements at a time)");
+    }
+  }
   const std::size_t pair_bytes = 2 * dtype_size(a.out_dtype);
   if (reinterpret_cast<std::uintptr_t>(a.out) % pair_bytes != 0) {
     fail(ErrorCode::kInvalidArgument, "out", a.out,
@@ -205,6 +218,8 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   SplitParams p{};
   p.q = a.q;
   p.q_dtype = static_cast<int>(a.q_dtype);
+  p.q_stride = a.q_stride();
+  p.out_stride = a.out_stride();
   p.k = a.k_cache;
   p.v = a.v_cache;
   p.table = a.block_table;
@@ -271,6 +286,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   c.part_acc = p.part_acc;
   c.split_offset = p.split_offset;
   c.out = a.out;
+  c.out_stride = a.out_stride();
   c.lse = a.lse;
   c.sinks = a.sinks;
   c.batch = a.batch;

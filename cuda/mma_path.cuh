@@ -51,7 +51,7 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   const int wh = warp / WT, wt = warp % WT;
   const int g = lane >> 2, q4 = lane & 3;
   const char* gq = static_cast<const char*>(p.q) +
-                   (static_cast<std::int64_t>(b) * p.num_heads + head0) * D * sizeof(T);
+                   (b * p.q_stride + static_cast<std::int64_t>(head0) * D) * sizeof(T);
   // Q of the group (same dtype as the cache, so exact), rows past the group zero.
   constexpr int kQK = MmaCfg<T, D>::kQInSmem ? 1 : D / 16;
   std::uint32_t qf[kQK][4];
@@ -308,11 +308,12 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   const int c0 = (tid % tpr) * 2;  // pairs of columns, tpr threads side by side
   if (item.finish) {               // the sequence's only split: out and lse directly
     const std::int64_t out_row = static_cast<std::int64_t>(b) * p.num_heads + head0 + hl;
+    const std::int64_t out_at = b * p.out_stride + static_cast<std::int64_t>(head0 + hl) * D;
     const float fa = fold_sink(p, total, head0 + hl);  // the sink: denominator only
     const float inv = total.inv_sum() * fa;
     for (int c = c0; c < D; c += 2 * tpr) {
       const float2 a = merged(c);
-      store_out_pair(p.out, p.out_dtype, out_row * D + c, a.x * inv, a.y * inv);
+      store_out_pair(p.out, p.out_dtype, out_at + c, a.x * inv, a.y * inv);
     }
     if (p.lse != nullptr && c0 == 0) p.lse[out_row] = total.lse();
     return;

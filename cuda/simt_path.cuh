@@ -92,12 +92,12 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& i
   for (int h = 0; h < HW; ++h) {
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      q[h][e] =
-          h < nh ? load_q(p.q, p.q_dtype,
-                          (static_cast<std::int64_t>(b) * p.num_heads + head0 + h_first + h) * D +
-                              l16 * E + e) *
-                       p.scale_log2
-                 : 0.f;
+      q[h][e] = h < nh
+                    ? load_q(p.q, p.q_dtype,
+                             b * p.q_stride + static_cast<std::int64_t>(head0 + h_first + h) * D +
+                                 l16 * E + e) *
+                          p.scale_log2
+                    : 0.f;
     }
   }
   float slope2[HW];  // ALiBi, log2 units (0 without)
@@ -212,7 +212,10 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& i
         const float inv = st[h].inv_sum() * fa;
 #pragma unroll
         for (int e = 0; e < E; ++e)
-          store_out(p.out, p.out_dtype, row * D + l16 * E + e, acc[h][e] * inv);
+          store_out(
+              p.out, p.out_dtype,
+              b * p.out_stride + static_cast<std::int64_t>(head0 + h_first + h) * D + l16 * E + e,
+              acc[h][e] * inv);
         if (p.lse != nullptr && l16 == 0) p.lse[row] = st[h].lse();
         continue;
       }

@@ -21,6 +21,9 @@ constexpr int kSimtHeadsPerCta = kSimtHeadsPerWarp * kWarps;
 struct SplitParams {
   const void* q;
   int q_dtype;  // DType as int
+  // Elements between consecutive sequences' rows of q and of out (DecodeArgs::q_stride(),
+  // out_stride()); a sequence's heads are contiguous.
+  long long q_stride, out_stride;
   const void* k;
   const void* v;
   const std::int32_t* table;

@@ -31,17 +31,21 @@ constexpr std::size_t kAlign = 256;
 
 std::size_t align_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-// These variants depend on a token's position in the whole sequence (the window, ALiBi) or must
-// be counted once per sequence (sinks), and a rank sees only its share of the context: refused,
-// by name, until the shares carry their positions. The soft-cap acts on each logit alone and
-// runs as in decode().
-void refuse_variants(const DecodeArgs& a) {
+// What context-parallel decode does not take, refused by name: the variants that depend on a
+// token's position in the whole sequence (the window, ALiBi) or count once per sequence (sinks),
+// since a rank sees only its share of the context, and a strided out (the merge writes it dense).
+// The soft-cap acts on each logit alone and a strided q is read as in decode().
+void refuse_unsupported(const DecodeArgs& a) {
   const char* why =
       "not supported by context_parallel_decode (each rank holds a share of the "
       "context); decode the sequence on one device";
   if (a.window_left >= 0) fail(ErrorCode::kUnsupported, "window_left", a.window_left, why);
   if (a.alibi_slopes != nullptr) fail(ErrorCode::kUnsupported, "alibi_slopes", "set", why);
   if (a.sinks != nullptr) fail(ErrorCode::kUnsupported, "sinks", "set", why);
+  if (a.out_row_stride != 0) {
+    fail(ErrorCode::kUnsupported, "out_row_stride", a.out_row_stride,
+         "not supported by context_parallel_decode (its merge writes out dense)");
+  }
 }
 
 // The header exchange; throws on every rank alike when one rank's validation failed or the
@@ -100,6 +104,7 @@ std::size_t context_parallel_workspace_size(const DecodeArgs& args, int ranks) {
   if (ranks < 1) fail(ErrorCode::kInvalidArgument, "ranks", ranks, "must be at least 1");
   DecodeArgs local = args;
   local.out_dtype = DType::kF32;
+  local.out_row_stride = 0;
   return static_cast<std::size_t>(ranks) * context_parallel_state_bytes(args) +
          cuda_workspace_size(local);
 }
@@ -126,7 +131,7 @@ void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
            std::string("must be the communicator's memory, ") + backend_name(memory));
     }
     validate_shapes(args);
-    refuse_variants(args);
+    refuse_unsupported(args);
     if (args.batch > 0 && backend == Backend::kCpu) {
       validate_tables(args, args.context_lens, args.block_table);
     }
@@ -179,6 +184,7 @@ void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
   DecodeArgs local = args;
   local.out = mine;
   local.out_dtype = DType::kF32;
+  local.out_row_stride = 0;  // the gather block is dense
   local.lse = mine + rows * D;
   if (memory == Backend::kCuda) {
     detail::cuda::decode(local, local_options);

@@ -61,7 +61,8 @@ const char* const kMalformationNames[] = {"none",
                                           "window-left",
                                           "soft-cap",
                                           "nonfinite-slope",
-                                          "bad-sink"};
+                                          "bad-sink",
+                                          "row-stride"};
 static_assert(sizeof(kMalformationNames) / sizeof(kMalformationNames[0]) ==
               static_cast<std::size_t>(Malformation::kCount));
 
@@ -274,6 +275,31 @@ void draw_variants(FuzzCase& c, Rng& r) {
   if (all || r.chance(0.2)) c.sinks = draw_sinks(r, s);
 }
 
+// Row strides: a quarter of the cases get a strided q, a strided out or both. q as the query part
+// of a fused QKV projection ((H + 2 KV) * D, what a serving stack hands over) or a row plus a gap;
+// out as a row plus a gap, or one of two halves of a row twice as long. A gap of 0 is a stride
+// that equals the dense row, given explicitly. Every row is a multiple of 16 bytes, so the gaps
+// decide what the CUDA backend takes (FuzzCase::cuda_misaligned_stride): gaps it takes (whole
+// 16-byte units in q, an even number of elements in out), or odd ones, which it refuses in either.
+void draw_row_strides(FuzzCase& c, Rng& r, const DrawOptions& options) {
+  if (!r.chance(0.25)) return;
+  const testing::CaseSpec& s = c.spec;
+  const std::int64_t row = static_cast<std::int64_t>(s.num_heads) * s.head_dim;
+  const int which = r.uniform(0, 2);  // 0: q, 1: out, 2: both
+  const bool aligned = r.chance(options.cuda ? 0.85 : 0.5);
+  auto gap = [&](std::int64_t unit) -> std::int64_t {
+    static const int kGaps[] = {0, 1, 2, 3, 4, 7, 8, 12, 16, 24, 64};
+    const std::int64_t g = r.chance(0.7) ? r.pick(kGaps) : r.uniform(1, 256);
+    return aligned ? (g + unit - 1) / unit * unit : g | 1;
+  };
+  if (which != 1) {
+    c.q_row_stride = r.chance(0.4)
+                         ? static_cast<std::int64_t>(s.num_heads + 2 * s.num_kv_heads) * s.head_dim
+                         : row + gap(16 / static_cast<std::int64_t>(dtype_size(s.q_dtype)));
+  }
+  if (which != 0) c.out_row_stride = r.chance(0.2) ? 2 * row : row + gap(2);
+}
+
 // A case's per-head values for n heads: its own, repeated when n is larger.
 std::vector<float> per_head(const std::vector<float>& values, int n) {
   std::vector<float> out(values);
@@ -294,7 +320,31 @@ bool keeps_buffer_sizes(Malformation m) {
   return m == Malformation::kNone || m == Malformation::kIdOutOfRange ||
          m == Malformation::kContextOverCapacity || m == Malformation::kNegativeContext ||
          m == Malformation::kWindowLeft || m == Malformation::kSoftCap ||
-         m == Malformation::kNonFiniteSlope || m == Malformation::kBadSink;
+         m == Malformation::kNonFiniteSlope || m == Malformation::kBadSink ||
+         m == Malformation::kRowStride;
+}
+
+const char* FuzzCase::cuda_misaligned_stride() const {
+  if (spec.batch < 2) return nullptr;  // the stride of a single row is never used
+  const std::int64_t row = static_cast<std::int64_t>(spec.num_heads) * spec.head_dim;
+  const std::int64_t q_bytes =
+      (q_row_stride ? q_row_stride : row) * static_cast<std::int64_t>(dtype_size(spec.q_dtype));
+  if (q_bytes % 16 != 0) return "q_row_stride";
+  if ((out_row_stride ? out_row_stride : row) % 2 != 0) return "out_row_stride";
+  return nullptr;
+}
+
+void BuiltCase::poison_outputs() {
+  host.poison_outputs();
+  if (out_rows.empty()) return;
+  const std::size_t osz = dtype_size(host.spec.out_dtype);
+  const std::size_t row_bytes =
+      static_cast<std::size_t>(host.spec.num_heads) * host.spec.head_dim * osz;
+  std::fill(out_rows.begin(), out_rows.end(), kOutGapByte);
+  for (int b = 0; b < host.spec.batch; ++b) {
+    std::fill_n(out_rows.begin() + static_cast<std::ptrdiff_t>(b * out_stride * osz), row_bytes,
+                std::uint8_t{0xff});
+  }
 }
 
 FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& options) {
@@ -389,6 +439,10 @@ FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& o
   Rng variants(
       splitmix64(splitmix64(seed ^ 0x6a09e667f3bcc909ull) ^ (index * 0x9e3779b97f4a7c15ull + 3)));
   draw_variants(c, variants);
+  // The strides too come from a generator of their own: every other draw stays as it was.
+  Rng strides(
+      splitmix64(splitmix64(seed ^ 0xbb67ae8584caa73bull) ^ (index * 0x9e3779b97f4a7c15ull + 5)));
+  draw_row_strides(c, strides, options);
 
   if (r.chance(0.12)) {
     const int kinds = static_cast<int>(Malformation::kCount) - 1;
@@ -461,6 +515,45 @@ BuiltCase build_case(const FuzzCase& c) {
     throw std::invalid_argument(std::string("malformation ") + malformation_name(c.bad) +
                                 " does not apply to this case");
   };
+
+  // Strided q and out: the dense rows copied into rows of the stride, gaps after each.
+  const std::int64_t row = static_cast<std::int64_t>(spec.num_heads) * spec.head_dim;
+  const std::pair<const char*, std::int64_t> strides[] = {{"q_row_stride", c.q_row_stride},
+                                                          {"out_row_stride", c.out_row_stride}};
+  for (const auto& [name, stride] : strides) {
+    // A stride the library would refuse is a malformation's business, and a shrink step that
+    // made one is simply not a candidate; the bound keeps a hand-written case in memory.
+    if (stride < 0 || (stride > 0 && stride < row) ||
+        (stride > 0 && static_cast<double>(stride) * std::max(B, 1) > 1e8)) {
+      throw std::invalid_argument(std::string(name) + " " + std::to_string(stride) +
+                                  " is not a valid stride for this case's rows of " +
+                                  std::to_string(row) + " elements");
+    }
+  }
+  b.q_stride = c.q_row_stride ? c.q_row_stride : row;
+  b.out_stride = c.out_row_stride ? c.out_row_stride : row;
+  if (c.q_row_stride != 0) {
+    const std::size_t qsz = dtype_size(spec.q_dtype);
+    const std::int64_t n = std::max(B, 0) * b.q_stride;
+    b.q_rows.resize(static_cast<std::size_t>(n) * qsz);
+    for (std::int64_t i = 0; i < n; ++i) {
+      store_from_float(b.q_rows.data(), spec.q_dtype, i, std::numeric_limits<float>::quiet_NaN());
+    }
+    for (int s = 0; s < B; ++s) {
+      std::copy_n(h.q.begin() + static_cast<std::ptrdiff_t>(s * row * qsz), row * qsz,
+                  b.q_rows.begin() + static_cast<std::ptrdiff_t>(s * b.q_stride * qsz));
+    }
+    a.q = b.q_rows.data();
+    a.q_row_stride = c.q_row_stride;
+  }
+  if (c.out_row_stride != 0) {
+    b.out_rows.resize(static_cast<std::size_t>(std::max(B, 0) * b.out_stride) *
+                      dtype_size(spec.out_dtype));
+    a.out = b.out_rows.data();
+    a.out_row_stride = c.out_row_stride;
+  }
+  b.poison_outputs();
+
   auto seq_arg = [](const char* name, int s) {
     return std::string(name) + "[" + std::to_string(s) + "]";
   };
@@ -619,8 +712,32 @@ BuiltCase build_case(const FuzzCase& c) {
       b.expected_argument = seq_arg("sinks", head);
       break;
     }
+    case Malformation::kRowStride: {
+      // Rows that would overlap: 1 to a row less one, or any negative value.
+      const std::int64_t values[] = {
+          -1,
+          -row,
+          std::numeric_limits<std::int64_t>::min(),
+          -1 - static_cast<std::int64_t>((p >> 16) % 100000),
+          1,
+          row - 1,
+          1 + static_cast<std::int64_t>((p >> 16) % std::max<std::int64_t>(row - 1, 1))};
+      const std::int64_t v = values[(p >> 8) % 7];
+      (p % 2 ? a.out_row_stride : a.q_row_stride) = v;
+      b.expected_argument = p % 2 ? "out_row_stride" : "q_row_stride";
+      break;
+    }
     case Malformation::kCount:
       not_applicable();
+  }
+  // The CUDA backend checks its rows' alignment after the shapes and before the tables and the
+  // variants' values (which it reads back in checked mode only).
+  const bool shapes_pass =
+      c.bad == Malformation::kNone || c.bad == Malformation::kIdOutOfRange ||
+      c.bad == Malformation::kContextOverCapacity || c.bad == Malformation::kNegativeContext ||
+      c.bad == Malformation::kNonFiniteSlope || c.bad == Malformation::kBadSink;
+  if (const char* field = c.cuda_misaligned_stride(); field != nullptr && shapes_pass) {
+    b.cuda_refuses = field;
   }
   // Host copies of the per-head arrays, long enough for the (possibly malformed) head count.
   if (!b.alibi_slopes.empty()) b.alibi_slopes = per_head(b.alibi_slopes, a.num_heads);
@@ -644,6 +761,8 @@ std::string describe(const FuzzCase& c) {
   if (c.soft_capped()) os << " cap=" << c.soft_cap;
   if (!c.alibi_slopes.empty()) os << " alibi";
   if (!c.sinks.empty()) os << " sinks";
+  if (c.q_row_stride != 0) os << " q_stride=" << c.q_row_stride;
+  if (c.out_row_stride != 0) os << " out_stride=" << c.out_row_stride;
   if (c.malformed()) os << " malformed=" << malformation_name(c.bad);
   return os.str();
 }
@@ -669,6 +788,8 @@ std::string to_text(const FuzzCase& c) {
      << "q_dtype " << dtype_name(s.q_dtype) << '\n'
      << "kv_dtype " << dtype_name(s.kv_dtype) << '\n'
      << "out_dtype " << dtype_name(s.out_dtype) << '\n'
+     << "q_row_stride " << c.q_row_stride << '\n'
+     << "out_row_stride " << c.out_row_stride << '\n'
      << "spare_blocks " << s.spare_blocks << '\n'
      << "table_padding " << s.table_padding << '\n'
      << "table_stride_extra " << s.table_stride_extra << '\n'
@@ -757,6 +878,8 @@ FuzzCase from_text(const std::string& text) {
       (key == "q_dtype"    ? s.q_dtype
        : key == "kv_dtype" ? s.kv_dtype
                            : s.out_dtype) = parse_dtype(word);
+    } else if (key == "q_row_stride" || key == "out_row_stride") {
+      if (!(ls >> (key == "q_row_stride" ? c.q_row_stride : c.out_row_stride))) bad();
     } else if (key == "spare_blocks") {
       read_int(s.spare_blocks);
     } else if (key == "table_padding") {

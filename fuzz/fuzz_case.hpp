@@ -1,7 +1,7 @@
 // One fuzz case: a random-case spec plus what the fuzzer adds on top of it (exact-logit snapping,
-// a custom scale, the CPU thread count, the attention variants, a planted malformation). Every
-// case is a pure function of (seed, index), and a case file holds the full description so a
-// shrunk case replays alone.
+// a custom scale, the CPU thread count, the attention variants, q and out row strides, a planted
+// malformation). Every case is a pure function of (seed, index) and the draw options, and a case
+// file holds the full description so a shrunk case replays alone.
 #pragma once
 
 #include <cstdint>
@@ -33,12 +33,18 @@ enum class Malformation : int {
   kSoftCap,              // logits_soft_cap negative, NaN or infinite
   kNonFiniteSlope,       // an ALiBi slope NaN or infinite
   kBadSink,              // a sink NaN or +inf
+  kRowStride,            // q_row_stride or out_row_stride negative or in (0, num_heads * head_dim)
   kCount
 };
 const char* malformation_name(Malformation m);
 // Table-content malformations keep every buffer size honest, so backends that copy buffers by
 // the declared shapes (the CUDA round trip) can be given them too.
 bool keeps_buffer_sizes(Malformation m);
+
+// The byte every element of out's gaps (between and after the rows of a strided out) holds before
+// a call and must still hold after it. Not 0xff, the NaN poison of out's rows, so neither a stray
+// NaN nor a stray value passes for it.
+inline constexpr std::uint8_t kOutGapByte = 0xa5;
 
 struct FuzzCase {
   testing::CaseSpec spec;
@@ -54,6 +60,11 @@ struct FuzzCase {
   float soft_cap = 0.f;
   std::vector<float> alibi_slopes;  // empty: none; else one per query head
   std::vector<float> sinks;         // empty: none; else one per query head (-inf: no sink)
+  // Row strides of q and out in elements (DecodeArgs::q_row_stride, out_row_stride); 0: dense.
+  // A strided q holds NaN between its rows (a read of them shows in out), a strided out
+  // kOutGapByte (a write to them shows in the gap check).
+  std::int64_t q_row_stride = 0;
+  std::int64_t out_row_stride = 0;
   Malformation bad = Malformation::kNone;
   std::uint64_t bad_param = 0;  // which sequence / entry / pointer / value the malformation uses
   // Where the case came from (informational once shrunk).
@@ -67,14 +78,21 @@ struct FuzzCase {
   // The variants context_parallel_decode refuses (a position in the whole sequence, or a term
   // counted once per sequence); the soft-cap it runs.
   bool position_variants() const { return windowed() || !alibi_slopes.empty() || !sinks.empty(); }
+  // The stride field the CUDA backend refuses, or null: with two sequences or more, q's rows must
+  // start 16-byte aligned (it reads them in 16-byte pieces) and out's at even elements (it stores
+  // them two at a time); q is checked first. The CPU backend takes any stride.
+  const char* cuda_misaligned_stride() const;
 };
 
 // Draw knobs: which backends the case must suit.
 struct DrawOptions {
   bool table_malformations_only = false;  // CUDA runs only malformations that keep buffer sizes
+  // The CUDA backend runs too: strided rows are aligned as it needs in most cases (85% rather
+  // than half), so that most strided cases reach its kernels rather than its alignment refusal.
+  bool cuda = false;
 };
 
-// The case at (seed, index). Pure: the same pair always gives the same case.
+// The case at (seed, index). Pure: the same pair (and options) always gives the same case.
 FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& options = {});
 
 // The built buffers plus the (possibly malformed) arguments the API is called with.
@@ -83,9 +101,26 @@ struct BuiltCase {
   // The host copies of the variants' per-head arrays args points at (at least num_heads values
   // for the arguments' num_heads, so a malformed head count never reads past them).
   std::vector<float> alibi_slopes, sinks;
-  DecodeArgs args;  // over host's buffers; malformed when the case is
+  // q and out as args points at them: host.q and host.out when dense, else rows of q_stride /
+  // out_stride elements, each followed by its gap (the last one's too, so a write past the last
+  // row shows): NaN in q, kOutGapByte in out.
+  std::vector<std::uint8_t> q_rows, out_rows;  // empty where dense
+  std::int64_t q_stride = 0, out_stride = 0;   // elements between rows (the row length if dense)
+  DecodeArgs args;  // over host's buffers (q_rows and out_rows where strided); malformed or not
   ErrorCode expected_code = ErrorCode::kInvalidArgument;
   std::string expected_argument;  // empty for a valid case
+  // The argument the CUDA backend raises instead (kInvalidArgument), or empty: a misaligned row
+  // stride (FuzzCase::cuda_misaligned_stride), which it checks after the shapes but before its
+  // checked-mode table and value checks, on a case that is valid or malformed only in those.
+  std::string cuda_refuses;
+
+  // The buffer args.out points at (out_rows or host.out), gaps included.
+  std::vector<std::uint8_t>& out_buffer() { return out_rows.empty() ? host.out : out_rows; }
+  const std::vector<std::uint8_t>& out_buffer() const {
+    return out_rows.empty() ? host.out : out_rows;
+  }
+  // NaN in out's rows and lse (an unwritten element shows) and kOutGapByte in out's gaps.
+  void poison_outputs();
 };
 BuiltCase build_case(const FuzzCase& c);
 

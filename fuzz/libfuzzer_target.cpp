@@ -1,13 +1,15 @@
 // Coverage-guided fuzzing of the API's validation and the CPU path (libFuzzer, built with clang
 // and -fsanitize=fuzzer,address,undefined by scripts/build_libfuzzer.sh).
 //
-// The input bytes choose every DecodeArgs field, valid or not (the attention variants included),
-// then the contents of the context lengths, the block table and the tensors. Buffers are
-// allocated at exactly the sizes the declared shapes imply, so AddressSanitizer reports any read
-// or write outside them; with a window, the table entries before it are as random as the rest
-// (validation and the kernels must ignore them). Each input must either raise pagedattn::Error,
-// agree with the f64 reference's own validation, and leave out and lse untouched; or succeed with
-// every output finite and close to the reference.
+// The input bytes choose every DecodeArgs field, valid or not (the attention variants and the q
+// and out row strides included), then the contents of the context lengths, the block table and
+// the tensors. Buffers are allocated at exactly the sizes the declared shapes imply, so
+// AddressSanitizer reports any read or write outside them; with a window, the table entries
+// before it are as random as the rest (validation and the kernels must ignore them); between the
+// rows of a strided q lies NaN (a read of it makes out non-finite), between those of a strided
+// out a byte pattern that must survive. Each input must either raise pagedattn::Error, agree with
+// the f64 reference's own validation, and leave out and lse untouched; or succeed with every
+// output finite and close to the reference and out's gaps untouched.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -132,14 +134,53 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const int sinks_kind = in.ConsumeIntegralInRange<int>(0, 3);
   const int bad_head = in.ConsumeIntegralInRange<int>(0, 80);
 
+  // Row strides of q and out, after every earlier draw and dense when the input runs out: a row
+  // plus a gap, q as the query part of a fused QKV row, out as half of a row twice as long, or
+  // one that must be refused (negative, or rows that overlap).
+  const std::int64_t row = static_cast<std::int64_t>(product({a.num_heads, a.head_dim}));
+  auto draw_stride = [&](bool is_q) -> std::int64_t {
+    switch (in.ConsumeIntegralInRange<int>(0, 15)) {
+      case 10:
+      case 11:
+        return row + in.ConsumeIntegralInRange<int>(0, 40);
+      case 12:
+        return row + in.ConsumeIntegralInRange<int>(41, 300);
+      case 13:
+        return is_q ? (static_cast<std::int64_t>(a.num_heads) + 2 * a.num_kv_heads) * a.head_dim
+                    : 2 * row;
+      case 14:
+        return row;  // the dense row, given explicitly
+      case 15: {
+        const std::int64_t bad[] = {-1, std::numeric_limits<std::int64_t>::min(), 1, row - 1};
+        return bad[in.ConsumeIntegralInRange<int>(0, 3)];
+      }
+      default:
+        return 0;
+    }
+  };
+  a.q_row_stride = draw_stride(true);
+  a.out_row_stride = draw_stride(false);
+  // The stride the rows are laid out at: a refused one gets dense rows (nothing may be read).
+  auto layout_stride = [&](std::int64_t stride) { return stride < row ? row : stride; };
+  const std::int64_t q_stride = layout_stride(a.q_row_stride);
+  const std::int64_t out_stride = layout_stride(a.out_row_stride);
+  // Elements of `batch` rows at that stride, the last row ending the buffer (AddressSanitizer
+  // catches a read or write past it).
+  auto extent = [&](std::int64_t stride) {
+    return a.batch > 0 ? static_cast<std::size_t>((a.batch - 1) * stride + row) : 0;
+  };
+
   // Buffers at the declared sizes. Declared sizes too large for quick runs are skipped.
   const std::size_t stride = static_cast<std::size_t>(
       std::max(a.block_table_stride ? a.block_table_stride : a.max_blocks_per_seq, 0));
-  const std::size_t rows = product({a.batch, a.num_heads, a.head_dim});
+  const std::size_t q_elems = extent(q_stride), out_elems = extent(out_stride);
   const std::size_t pool = product({a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim});
-  if (pool * 4 > (std::size_t{8} << 20) || rows * 4 > (std::size_t{4} << 20)) return 0;
-  Buffer q(rows * bytes_of(a.q_dtype)), k(pool * bytes_of(a.k_dtype)),
-      v(pool * bytes_of(a.v_dtype)), out(rows * bytes_of(a.out_dtype));
+  if (pool * 4 > (std::size_t{8} << 20) ||
+      std::max(q_elems, out_elems) * 4 > (std::size_t{4} << 20)) {
+    return 0;
+  }
+  Buffer q(q_elems * bytes_of(a.q_dtype)), k(pool * bytes_of(a.k_dtype)),
+      v(pool * bytes_of(a.v_dtype)), out(out_elems * bytes_of(a.out_dtype));
   std::vector<std::int32_t> lens(static_cast<std::size_t>(std::max(a.batch, 0)));
   std::vector<std::int32_t> table(static_cast<std::size_t>(std::max(a.batch, 0)) * stride);
   std::vector<float> lse(product({a.batch, a.num_heads}));
@@ -165,6 +206,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   fill(q, a.q_dtype, 0);
   fill(k, a.k_dtype, 7);
   fill(v, a.v_dtype, 13);
+  if (valid_dtype(a.q_dtype)) {
+    for (int b = 0; b + 1 < a.batch; ++b) {
+      for (std::int64_t i = row; i < q_stride; ++i) {
+        pagedattn::store_from_float(q.data.get(), a.q_dtype, b * q_stride + i,
+                                    std::numeric_limits<float>::quiet_NaN());
+      }
+    }
+  }
   // Slopes in [-2, 2); sinks in [-16, 16) with -inf (no sink) for the lowest byte; then one
   // element made invalid (a non-finite slope, a NaN or +inf sink) when asked for.
   const std::size_t heads = slopes.size / sizeof(float);
@@ -182,6 +231,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     sink[static_cast<std::size_t>(bad_head) % heads] = bad_head % 2 ? kInf : kNaN;
   }
   std::memset(out.data.get(), 0xff, std::max<std::size_t>(out.size, 1));
+  constexpr std::uint8_t kGapByte = 0xa5;
+  const std::size_t out_bytes = bytes_of(a.out_dtype);
+  auto for_each_gap_byte = [&](auto&& f) {
+    for (int b = 0; b + 1 < a.batch; ++b) {
+      for (std::size_t i = (b * out_stride + row) * out_bytes; i < (b + 1) * out_stride * out_bytes;
+           ++i) {
+        f(out.data.get()[i]);
+      }
+    }
+  };
+  for_each_gap_byte([&](std::uint8_t& x) { x = kGapByte; });
   std::fill(lse.begin(), lse.end(), std::numeric_limits<float>::quiet_NaN());
 
   a.q = null_pointer == 0 ? nullptr : q.data.get();
@@ -237,12 +297,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   if (decode_threw) die("decode rejected what the reference accepted");
   if (a.batch == 0) return 0;
+  for_each_gap_byte([&](std::uint8_t x) {
+    if (x != kGapByte) die("a gap between out rows written");
+  });
 
   double scale = 1e-30;
   for (double x : ref.out) scale = std::max(scale, std::fabs(x));
   const double tol = 1e-2 * scale + 1e-6;  // loose: f16/bf16 outputs, moderate logits
   for (std::size_t i = 0; i < ref.out.size(); ++i) {
-    const double got = pagedattn::load_as_float(out.data.get(), a.out_dtype, i);
+    const std::int64_t at =
+        static_cast<std::int64_t>(i) / row * out_stride + static_cast<std::int64_t>(i) % row;
+    const double got = pagedattn::load_as_float(out.data.get(), a.out_dtype, at);
     if (!std::isfinite(got)) die("non-finite or unwritten output");
     if (std::fabs(got - ref.out[i]) > tol) die("output differs from the reference");
   }

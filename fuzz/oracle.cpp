@@ -2,13 +2,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <limits>
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "fault_injection.hpp"
 #include "pagedattn/cache_layout.hpp"
@@ -17,6 +21,7 @@
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/cp_shares.hpp"
 #include "pagedattn/testing/device_case.hpp"
+#include "pagedattn/testing/device_memory.hpp"
 #include "pagedattn/variants.hpp"
 
 namespace pagedattn::fuzz {
@@ -29,34 +34,99 @@ struct Result {
   std::vector<double> out, lse;
 };
 
-Result read_outputs(const testing::HostCase& h) {
+// The out rows of `out` (rows of `stride` elements), dense, and lse.
+Result read_outputs(const testing::HostCase& h, const std::vector<std::uint8_t>& out,
+                    std::int64_t stride, const std::vector<float>& lse) {
   Result r;
-  const std::size_t n = h.out.size() / dtype_size(h.spec.out_dtype);
-  r.out.resize(n);
-  for (std::size_t i = 0; i < n; ++i) r.out[i] = load_as_float(h.out.data(), h.spec.out_dtype, i);
-  r.lse.assign(h.lse.begin(), h.lse.end());
+  const DType t = h.spec.out_dtype;
+  const std::int64_t row = static_cast<std::int64_t>(h.spec.num_heads) * h.spec.head_dim;
+  r.out.resize(static_cast<std::size_t>(std::max(h.spec.batch, 0) * row));
+  for (int b = 0; b < h.spec.batch; ++b) {
+    for (std::int64_t i = 0; i < row; ++i) {
+      r.out[static_cast<std::size_t>(b * row + i)] = load_as_float(out.data(), t, b * stride + i);
+    }
+  }
+  r.lse.assign(lse.begin(), lse.end());
   return r;
 }
 
+Result read_outputs(const BuiltCase& bc) {
+  return read_outputs(bc.host, bc.out_buffer(), bc.out_stride, bc.host.lse);
+}
+
+// Every byte of out's gaps (after each row of a strided out) still kOutGapByte: no backend may
+// write there. Empty when so.
+std::string check_gaps(const testing::HostCase& h, const std::vector<std::uint8_t>& out,
+                       std::int64_t stride) {
+  const std::size_t osz = dtype_size(h.spec.out_dtype);
+  const std::int64_t row = static_cast<std::int64_t>(h.spec.num_heads) * h.spec.head_dim;
+  if (stride == row) return {};
+  for (int b = 0; b < h.spec.batch; ++b) {
+    for (std::int64_t i = row; i < stride; ++i) {
+      const std::size_t at = static_cast<std::size_t>(b * stride + i) * osz;
+      if (std::any_of(out.begin() + static_cast<std::ptrdiff_t>(at),
+                      out.begin() + static_cast<std::ptrdiff_t>(at + osz),
+                      [](std::uint8_t x) { return x != kOutGapByte; })) {
+        std::ostringstream os;
+        os << "out gap element " << i - row << " after sequence " << b << "'s row (element "
+           << b * stride + i << " of out, row stride " << stride
+           << ") written: " << load_as_float(out.data(), h.spec.out_dtype, b * stride + i);
+        return os.str();
+      }
+    }
+  }
+  return {};
+}
+
+std::string check_gaps(const BuiltCase& bc) {
+  return bc.out_rows.empty() ? std::string() : check_gaps(bc.host, bc.out_rows, bc.out_stride);
+}
+
 // The CUDA backend over device copies of a host case (the slopes and sinks included), out and lse
-// copied back. DeviceCase checks the shapes itself, so it is given the case without its window and
-// soft-cap, which are put back for the backend: on a malformed window or soft-cap the error must
-// be the backend's.
-void run_cuda(const DecodeArgs& host, const detail::DecodeOptions& o) {
+// copied back. DeviceCase checks the shapes itself, so it is given the case without its window,
+// soft-cap and row strides, which are put back for the backend: on a malformed one the error must
+// be the backend's. DeviceCase copies batch * num_heads * head_dim elements of q and out, so a
+// strided q or out gets a device copy of its whole buffer here, gaps included (q's NaN, out's
+// kOutGapByte), and out comes back whole, so that a read or write of a gap shows on the host.
+void run_cuda(const BuiltCase& bc, const DecodeArgs& host, const detail::DecodeOptions& o) {
   DecodeArgs plain = host;
   plain.window_left = -1;
   plain.logits_soft_cap = 0.f;
+  plain.q_row_stride = 0;
+  plain.out_row_stride = 0;
   const testing::DeviceCase dev(plain, o.cuda_stream);
   DecodeArgs d = dev.args();
   d.window_left = host.window_left;
   d.logits_soft_cap = host.logits_soft_cap;
+  d.q_row_stride = host.q_row_stride;
+  d.out_row_stride = host.out_row_stride;
+  const bool q_rows = !bc.q_rows.empty() && host.q == bc.q_rows.data();
+  const bool out_rows = !bc.out_rows.empty() && host.out == bc.out_rows.data();
+  testing::DeviceBuffer dq, dout;
+  if (q_rows) {
+    dq = testing::DeviceBuffer(bc.q_rows.data(), bc.q_rows.size());
+    d.q = dq.get();
+  }
+  if (out_rows) {
+    dout = testing::DeviceBuffer(bc.out_rows.data(), bc.out_rows.size());
+    d.out = dout.get();
+  }
   detail::decode(d, o);
-  dev.download(host, o.cuda_stream);
+  if (!out_rows) {
+    dev.download(host, o.cuda_stream);
+    return;
+  }
+  testing::device_synchronize();
+  testing::copy_to_host(host.out, dout.get(), bc.out_rows.size());
+  if (host.lse != nullptr && host.batch > 0) {
+    testing::copy_to_host(host.lse, d.lse,
+                          static_cast<std::size_t>(host.batch) * host.num_heads * sizeof(float));
+  }
 }
 
 // `checked`: the CUDA backend validates its device-resident tables and variant values (the CPU
 // path always does).
-void run_backend(Backend backend, const DecodeArgs& args, int threads, bool single_split,
+void run_backend(Backend backend, const BuiltCase& bc, int threads, bool single_split,
                  bool checked) {
   detail::DecodeOptions o;
   o.backend = backend;
@@ -65,9 +135,9 @@ void run_backend(Backend backend, const DecodeArgs& args, int threads, bool sing
   o.fault = planted_fault();
   o.cuda_checked = checked;
   if (backend == Backend::kCuda) {
-    run_cuda(args, o);
+    run_cuda(bc, bc.args, o);
   } else {
-    detail::decode(args, o);
+    detail::decode(bc.args, o);
   }
 }
 
@@ -87,7 +157,7 @@ void logit_error_bound(const DecodeArgs& a, double* logit_err, double* max_abs_v
   const CacheLayout layout =
       CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
   const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
-  const int H = a.num_heads, D = a.head_dim, G = a.group_size();
+  const int D = a.head_dim, G = a.group_size();
   const double scale = a.effective_scale(), cap = a.logits_soft_cap;
   const double c = (2 * std::sqrt(static_cast<double>(D)) + 4) * kU * scale;
   double worst = 0, vmax = 0;
@@ -103,7 +173,7 @@ void logit_error_bound(const DecodeArgs& a, double* logit_err, double* max_abs_v
           vmax = std::max<double>(vmax, std::fabs(load_as_float(a.v_cache, a.v_dtype, base + d)));
         }
         for (int g = 0; g < G; ++g) {
-          const std::size_t qb = (static_cast<std::size_t>(b) * H + kv * G + g) * D;
+          const std::int64_t qb = b * a.q_stride() + static_cast<std::int64_t>(kv * G + g) * D;
           double abs_sum = 0, sum = 0;
           for (int d = 0; d < D; ++d) {
             const double x = load_as_float(a.q, a.q_dtype, qb + d);
@@ -288,12 +358,61 @@ std::string check_finite(const Result& r, const testing::HostCase& h, const floa
   return {};
 }
 
+// What every rank of one context-parallel call ended with.
+struct RankRuns {
+  std::vector<std::vector<std::uint8_t>> outs;
+  std::vector<std::vector<float>> lses;
+  std::vector<std::string> errors;
+  std::vector<ErrorCode> codes;
+  std::vector<std::string> arguments;
+};
+
+// One context_parallel_decode per rank of a fresh in-process group, each on its share and its own
+// copy of `out` (and of NaN lse), on one thread.
+RankRuns run_ranks(const DecodeArgs& a, const std::vector<testing::RankShare>& shares,
+                   const std::vector<std::uint8_t>& out, std::size_t lse_size) {
+  const int ranks = static_cast<int>(shares.size());
+  RankRuns runs;
+  runs.outs.assign(ranks, out);
+  runs.lses.assign(ranks, std::vector<float>(lse_size, NAN));
+  runs.errors.resize(ranks);
+  runs.codes.assign(ranks, ErrorCode::kInvalidArgument);
+  runs.arguments.resize(ranks);
+  auto group = make_local_group(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      DecodeArgs mine = a;
+      mine.block_table = shares[r].table.data();
+      mine.context_lens = shares[r].lens.data();
+      mine.out = runs.outs[r].data();
+      mine.lse = a.lse != nullptr ? runs.lses[r].data() : nullptr;
+      DecodeOptions o;
+      o.backend = Backend::kCpu;
+      o.num_threads = 1;
+      try {
+        context_parallel_decode(mine, *group[r], o);
+      } catch (const Error& e) {
+        runs.errors[r] = e.what();
+        runs.codes[r] = e.code();
+        runs.arguments[r] = e.argument();
+      } catch (const std::exception& e) {
+        runs.errors[r] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return runs;
+}
+
 // Context parallelism, on the CPU backend when it is tested: the blocks of every sequence shared
 // out among 2 or 3 ranks of the in-process group at random cut points (some ranks holding none),
 // each rank decoding its share with context_parallel_decode on one thread; every rank must get
-// the same bits, and they must pass the finite and reference checks of a plain run. A case with
-// a window, ALiBi slopes or sinks must be refused instead, on every rank alike (kUnsupported
-// naming the first of those fields that is set, out and lse untouched); a soft-capped one runs.
+// the same bits, and they must pass the finite and reference checks of a plain run. A strided q
+// is read as decode reads it. A case with a window, ALiBi slopes, sinks or a strided out must be
+// refused instead, on every rank alike (kUnsupported naming the first of those fields that is
+// set, out, its gaps and lse untouched); a soft-capped one runs. A case refused for its strided
+// out alone runs again with a dense out, so its q is decoded too.
 std::string check_context_parallel(const FuzzCase& c, BuiltCase& bc, const ReferenceResult& ref,
                                    const Tolerance& tol, double* worst_ratio,
                                    const CheckOptions& options) {
@@ -307,69 +426,49 @@ std::string check_context_parallel(const FuzzCase& c, BuiltCase& bc, const Refer
   std::mt19937 rng(static_cast<std::uint32_t>(c.spec.seed * 2654435761u + 17));
   const std::vector<testing::RankShare> shares =
       testing::share_out(h, ranks, testing::Share::kRanges, rng);
-  auto group = make_local_group(ranks);
-  // Poisoned like a plain run's outputs (all-ones bytes are NaN in every dtype), so that an
-  // unwritten element shows.
-  std::vector<std::vector<std::uint8_t>> outs(ranks, std::vector<std::uint8_t>(h.out.size(), 0xff));
-  std::vector<std::vector<float>> lses(ranks, std::vector<float>(h.lse.size(), NAN));
-  std::vector<std::string> errors(ranks);
-  std::vector<ErrorCode> codes(ranks, ErrorCode::kInvalidArgument);
-  std::vector<std::string> arguments(ranks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      DecodeArgs mine = a;
-      mine.block_table = shares[r].table.data();
-      mine.context_lens = shares[r].lens.data();
-      mine.out = outs[r].data();
-      mine.lse = a.lse != nullptr ? lses[r].data() : nullptr;
-      DecodeOptions o;
-      o.backend = Backend::kCpu;
-      o.num_threads = 1;
-      try {
-        context_parallel_decode(mine, *group[r], o);
-      } catch (const Error& e) {
-        errors[r] = e.what();
-        codes[r] = e.code();
-        arguments[r] = e.argument();
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
   const std::string tag = std::to_string(ranks) + " ranks: ";
-  if (c.position_variants()) {
-    const char* refused = a.window_left >= 0          ? "window_left"
-                          : a.alibi_slopes != nullptr ? "alibi_slopes"
-                                                      : "sinks";
+  const char* refused = a.window_left >= 0          ? "window_left"
+                        : a.alibi_slopes != nullptr ? "alibi_slopes"
+                        : a.sinks != nullptr        ? "sinks"
+                        : a.out_row_stride != 0     ? "out_row_stride"
+                                                    : nullptr;
+  if (refused != nullptr) {
+    // Poisoned like a plain run's outputs, gaps holding kOutGapByte: all of it must stay.
+    bc.poison_outputs();
+    const RankRuns runs = run_ranks(a, shares, bc.out_buffer(), h.lse.size());
     const std::string want =
         std::string(error_code_name(ErrorCode::kUnsupported)) + " on '" + refused + "'";
     for (int r = 0; r < ranks; ++r) {
       const std::string rank = tag + "rank " + std::to_string(r) + " ";
-      if (codes[r] != ErrorCode::kUnsupported || arguments[r] != refused) {
-        return rank + (errors[r].empty() ? "accepted the case" : "threw: " + errors[r]) +
+      if (runs.codes[r] != ErrorCode::kUnsupported || runs.arguments[r] != refused) {
+        return rank + (runs.errors[r].empty() ? "accepted the case" : "threw: " + runs.errors[r]) +
                ", expected " + want;
       }
-      if (!std::all_of(outs[r].begin(), outs[r].end(), [](std::uint8_t x) { return x == 0xff; }) ||
-          !std::all_of(lses[r].begin(), lses[r].end(), [](float x) { return std::isnan(x); })) {
-        return rank + "wrote out or lse before refusing the case";
+      if (runs.outs[r] != bc.out_buffer() || !std::all_of(runs.lses[r].begin(), runs.lses[r].end(),
+                                                          [](float x) { return std::isnan(x); })) {
+        return rank + "wrote out, its gaps or lse before refusing the case";
       }
     }
-    return {};
+    if (c.position_variants()) return {};
   }
+  // Poisoned (all-ones bytes are NaN in every dtype), so that an unwritten element shows.
+  DecodeArgs dense_out = a;
+  dense_out.out_row_stride = 0;
+  const RankRuns runs =
+      run_ranks(dense_out, shares, std::vector<std::uint8_t>(h.out.size(), 0xff), h.lse.size());
   for (int r = 0; r < ranks; ++r) {
-    if (!errors[r].empty()) return tag + "rank " + std::to_string(r) + " threw: " + errors[r];
+    if (!runs.errors[r].empty()) {
+      return tag + "rank " + std::to_string(r) + " threw: " + runs.errors[r];
+    }
   }
   for (int r = 1; r < ranks; ++r) {
-    if (outs[r] != outs[0] ||
-        std::memcmp(lses[r].data(), lses[0].data(), lses[0].size() * sizeof(float)) != 0) {
+    if (runs.outs[r] != runs.outs[0] || std::memcmp(runs.lses[r].data(), runs.lses[0].data(),
+                                                    runs.lses[0].size() * sizeof(float)) != 0) {
       return tag + "rank " + std::to_string(r) + " got other bits than rank 0";
     }
   }
-  h.out = outs[0];
-  if (a.lse != nullptr) std::copy(lses[0].begin(), lses[0].end(), h.lse.begin());
-  const Result got = read_outputs(h);
+  const std::int64_t row = static_cast<std::int64_t>(a.num_heads) * a.head_dim;
+  const Result got = read_outputs(h, runs.outs[0], row, runs.lses[0]);
   if (std::string bad = check_finite(got, h, a.sinks); !bad.empty()) return tag + bad;
   const std::string bad = compare(got, ref.out, ref.lse, tol, a.num_heads, a.head_dim, worst_ratio);
   return bad.empty() ? bad : tag + bad;
@@ -383,32 +482,42 @@ Outcome fail(const std::string& oracle, const std::string& message) {
   return o;
 }
 
-Outcome check_malformed(BuiltCase& bc, const CheckOptions& options, int threads) {
+// Expects `backend` to raise `code` on `argument`, leaving out (its gaps included) and lse as they
+// were: a passing outcome when it does, else the failing oracle's. `what` names the input.
+Outcome expect_error(Backend backend, BuiltCase& bc, int threads, bool checked, ErrorCode code,
+                     const std::string& argument, const std::string& what) {
   testing::HostCase& h = bc.host;
+  const std::string tag = std::string(backend_name(backend)) + ": ";
+  const std::string want = std::string(error_code_name(code)) + " on '" + argument + "'";
+  bc.poison_outputs();
+  const std::vector<std::uint8_t> out_before = bc.out_buffer();
+  const std::vector<float> lse_before = h.lse;
+  try {
+    run_backend(backend, bc, threads, false, checked);
+    return fail("error", tag + "accepted " + what + ", expected " + want);
+  } catch (const Error& e) {
+    if (e.code() != code || e.argument() != argument) {
+      return fail("error", tag + "raised " + error_code_name(e.code()) + " on '" + e.argument() +
+                               "' (" + e.what() + "), expected " + want);
+    }
+  } catch (const std::exception& e) {
+    return fail("error", tag + "threw a non-pagedattn exception: " + e.what());
+  }
+  if (bc.out_buffer() != out_before ||
+      std::memcmp(h.lse.data(), lse_before.data(), h.lse.size() * sizeof(float)) != 0) {
+    return fail("untouched", tag + "wrote out or lse before rejecting the input");
+  }
+  return {};
+}
+
+Outcome check_malformed(BuiltCase& bc, const CheckOptions& options, int threads) {
   for (Backend backend : options.backends) {
-    const std::string tag = std::string(backend_name(backend)) + ": ";
-    h.poison_outputs();
-    const std::vector<std::uint8_t> out_before = h.out;
-    const std::vector<float> lse_before = h.lse;
-    try {
-      run_backend(backend, bc.args, threads, false, /*checked=*/true);
-      return fail("error", tag + "accepted invalid input, expected " +
-                               error_code_name(bc.expected_code) + " on '" + bc.expected_argument +
-                               "'");
-    } catch (const Error& e) {
-      if (e.code() != bc.expected_code || e.argument() != bc.expected_argument) {
-        return fail("error", tag + "raised " + error_code_name(e.code()) + " on '" + e.argument() +
-                                 "' (" + e.what() + "), expected " +
-                                 error_code_name(bc.expected_code) + " on '" +
-                                 bc.expected_argument + "'");
-      }
-    } catch (const std::exception& e) {
-      return fail("error", tag + "threw a non-pagedattn exception: " + e.what());
-    }
-    if (h.out != out_before ||
-        std::memcmp(h.lse.data(), lse_before.data(), h.lse.size() * sizeof(float)) != 0) {
-      return fail("untouched", tag + "wrote out or lse before rejecting the input");
-    }
+    // The CUDA backend may refuse a misaligned row stride first (BuiltCase::cuda_refuses).
+    const bool cuda_first = backend == Backend::kCuda && !bc.cuda_refuses.empty();
+    Outcome o = expect_error(backend, bc, threads, /*checked=*/true,
+                             cuda_first ? ErrorCode::kInvalidArgument : bc.expected_code,
+                             cuda_first ? bc.cuda_refuses : bc.expected_argument, "invalid input");
+    if (o.failed()) return o;
   }
   return {};
 }
@@ -442,23 +551,32 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
                     options.backends.end();
   const Tolerance cuda_tol = cuda ? tolerance_for(c, a, ref, Backend::kCuda) : cpu_tol;
   const int H = a.num_heads, D = a.head_dim;
+  // Checked and unchecked CUDA runs must agree on valid input: alternate per case.
+  const bool checked = (c.spec.seed >> 7) & 1;
 
   Outcome outcome;
-  std::vector<Result> planned;
+  std::vector<std::pair<Backend, Result>> planned;
   for (Backend backend : options.backends) {
     const std::string tag = std::string(backend_name(backend)) + ": ";
+    if (backend == Backend::kCuda && !bc.cuda_refuses.empty()) {
+      // A stride the CPU takes and the CUDA backend must refuse, naming it.
+      Outcome o = expect_error(backend, bc, threads, checked, ErrorCode::kInvalidArgument,
+                               bc.cuda_refuses, "a misaligned row stride");
+      if (o.failed()) return o;
+      continue;
+    }
     const Tolerance& tol = backend == Backend::kCuda ? cuda_tol : cpu_tol;
     Result runs[2];  // [0] the planner's plan, [1] a single split
     for (int single = 0; single < 2; ++single) {
-      h.poison_outputs();
+      bc.poison_outputs();
       try {
-        // Checked and unchecked CUDA runs must agree on valid input: alternate per case.
-        run_backend(backend, a, threads, single == 1, (c.spec.seed >> 7) & 1);
+        run_backend(backend, bc, threads, single == 1, checked);
       } catch (const std::exception& e) {
         return fail("throw", tag + "threw on a valid case: " + e.what());
       }
-      runs[single] = read_outputs(h);
       const std::string plan = single ? "single split: " : "";
+      if (std::string bad = check_gaps(bc); !bad.empty()) return fail("gap", tag + plan + bad);
+      runs[single] = read_outputs(bc);
       if (std::string bad = check_finite(runs[single], h, a.sinks); !bad.empty()) {
         return fail("finite", tag + plan + bad);
       }
@@ -474,20 +592,20 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
         !bad.empty()) {
       return fail("plan", tag + "planner vs single split: " + bad);
     }
-    planned.push_back(std::move(runs[0]));
+    planned.emplace_back(backend, std::move(runs[0]));
   }
   if (std::string bad = check_context_parallel(c, bc, ref, cpu_tol, &outcome.worst_ratio, options);
       !bad.empty()) {
     return fail("context-parallel", bad);
   }
-  // Backends against each other (the first one listed is the baseline), to the looser bounds.
+  // Backends against each other (the first one that ran is the baseline), to the looser bounds.
   for (std::size_t i = 1; i < planned.size(); ++i) {
     double ignored = 0;
-    if (std::string bad =
-            compare(planned[i], planned[0].out, planned[0].lse, cuda_tol, H, D, &ignored);
+    if (std::string bad = compare(planned[i].second, planned[0].second.out, planned[0].second.lse,
+                                  cuda_tol, H, D, &ignored);
         !bad.empty()) {
-      return fail("cross", std::string(backend_name(options.backends[i])) + " vs " +
-                               backend_name(options.backends[0]) + ": " + bad);
+      return fail("cross", std::string(backend_name(planned[i].first)) + " vs " +
+                               backend_name(planned[0].first) + ": " + bad);
     }
   }
   return outcome;

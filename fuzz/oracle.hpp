@@ -1,6 +1,7 @@
 // The oracles a fuzz case goes through: each backend against the f64 reference, backends against
 // each other, the planner's split plan against a single split, every output written and finite,
-// and malformed inputs rejected with the documented error and the outputs untouched.
+// the gaps of a strided out never written, and malformed inputs rejected with the documented
+// error and the outputs untouched.
 #pragma once
 
 #include <string>
@@ -24,8 +25,8 @@ enum class Verdict {
 
 struct Outcome {
   Verdict verdict = Verdict::kPass;
-  std::string oracle;   // which check failed: "reference", "finite", "plan", "cross", "error", ...
-  std::string message;  // what and where
+  std::string oracle;      // which check failed: "reference", "finite", "gap", "plan", "cross", ...
+  std::string message;     // what and where
   double worst_ratio = 0;  // largest error / tolerance seen over the numeric checks
   bool failed() const { return verdict == Verdict::kFail; }
 };

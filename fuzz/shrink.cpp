@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "pagedattn/cache_layout.hpp"
@@ -13,12 +14,19 @@ namespace {
 std::vector<FuzzCase> candidates(const FuzzCase& c) {
   std::vector<FuzzCase> out;
   const testing::CaseSpec& s = c.spec;
+  const std::int64_t row = static_cast<std::int64_t>(s.num_heads) * s.head_dim;
   auto add = [&](auto&& edit) {
     FuzzCase n = c;
     edit(n.spec, n);
     // The per-head arrays follow the head count: the leading heads' values.
     for (std::vector<float>* values : {&n.alibi_slopes, &n.sinks}) {
       if (!values->empty()) values->resize(static_cast<std::size_t>(n.spec.num_heads));
+    }
+    // Row strides follow the row length and keep their gaps, so that fewer heads or a smaller
+    // head_dim leave the strides valid (and as aligned: every row is a multiple of 16 bytes).
+    const std::int64_t new_row = static_cast<std::int64_t>(n.spec.num_heads) * n.spec.head_dim;
+    for (std::int64_t* stride : {&n.q_row_stride, &n.out_row_stride}) {
+      if (*stride != 0) *stride += new_row - row;
     }
     out.push_back(std::move(n));
   };
@@ -79,6 +87,9 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
       });
     }
   }
+  // Dense q and out.
+  if (c.q_row_stride != 0) add([](testing::CaseSpec&, FuzzCase& n) { n.q_row_stride = 0; });
+  if (c.out_row_stride != 0) add([](testing::CaseSpec&, FuzzCase& n) { n.out_row_stride = 0; });
   // Smaller dims.
   for (int d : kSupportedHeadDims) {
     if (d >= s.head_dim) break;

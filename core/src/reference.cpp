@@ -57,7 +57,8 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
         const int h = kv * G + g;
         Eigen::VectorXd q(D);
         for (int d = 0; d < D; ++d) {
-          q(d) = load_as_float(a.q, a.q_dtype, (static_cast<std::size_t>(b) * H + h) * D + d);
+          q(d) = load_as_float(a.q, a.q_dtype,
+                               b * a.q_stride() + static_cast<std::int64_t>(h) * D + d);
         }
         double* out = &r.out[(static_cast<std::size_t>(b) * H + h) * D];
         if (!k_finite || !q.allFinite()) {

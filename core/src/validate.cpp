@@ -180,6 +180,22 @@ void validate_shapes(const DecodeArgs& a, bool require_out) {
     fail(ErrorCode::kInvalidArgument, "block_table_stride", v.str(),
          "must be 0 or at least max_blocks_per_seq");
   }
+  const std::int64_t row = static_cast<std::int64_t>(a.num_heads) * a.head_dim;
+  const std::pair<const char*, std::int64_t> row_strides[] = {{"q_row_stride", a.q_row_stride},
+                                                              {"out_row_stride", a.out_row_stride}};
+  for (const auto& [name, stride] : row_strides) {
+    // Every element offset b * stride + h * head_dim + d must fit in int64.
+    if (a.batch > 0 && stride > (INT64_MAX - row) / a.batch) {
+      fail(ErrorCode::kInvalidArgument, name, stride,
+           "too large: batch * stride exceeds the addressable range");
+    }
+    if (stride != 0 && stride < row) {
+      std::ostringstream v;
+      v << stride << " (num_heads * head_dim = " << row << ")";
+      fail(ErrorCode::kInvalidArgument, name, v.str(),
+           "must be 0 (dense) or at least num_heads * head_dim: rows must not overlap");
+    }
+  }
   if (static_cast<std::int64_t>(a.max_blocks_per_seq) * a.block_size > INT32_MAX) {
     fail(ErrorCode::kInvalidArgument, "max_blocks_per_seq", a.max_blocks_per_seq,
          "times block_size exceeds the int32 context range");

@@ -390,14 +390,22 @@ def decode(
     cap * tanh(s_t / cap) with a soft-cap, then + alibi_slopes[h] * (t - (L - 1)) with ALiBi.
 
     Args:
-        q: [batch, num_heads, head_dim], float32, float16 or bfloat16, contiguous.
+        q: [batch, num_heads, head_dim], float32, float16 or bfloat16. Each sequence's
+            [num_heads, head_dim] contiguous; sequences may be further apart than
+            num_heads * head_dim elements (strides (S, head_dim, 1), S >= num_heads *
+            head_dim), so the query part of a fused QKV projection,
+            ``qkv[:, :num_heads * head_dim].view(batch, num_heads, head_dim)``, is read in
+            place. On CUDA each sequence's row must start 16-byte aligned (S times the element
+            size a multiple of 16).
         k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim], one dtype,
             contiguous. num_heads must be a multiple of num_kv_heads (GQA/MQA).
         block_table: int32 [batch, max_blocks_per_seq]; rows contiguous, any row stride.
         context_lens: int32 [batch].
         scale: softmax scale; default 1 / sqrt(head_dim).
-        out: [batch, num_heads, head_dim], any of the three float dtypes; allocated like q
-            (same framework, device and dtype) when None.
+        out: [batch, num_heads, head_dim], any of the three float dtypes, laid out as q may
+            be (a slice of a wider buffer: only each sequence's num_heads * head_dim elements
+            are written; on CUDA its rows start at even elements); allocated like q (same
+            framework, device and dtype), dense, when None.
         lse: float32 [batch, num_heads], written when given; allocated when None and
             ``return_lse``.
         return_lse: return (out, lse) instead of out.

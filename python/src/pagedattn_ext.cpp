@@ -238,6 +238,27 @@ struct Tensor {
     }
   }
 
+  // For a [batch, num_heads, head_dim] tensor (q, out): the elements between consecutive
+  // sequences' rows. A sequence's heads must be contiguous, but sequences may lie any distance
+  // apart in increasing order (q as a view into a fused QKV projection, out as a slice of a wider
+  // buffer). 0 when the rows are adjacent or there is at most one, so a dense tensor is passed as
+  // dense and a size-1 batch's stride, which PyTorch leaves arbitrary, is never read.
+  std::int64_t sequence_stride() const {
+    if (!contiguous_from(1)) {
+      bad(ErrorCode::kInvalidArgument, name, ".strides", strides_str(),
+          "each sequence's [num_heads, head_dim] must be contiguous (row-major); only the "
+          "stride between sequences may be larger");
+    }
+    const std::int64_t row = shape[1] * shape[2];
+    if (shape[0] <= 1 || row == 0 || strides[0] == row) return 0;
+    if (strides[0] < row) {
+      bad(ErrorCode::kInvalidArgument, name, ".strides", strides_str(),
+          "sequences must be at least num_heads * head_dim = " + std::to_string(row) +
+              " elements apart, in increasing order (rows must not overlap)");
+    }
+    return strides[0];
+  }
+
   std::string strides_str() const {
     std::ostringstream os;
     os << '(';
@@ -406,7 +427,7 @@ DecodeCall decode_inputs(nb::handle q_h, nb::handle k_h, nb::handle v_h, nb::han
   table.require_dim(0, q.shape[0], "batch, q.shape[0]");
   lens.require_dim(0, q.shape[0], "batch, q.shape[0]");
 
-  q.require_contiguous();
+  a.q_row_stride = q.sequence_stride();
   k.require_contiguous();
   v.require_contiguous();
   lens.require_contiguous();
@@ -480,7 +501,7 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
     }
   }
   a.out_dtype = out.float_dtype();
-  out.require_contiguous();
+  a.out_row_stride = out.sequence_stride();
   out.require_device(c.device, "q");
   a.out = out.data;
 

@@ -45,7 +45,8 @@ inline constexpr float kMinSoftCap = 1e-20f;
 inline constexpr float kMaxVariantMagnitude = 1e20f;
 
 // One decode step. Shapes:
-//   q, out:       [batch][num_heads][head_dim]
+//   q, out:       [batch][num_heads][head_dim], each sequence's row of num_heads * head_dim
+//                 elements q_row_stride / out_row_stride elements after the previous one
 //   k/v_cache:    [num_blocks][num_kv_heads][block_size][head_dim]
 //   block_table:  int32 [batch][block_table_stride], the first max_blocks_per_seq entries used
 //   context_lens: int32 [batch]
@@ -60,6 +61,12 @@ struct DecodeArgs {
   int num_blocks = 0;          // size of the cache pool (valid ids are [0, num_blocks))
   int max_blocks_per_seq = 0;  // table entries per sequence
   int block_table_stride = 0;  // elements between table rows; 0 means max_blocks_per_seq
+  // Elements between the rows of consecutive sequences in q and in out; 0 means
+  // num_heads * head_dim (dense). q may be the query part of a fused QKV projection
+  // ([batch][(num_heads + 2 * num_kv_heads) * head_dim]) and out a slice of a larger buffer; a
+  // sequence's heads stay contiguous. Not less than num_heads * head_dim (rows never overlap).
+  std::int64_t q_row_stride = 0;
+  std::int64_t out_row_stride = 0;
 
   const void* q = nullptr;
   DType q_dtype = DType::kF32;
@@ -95,6 +102,12 @@ struct DecodeArgs {
   const float* sinks = nullptr;
 
   int table_stride() const { return block_table_stride ? block_table_stride : max_blocks_per_seq; }
+  std::int64_t q_stride() const {
+    return q_row_stride ? q_row_stride : static_cast<std::int64_t>(num_heads) * head_dim;
+  }
+  std::int64_t out_stride() const {
+    return out_row_stride ? out_row_stride : static_cast<std::int64_t>(num_heads) * head_dim;
+  }
   int group_size() const { return num_kv_heads > 0 ? num_heads / num_kv_heads : 0; }
   float effective_scale() const;
   // Whether any attention variant is set.
