@@ -42,6 +42,7 @@ void refuse_unsupported(const DecodeArgs& a) {
   if (a.window_left >= 0) fail(ErrorCode::kUnsupported, "window_left", a.window_left, why);
   if (a.alibi_slopes != nullptr) fail(ErrorCode::kUnsupported, "alibi_slopes", "set", why);
   if (a.sinks != nullptr) fail(ErrorCode::kUnsupported, "sinks", "set", why);
+  if (a.q_indptr != nullptr) fail(ErrorCode::kUnsupported, "q_indptr", "set", why);
   if (a.out_row_stride != 0) {
     fail(ErrorCode::kUnsupported, "out_row_stride", a.out_row_stride,
          "not supported by context_parallel_decode (its merge writes out dense)");

@@ -17,7 +17,8 @@ void decode(const DecodeArgs& args, const DecodeOptions& options) {
     cuda::decode(args, options);  // validates device-resident tables itself
     return;
   }
-  validate_tables(args, args.context_lens, args.block_table);
+  validate_q_indptr(args, args.q_indptr);
+  validate_tables(args, args.context_lens, args.block_table, args.q_indptr);
   validate_variant_values(args, args.alibi_slopes, args.sinks);
   cpu::decode(args, options);
 }

@@ -14,7 +14,8 @@ namespace pagedattn {
 ReferenceResult reference_decode(const DecodeArgs& a) {
   validate_shapes(a, /*require_out=*/false);
   if (a.batch > 0) {
-    validate_tables(a, a.context_lens, a.block_table);
+    validate_q_indptr(a, a.q_indptr);
+    validate_tables(a, a.context_lens, a.block_table, a.q_indptr);
     validate_variant_values(a, a.alibi_slopes, a.sinks);
   }
 
@@ -22,64 +23,73 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
   const CacheLayout layout = CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, D);
   const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
   const double scale = a.scale ? static_cast<double>(*a.scale) : 1.0 / std::sqrt(double(D));
+  const int rows = a.batch > 0 ? a.q_rows() : 0;
 
   ReferenceResult r;
-  r.out.assign(static_cast<std::size_t>(a.batch) * H * D, 0.0);
-  r.lse.assign(static_cast<std::size_t>(a.batch) * H, -std::numeric_limits<double>::infinity());
+  r.out.assign(static_cast<std::size_t>(rows) * H * D, 0.0);
+  r.lse.assign(static_cast<std::size_t>(rows) * H, -std::numeric_limits<double>::infinity());
 
   const double cap = a.logits_soft_cap;
   const double no_sink = -std::numeric_limits<double>::infinity();
   for (int b = 0; b < a.batch; ++b) {
-    const int L = a.context_lens[b];
-    if (L == 0) {  // out = 0, lse = -inf, or the sink's logit
-      if (a.sinks != nullptr) {
-        for (int h = 0; h < H; ++h) r.lse[static_cast<std::size_t>(b) * H + h] = a.sinks[h];
+    const int row0 = a.q_indptr ? a.q_indptr[b] : b;
+    const int n_q = a.q_indptr ? a.q_indptr[b + 1] - row0 : 1;
+    for (int i = 0; i < n_q; ++i) {
+      const int row = row0 + i;
+      // Query token i of n_q sits at position P = L_b - n_q + i: a query of a context of
+      // L = P + 1 tokens (pagedattn.hpp).
+      const int L = std::max(0, a.context_lens[b] - n_q + i + 1);
+      if (L == 0) {  // out = 0, lse = -inf, or the sink's logit
+        if (a.sinks != nullptr) {
+          for (int h = 0; h < H; ++h) r.lse[static_cast<std::size_t>(row) * H + h] = a.sinks[h];
+        }
+        continue;
       }
-      continue;
-    }
-    // The attended tokens [t0, L): the whole context, or the window.
-    const int t0 = window_first_token(L, a.window_left);
-    const int n = L - t0;
-    for (int kv = 0; kv < a.num_kv_heads; ++kv) {
-      // Gather this sequence's attended keys and values: one row per token.
-      Eigen::MatrixXd K(n, D), V(n, D);
-      for (int i = 0; i < n; ++i) {
-        const int t = t0 + i;
-        const std::int64_t base =
-            layout.offset(table.block(b, t / a.block_size), kv, t % a.block_size);
-        for (int d = 0; d < D; ++d) {
-          K(i, d) = load_as_float(a.k_cache, a.k_dtype, base + d);
-          V(i, d) = load_as_float(a.v_cache, a.v_dtype, base + d);
+      // The attended tokens [t0, L): the whole context, or the window.
+      const int t0 = window_first_token(L, a.window_left);
+      const int n = L - t0;
+      for (int kv = 0; kv < a.num_kv_heads; ++kv) {
+        // Gather the attended keys and values: one row per token.
+        Eigen::MatrixXd K(n, D), V(n, D);
+        for (int j = 0; j < n; ++j) {
+          const int t = t0 + j;
+          const std::int64_t base =
+              layout.offset(table.block(b, t / a.block_size), kv, t % a.block_size);
+          for (int d = 0; d < D; ++d) {
+            K(j, d) = load_as_float(a.k_cache, a.k_dtype, base + d);
+            V(j, d) = load_as_float(a.v_cache, a.v_dtype, base + d);
+          }
         }
-      }
-      const bool k_finite = K.allFinite();
-      for (int g = 0; g < G; ++g) {
-        const int h = kv * G + g;
-        Eigen::VectorXd q(D);
-        for (int d = 0; d < D; ++d) {
-          q(d) = load_as_float(a.q, a.q_dtype,
-                               b * a.q_stride() + static_cast<std::int64_t>(h) * D + d);
+        const bool k_finite = K.allFinite();
+        for (int g = 0; g < G; ++g) {
+          const int h = kv * G + g;
+          const std::size_t at = static_cast<std::size_t>(row) * H + h;
+          Eigen::VectorXd q(D);
+          for (int d = 0; d < D; ++d) {
+            q(d) = load_as_float(a.q, a.q_dtype,
+                                 row * a.q_stride() + static_cast<std::int64_t>(h) * D + d);
+          }
+          double* out = &r.out[at * D];
+          if (!k_finite || !q.allFinite()) {
+            // NaN or Inf in q or in an attended K row: NaN out and lse for this head, never a
+            // value that looks valid.
+            std::fill(out, out + D, std::numeric_limits<double>::quiet_NaN());
+            r.lse[at] = std::numeric_limits<double>::quiet_NaN();
+            continue;
+          }
+          Eigen::VectorXd s = scale * (K * q);  // logits
+          for (int j = 0; j < n; ++j) {
+            if (cap > 0) s(j) = soft_cap(s(j), cap);
+            if (a.alibi_slopes != nullptr) s(j) += double(a.alibi_slopes[h]) * (t0 + j - (L - 1));
+          }
+          const double sink = a.sinks != nullptr ? double(a.sinks[h]) : no_sink;
+          const double m = std::max(s.maxCoeff(), sink);
+          const Eigen::VectorXd p = (s.array() - m).exp().matrix();
+          const double l = p.sum() + std::exp(sink - m);
+          const Eigen::VectorXd o = V.transpose() * p / l;
+          for (int d = 0; d < D; ++d) out[d] = o(d);
+          r.lse[at] = m + std::log(l);
         }
-        double* out = &r.out[(static_cast<std::size_t>(b) * H + h) * D];
-        if (!k_finite || !q.allFinite()) {
-          // NaN or Inf in q or in a K row inside the context: NaN out and lse for this head,
-          // never a value that looks valid.
-          std::fill(out, out + D, std::numeric_limits<double>::quiet_NaN());
-          r.lse[static_cast<std::size_t>(b) * H + h] = std::numeric_limits<double>::quiet_NaN();
-          continue;
-        }
-        Eigen::VectorXd s = scale * (K * q);  // logits
-        for (int i = 0; i < n; ++i) {
-          if (cap > 0) s(i) = soft_cap(s(i), cap);
-          if (a.alibi_slopes != nullptr) s(i) += double(a.alibi_slopes[h]) * (t0 + i - (L - 1));
-        }
-        const double sink = a.sinks != nullptr ? double(a.sinks[h]) : no_sink;
-        const double m = std::max(s.maxCoeff(), sink);
-        const Eigen::VectorXd p = (s.array() - m).exp().matrix();
-        const double l = p.sum() + std::exp(sink - m);
-        const Eigen::VectorXd o = V.transpose() * p / l;
-        for (int d = 0; d < D; ++d) out[d] = o(d);
-        r.lse[static_cast<std::size_t>(b) * H + h] = m + std::log(l);
       }
     }
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "pagedattn/cache_layout.hpp"
+#include "pagedattn/split_plan.hpp"
 #include "pagedattn/variants.hpp"
 
 namespace pagedattn {
@@ -180,14 +181,29 @@ void validate_shapes(const DecodeArgs& a, bool require_out) {
     fail(ErrorCode::kInvalidArgument, "block_table_stride", v.str(),
          "must be 0 or at least max_blocks_per_seq");
   }
+  if (a.q_indptr == nullptr) {
+    if (a.num_q_tokens != 0) {
+      fail(ErrorCode::kInvalidArgument, "num_q_tokens", a.num_q_tokens,
+           "must be 0 without q_indptr (one query token per sequence)");
+    }
+    if (a.max_q_len != 0) {
+      fail(ErrorCode::kInvalidArgument, "max_q_len", a.max_q_len,
+           "must be 0 without q_indptr (one query token per sequence)");
+    }
+  } else {
+    if (a.num_q_tokens < 0) {
+      fail(ErrorCode::kInvalidArgument, "num_q_tokens", a.num_q_tokens, "must not be negative");
+    }
+    require_positive("max_q_len", a.max_q_len);
+  }
   const std::int64_t row = static_cast<std::int64_t>(a.num_heads) * a.head_dim;
   const std::pair<const char*, std::int64_t> row_strides[] = {{"q_row_stride", a.q_row_stride},
                                                               {"out_row_stride", a.out_row_stride}};
   for (const auto& [name, stride] : row_strides) {
-    // Every element offset b * stride + h * head_dim + d must fit in int64.
-    if (a.batch > 0 && stride > (INT64_MAX - row) / a.batch) {
+    // Every element offset r * stride + h * head_dim + d must fit in int64.
+    if (a.q_rows() > 0 && stride > (INT64_MAX - row) / a.q_rows()) {
       fail(ErrorCode::kInvalidArgument, name, stride,
-           "too large: batch * stride exceeds the addressable range");
+           "too large: rows * stride exceeds the addressable range");
     }
     if (stride != 0 && stride < row) {
       std::ostringstream v;
@@ -234,8 +250,29 @@ void validate_shapes(const DecodeArgs& a, bool require_out) {
   if (require_out) require_non_null("out", a.out);
 }
 
+void validate_q_indptr(const DecodeArgs& a, const std::int32_t* q_indptr) {
+  if (a.q_indptr == nullptr) return;
+  if (q_indptr[0] != 0) fail(ErrorCode::kInvalidArgument, "q_indptr[0]", q_indptr[0], "must be 0");
+  for (int b = 0; b < a.batch; ++b) {
+    const std::int64_t n = static_cast<std::int64_t>(q_indptr[b + 1]) - q_indptr[b];
+    if (n < 0 || n > a.max_q_len) {
+      std::ostringstream arg, why;
+      arg << "q_indptr[" << b + 1 << "]";
+      why << "gives sequence " << b << " " << n << " query tokens (q_indptr[" << b
+          << "] = " << q_indptr[b] << "): each sequence has 0 to max_q_len = " << a.max_q_len;
+      fail(ErrorCode::kOutOfRange, arg.str(), q_indptr[b + 1], why.str());
+    }
+  }
+  if (q_indptr[a.batch] != a.num_q_tokens) {
+    std::ostringstream arg;
+    arg << "q_indptr[" << a.batch << "]";
+    fail(ErrorCode::kInvalidArgument, arg.str(), q_indptr[a.batch],
+         "must equal num_q_tokens = " + std::to_string(a.num_q_tokens));
+  }
+}
+
 void validate_tables(const DecodeArgs& a, const std::int32_t* context_lens,
-                     const std::int32_t* block_table) {
+                     const std::int32_t* block_table, const std::int32_t* q_indptr) {
   const std::int64_t capacity = static_cast<std::int64_t>(a.max_blocks_per_seq) * a.block_size;
   const BlockTableView table{block_table, a.max_blocks_per_seq, a.table_stride()};
   for (int b = 0; b < a.batch; ++b) {
@@ -246,8 +283,10 @@ void validate_tables(const DecodeArgs& a, const std::int32_t* context_lens,
       fail(ErrorCode::kOutOfRange, v.str(), len,
            "out of range [0, " + std::to_string(capacity) + "] (max_blocks_per_seq * block_size)");
     }
-    const int used = blocks_for(len, a.block_size);
-    for (int i = window_first_block(len, a.window_left, a.block_size); i < used; ++i) {
+    const int q_len = q_indptr != nullptr ? q_indptr[b + 1] - q_indptr[b] : 1;
+    int first = 0;
+    const int used = planned_blocks(len, a.block_size, a.window_left, &first, q_len) + first;
+    for (int i = first; i < used; ++i) {
       const std::int32_t id = table.block(b, i);
       if (id < 0 || id >= a.num_blocks) {
         std::ostringstream arg;

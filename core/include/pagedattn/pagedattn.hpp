@@ -4,6 +4,8 @@
 //   s_t        = scale * dot(q[b,h,:], K[block_table[b, t / BS], kv, t % BS, :]),  t < L_b
 //   out[b,h,:] = sum_t softmax(s)_t * V[block_table[b, t / BS], kv, t % BS, :]
 //   lse[b,h]   = log(sum_t exp(s_t));   L_b == 0 gives out = 0 and lse = -inf.
+// With q_indptr, sequence b has several query tokens, each attending causally to the context up
+// to its own position (speculative decoding, chunked prefill): see DecodeArgs::q_indptr.
 // The attention variants (a sliding window, a logits soft-cap, ALiBi slopes, attention sinks)
 // change which t are attended and what s_t is: see DecodeArgs and pagedattn/variants.hpp.
 // See docs/architecture.md and docs/variants.md.
@@ -44,13 +46,14 @@ inline constexpr int kMaxThreads = 4096;
 inline constexpr float kMinSoftCap = 1e-20f;
 inline constexpr float kMaxVariantMagnitude = 1e20f;
 
-// One decode step. Shapes:
-//   q, out:       [batch][num_heads][head_dim], each sequence's row of num_heads * head_dim
-//                 elements q_row_stride / out_row_stride elements after the previous one
+// One decode step. Shapes (rows = batch, or num_q_tokens with q_indptr):
+//   q, out:       [rows][num_heads][head_dim], each row of num_heads * head_dim elements
+//                 q_row_stride / out_row_stride elements after the previous one
 //   k/v_cache:    [num_blocks][num_kv_heads][block_size][head_dim]
 //   block_table:  int32 [batch][block_table_stride], the first max_blocks_per_seq entries used
 //   context_lens: int32 [batch]
-//   lse:          f32 [batch][num_heads] (optional)
+//   lse:          f32 [rows][num_heads] (optional)
+//   q_indptr:     int32 [batch + 1] (optional)
 // For the CPU backend every pointer is host memory; for the CUDA backend, device memory.
 struct DecodeArgs {
   int batch = 0;
@@ -101,6 +104,21 @@ struct DecodeArgs {
   const float* alibi_slopes = nullptr;
   const float* sinks = nullptr;
 
+  // Multi-token queries (speculative decoding, chunked prefill). With q_indptr, sequence b has
+  // n_b = q_indptr[b + 1] - q_indptr[b] query tokens, rows q_indptr[b] .. q_indptr[b + 1] - 1 of
+  // q, out and lse; its token i sits at position P = L_b - n_b + i (the new tokens' keys and
+  // values are already in the cache, the last at L_b - 1) and is a query of a context of P + 1
+  // tokens: it attends to tokens t <= P (causal), the window, ALiBi and sinks taken from P as
+  // from L_b - 1 above. A token with P < 0 attends to nothing (out = 0, lse = -inf or the sink).
+  // q_indptr[0] = 0, non-decreasing, q_indptr[batch] = num_q_tokens and every n_b in
+  // [0, max_q_len] (checked where q_indptr is in host memory: the CPU backend, and CUDA with
+  // cuda_checked; unchecked CUDA clamps it into those bounds). max_q_len (>= 1) sizes the CUDA
+  // grid and workspace. Without q_indptr every sequence has one query token at L_b - 1, and
+  // num_q_tokens and max_q_len stay 0.
+  const std::int32_t* q_indptr = nullptr;
+  int num_q_tokens = 0;
+  int max_q_len = 0;
+
   int table_stride() const { return block_table_stride ? block_table_stride : max_blocks_per_seq; }
   std::int64_t q_stride() const {
     return q_row_stride ? q_row_stride : static_cast<std::int64_t>(num_heads) * head_dim;
@@ -109,6 +127,9 @@ struct DecodeArgs {
     return out_row_stride ? out_row_stride : static_cast<std::int64_t>(num_heads) * head_dim;
   }
   int group_size() const { return num_kv_heads > 0 ? num_heads / num_kv_heads : 0; }
+  // Rows of q, out and lse, and the bound on any sequence's query tokens.
+  int q_rows() const { return q_indptr ? num_q_tokens : batch; }
+  int q_len_bound() const { return q_indptr ? max_q_len : 1; }
   float effective_scale() const;
   // Whether any attention variant is set.
   bool has_variant() const {

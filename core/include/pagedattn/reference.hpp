@@ -10,8 +10,8 @@
 namespace pagedattn {
 
 struct ReferenceResult {
-  std::vector<double> out;  // [batch][num_heads][head_dim]
-  std::vector<double> lse;  // [batch][num_heads]; -inf for an empty context
+  std::vector<double> out;  // [rows][num_heads][head_dim] (rows: DecodeArgs::q_rows())
+  std::vector<double> lse;  // [rows][num_heads]; -inf for an empty context
 };
 
 // Validates like decode() and computes in double from the stored (rounded) inputs. A head whose q,

@@ -107,10 +107,16 @@ PAGEDATTN_HOST_DEVICE int choose_chunk_blocks(std::int64_t total_blocks, int max
   return static_cast<int>(chunk < max_blocks ? chunk : max_blocks);
 }
 
-// The blocks of a context of `len` tokens the plan covers, from logical block *first on: all of
-// them, or with a window those from window_first_block on.
-PAGEDATTN_HOST_DEVICE int planned_blocks(int len, int block_size, int window_left, int* first) {
-  *first = window_first_block(len, window_left, block_size);
+// The blocks of a context of `len` tokens with q_len query tokens that the plan covers, from
+// logical block *first on: all of them, or with a window those from the block of the earliest
+// query's first attended token on (queries_first_token); none without query tokens.
+PAGEDATTN_HOST_DEVICE int planned_blocks(int len, int block_size, int window_left, int* first,
+                                         int q_len = 1) {
+  if (q_len <= 0) {
+    *first = 0;
+    return 0;
+  }
+  *first = queries_first_token(len, q_len, window_left) / block_size;
   return blocks_for(len, block_size) - *first;
 }
 

@@ -39,10 +39,16 @@ void validate_shapes(const DecodeArgs& args, bool require_out = true);
 
 // context_lens and block_table given in host memory: 0 <= L_b <= max_blocks_per_seq * block_size
 // and every id in the first ceil(L_b / block_size) entries of row b lies in [0, num_blocks).
-// With window_left >= 0 only the entries from window_first_block(L_b) on are checked (the
-// others are never read).
+// Only the entries a query reads are checked (the others are never read): with window_left >= 0
+// those from the window's first block on, and with multi-token queries (q_indptr, in host memory,
+// validated by validate_q_indptr; null when args.q_indptr is) those of the sequences with query
+// tokens, from the earliest query's window on.
 void validate_tables(const DecodeArgs& args, const std::int32_t* context_lens,
-                     const std::int32_t* block_table);
+                     const std::int32_t* block_table, const std::int32_t* q_indptr = nullptr);
+
+// q_indptr given in host memory (args.q_indptr's values): q_indptr[0] = 0, non-decreasing, each
+// sequence's count at most max_query_len, q_indptr[batch] = num_q_tokens.
+void validate_q_indptr(const DecodeArgs& args, const std::int32_t* q_indptr);
 
 // alibi_slopes and sinks given in host memory (either may be null): every slope finite, no sink
 // NaN or +inf.

@@ -27,6 +27,13 @@ PAGEDATTN_HOST_DEVICE int window_first_token(int len, int window_left) {
   return window_left >= 0 && len - 1 - window_left > 0 ? len - 1 - window_left : 0;
 }
 
+// The first token any of a sequence's q_len query tokens attends to (the earliest query sits at
+// len - q_len; pagedattn.hpp, DecodeArgs::q_indptr), for q_len >= 1: with one query token,
+// window_first_token(len, window_left).
+PAGEDATTN_HOST_DEVICE int queries_first_token(int len, int q_len, int window_left) {
+  return window_first_token(len - q_len + 1, window_left);
+}
+
 // The first logical block holding an attended token. Blocks before it, and their table
 // entries, are never read.
 PAGEDATTN_HOST_DEVICE int window_first_block(int len, int window_left, int block_size) {
