@@ -237,7 +237,8 @@ void decode_query_tokens(const DecodeArgs& a, const DecodeOptions& options) {
       lens[r] = std::max(0, a.context_lens[b] - n_q + i + 1);
       const int first = window_first_block(lens[r], a.window_left, a.block_size);
       const int used = blocks_for(lens[r], a.block_size);
-      for (int j = first; j < used; ++j) table[static_cast<std::size_t>(r) * stride + j] = src.block(b, j);
+      for (int j = first; j < used; ++j)
+        table[static_cast<std::size_t>(r) * stride + j] = src.block(b, j);
     }
   }
   if (rows == 0) return;

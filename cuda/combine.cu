@@ -1,7 +1,7 @@
-// The combine kernel (combine.cuh): one warp per (sequence, query head, 32-element slice of
-// head_dim), so even B = 1 spreads over H x head_dim / 32 warps. Each warp loads the (m, l) and
-// accumulator slices of the first 32 splits at once (one memory round trip for the common case)
-// and adds them, in split order, under the largest m.
+// The combine kernel (combine.cuh): one warp per (sequence, query token, query head, 32-element
+// slice of head_dim), so even B = 1 spreads over H x head_dim / 32 warps. Each warp loads the (m,
+// l) and accumulator slices of the first 32 splits at once (one memory round trip for the common
+// case) and adds them, in split order, under the largest m.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -9,6 +9,7 @@
 #include "cuda_error.hpp"
 #include "pagedattn/online_softmax.hpp"
 #include "pagedattn/variants.hpp"
+#include "query_rows.cuh"
 #include "store_out.cuh"
 
 namespace pagedattn::detail::cuda {
@@ -34,21 +35,26 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   const int dchunks = (D + 31) / 32;
   const std::int64_t widx =
       static_cast<std::int64_t>(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
-  if (widx >= static_cast<std::int64_t>(p.batch) * p.num_heads * dchunks) return;
-  const std::int64_t idx = widx / dchunks;  // the (sequence, query head) row
+  const std::int64_t rows = static_cast<std::int64_t>(p.max_q) * p.num_heads;  // per split
+  if (widx >= p.batch * rows * dchunks) return;
+  const std::int64_t idx = widx / dchunks;  // the (sequence, query token, query head) row
   const int dc = static_cast<int>(widx - idx * dchunks);
-  const int b = static_cast<int>(idx / p.num_heads), h = static_cast<int>(idx % p.num_heads);
+  const int b = static_cast<int>(idx / rows);
+  const int in_seq = static_cast<int>(idx - b * rows);  // query token * num_heads + head
+  const int i = in_seq / p.num_heads, h = in_seq - i * p.num_heads;
+  const SeqQueries sq = seq_queries(p.q_indptr, p.q_rows, p.max_q, b);
+  if (i >= sq.n) return;  // past the sequence's query tokens
   const int d = dc * 32 + lane;
   const int off = p.split_offset[b];
   const int ns = p.split_offset[b + 1] - off;
-  if (ns == 1) return;  // its split CTA wrote out and lse (SplitParams::out)
-  const std::int64_t step = static_cast<std::int64_t>(p.num_heads) * D;  // between splits
-  const float* col0 = p.part_acc + (static_cast<std::int64_t>(off) * p.num_heads + h) * D + d;
+  if (ns == 1) return;                 // its split CTA wrote out and lse (SplitParams::out)
+  const std::int64_t step = rows * D;  // between splits
+  const float* col0 = p.part_acc + (static_cast<std::int64_t>(off) * rows + in_seq) * D + d;
   // The first 32 splits' (m, l) and accumulator loads go out together, before the max is known:
   // one memory round trip for the common case instead of one per few splits.
   float m_first = -INFINITY, l_first = 0.f;
   if (lane < ns) {
-    const std::int64_t pi = (static_cast<std::int64_t>(off) + lane) * p.num_heads + h;
+    const std::int64_t pi = (static_cast<std::int64_t>(off) + lane) * rows + in_seq;
     m_first = p.part_ml[2 * pi];
     l_first = p.part_ml[2 * pi + 1];
   }
@@ -58,7 +64,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   float mmax = m_first;
   bool nan_m = m_first != m_first;
   for (int s = 32 + lane; s < ns; s += 32) {
-    const float m = p.part_ml[2 * ((static_cast<std::int64_t>(off) + s) * p.num_heads + h)];
+    const float m = p.part_ml[2 * ((static_cast<std::int64_t>(off) + s) * rows + in_seq)];
     mmax = fmaxf(mmax, m);
     nan_m |= m != m;
   }
@@ -76,7 +82,7 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
     for (int c = 32; c < ns; c += 32) {  // long sequences: the remaining splits, 32 at a time
       w = 0.f;
       if (c + lane < ns) {
-        const std::int64_t pi = (static_cast<std::int64_t>(off) + c + lane) * p.num_heads + h;
+        const std::int64_t pi = (static_cast<std::int64_t>(off) + c + lane) * rows + in_seq;
         w = SoftmaxState2::factor(p.part_ml[2 * pi], mmax);
         lsum += w * p.part_ml[2 * pi + 1];
       }
@@ -92,11 +98,12 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   SoftmaxState2 total{mmax, lsum};
   // The sink joins the denominator only; an empty context gets out = 0 and lse = the sink.
   const float fa = p.sinks != nullptr ? add_sink(total, __ldg(p.sinks + h) * kLog2e) : 1.f;
+  const std::int64_t qrow = sq.row0 + i;
   if (d < D) {
-    store_out<OutT>(p.out, b * p.out_stride + static_cast<std::int64_t>(h) * D + d,
+    store_out<OutT>(p.out, qrow * p.out_stride + static_cast<std::int64_t>(h) * D + d,
                     acc * (total.inv_sum() * fa));
   }
-  if (p.lse != nullptr && dc == 0 && lane == 0) p.lse[idx] = total.lse();
+  if (p.lse != nullptr && dc == 0 && lane == 0) p.lse[qrow * p.num_heads + h] = total.lse();
 }
 
 template <typename OutT>
@@ -118,7 +125,7 @@ void launch_combine_typed(const CombineParams& c, int grid, bool pdl, cudaStream
 
 void launch_combine(const CombineParams& c, DType out_dtype, bool pdl, cudaStream_t stream) {
   const std::int64_t warps =
-      static_cast<std::int64_t>(c.batch) * c.num_heads * ((c.head_dim + 31) / 32);
+      static_cast<std::int64_t>(c.batch) * c.max_q * c.num_heads * ((c.head_dim + 31) / 32);
   const int grid = static_cast<int>((warps + kCombineWarps - 1) / kCombineWarps);
   switch (out_dtype) {
     case DType::kF32:

@@ -1,5 +1,6 @@
-// The combine: merges the partial states of each (sequence, query head) over its splits, in
-// split order, and writes out = acc / l and lse (natural log); an empty context gives out = 0,
+// The combine: merges the partial states of each (query row, query head) over its sequence's
+// splits, in split order, and writes out = acc / l and lse (natural log); an empty context gives
+// out = 0,
 // lse = -inf, and a sequence of one split is skipped (its split CTA wrote out and lse). It runs
 // after the split kernel, as a programmatic dependent launch where the device supports one
 // (sm_90).
@@ -14,9 +15,13 @@
 namespace pagedattn::detail::cuda {
 
 struct CombineParams {
+  // Partials of one (sequence, split): max_q * num_heads rows, query token major.
   const float* part_ml;     // [partials][2]: m (log2 units), l
   const float* part_acc;    // [partials][head_dim]
   const int* split_offset;  // [batch + 1]: the first partial of each sequence, in splits
+  // Multi-token queries (SplitParams::q_indptr, q_rows, max_q): null for one row per sequence.
+  const std::int32_t* q_indptr;
+  int q_rows, max_q;
   void* out;
   long long out_stride;  // elements between consecutive sequences' rows of out
   float* lse;

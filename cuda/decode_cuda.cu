@@ -40,8 +40,12 @@ constexpr int kMaxSplitsPerSeq = 1024;
 // read ceiling at group 1, 74% at group 2 and 56% at group 3, the tensor cores 96%, 93%, 88%.
 bool use_mma(const DecodeArgs& a) { return a.k_dtype != DType::kF32 && a.q_dtype == a.k_dtype; }
 
-int head_chunks(const DecodeArgs& a) {
-  return use_mma(a) ? 1 : (a.group_size() + kSimtHeadsPerCta - 1) / kSimtHeadsPerCta;
+// A CTA's rows (query token x query head of a kv head: split_params.cuh), and the CTAs per work
+// item that hold every row of a sequence with max_q_len query tokens.
+int rows_per_cta(const DecodeArgs& a) { return use_mma(a) ? kMmaRowsPerCta : kSimtRowsPerCta; }
+int row_chunks(const DecodeArgs& a) {
+  const std::int64_t rows = static_cast<std::int64_t>(a.group_size()) * a.q_len_bound();
+  return static_cast<int>((rows + rows_per_cta(a) - 1) / rows_per_cta(a));
 }
 
 // Split CTAs of this call's kernel that fit on one SM (from the occupancy calculator, cached).
@@ -80,8 +84,7 @@ int split_ctas_per_sm(const DecodeArgs& a) {
 // CTAs).
 PlanOptions plan_options(const DecodeArgs& a) {
   PlanOptions o;
-  o.parallelism =
-      std::max(1, current_device().sms * split_ctas_per_sm(a) * kWaves / head_chunks(a));
+  o.parallelism = std::max(1, current_device().sms * split_ctas_per_sm(a) * kWaves / row_chunks(a));
   o.min_chunk_tokens = kMinChunkTokens;
   o.even_waves = true;
   o.max_splits_per_seq = kMaxSplitsPerSeq;
@@ -103,7 +106,9 @@ struct Layout {
 
 Layout workspace_layout(const DecodeArgs& a, std::int64_t splits) {
   Layout l;
-  const std::size_t partials = static_cast<std::size_t>(splits) * a.num_heads;
+  // Each (sequence, split) holds max_q_len * num_heads partial states.
+  const std::size_t partials =
+      static_cast<std::size_t>(splits) * a.num_heads * static_cast<std::size_t>(a.q_len_bound());
   l.offsets_bytes = align256(static_cast<std::size_t>(a.batch + 1) * sizeof(int));
   l.ml_bytes = align256(partials * 2 * sizeof(float));
   l.acc_bytes = align256(partials * a.head_dim * sizeof(float));
@@ -130,10 +135,10 @@ void check_launch(const DecodeArgs& a, const pagedattn::DecodeOptions& options) 
   require_aligned("k_cache", a.k_cache);
   require_aligned("v_cache", a.v_cache);
   if (options.workspace != nullptr) require_aligned("workspace", options.workspace);
-  // Every sequence's q row is read in 16-byte pieces (like q itself, 16-byte aligned), and out
-  // is stored two elements at a time (store_out_pair), so its rows start at even elements (out
-  // itself aligned to two elements). A single sequence's stride is never used.
-  if (a.batch > 1) {
+  // Every row of q is read in 16-byte pieces (like q itself, 16-byte aligned), and out is stored
+  // two elements at a time (store_out_pair), so its rows start at even elements (out itself
+  // aligned to two elements). A single row's stride is never used.
+  if (a.q_rows() > 1) {
     const std::int64_t q_bytes = a.q_stride() * static_cast<std::int64_t>(dtype_size(a.q_dtype));
     if (q_bytes % 16 != 0) {
       fail(ErrorCode::kInvalidArgument, "q_row_stride", a.q_row_stride,
@@ -185,8 +190,15 @@ void check_launch(const DecodeArgs& a, const pagedattn::DecodeOptions& options) 
                             cudaMemcpyDeviceToHost, stream),
             "cudaMemcpyAsync(sinks)");
     }
+    std::vector<std::int32_t> indptr(a.q_indptr ? a.batch + 1 : 0);
+    if (a.q_indptr != nullptr) {
+      check(cudaMemcpyAsync(indptr.data(), a.q_indptr, indptr.size() * sizeof(std::int32_t),
+                            cudaMemcpyDeviceToHost, stream),
+            "cudaMemcpyAsync(q_indptr)");
+    }
     check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-    validate_tables(a, lens.data(), table.data());
+    validate_q_indptr(a, indptr.data());
+    validate_tables(a, lens.data(), table.data(), a.q_indptr ? indptr.data() : nullptr);
     validate_variant_values(a, a.alibi_slopes ? slopes.data() : nullptr,
                             a.sinks ? sinks.data() : nullptr);
   }
@@ -241,7 +253,11 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   p.alibi = a.alibi_slopes;
   p.logit_variant = cap > 0.f || a.alibi_slopes != nullptr;
   p.sinks = a.sinks;
-  p.head_chunks = head_chunks(a);
+  p.q_indptr = a.q_indptr;
+  p.q_rows = a.q_rows();
+  p.max_q = a.q_len_bound();
+  p.rows_per_cta = rows_per_cta(a);
+  p.row_chunks = row_chunks(a);
   p.split_offset = reinterpret_cast<int*>(ws);
   p.part_ml = reinterpret_cast<float*>(ws + lay.offsets_bytes);
   p.part_acc = reinterpret_cast<float*>(ws + lay.offsets_bytes + lay.ml_bytes);
@@ -252,7 +268,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
 
   const bool mma = use_mma(a);
   if (splits > 0) {
-    const std::int64_t grid64 = splits * a.num_kv_heads * p.head_chunks;
+    const std::int64_t grid64 = splits * a.num_kv_heads * p.row_chunks;
     if (grid64 > INT32_MAX) {
       fail(ErrorCode::kUnsupported, "batch", a.batch, "too many work items for one launch");
     }
@@ -285,6 +301,9 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   c.part_ml = p.part_ml;
   c.part_acc = p.part_acc;
   c.split_offset = p.split_offset;
+  c.q_indptr = p.q_indptr;
+  c.q_rows = p.q_rows;
+  c.max_q = p.max_q;
   c.out = a.out;
   c.out_stride = a.out_stride();
   c.lse = a.lse;

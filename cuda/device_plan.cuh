@@ -8,6 +8,7 @@
 #include "pagedattn/split_plan.hpp"
 #include "pagedattn/variants.hpp"
 #include "ptx.cuh"
+#include "query_rows.cuh"
 #include "split_params.cuh"
 
 namespace pagedattn::detail::cuda {
@@ -22,12 +23,22 @@ __device__ __forceinline__ int blocks_of(const SplitParams& p, int len) {
   return q + (len != q * p.block_size);
 }
 
-// The blocks a context of `len` tokens has in the plan, from logical block *first on
-// (planned_blocks of core/split_plan.hpp, through the FastDiv).
-__device__ __forceinline__ int planned_of(const SplitParams& p, int len, int* first) {
+// The blocks a context of `len` tokens with n_q query tokens has in the plan, from logical block
+// *first on (planned_blocks of core/split_plan.hpp, through the FastDiv).
+__device__ __forceinline__ int planned_of(const SplitParams& p, int len, int n_q, int* first) {
+  if (n_q <= 0) {
+    *first = 0;
+    return 0;
+  }
   *first = static_cast<int>(
-      p.block_div.div(static_cast<unsigned>(window_first_token(len, p.plan.window_left))));
+      p.block_div.div(static_cast<unsigned>(queries_first_token(len, n_q, p.plan.window_left))));
   return blocks_of(p, len) - *first;
+}
+
+// Sequence b's planned blocks (its length clamped to the table's capacity).
+__device__ __forceinline__ int planned_of_seq(const SplitParams& p, int b, int* first) {
+  const int len = clamp_len(__ldg(p.lens + b), p.max_blocks * p.block_size);
+  return planned_of(p, len, seq_queries(p, b).n, first);
 }
 
 struct ItemInfo {
@@ -39,11 +50,10 @@ __device__ inline void plan_item(const SplitParams& p, int j, ItemInfo* item) {
   __shared__ int red_max[kWarps];
   __shared__ int red_i[kWarps];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int cap = p.max_blocks * p.block_size;  // validated to fit int32
   long long sum = 0;
   int mx = 0, first = 0;
   for (int b = tid; b < p.batch; b += kThreads) {
-    const int nb = planned_of(p, clamp_len(__ldg(p.lens + b), cap), &first);
+    const int nb = planned_of_seq(p, b, &first);
     sum += nb;
     mx = max(mx, nb);
   }
@@ -74,7 +84,7 @@ __device__ inline void plan_item(const SplitParams& p, int j, ItemInfo* item) {
     const int b = base + tid;
     int ns = 0;
     if (b < p.batch) {
-      ns = splits_for(planned_of(p, clamp_len(__ldg(p.lens + b), cap), &first), chunk);
+      ns = splits_for(planned_of_seq(p, b, &first), chunk);
     }
     int incl = ns;
 #pragma unroll

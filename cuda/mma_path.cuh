@@ -1,9 +1,10 @@
 // The tensor-core path (f16/bf16 caches with q in the same dtype, any group): S = Q K^T and
-// O += P V with mma.sync m16n8k16, the group's query heads as the M rows (padded to 16; up to 4
-// head tiles for groups up to 64), 16-token slices as N (scores) and K (P V). The 4 warps take
-// different token slices (or head tiles for groups > 16), each with its own online-softmax state
-// per row, and merge in a fixed order at the end. P is split into hi + lo parts of the storage
-// type, so the P V product keeps f32-level accuracy.
+// O += P V with mma.sync m16n8k16, the CTA's rows (query token x query head of the group; see
+// query_rows.cuh) as M (padded to 16; up to 4 row tiles, 64 rows), 16-token slices as N (scores)
+// and K (P V). The keys and values are read once for all of a sequence's query tokens. The 4
+// warps take different token slices (or row tiles for more than 16 rows), each with its own
+// online-softmax state per row, and merge in a fixed order at the end. P is split into hi + lo
+// parts of the storage type, so the P V product keeps f32-level accuracy.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include "logit_variants.cuh"
 #include "pagedattn/online_softmax.hpp"
 #include "ptx.cuh"
+#include "query_rows.cuh"
 #include "split_params.cuh"
 #include "store_out.cuh"
 
@@ -25,7 +27,7 @@ struct MmaCfg {
   static constexpr int STAGES = stages_for_tile(TILE);
   // Q fragments live in registers up to D = 128; larger head dims read them from shared memory.
   static constexpr bool kQInSmem = D > 128;
-  static constexpr int QROWS = 64;  // up to 4 head tiles of 16
+  static constexpr int QROWS = kMmaRowsPerCta;  // up to 4 row tiles of 16
   static constexpr int SCRATCH = kWarps * 16 * (D + 2) * 4;
   static constexpr int STAGE_AREA = STAGES * TILE > SCRATCH ? STAGES* TILE : SCRATCH;
   static constexpr int QBYTES = kQInSmem ? QROWS * ROW : 0;
@@ -40,40 +42,49 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   using Op = MmaOp<T>;
   constexpr int STAGES = Cfg::STAGES;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int G = p.group;
-  const int b = item.seq;
-  const int head0 = item.kv * G;  // first query head of the group
+  const int R = item.rows;
   const std::int64_t part_base = item.part_base;
-  using Op = MmaOp<T>;
   char* sQ = smem + Cfg::STAGE_AREA;
-  const int WH = G <= 16 ? 1 : (G <= 32 ? 2 : 4);
+  const int WH = R <= 16 ? 1 : (R <= 32 ? 2 : 4);
   const int WT = kWarps / WH;
   const int wh = warp / WT, wt = warp % WT;
   const int g = lane >> 2, q4 = lane & 3;
-  const char* gq = static_cast<const char*>(p.q) +
-                   (b * p.q_stride + static_cast<std::int64_t>(head0) * D) * sizeof(T);
-  // Q of the group (same dtype as the cache, so exact), rows past the group zero.
+  const T* q = static_cast<const T*>(p.q);
+  // The lane's rows g and g + 8 of its warp's row tile.
+  QueryRow qr[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) qr[r] = query_row(p, item, wh * 16 + g + 8 * r);
+  // Q of the rows (same dtype as the cache, so exact), rows past the CTA's zero.
   constexpr int kQK = MmaCfg<T, D>::kQInSmem ? 1 : D / 16;
   std::uint32_t qf[kQK][4];
   if constexpr (MmaCfg<T, D>::kQInSmem) {
     constexpr int CH = RowGeom<T, D>::kChunks;
     for (int idx = tid; idx < WH * 16 * CH; idx += kThreads) {
       const int r = idx / CH, c = idx - r * CH;
+      const QueryRow row = query_row(p, item, r);
       uint4 v = make_uint4(0, 0, 0, 0);
-      if (r < G) v = *reinterpret_cast<const uint4*>(gq + r * D * sizeof(T) + c * 16);
+      if (row.valid) {
+        v = *reinterpret_cast<const uint4*>(
+            reinterpret_cast<const char*>(q + row.qrow * p.q_stride +
+                                          static_cast<std::int64_t>(row.head) * D) +
+            c * 16);
+      }
       *reinterpret_cast<uint4*>(sQ + RowGeom<T, D>::offset(r, c)) = v;
     }
   } else {
     // A fragments straight from global: a0 (row g, k 2q4), a1 (row g+8), a2 (k+8), a3.
+    const T* qrow[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      qrow[r] = q + qr[r].qrow * p.q_stride + static_cast<std::int64_t>(qr[r].head) * D;
+    }
 #pragma unroll
     for (int kk = 0; kk < kQK; ++kk) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const int row = wh * 16 + g + (r & 1) * 8;
         const int col = kk * 16 + 2 * q4 + (r >> 1) * 8;
-        qf[kk][r] = row < G ? *reinterpret_cast<const std::uint32_t*>(
-                                  gq + (static_cast<std::int64_t>(row) * D + col) * sizeof(T))
-                            : 0u;
+        qf[kk][r] =
+            qr[r & 1].valid ? *reinterpret_cast<const std::uint32_t*>(qrow[r & 1] + col) : 0u;
       }
     }
   }
@@ -98,10 +109,7 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   // The ALiBi slopes of rows g and g + 8 (log2 units; 0 without ALiBi).
   float slope2[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = wh * 16 + g + 8 * r;
-    slope2[r] = alibi_slope2(p, head0 + row, row < G);
-  }
+  for (int r = 0; r < 2; ++r) slope2[r] = alibi_slope2(p, qr[r].head, qr[r].valid);
   int k_at[4], v_at[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -146,10 +154,30 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[n][e] += s_odd[n][e];
       }
-      // Scale, note non-finite logits (x * 0 is 0 for finite x, NaN otherwise; rows that are not
-      // attended to are zero-filled, so they add 0 unless q itself is not finite), mask the rows
-      // the slice's 16 mask bits exclude (warp-uniform: only partial or skipped tiles), row max
-      // (rows g and g + 8; a quad shares a row).
+      // With several query tokens the rows disagree on the slice's last tokens (causal) and, with
+      // a window, on its first ones: there (uniform) each element gets its row's verdict, bit
+      // n * 4 + e of `keep`.
+      const int t0 = pipe.tok_begin + it * Cfg::TT + sl * 16;  // the slice's first token
+      unsigned keep = 0xffu;
+      const bool disagree = rows_disagree(t0, t0 + 15, pipe.last_pos, item.n_q, p.plan.window_left);
+      if (disagree) {
+        keep = 0u;
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int t = t0 + n * 8 + 2 * q4 + (e & 1);
+            keep |= static_cast<unsigned>(
+                        row_attends(t, pipe.last_pos, qr[e >> 1].back, p.plan.window_left))
+                    << (n * 4 + e);
+          }
+        }
+      }
+      // Scale, note non-finite logits of attended tokens (x * 0 is 0 for finite x, NaN
+      // otherwise; rows that are not read are zero-filled, so they add 0 unless q itself is not
+      // finite), mask the rows the slice's 16 mask bits exclude (warp-uniform: only partial or
+      // skipped tiles) and the tokens a row does not attend to, row max (rows g and g + 8; a quad
+      // shares a row).
       const unsigned bits = (tile_mask[sl >> 1] >> ((sl & 1) * 16)) & 0xffffu;
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -157,16 +185,17 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           s[n][e] *= p.scale_log2;
-          bad[e >> 1] = fmaf(s[n][e], 0.f, bad[e >> 1]);
+          bad[e >> 1] = fmaf((keep >> (n * 4 + e)) & 1u ? s[n][e] : 0.f, 0.f, bad[e >> 1]);
         }
       }
       if (p.logit_variant) {  // uniform: the soft-cap and ALiBi, on every column of the slice
-        const int rel0 = pipe.tok_begin + it * Cfg::TT + sl * 16 + 2 * q4 - pipe.last_pos;
+        const int rel0 = t0 + 2 * q4 - pipe.last_pos;  // t - (L - 1); a row's own is + back
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            s[n][e] = variant_logit(p, s[n][e], slope2[e >> 1], rel0 + n * 8 + (e & 1));
+            s[n][e] =
+                variant_logit(p, s[n][e], slope2[e >> 1], rel0 + n * 8 + (e & 1) + qr[e >> 1].back);
           }
         }
       }
@@ -176,6 +205,15 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             if (!((bits >> (n * 8 + 2 * q4 + (e & 1))) & 1u)) s[n][e] = -INFINITY;
+          }
+        }
+      }
+      if (keep != 0xffu) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (!((keep >> (n * 4 + e)) & 1u)) s[n][e] = -INFINITY;
           }
         }
       }
@@ -227,14 +265,49 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
         }
       }
       const char* v_slice = vS + sl * 16 * Cfg::ROW;
+      if (!disagree) {
 #pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        std::uint32_t bv[4];
-        ldmatrix_x4_trans(bv, v_slice + v_at[dp % 4] + (dp / 4) * 128);
-        Op::mma(o[2 * dp], ph, bv[0], bv[1]);
-        Op::mma(o[2 * dp + 1], ph, bv[2], bv[3]);
-        Op::mma(o[2 * dp], pl, bv[0], bv[1]);
-        Op::mma(o[2 * dp + 1], pl, bv[2], bv[3]);
+        for (int dp = 0; dp < D / 16; ++dp) {
+          std::uint32_t bv[4];
+          ldmatrix_x4_trans(bv, v_slice + v_at[dp % 4] + (dp / 4) * 128);
+          Op::mma(o[2 * dp], ph, bv[0], bv[1]);
+          Op::mma(o[2 * dp + 1], ph, bv[2], bv[3]);
+          Op::mma(o[2 * dp], pl, bv[0], bv[1]);
+          Op::mma(o[2 * dp + 1], pl, bv[2], bv[3]);
+        }
+      } else {
+        // A token one row attends to and another does not (a weight of 0 there) must not bring
+        // a non-finite value of V into the second row: 0 x NaN is NaN. So V's non-finite values
+        // go in as 0, and an indicator product (1 where a row attends to a token, times 1 where
+        // the token's V is not finite) makes the columns of the rows that do attend to one NaN.
+        std::uint32_t att[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int bit = (r >> 1) * 4 + (r & 1) * 2;  // element (n, e) of the pair's first value
+          att[r] = ((keep >> bit) & 1u ? Op::kOne : 0u) |
+                   ((keep >> (bit + 1)) & 1u ? Op::kOne << 16 : 0u);
+        }
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          std::uint32_t bv[4], nf[4];
+          ldmatrix_x4_trans(bv, v_slice + v_at[dp % 4] + (dp / 4) * 128);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) nf[j] = take_non_finite<Op>(bv[j]);
+          float hit[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+          Op::mma(hit[0], att, nf[0], nf[1]);
+          Op::mma(hit[1], att, nf[2], nf[3]);
+          Op::mma(o[2 * dp], ph, bv[0], bv[1]);
+          Op::mma(o[2 * dp + 1], ph, bv[2], bv[3]);
+          Op::mma(o[2 * dp], pl, bv[0], bv[1]);
+          Op::mma(o[2 * dp + 1], pl, bv[2], bv[3]);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              if (hit[h][e] > 0.f) o[2 * dp + h][e] = NAN;
+            }
+          }
+        }
       }
     }
     pipe.end(it, next_id);
@@ -273,9 +346,10 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   __syncthreads();
   const int tile_rows = WH * 16;         // 16, 32 or 64
   const int tpr = kThreads / tile_rows;  // threads per row: 8, 4 or 2
-  const int hl = tid / tpr;              // the row: head hl of the group
-  if (hl >= G) return;
-  const int mw = hl / 16, mr = hl % 16;  // its head tile and row in it
+  const int hl = tid / tpr;              // the row
+  if (hl >= R) return;
+  const QueryRow row = query_row(p, item, hl);
+  const int mw = hl / 16, mr = hl % 16;  // its row tile and row in it
   const float* first = scratch + ((mw * WT) * 16 + mr) * SROW;
   // The row's merged state and each warp's factor (fold order wt = 0, 1, ...).
   SoftmaxState2 total{first[D], first[D + 1]};
@@ -307,9 +381,9 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   };
   const int c0 = (tid % tpr) * 2;  // pairs of columns, tpr threads side by side
   if (item.finish) {               // the sequence's only split: out and lse directly
-    const std::int64_t out_row = static_cast<std::int64_t>(b) * p.num_heads + head0 + hl;
-    const std::int64_t out_at = b * p.out_stride + static_cast<std::int64_t>(head0 + hl) * D;
-    const float fa = fold_sink(p, total, head0 + hl);  // the sink: denominator only
+    const std::int64_t out_row = static_cast<std::int64_t>(row.qrow) * p.num_heads + row.head;
+    const std::int64_t out_at = row.qrow * p.out_stride + static_cast<std::int64_t>(row.head) * D;
+    const float fa = fold_sink(p, total, row.head);  // the sink: denominator only
     const float inv = total.inv_sum() * fa;
     for (int c = c0; c < D; c += 2 * tpr) {
       const float2 a = merged(c);
@@ -318,7 +392,8 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
     if (p.lse != nullptr && c0 == 0) p.lse[out_row] = total.lse();
     return;
   }
-  const std::int64_t pidx = part_base + head0 + hl;
+  const std::int64_t pidx =
+      part_base + static_cast<std::int64_t>(item.n_q - 1 - row.back) * p.num_heads + row.head;
   if (c0 == 0) {
     p.part_ml[2 * pidx] = total.m;
     p.part_ml[2 * pidx + 1] = total.l;

@@ -46,6 +46,7 @@ template <typename T>
 struct MmaOp;
 template <>
 struct MmaOp<__nv_bfloat16> {
+  static constexpr std::uint32_t kExpMask = 0x7f80u, kOne = 0x3f80u;  // of one 16-bit value
   static __device__ __forceinline__ std::uint32_t pack(float a, float b) {
     __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
     return *reinterpret_cast<std::uint32_t*>(&h);
@@ -66,6 +67,7 @@ struct MmaOp<__nv_bfloat16> {
 };
 template <>
 struct MmaOp<__half> {
+  static constexpr std::uint32_t kExpMask = 0x7c00u, kOne = 0x3c00u;
   static __device__ __forceinline__ std::uint32_t pack(float a, float b) {
     __half2 h = __floats2half2_rn(a, b);
     return *reinterpret_cast<std::uint32_t*>(&h);
@@ -84,6 +86,22 @@ struct MmaOp<__half> {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
+
+// Zeroes the non-finite values of a pair of 16-bit floats of Op's type in x and returns the
+// pair's indicator: 1 where a value was not finite, else 0.
+template <class Op>
+__device__ __forceinline__ std::uint32_t take_non_finite(std::uint32_t& x) {
+  std::uint32_t ind = 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const std::uint32_t m = Op::kExpMask << (16 * h);
+    if ((x & m) == m) {
+      x &= ~(0xffffu << (16 * h));
+      ind |= Op::kOne << (16 * h);
+    }
+  }
+  return ind;
+}
 
 __device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

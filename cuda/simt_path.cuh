@@ -1,7 +1,8 @@
 // The CUDA-core path (f32 caches, or q in another dtype than the cache): a half-warp
-// per token, each lane 1/16 of the head dim, up to 4 query heads per warp (scores only for the
-// heads a warp holds), per-token online softmax in f32. Groups above 16 run in head chunks of 16,
-// one CTA each (K/V of the group read once per chunk, from L2 for all but the first).
+// per token, each lane 1/16 of the head dim, up to 4 rows (query token x query head; see
+// query_rows.cuh) per warp (scores only for the rows a warp holds), per-token online softmax in
+// f32. More than 16 rows run in row chunks of 16, one CTA each (K/V read once per chunk, from L2
+// for all but the first).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -14,6 +15,7 @@
 #include "logit_variants.cuh"
 #include "pagedattn/online_softmax.hpp"
 #include "ptx.cuh"
+#include "query_rows.cuh"
 #include "split_params.cuh"
 #include "store_out.cuh"
 
@@ -59,7 +61,7 @@ struct SimtCfg {
   static constexpr int TILE = 2 * TT * ROW;
   static constexpr int STAGES = stages_for_tile(TILE);
   static constexpr int E = D / 16;
-  static constexpr int SCRATCH = kWarps * kSimtHeadsPerWarp * (D + 2) * 4;
+  static constexpr int SCRATCH = kWarps * kSimtRowsPerWarp * (D + 2) * 4;
   static constexpr int STAGE_AREA = STAGES * TILE > SCRATCH ? STAGES* TILE : SCRATCH;
   static constexpr int QBYTES = 0;
   using Pipe = KvPipeline<T, D, TT, STAGES>;
@@ -72,37 +74,31 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& i
   using Cfg = SimtCfg<T, D>;
   constexpr int STAGES = Cfg::STAGES;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int G = p.group;
-  const int b = item.seq;
-  const int hc = item.head_chunk;
-  const int head0 = item.kv * G;  // first query head of the group
   const std::int64_t part_base = item.part_base;
   constexpr int E = D / 16;
-  constexpr int HW = kSimtHeadsPerWarp;
-  const int hbase = hc * kSimtHeadsPerCta;  // first head of this chunk, within the group
-  const int GC = min(kSimtHeadsPerCta, G - hbase);
-  const int WH = GC <= HW ? 1 : (GC <= 2 * HW ? 2 : 4);
+  constexpr int HW = kSimtRowsPerWarp;
+  const int R = item.rows;
+  const int WH = R <= HW ? 1 : (R <= 2 * HW ? 2 : 4);
   const int WT = kWarps / WH;
   const int wh = warp / WT, wt = warp % WT;
   const int half = lane >> 4, l16 = lane & 15;
-  const int h_first = hbase + wh * HW;  // first head of this warp, within the group
-  const int nh = max(0, min(HW, G - h_first));
+  const int h_first = wh * HW;  // first row of this warp
+  const int nh = max(0, min(HW, R - h_first));
+  QueryRow qr[HW];
+#pragma unroll
+  for (int h = 0; h < HW; ++h) qr[h] = query_row(p, item, h_first + h);
   float q[HW][E];
 #pragma unroll
   for (int h = 0; h < HW; ++h) {
+    const std::int64_t at = qr[h].qrow * p.q_stride + static_cast<std::int64_t>(qr[h].head) * D;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      q[h][e] = h < nh
-                    ? load_q(p.q, p.q_dtype,
-                             b * p.q_stride + static_cast<std::int64_t>(head0 + h_first + h) * D +
-                                 l16 * E + e) *
-                          p.scale_log2
-                    : 0.f;
+      q[h][e] = h < nh ? load_q(p.q, p.q_dtype, at + l16 * E + e) * p.scale_log2 : 0.f;
     }
   }
   float slope2[HW];  // ALiBi, log2 units (0 without)
 #pragma unroll
-  for (int h = 0; h < HW; ++h) slope2[h] = alibi_slope2(p, head0 + h_first + h, h < nh);
+  for (int h = 0; h < HW; ++h) slope2[h] = alibi_slope2(p, qr[h].head, h < nh);
   pipe.prologue();
   float acc[HW][E];
   SoftmaxState2 st[HW];
@@ -124,9 +120,11 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& i
     for (int r0 = wt * 2; r0 < rows; r0 += 2 * WT) {
       const int r = r0 + half;  // r < TT always; rows past `rows` are masked
       const bool ok = (tile_mask[r >> 5] >> (r & 31)) & 1u;
+      const int t = pipe.tok_begin + it * Cfg::TT + r;
       float kr[E];
       load_slice<T, D, E>(kS, r, l16, kr);
       float sc[HW];
+      bool att[HW];
 #pragma unroll
       for (int h = 0; h < HW; ++h) {
         if (h >= nh) break;  // warp-uniform: a small group leaves a warp's last slots empty
@@ -135,12 +133,16 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& i
         for (int e = 0; e < E; ++e) d = fmaf(q[h][e], kr[e], d);
 #pragma unroll
         for (int o2 = 8; o2 > 0; o2 >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o2);
+        // Whether the row attends to the token: with several query tokens, each row's own
+        // causal bound and window (the tile mask covers the earliest query's window).
+        att[h] =
+            ok && (item.n_q == 1 || row_attends(t, pipe.last_pos, qr[h].back, p.plan.window_left));
         // x * 0 is 0 for a finite logit, NaN otherwise.
-        bad[h] = fmaf(ok ? d : 0.f, 0.f, bad[h]);
+        bad[h] = fmaf(att[h] ? d : 0.f, 0.f, bad[h]);
         if (p.logit_variant) {  // uniform
-          d = variant_logit(p, d, slope2[h], pipe.tok_begin + it * Cfg::TT + r - pipe.last_pos);
+          d = variant_logit(p, d, slope2[h], t - pipe.last_pos + qr[h].back);
         }
-        sc[h] = ok ? d : -INFINITY;
+        sc[h] = d;
       }
       if (ok) {  // per half-warp; no shuffles inside
         float vr[E];
@@ -148,6 +150,9 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& i
 #pragma unroll
         for (int h = 0; h < HW; ++h) {
           if (h >= nh) break;
+          // A token the row does not attend to is skipped, not weighted 0: 0 x a non-finite V
+          // would be NaN.
+          if (!att[h]) continue;
           const float alpha = st[h].rescale_to(sc[h]);
           const float pr = st[h].weight(sc[h]);
           st[h].add(pr);
@@ -207,19 +212,19 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& i
     for (int h = 0; h < HW; ++h) {
       if (h >= nh) break;
       if (item.finish) {  // the sequence's only split: out and lse directly
-        const std::int64_t row = static_cast<std::int64_t>(b) * p.num_heads + head0 + h_first + h;
-        const float fa = fold_sink(p, st[h], head0 + h_first + h);  // the sink: denominator only
+        const std::int64_t row = static_cast<std::int64_t>(qr[h].qrow) * p.num_heads + qr[h].head;
+        const float fa = fold_sink(p, st[h], qr[h].head);  // the sink: denominator only
         const float inv = st[h].inv_sum() * fa;
+        const std::int64_t at =
+            qr[h].qrow * p.out_stride + static_cast<std::int64_t>(qr[h].head) * D + l16 * E;
 #pragma unroll
-        for (int e = 0; e < E; ++e)
-          store_out(
-              p.out, p.out_dtype,
-              b * p.out_stride + static_cast<std::int64_t>(head0 + h_first + h) * D + l16 * E + e,
-              acc[h][e] * inv);
+        for (int e = 0; e < E; ++e) store_out(p.out, p.out_dtype, at + e, acc[h][e] * inv);
         if (p.lse != nullptr && l16 == 0) p.lse[row] = st[h].lse();
         continue;
       }
-      const std::int64_t pidx = part_base + head0 + h_first + h;
+      const std::int64_t pidx = part_base +
+                                static_cast<std::int64_t>(item.n_q - 1 - qr[h].back) * p.num_heads +
+                                qr[h].head;
       if (l16 == 0) {
         p.part_ml[2 * pidx] = st[h].m;
         p.part_ml[2 * pidx + 1] = st[h].l;

@@ -1,4 +1,4 @@
-// The split-decode kernel: one CTA per work item (sequence, kv head, split[, head chunk]) of the
+// The split-decode kernel: one CTA per work item (sequence, kv head, split[, row chunk]) of the
 // core's split plan, planned on the device by every CTA from the context lengths
 // (device_plan.cuh), so a fixed grid (sized from shapes only) serves any context lengths:
 // CUDA-graph safe.
@@ -50,16 +50,23 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
 #endif
   const int i = blockIdx.x;
   CtaItem item;
-  item.head_chunk = i % p.head_chunks;
-  item.kv = (i / p.head_chunks) % p.num_kv_heads;
-  plan_item(p, i / (p.head_chunks * p.num_kv_heads), &plan);
+  const int row_chunk = i % p.row_chunks;
+  item.kv = (i / p.row_chunks) % p.num_kv_heads;
+  plan_item(p, i / (p.row_chunks * p.num_kv_heads), &plan);
   if (!plan.found) return;  // uniform: past the plan's items
   item.seq = plan.seq;
-  item.part_base = static_cast<std::int64_t>(plan.offset + plan.split) * p.num_heads;
+  const SeqQueries sq = seq_queries(p, item.seq);
+  item.q_row0 = sq.row0;
+  item.n_q = sq.n;
+  item.row_begin = row_chunk * p.rows_per_cta;
+  item.rows = min(p.rows_per_cta, sq.n * p.group - item.row_begin);
+  if (item.rows <= 0) return;  // uniform: a row chunk past this sequence's query tokens
+  item.part_base = static_cast<std::int64_t>(plan.offset + plan.split) * p.max_q * p.num_heads;
 
   const int len = clamp_len(__ldg(p.lens + item.seq), p.max_blocks * p.block_size);
+  item.last_pos = len - 1;
   int first = 0;  // with a window, the blocks before it are not planned
-  const int nb = planned_of(p, len, &first);
+  const int nb = planned_of(p, len, sq.n, &first);
   item.finish = splits_for(nb, plan.chunk) == 1;
   int blk_begin = 0, blk_end = 0;
   split_block_range(nb, plan.chunk, plan.split, &blk_begin, &blk_end);
@@ -75,7 +82,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   pipe.gK = static_cast<const char*>(p.k) + head_off;
   pipe.v_minus_k = static_cast<const char*>(p.v) - static_cast<const char*>(p.k);
   pipe.tok_begin = blk_begin * p.block_size;
-  pipe.tok_lo = window_first_token(len, p.plan.window_left);
+  pipe.tok_lo = queries_first_token(len, sq.n, p.plan.window_left);
   pipe.tok_end = min(blk_end * p.block_size, len);
   pipe.last_pos = len - 1;
   pipe.ntiles = (pipe.tok_end - pipe.tok_begin + TT - 1) / TT;

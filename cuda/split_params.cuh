@@ -13,10 +13,13 @@ namespace pagedattn::detail::cuda {
 
 constexpr int kThreads = 128;  // every split CTA: 4 warps
 constexpr int kWarps = kThreads / 32;
-// The CUDA-core path holds up to 4 query heads per warp, 16 per CTA: larger groups run in head
-// chunks of 16, one CTA each (SplitParams::head_chunks).
-constexpr int kSimtHeadsPerWarp = 4;
-constexpr int kSimtHeadsPerCta = kSimtHeadsPerWarp * kWarps;
+// A CTA holds the rows (query token, query head of the group) of one kv head, query token major:
+// row r is token r / group, head r % group. The CUDA-core path holds up to 4 rows per warp, 16
+// per CTA; the tensor-core path up to 4 M tiles of 16, 64 per CTA. More rows (large groups, or
+// several query tokens) run in row chunks, one CTA each (SplitParams::row_chunks).
+constexpr int kSimtRowsPerWarp = 4;
+constexpr int kSimtRowsPerCta = kSimtRowsPerWarp * kWarps;
+constexpr int kMmaRowsPerCta = 64;
 
 struct SplitParams {
   const void* q;
@@ -39,10 +42,17 @@ struct SplitParams {
   const float* alibi;
   bool logit_variant;
   const float* sinks;  // f32 [num_heads] in natural-log units, or null
-  int head_chunks;     // CTAs per item along the group (CUDA-core path with group > 16)
-  float* part_ml;      // [partials][2]: m (log2 units), l
-  float* part_acc;     // [partials][head_dim]
-  int* split_offset;   // [batch + 1], written by CTA 0 for the combine
+  // Multi-token queries (DecodeArgs::q_indptr, or null: one query token per sequence, at row b):
+  // q_rows rows of q, out and lse (num_q_tokens, or batch) and at most max_q tokens per sequence
+  // (max_q_len, or 1); what the kernels read from q_indptr is clamped into those bounds.
+  const std::int32_t* q_indptr;
+  int q_rows, max_q;
+  int rows_per_cta;  // kMmaRowsPerCta or kSimtRowsPerCta
+  int row_chunks;    // CTAs per item: ceil(group * max_q / rows_per_cta)
+  // The partial states of one (sequence, split) are max_q * num_heads rows, query token major.
+  float* part_ml;     // [partials][2]: m (log2 units), l
+  float* part_acc;    // [partials][head_dim]
+  int* split_offset;  // [batch + 1], written by CTA 0 for the combine
   // A sequence with a single split is finished by its CTA: out (out_dtype) and lse (may be
   // null) written directly, no partial state; the combine skips it.
   void* out;
@@ -58,7 +68,9 @@ struct SplitParams {
 struct CtaItem {
   int seq;                 // b
   int kv;                  // kv head
-  int head_chunk;          // CUDA-core path with group > 16: which 16 heads of the group
+  int row_begin, rows;     // this CTA's rows: [row_begin, row_begin + rows) of the kv head's
+  int q_row0, n_q;         // the sequence's first row of q / out / lse, and its query tokens
+  int last_pos;            // the last query token's position, L - 1
   std::int64_t part_base;  // first partial-state index of this (sequence, split)
   bool finish;             // the sequence's only split: write out and lse, no partial state
 };

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU job, run on the H200 machine from the repository root over a build made elsewhere:
 #   scripts/gpu_job.sh [stage...]     stages: tests sanitize bench flashinfer anchors fuzz ncu
-#                                     ncu-flashinfer cp python variants (default: tests
+#                                     ncu-flashinfer cp python variants qlen (default: tests
 #                                     sanitize bench flashinfer anchors fuzz)
 # Env: BUILD (default build-gpu), OUT (logs; default ./out), ANCHORS (the seed benchmark folder,
 # default .anchors), FLASHINFER (FlashInfer's decode benchmark binary, default .fi/fi_decode_bench,
@@ -11,7 +11,8 @@
 # flashinfer.csv, flashinfer.log, fuzz.log, ncu.log, cp.log, cp_bench.csv, python.log,
 # variants.csv, summary.txt.
 # variants: plain decode against each attention variant and all of them, on three anchor shapes
-# (bf16) and one f32 shape (the CUDA-core path).
+# (bf16) and one f32 shape (the CUDA-core path). qlen: multi-token queries (q_len 1 to 16) on
+# the large-KV shapes, ours and FlashInfer's prefill path (qlen.csv, fi_qlen.csv).
 # cp: context-parallel decode over NCCL on every visible GPU (NCCL from the machine's
 # nvidia-nccl-cu13 wheel; NCCL_NVLS_ENABLE=0 keeps NVLink multicast off). python: builds the
 # Python package for this machine's python3 (PYDEPS: a prefix with xsimd and Eigen's CMake
@@ -54,7 +55,7 @@ if has tests; then
 fi
 
 if has sanitize; then
-  SMALL='CudaDecode.StreamAndWorkspace:CudaDecode.ConcurrentStreamsUseSeparateWorkspaces:*NonFinite*cuda_bf16*:*Merge*cuda*:CudaDecode.UncheckedCorruptTablesStayInBounds:CudaDecode.CheckedModeReportsTheCpuErrors:CudaDecode.GraphReplayWithNewLengths:CudaDecode.MixedDtypes:CudaDecode.BlockSizes:*cuda_bf16_d80_bs7_g*_ctx1000:*cuda_f32_d256_bs1_g4_ctxBSp1:*cuda_f16_d64_bs32_gall_ctx1000:*VariantReference*cuda_all_bf16_d128_bs16_g8:*VariantReference*cuda_all_f32_d80_bs7_g1:*VariantReference*cuda_window_bf16_d128_bs1_g16:VariantCuda.*:*VariantBackend.EmptyContext*cuda:*VariantBackend.SinksOnly*cuda'
+  SMALL='CudaDecode.StreamAndWorkspace:CudaDecode.ConcurrentStreamsUseSeparateWorkspaces:*NonFinite*cuda_bf16*:*Merge*cuda*:CudaDecode.UncheckedCorruptTablesStayInBounds:CudaDecode.UncheckedCorruptQueryIndptrStaysInBounds:CudaDecode.CheckedModeReportsTheCpuErrors:CudaDecode.GraphReplayWithNewLengths:CudaDecode.MixedDtypes:CudaDecode.BlockSizes:*cuda_bf16_d80_bs7_g*_ctx1000:*cuda_f32_d256_bs1_g4_ctxBSp1:*cuda_f16_d64_bs32_gall_ctx1000:*VariantReference*cuda_all_bf16_d128_bs16_g8:*VariantReference*cuda_all_f32_d80_bs7_g1:*VariantReference*cuda_window_bf16_d128_bs1_g16:VariantCuda.*:*VariantBackend.EmptyContext*cuda:*VariantBackend.SinksOnly*cuda:*QueryToken*cuda*'
   {
     echo "## memcheck"
     timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTS" \
@@ -127,6 +128,35 @@ if has variants; then
     note "variants f32 '$v' rc=$?"
   done
   cat "$OUT/variants.csv" >> "$SUMMARY"
+fi
+
+if has qlen; then
+  # Multi-token queries: every sequence with q_len 1, 4 and 8 query tokens (bf16, graph replay)
+  # on the shapes of >= 512 MB of KV plus 32x4096, then FlashInfer's tensor-core prefill path
+  # with the same query tokens and a causal mask (FLASHINFER_QLEN, built by .fi's build script).
+  QSHAPES=(1,32,8,128,131072 8,32,8,128,32768 32,32,8,128,4096 32,32,8,128,16384
+    128,32,8,128,4096 32,32,32,128,4096 64,64,8,128,4096)
+  args=()
+  for s in "${QSHAPES[@]}"; do args+=(--shape "$s"); done
+  : > "$OUT/qlen.csv"
+  for n in 1 2 4 8 16; do
+    timeout 150 "$BENCH" --backend cuda --dtype bf16 --csv --q-len "$n" "${args[@]}" \
+      2>> "$OUT/qlen.log" | { [ "$n" = 1 ] && cat || tail -n +2; } >> "$OUT/qlen.csv"
+    note "qlen $n rc=$?"
+  done
+  timeout 150 "$BENCH" --backend cuda --dtype bf16 --csv --q-len 4 --soft-cap 30 --alibi \
+    --sinks --window 1023 --shape 32,32,8,128,4096 --shape 128,32,8,128,4096 \
+    2>> "$OUT/qlen.log" | tail -n +2 | sed 's/^cuda,/cuda-variants,/' >> "$OUT/qlen.csv"
+  note "qlen 4 with variants rc=$?"
+  grep -m1 -E 'GPU read bandwidth' "$OUT/qlen.log" | tee -a "$SUMMARY"
+  FLASHINFER_QLEN=${FLASHINFER_QLEN:-.fi/fi_qlen_bench}
+  if [ -x "$FLASHINFER_QLEN" ]; then
+    timeout 300 "$FLASHINFER_QLEN" --backend tc --q-len 1,2,4,8,16 \
+      --shapes "$(IFS=';'; echo "${QSHAPES[*]}")" > "$OUT/fi_qlen.csv" 2> "$OUT/fi_qlen.log"
+    note "flashinfer qlen rc=$?"
+    cat "$OUT/fi_qlen.csv" >> "$SUMMARY"
+  fi
+  cat "$OUT/qlen.csv" >> "$SUMMARY"
 fi
 
 if has fuzz; then

@@ -357,6 +357,35 @@ TEST(CudaDecode, UncheckedCorruptTablesStayInBounds) {
   }
 }
 
+// Unchecked mode with a corrupt q_indptr (multi-token queries): the kernels clamp each sequence's
+// rows into [0, num_q_tokens) and its count to max_q_len, so nothing is read or written outside
+// q, out and lse (compute-sanitizer's memcheck runs this test), and the call still completes.
+TEST(CudaDecode, UncheckedCorruptQueryIndptrStaysInBounds) {
+  SKIP_WITHOUT_CUDA();
+  // Six rows of q / out / lse, shared by four sequences through a garbage q_indptr.
+  testing::HostCase c =
+      testing::make_case(spec_for(DType::kBF16, 8, 2, 64, 16, {100, 200, 50, 10, 30, 40}));
+  DeviceCase d(c.args());
+  const std::vector<std::int32_t> indptr = {5, -3, 1 << 30, 2, -100};
+  DeviceBuffer dev_indptr(indptr.data(), indptr.size() * sizeof(std::int32_t));
+  DecodeArgs a = d.args();
+  a.batch = 4;
+  a.q_indptr = dev_indptr.as<std::int32_t>();
+  a.num_q_tokens = 6;
+  a.max_q_len = 4;
+  decode(a, cuda_options());
+  testing::device_synchronize();
+  // And checked mode names the first bad entry.
+  DecodeOptions checked = cuda_options();
+  checked.cuda_checked = true;
+  try {
+    decode(a, checked);
+    ADD_FAILURE() << "a corrupt q_indptr passed checked mode";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "q_indptr[0]");
+  }
+}
+
 // out is stored two elements at a time: one element off is an error naming out, before any
 // launch (a misaligned store would fault and ruin the context), and nothing is written.
 TEST(CudaDecode, MisalignedOutIsAnError) {

@@ -195,6 +195,10 @@ void validate_shapes(const DecodeArgs& a, bool require_out) {
       fail(ErrorCode::kInvalidArgument, "num_q_tokens", a.num_q_tokens, "must not be negative");
     }
     require_positive("max_q_len", a.max_q_len);
+    if (a.batch == 0 && a.num_q_tokens != 0) {  // q_indptr[batch] = q_indptr[0] = 0
+      fail(ErrorCode::kInvalidArgument, "num_q_tokens", a.num_q_tokens,
+           "must be 0 when batch is 0");
+    }
   }
   const std::int64_t row = static_cast<std::int64_t>(a.num_heads) * a.head_dim;
   const std::pair<const char*, std::int64_t> row_strides[] = {{"q_row_stride", a.q_row_stride},

@@ -152,8 +152,9 @@ struct DecodeOptions {
 };
 
 // Device workspace bytes the CUDA backend needs for these shapes on the current device. Depends
-// on batch, heads, head_dim, block_size and max_blocks_per_seq only (not on context lengths), so
-// one workspace serves every later step of the same shapes, CUDA-graph replays included.
+// on batch, heads, head_dim, block_size, max_blocks_per_seq and max_q_len only (not on context
+// lengths or q_indptr's values), so one workspace serves every later step of the same shapes,
+// CUDA-graph replays included.
 std::size_t cuda_workspace_size(const DecodeArgs& args);
 
 // Runs decode attention. Throws pagedattn::Error on bad input, before writing anything.

@@ -47,12 +47,11 @@ void validate_tables(const DecodeArgs& args, const std::int32_t* context_lens,
                      const std::int32_t* block_table, const std::int32_t* q_indptr = nullptr);
 
 // q_indptr given in host memory (args.q_indptr's values): q_indptr[0] = 0, non-decreasing, each
-// sequence's count at most max_query_len, q_indptr[batch] = num_q_tokens.
+// sequence's count at most max_q_len, q_indptr[batch] = num_q_tokens.
 void validate_q_indptr(const DecodeArgs& args, const std::int32_t* q_indptr);
 
 // alibi_slopes and sinks given in host memory (either may be null): every slope finite, no sink
 // NaN or +inf.
-void validate_variant_values(const DecodeArgs& args, const float* alibi_slopes,
-                             const float* sinks);
+void validate_variant_values(const DecodeArgs& args, const float* alibi_slopes, const float* sinks);
 
 }  // namespace pagedattn
