@@ -1,8 +1,10 @@
 // The attention variants pagedattn-bench applies to every row it times (--window, --soft-cap,
-// --alibi, --sinks) and their per-head values, the same for the CPU and the CUDA timings.
+// --alibi, --sinks) and their per-head values, and its multi-token queries (--q-len), the same
+// for the CPU and the CUDA timings.
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <vector>
 
@@ -56,6 +58,25 @@ inline void apply_variants(const Variants& v, const float* slopes, const float* 
   a.logits_soft_cap = v.soft_cap;
   a.alibi_slopes = v.alibi ? slopes : nullptr;
   a.sinks = v.sinks ? sinks : nullptr;
+}
+
+// Uniform multi-token queries: q_indptr = 0, q_len, 2 q_len, ..., batch q_len (empty when
+// q_len is 1, which is plain decode).
+inline std::vector<std::int32_t> uniform_q_indptr(int batch, int q_len) {
+  std::vector<std::int32_t> p;
+  if (q_len <= 1) return p;
+  p.resize(static_cast<std::size_t>(batch) + 1);
+  for (int b = 0; b <= batch; ++b) p[b] = static_cast<std::int32_t>(b * q_len);
+  return p;
+}
+
+// Sets a's multi-token query fields for q_len query tokens per sequence, q_indptr (from
+// uniform_q_indptr) where a's other buffers are; nothing when q_len is 1.
+inline void apply_q_len(int q_len, const std::int32_t* q_indptr, DecodeArgs& a) {
+  if (q_len <= 1) return;
+  a.q_indptr = q_indptr;
+  a.num_q_tokens = a.batch * q_len;
+  a.max_q_len = q_len;
 }
 
 }  // namespace pagedattn::bench

@@ -77,7 +77,7 @@ void fill(void* p, DType t, std::size_t n, std::uint64_t seed) {
 
 // One input set: its own cache pool, table (a random permutation when fragmented), q, out.
 struct InputSet {
-  DeviceBuffer q, k, v, table, lens, out, lse;
+  DeviceBuffer q, k, v, table, lens, out, lse, q_indptr;
   DecodeArgs args;
 };
 
@@ -155,7 +155,11 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
   std::mt19937_64 rng(20261129u + static_cast<std::uint64_t>(B) * 131 + s.context);
   std::vector<InputSet> in;
   in.reserve(sets);
-  const std::size_t qo = static_cast<std::size_t>(B) * H * D;
+  // q, out and lse have a row per query token: batch * q_len with q_len query tokens per
+  // sequence (q_indptr uniform), batch without.
+  const std::vector<std::int32_t> host_q_indptr = uniform_q_indptr(B, s.q_len);
+  const std::size_t rows = static_cast<std::size_t>(s.q_rows());
+  const std::size_t qo = rows * H * D;
   std::vector<std::vector<std::int32_t>> tables;
   for (int i = 0; i < sets; ++i) {
     // Each row takes its sequence's blocks from the (shuffled) pool; -1 past its context.
@@ -168,7 +172,8 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
                  DeviceBuffer(host_table.size() * 4),
                  DeviceBuffer(B * 4),
                  DeviceBuffer(qo * esz),
-                 DeviceBuffer(static_cast<std::size_t>(B) * H * 4),
+                 DeviceBuffer(rows * H * 4),
+                 DeviceBuffer(host_q_indptr.data(), host_q_indptr.size() * 4),
                  {}};
     fill(set.q.get(), dtype, qo, 3 * i + 1);
     fill(set.k.get(), dtype, cache_elems, 3 * i + 2);
@@ -196,6 +201,7 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     a.lse = static_cast<float*>(set.lse.get());
     apply_variants(variants, static_cast<const float*>(slopes.get()),
                    static_cast<const float*>(sinks.get()), a);
+    apply_q_len(s.q_len, static_cast<const std::int32_t*>(set.q_indptr.get()), a);
     in.push_back(std::move(set));
   }
   check_cuda(cudaDeviceSynchronize(), "fill");
@@ -223,13 +229,26 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     check_cuda(cudaMemcpy(hv.data(), in[0].v.get(), hv.size(), cudaMemcpyDeviceToHost), "copy v");
     check_cuda(cudaMemcpy(hout.data(), in[0].out.get(), hout.size(), cudaMemcpyDeviceToHost),
                "copy out");
+    // The reference attends each query token over its own context, so with q_len query tokens
+    // a sequence costs q_len contexts. When sequence 0's alone exceed the budget only its last
+    // m >= 1 are checked: they attend exactly as the m query tokens of a sequence with m would.
+    constexpr double kBudget = 65536;
     int sub = 0;
-    for (double tokens = 0; sub < B && (sub == 0 || tokens + host_lens[sub] <= 65536); ++sub) {
-      tokens += host_lens[sub];
+    for (double tokens = 0;
+         sub < B && (sub == 0 || tokens + static_cast<double>(host_lens[sub]) * s.q_len <= kBudget);
+         ++sub) {
+      tokens += static_cast<double>(host_lens[sub]) * s.q_len;
     }
+    int m = s.q_len;  // sequence 0's query tokens checked: its last m
+    if (sub == 1 && static_cast<double>(host_lens[0]) * s.q_len > kBudget) {
+      m = static_cast<int>(std::max(
+          1.0, std::min<double>(s.q_len, std::floor(kBudget / std::max(host_lens[0], 1)))));
+    }
+    const std::size_t row0 = static_cast<std::size_t>(s.q_len - m);  // the first row checked
+    const std::int32_t tail_indptr[2] = {0, m};
     DecodeArgs h = in[0].args;
     h.batch = sub;
-    h.q = hq.data();
+    h.q = hq.data() + row0 * H * D * esz;
     h.k_cache = hk.data();
     h.v_cache = hv.data();
     h.block_table = tables[0].data();
@@ -237,13 +256,15 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     h.out = nullptr;
     h.lse = nullptr;
     apply_variants(variants, host_values.slopes.data(), host_values.sinks.data(), h);
+    apply_q_len(s.q_len, m < s.q_len ? tail_indptr : host_q_indptr.data(), h);
+    if (h.q_indptr) h.num_q_tokens = m < s.q_len ? m : host_q_indptr[sub];
     std::vector<std::uint8_t> scratch(qo * esz);
     h.out = scratch.data();
     const ReferenceResult ref = reference_decode(h);
     double scale = 1e-30, err = 0;
     for (std::size_t i = 0; i < ref.out.size(); ++i) {
       scale = std::max(scale, std::fabs(ref.out[i]));
-      const double got = load_as_float(hout.data(), dtype, i);
+      const double got = load_as_float(hout.data(), dtype, row0 * H * D + i);
       err = std::isfinite(got) ? std::max(err, std::fabs(got - ref.out[i]))
                                : std::numeric_limits<double>::infinity();
     }

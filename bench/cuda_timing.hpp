@@ -2,6 +2,8 @@
 // cuda_timing.cu when the CUDA backend is, else from cuda_timing_unavailable.cpp.
 #pragma once
 
+#include <cstdint>
+
 #include "bench_variants.hpp"
 #include "pagedattn/pagedattn.hpp"
 
@@ -10,8 +12,12 @@ namespace pagedattn::bench {
 struct Shape {
   int batch, heads, kv_heads, head_dim, context, block_size;
   int long_first = 0;  // > 0: sequence 0 holds this many tokens instead (a skewed batch)
+  // Query tokens per sequence (DecodeArgs::q_indptr, uniform); 1: plain decode, no q_indptr.
+  int q_len = 1;
 
   int context_of(int b) const { return b == 0 && long_first > 0 ? long_first : context; }
+  // Rows of q, out and lse.
+  std::int64_t q_rows() const { return static_cast<std::int64_t>(batch) * q_len; }
   double total_tokens() const {
     return batch <= 0
                ? 0.0
@@ -36,7 +42,8 @@ struct Timing {
 double cuda_read_ceiling_gbps();
 
 // Times decode on the CUDA backend for one shape (every sequence at `context` tokens, sequence 0
-// at long_first when set), with inputs rotated across more than the L2 size.
+// at long_first when set, each with q_len query tokens), with inputs rotated across more than the
+// L2 size.
 Timing cuda_time_shape(const Shape& shape, DType dtype, const CudaTimingOptions& options);
 
 }  // namespace pagedattn::bench

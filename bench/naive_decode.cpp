@@ -19,16 +19,29 @@ void naive_rows(const DecodeArgs& a, int threads) {
   const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
   const T* k_cache = static_cast<const T*>(a.k_cache);
   const T* v_cache = static_cast<const T*>(a.v_cache);
-  const std::int64_t rows = static_cast<std::int64_t>(a.batch) * H;
   const float cap = a.logits_soft_cap;
+  // Each query token's sequence and the context it attends to: with q_indptr, token i of
+  // sequence b's n at position P = L_b - n + i is a query of a context of P + 1 tokens, and
+  // reads its keys and values itself, as a first implementation would.
+  const int tokens = a.q_rows();
+  std::vector<int> seq_of(tokens), len_of(tokens);
+  for (int b = 0; b < a.batch; ++b) {
+    const int first = a.q_indptr ? a.q_indptr[b] : b;
+    const int n = a.q_indptr ? a.q_indptr[b + 1] - first : 1;
+    for (int i = 0; i < n; ++i) {
+      seq_of[first + i] = b;
+      len_of[first + i] = std::max(0, a.context_lens[b] - n + i + 1);
+    }
+  }
+  const std::int64_t rows = static_cast<std::int64_t>(tokens) * H;
 
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> q(D), acc(D), s(BS);
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t row = 0; row < rows; ++row) {
-      const int b = static_cast<int>(row / H), h = static_cast<int>(row % H), kv = h / G;
-      const int L = a.context_lens[b];
+      const int token = static_cast<int>(row / H), h = static_cast<int>(row % H), kv = h / G;
+      const int b = seq_of[token], L = len_of[token];
       for (int d = 0; d < D; ++d) q[d] = load_as_float(a.q, a.q_dtype, row * D + d);
       for (int d = 0; d < D; ++d) acc[d] = 0.f;
       float m = -INFINITY, l = 0.f;

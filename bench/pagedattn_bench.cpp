@@ -5,6 +5,7 @@
 //                   [--shape B,H,KV,D,CTX[,BS]]... [--threads N] [--csv] [--contiguous]
 //                   [--iters N] [--min-time S] [--bw-mib N] [--no-naive] [--plain]
 //                   [--long-first TOKENS] [--window N] [--soft-cap X] [--alibi] [--sinks]
+//                   [--q-len N]
 //
 // Every flag is parsed strictly (cli/args.hpp) and every shape checked before anything is
 // measured; a bad one is a message naming the flag and the value, and exit status 2.
@@ -16,6 +17,11 @@
 // The attention variants (--window, --soft-cap, --alibi, --sinks) apply to every row, the naive
 // baseline's too, and the output says which were on. With a window a step reads only the attended
 // tokens' K/V, and GB/s counts only those bytes.
+//
+// --q-len N gives every sequence N query tokens (speculative decoding, chunked prefill:
+// DecodeArgs::q_indptr), so q and out have batch * N rows. GB/s still counts each sequence's
+// attended K/V once, as the least a step must read for all of its query tokens together: a
+// backend that reads it once per query token shows that as a lower GB/s.
 #include <omp.h>
 #include <unistd.h>
 
@@ -27,6 +33,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -66,6 +73,7 @@ struct Options {
   bool plain = false;        // CUDA: plain launches instead of CUDA-graph replays
   int long_first = 0;        // > 0: sequence 0 of every shape holds this many tokens
   bench::Variants variants;  // --window, --soft-cap, --alibi, --sinks: on every row
+  int q_len = 1;             // --q-len: query tokens per sequence
   int iters = 20;            // timed runs at least
   double min_time = 0.5;     // seconds of timed runs at least
   double max_time = 10.0;    // stop after this many seconds (at least 3 runs)
@@ -77,6 +85,7 @@ constexpr long long kMaxIters = 1000000000;
 constexpr double kMaxSeconds = 3600;    // --min-time
 constexpr long long kMaxBwMib = 65536;  // --bw-mib: 64 GiB
 constexpr double kMaxSoftCap = 1e6;     // --soft-cap
+constexpr int kMaxQLen = 1 << 20;       // --q-len
 
 void print_help(const char* prog) {
   std::printf(
@@ -110,9 +119,15 @@ void print_help(const char* prog) {
       "  --alibi            ALiBi biases with the paper's slopes 2^(-8 (h + 1) / H)\n"
       "  --sinks            attention sinks: one random logit per head, uniform in [-2, 2],\n"
       "                     from a fixed seed\n"
+      "multi-token queries:\n"
+      "  --q-len N          query tokens per sequence, 1 to %d (default 1): token i of each\n"
+      "                     sequence's N sits at position CTX - N + i and attends causally to\n"
+      "                     the tokens up to it (q_indptr); q and out have B * N rows. GB/s and\n"
+      "                     %%readBW count each sequence's attended K/V once, from its earliest\n"
+      "                     query's first attended token on (the CSV's q_len column)\n"
       "  --help, -h         this text\n",
       prog, kMaxGroupSize, kMaxBlockSize, kMaxThreads, kMaxIters, kMaxSeconds, kMaxBwMib,
-      kMaxTokens, kMaxTokens, kMaxSoftCap);
+      kMaxTokens, kMaxTokens, kMaxSoftCap, kMaxQLen);
 }
 
 Shape parse_shape(const std::string& text) {
@@ -156,12 +171,32 @@ void validate_shape(const Shape& s, const std::string& text, const Options& o) {
   } catch (const Error& e) {
     bad(std::string(e.what()).substr(std::strlen("pagedattn: ")));
   }
+  // The query tokens of every sequence are rows of q, out and lse: their count is an int, and
+  // q and out (with the CPU backend's per-token tables) must fit in memory.
+  if (s.q_rows() > std::numeric_limits<int>::max()) {
+    cli::bad_value("--q-len", std::to_string(o.q_len),
+                   "batch * q_len = " + std::to_string(s.q_rows()) + " query tokens of --shape " +
+                       text + " exceed the int32 range");
+  }
+  const double have = physical_memory_bytes();
+  for (DType t : o.dtypes) {
+    const double row_bytes = static_cast<double>(s.heads) * s.head_dim * (2.0 * dtype_size(t) + 4) +
+                             4.0 * a.max_blocks_per_seq;
+    const double q_bytes = static_cast<double>(s.q_rows()) * row_bytes;
+    if (o.q_len > 1 && have > 0 && q_bytes > 0.25 * have) {
+      char why[200];
+      std::snprintf(why, sizeof why,
+                    "the %s q, out and lse of --shape %s take %.1f GiB with %d query tokens per "
+                    "sequence, more than a quarter of this machine's %.1f GiB",
+                    dtype_name(t), text.c_str(), q_bytes / (1 << 30), o.q_len, have / (1 << 30));
+      cli::bad_value("--q-len", std::to_string(o.q_len), why);
+    }
+  }
   for (DType t : o.dtypes) {
     const double blocks =
         (s.batch - 1.0) * std::ceil(static_cast<double>(s.context) / s.block_size) +
         std::ceil(static_cast<double>(s.context_of(0)) / s.block_size);
     const double bytes = 2.0 * blocks * s.block_size * s.kv_heads * s.head_dim * dtype_size(t);
-    const double have = physical_memory_bytes();
     if (have > 0 && bytes > 0.5 * have) {
       char why[160];
       std::snprintf(why, sizeof why,
@@ -219,6 +254,8 @@ Options parse(int argc, char** argv) {
       o.variants.alibi = true;
     } else if (args.is("--sinks")) {
       o.variants.sinks = true;
+    } else if (args.is("--q-len")) {
+      o.q_len = static_cast<int>(args.integer(1, kMaxQLen));
     } else {
       args.unknown();
     }
@@ -235,6 +272,7 @@ Options parse(int argc, char** argv) {
   if (o.dtypes.empty()) o.dtypes.push_back(DType::kBF16);
   for (std::size_t i = 0; i < o.shapes.size(); ++i) {
     o.shapes[i].long_first = o.long_first;
+    o.shapes[i].q_len = o.q_len;
     validate_shape(o.shapes[i], o.shape_texts[i], o);
   }
   if (o.threads == 0) o.threads = omp_get_max_threads();
@@ -244,11 +282,13 @@ Options parse(int argc, char** argv) {
 
 // Tokens of each kv head one decode step attends to over the batch: every context's, or with a
 // window the last window_left + 1 of each (from window_first_token on; the blocks before it, and
-// the slots of the first attended block before it, are never read).
+// the slots of the first attended block before it, are never read). With q_len query tokens a
+// sequence's tokens from its earliest query's window start on (queries_first_token), counted
+// once: the K/V all of its query tokens read together.
 double attended_tokens(const Shape& s, int window_left) {
   if (s.batch <= 0) return 0.0;
   const auto attended = [&](int len) {
-    return static_cast<double>(len - window_first_token(len, window_left));
+    return static_cast<double>(len - queries_first_token(len, s.q_len, window_left));
   };
   return (s.batch - 1) * attended(s.context) + attended(s.context_of(0));
 }
@@ -280,22 +320,45 @@ double median_ms(const std::function<void(int)>& fn, int warmup, int min_iters, 
 }
 
 // rel_err = max |out - ref| / max |ref| over the first sequences whose reference is quick to
-// compute (the whole batch on the default grid); NaN when even one sequence is too large.
+// compute (the whole batch on the default grid). The reference attends each query token over
+// its own context, so with several query tokens a sequence costs that many. When sequence 0's
+// query tokens alone are too many, only its last m are checked (they attend exactly as the m
+// query tokens of a sequence with m would); NaN when even one is too large.
 double rel_err_vs_reference(const DecodeArgs& args) {
   constexpr double kMaxTokenHeads = 8.0 * 1024 * 1024;
+  const auto queries = [&](int b) {
+    return args.q_indptr ? std::max(args.q_indptr[b + 1] - args.q_indptr[b], 1) : 1;
+  };
   DecodeArgs sub = args;
   sub.batch = 0;
   double work = 0;
   for (int b = 0; b < args.batch; ++b) {
-    work += static_cast<double>(args.context_lens[b]) * args.num_kv_heads;
+    work += static_cast<double>(args.context_lens[b]) * args.num_kv_heads * queries(b);
     if (work > kMaxTokenHeads && sub.batch > 0) break;
     sub.batch = b + 1;
   }
-  if (work > kMaxTokenHeads * 2 && sub.batch == 1) return std::nan("");
+  std::int64_t row0 = 0;  // the first row of out the reference's rows stand for
+  std::int32_t tail[2] = {0, 0};
+  const double per_query = static_cast<double>(args.context_lens[0]) * args.num_kv_heads;
+  if (sub.batch == 1 && per_query * queries(0) > kMaxTokenHeads * 2) {
+    const int m =
+        static_cast<int>(std::min<double>(queries(0) - 1, kMaxTokenHeads * 2 / per_query));
+    if (m < 1) return std::nan("");
+    row0 = queries(0) - m;
+    tail[1] = m;
+    sub.q_indptr = tail;
+    sub.num_q_tokens = sub.max_q_len = m;
+    sub.q = static_cast<const std::uint8_t*>(args.q) +
+            row0 * args.q_stride() * static_cast<std::int64_t>(dtype_size(args.q_dtype));
+  } else if (sub.q_indptr) {
+    sub.num_q_tokens = sub.q_indptr[sub.batch];  // the first sequences' rows
+  }
   const ReferenceResult ref = reference_decode(sub);
+  const std::int64_t first = row0 * args.num_heads * args.head_dim;  // out is dense
   double scale = 1e-30, err = 0;
   for (std::size_t i = 0; i < ref.out.size(); ++i) {
-    const double got = load_as_float(args.out, args.out_dtype, i);
+    const double got =
+        load_as_float(args.out, args.out_dtype, first + static_cast<std::int64_t>(i));
     if (!std::isfinite(got)) return std::numeric_limits<double>::infinity();
     scale = std::max(scale, std::fabs(ref.out[i]));
     err = std::max(err, std::fabs(got - ref.out[i]));
@@ -329,29 +392,42 @@ void print_row(const Options& o, DType dtype, const Row& r) {
   const Shape& s = r.shape;
   const bench::Variants& v = o.variants;
   if (o.csv) {
-    std::printf("%s,%s,%d,%d,%d,%d,%d,%d,%.4f,%.2f,%.1f,%.3g,%d,%g,%d,%d\n", r.backend.c_str(),
+    std::printf("%s,%s,%d,%d,%d,%d,%d,%d,%.4f,%.2f,%.1f,%.3g,%d,%g,%d,%d,%d\n", r.backend.c_str(),
                 dtype_name(dtype), s.batch, s.heads, s.kv_heads, s.head_dim, s.context,
                 s.block_size, r.ms, r.gbps, r.pct, r.rel_err, v.window_left, v.soft_cap,
-                v.alibi ? 1 : 0, v.sinks ? 1 : 0);
+                v.alibi ? 1 : 0, v.sinks ? 1 : 0, s.q_len);
   } else {
-    std::printf("%-6s %-5s %4d %4d %4d %4d %7d %4d %10.3f %8.2f %7.1f%% %10.3g  %s\n",
+    std::printf("%-6s %-5s %4d %4d %4d %4d %7d %4d %5d %10.3f %8.2f %7.1f%% %10.3g  %s\n",
                 r.backend.c_str(), dtype_name(dtype), s.batch, s.heads, s.kv_heads, s.head_dim,
-                s.context, s.block_size, r.ms, r.gbps, r.pct, r.rel_err, variants_text(v).c_str());
+                s.context, s.block_size, s.q_len, r.ms, r.gbps, r.pct, r.rel_err,
+                variants_text(v).c_str());
   }
   std::fflush(stdout);
 }
 
 // A case of `shape` plus extra copies of its cache, so consecutive steps read different memory,
-// and the attention variants every step applies.
+// and the attention variants every step applies. With q_len > 1 every sequence has q_len query
+// tokens: q, out and lse have a row per token (q_rows, out_rows, lse_rows replace the base
+// case's).
 struct RotatingCase {
   testing::HostCase base;
   std::vector<std::vector<std::uint8_t>> k_copies, v_copies;
   bench::Variants variants;
   bench::VariantValues values;
+  int q_len = 1;
+  std::vector<std::int32_t> q_indptr;
+  std::vector<std::uint8_t> q_rows, out_rows;
+  std::vector<float> lse_rows;
   int copies() const { return 1 + static_cast<int>(k_copies.size()); }
   DecodeArgs args(int i) {
     DecodeArgs a = base.args();
     bench::apply_variants(variants, values.slopes.data(), values.sinks.data(), a);
+    if (q_len > 1) {
+      bench::apply_q_len(q_len, q_indptr.data(), a);
+      a.q = q_rows.data();
+      a.out = out_rows.data();
+      a.lse = lse_rows.data();
+    }
     const int c = i % copies();
     if (c > 0) {
       a.k_cache = k_copies[c - 1].data();
@@ -374,6 +450,20 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s) {
   spec.fragmented = !o.contiguous;
   spec.seed = 20261129u + static_cast<std::uint64_t>(s.batch) * 131 + s.context;
   RotatingCase rc{testing::make_case(spec), {}, {}, o.variants, {o.variants, s.heads}};
+  if (s.q_len > 1) {
+    // The query rows, drawn like the case's own q (normal, unit variance).
+    rc.q_len = s.q_len;
+    rc.q_indptr = bench::uniform_q_indptr(s.batch, s.q_len);
+    const std::size_t elems = static_cast<std::size_t>(s.q_rows()) * s.heads * s.head_dim;
+    rc.q_rows.resize(elems * dtype_size(dtype));
+    rc.out_rows.resize(elems * dtype_size(dtype));
+    rc.lse_rows.resize(static_cast<std::size_t>(s.q_rows()) * s.heads);
+    std::mt19937_64 rng(spec.seed + 1);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    for (std::size_t i = 0; i < elems; ++i) {
+      store_from_float(rc.q_rows.data(), dtype, i, normal(rng));
+    }
+  }
   const double cache_bytes = static_cast<double>(rc.base.k.size() + rc.base.v.size());
   const double want = 4.0 * static_cast<double>(bench::last_level_cache_bytes());
   const int copies = std::min(64, static_cast<int>(std::ceil(want / std::max(cache_bytes, 1.0))));
@@ -404,10 +494,11 @@ int run(int argc, char** argv) {
   if (o.csv) {
     std::printf(
         "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,"
-        "pct_read_bw,rel_err,window,soft_cap,alibi,sinks\n");
+        "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len\n");
   } else {
-    std::printf("%-6s %-5s %4s %4s %4s %4s %7s %4s %10s %8s %8s %10s  %s\n", "impl", "dtype", "B",
-                "H", "KV", "D", "ctx", "BS", "ms", "GB/s", "%readBW", "rel_err", "variants");
+    std::printf("%-6s %-5s %4s %4s %4s %4s %7s %4s %5s %10s %8s %8s %10s  %s\n", "impl", "dtype",
+                "B", "H", "KV", "D", "ctx", "BS", "q_len", "ms", "GB/s", "%readBW", "rel_err",
+                "variants");
   }
   bool accurate = true;
   for (DType dtype : o.dtypes) {
