@@ -10,8 +10,8 @@ Every function takes any DLPack tensor (NumPy, PyTorch, CuPy, JAX, ...) and uses
 without copies: dtypes, shapes, devices and strides are read from the tensors. CPU tensors run on
 the CPU backend, CUDA tensors on the CUDA backend on the tensors' device. A bad input raises
 pagedattn.Error (a ValueError) naming the argument, before anything is written. decode also
-takes the attention variants: a sliding window, a logits soft-cap, ALiBi slopes and attention
-sinks.
+takes the attention variants (a sliding window, a logits soft-cap, ALiBi slopes and attention
+sinks) and several causal query tokens per sequence (q_indptr).
 
 Functions: decode, write_cache, copy_blocks, workspace_size, bf16; class BlockManager.
 See docs/python.md in the source tree for the whole story.
@@ -308,9 +308,9 @@ def _check_backend(backend: Any) -> str:
 
 
 def _per_head(x: Any, name: str) -> Any:
-    """alibi_slopes or sinks as handed to the module (None stays None). The module checks the
-    dtype, shape and device and names the argument; a tuple or list is refused here, so that it
-    is never taken for a described tensor."""
+    """alibi_slopes, sinks or q_indptr as handed to the module (None stays None). The module
+    checks the dtype, shape and device and names the argument; a tuple or list is refused here,
+    so that it is never taken for a described tensor."""
     if x is None:
         return None
     torch = sys.modules.get("torch")
@@ -348,6 +348,29 @@ def _variant_args(window_left: Any, logits_soft_cap: Any, alibi_slopes: Any, sin
     return window, cap, _per_head(alibi_slopes, "alibi_slopes"), _per_head(sinks, "sinks")
 
 
+_NO_VARIANTS = (-1, 0.0, None, None)
+
+
+def _query_token_args(q_indptr: Any, max_q_len: Any) -> tuple:
+    """q_indptr and max_q_len as the module's last two decode arguments. max_q_len's type is
+    checked here, its value (at least 1, and at least each sequence's query count) by the
+    library; None has the module compute it from q_indptr."""
+    if max_q_len is not None and type(max_q_len) is not int:
+        try:
+            if isinstance(max_q_len, bool):
+                raise TypeError
+            max_q_len = operator.index(max_q_len)
+        except TypeError:
+            raise Error(
+                f"pagedattn: max_q_len = {max_q_len!r}: expected an int (None: computed from "
+                f"q_indptr)",
+                "max_q_len",
+            ) from None
+    if max_q_len is not None and not -(2**31) <= max_q_len < 2**31:
+        raise Error(f"pagedattn: max_q_len = {max_q_len}: outside the int32 range", "max_q_len")
+    return _per_head(q_indptr, "q_indptr"), max_q_len
+
+
 # ----------------------------------------------------------------------------------------------
 # The functions
 
@@ -371,6 +394,8 @@ def decode(
     logits_soft_cap: float = 0.0,
     alibi_slopes: Optional[Tensor] = None,
     sinks: Optional[Tensor] = None,
+    q_indptr: Optional[Tensor] = None,
+    max_q_len: Optional[int] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """One decode step of attention over a paged KV cache.
 
@@ -388,6 +413,14 @@ def decode(
     freely, and the defaults give the plain attention above. With L = context_lens[b] and the
     query at position L - 1, the logit of token t is s_t = scale * q[b,h,:] . K_t, then
     cap * tanh(s_t / cap) with a soft-cap, then + alibi_slopes[h] * (t - (L - 1)) with ALiBi.
+
+    Multi-token queries (speculative decoding, chunked prefill): with ``q_indptr``, sequence b
+    has n_b = q_indptr[b + 1] - q_indptr[b] query tokens, rows q_indptr[b] to
+    q_indptr[b + 1] - 1 of q, out and lse. Its token i sits at position P = L - n_b + i (the
+    new tokens' keys and values are already in the cache) and is exactly a query of a context
+    of P + 1 tokens: it attends to tokens t <= P (causal), and the window, ALiBi and sinks are
+    taken from P as from L - 1 above. A token with P < 0 attends to nothing (out = 0, lse =
+    -inf, or the sink).
 
     Args:
         q: [batch, num_heads, head_dim], float32, float16 or bfloat16. Each sequence's
@@ -435,6 +468,15 @@ def decode(
             a context of 0 gives out = 0 and lse = sinks[h]. -inf is no sink; NaN and +inf are
             errors. The values of alibi_slopes and sinks are checked on the CPU and, on CUDA,
             with ``checked``.
+        q_indptr: int32 [batch + 1] on q's device, contiguous: multi-token queries (above).
+            q and out are then [num_q_tokens, num_heads, head_dim] and lse
+            [num_q_tokens, num_heads], with num_q_tokens = q.shape[0] = q_indptr[batch]; the
+            batch is context_lens.shape[0]. q_indptr[0] = 0 and it never decreases (checked on
+            the CPU and, on CUDA, with ``checked``).
+        max_q_len: with q_indptr, a bound (>= 1) on every sequence's query count; it sizes the
+            CUDA grid and workspace. None computes it from q_indptr: in place for host memory,
+            but for a CUDA q_indptr by a copy to the host that waits for the stream, so pass it
+            to avoid that synchronization (and under CUDA-graph capture).
 
     All tensors must be on one device. The input tensors are read in place and ``out``/``lse``
     written in place: nothing is copied.
@@ -454,7 +496,7 @@ def decode(
                 and type(backend) is str):
             return _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, out,
                                  lse, return_lse, backend, stream, workspace, checked, window_left,
-                                 logits_soft_cap, alibi_slopes, sinks)
+                                 logits_soft_cap, alibi_slopes, sinks, q_indptr, max_q_len)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("block_table", block_table), ("context_lens", context_lens)):
         _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
@@ -472,6 +514,8 @@ def decode(
         variants: tuple = ()
     else:
         variants = _variant_args(window_left, logits_soft_cap, alibi_slopes, sinks)
+    if q_indptr is not None or max_q_len is not None:
+        variants = (variants or _NO_VARIANTS) + _query_token_args(q_indptr, max_q_len)
     _ext.decode(
         _ref(q_in), _ref(k_in), _ref(v_in),
         _ref(_unwrap(block_table, "block_table", [])),
@@ -486,11 +530,11 @@ def decode(
 
 def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, out, lse,
                   return_lse, backend, stream, workspace, checked, window_left, logits_soft_cap,
-                  alibi_slopes, sinks):
+                  alibi_slopes, sinks, q_indptr, max_q_len):
     """decode() when every tensor is a plain PyTorch tensor, the serving loop's case: the same
     checks (in the module) and results, with the least Python work per call. A call without
-    attention variants passes the module none of their arguments; only one that sets a variant
-    pays for checking and describing them."""
+    attention variants or multi-token queries passes the module none of their arguments; only
+    one that sets them pays for checking and describing them."""
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if lse is None and return_lse:
@@ -506,31 +550,43 @@ def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, 
     lse_d = None if lse is None else _describe_torch(lse, dtypes)
     scale = None if scale is None else float(scale)
     ws_d = None if workspace is None else _describe_torch(workspace, dtypes)
-    if alibi_slopes is None and sinks is None and window_left == -1 and logits_soft_cap == 0.0:
+    plain = (alibi_slopes is None and sinks is None and window_left == -1
+             and logits_soft_cap == 0.0)
+    if plain and q_indptr is None and max_q_len is None:
         _ext.decode(q_d, k_d, v_d, table_d, lens_d, out_d, lse_d, scale, backend, stream, ws_d,
                     bool(checked), [])
     else:
+        extra = _NO_VARIANTS if plain else _variant_args(window_left, logits_soft_cap,
+                                                         alibi_slopes, sinks)
+        if q_indptr is not None or max_q_len is not None:
+            extra = extra + _query_token_args(q_indptr, max_q_len)
         _ext.decode(q_d, k_d, v_d, table_d, lens_d, out_d, lse_d, scale, backend, stream, ws_d,
-                    bool(checked), [],
-                    *_variant_args(window_left, logits_soft_cap, alibi_slopes, sinks))
+                    bool(checked), [], *extra)
     if return_lse:
         return out, lse
     return out
 
 
-def workspace_size(q: Tensor, k_cache: Tensor, block_table: Tensor, *, backend: str = "auto") -> int:
+def workspace_size(q: Tensor, k_cache: Tensor, block_table: Tensor, *, backend: str = "auto",
+                   max_q_len: Optional[int] = None) -> int:
     """Bytes of CUDA workspace decode needs for these shapes on the tensors' device.
 
     Depends on batch, num_heads, head_dim, num_kv_heads, block_size and the table's width
     only (not on the context lengths), so one workspace serves every later step of the same
     shapes, CUDA-graph replays included. 0 for CPU tensors.
+
+    For multi-token queries (decode's ``q_indptr``) pass the ``max_q_len`` the decode calls will
+    pass: q is then [num_q_tokens, num_heads, head_dim] and the batch is block_table.shape[0].
     """
     for name, x in (("q", q), ("k_cache", k_cache), ("block_table", block_table)):
         _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
     tags: List[str] = []
+    extra: tuple = ()
+    if max_q_len is not None:
+        extra = (_query_token_args(None, max_q_len)[1],)
     return _ext.workspace_size(
         _unwrap(q, "q", tags), _unwrap(k_cache, "k_cache", tags),
-        _unwrap(block_table, "block_table", tags), _check_backend(backend),
+        _unwrap(block_table, "block_table", tags), _check_backend(backend), *extra,
     )
 
 

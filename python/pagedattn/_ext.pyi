@@ -30,8 +30,12 @@ def decode(
     logits_soft_cap: float = 0.0,
     alibi_slopes: Optional[Any] = None,
     sinks: Optional[Any] = None,
+    q_indptr: Optional[Any] = None,
+    max_q_len: Optional[int] = None,
 ) -> None: ...
-def workspace_size(q: Any, k_cache: Any, block_table: Any, backend: str) -> int: ...
+def workspace_size(
+    q: Any, k_cache: Any, block_table: Any, backend: str, max_q_len: Optional[int] = None
+) -> int: ...
 def write_cache(
     key: Any,
     value: Any,

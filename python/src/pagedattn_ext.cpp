@@ -390,9 +390,12 @@ struct DecodeCall {
   std::vector<Tensor> keep;  // the imports, alive until the call returns
 };
 
-// Reads and checks the decode tensors (everything but `out`, `lse` and the workspace).
+// Reads and checks the decode tensors (everything but `out`, `lse`, the workspace and the
+// optional per-head and per-sequence inputs). With multi-token queries (`query_tokens`) q has a
+// row per query token, so the batch comes from context_lens instead of q.
 DecodeCall decode_inputs(nb::handle q_h, nb::handle k_h, nb::handle v_h, nb::handle table_h,
-                         nb::handle lens_h, const std::vector<std::string>& bf16) {
+                         nb::handle lens_h, const std::vector<std::string>& bf16,
+                         bool query_tokens) {
   DecodeCall c;
   Tensor q = input(q_h, "q", bf16);
   Tensor k = input(k_h, "k_cache", bf16);
@@ -400,7 +403,8 @@ DecodeCall decode_inputs(nb::handle q_h, nb::handle k_h, nb::handle v_h, nb::han
   Tensor table = input(table_h, "block_table");
   Tensor lens = input(lens_h, "context_lens");
 
-  q.require_ndim(3, "[batch, num_heads, head_dim]");
+  q.require_ndim(
+      3, query_tokens ? "[num_q_tokens, num_heads, head_dim]" : "[batch, num_heads, head_dim]");
   k.require_ndim(4, "[num_blocks, num_kv_heads, block_size, head_dim]");
   v.require_ndim(4, "[num_blocks, num_kv_heads, block_size, head_dim]");
   table.require_ndim(2, "[batch, max_blocks_per_seq]");
@@ -424,14 +428,19 @@ DecodeCall decode_inputs(nb::handle q_h, nb::handle k_h, nb::handle v_h, nb::han
     }
   }
   k.require_dim(3, q.shape[2], "head_dim, q.shape[2]");
-  table.require_dim(0, q.shape[0], "batch, q.shape[0]");
-  lens.require_dim(0, q.shape[0], "batch, q.shape[0]");
+  if (query_tokens) {
+    table.require_dim(0, lens.shape[0], "batch, context_lens.shape[0]");
+  } else {
+    table.require_dim(0, q.shape[0], "batch, q.shape[0]");
+    lens.require_dim(0, q.shape[0], "batch, q.shape[0]");
+  }
 
   a.q_row_stride = q.sequence_stride();
   k.require_contiguous();
   v.require_contiguous();
   lens.require_contiguous();
-  if (table.shape[1] > 1 && table.strides[1] != 1) {
+  // An empty table's strides say nothing (NumPy 2 gives an empty array zero strides).
+  if (table.numel() > 0 && table.shape[1] > 1 && table.strides[1] != 1) {
     bad(ErrorCode::kInvalidArgument, "block_table", ".strides", table.strides_str(),
         "each row must be contiguous (rows may be any stride apart)");
   }
@@ -442,7 +451,7 @@ DecodeCall decode_inputs(nb::handle q_h, nb::handle k_h, nb::handle v_h, nb::han
   table.require_device(c.device, "q");
   lens.require_device(c.device, "q");
 
-  a.batch = q.dim_int(0);
+  a.batch = lens.dim_int(0);
   a.num_heads = q.dim_int(1);
   a.head_dim = q.dim_int(2);
   a.num_blocks = k.dim_int(0);
@@ -483,17 +492,75 @@ Tensor per_head_input(nb::handle h, const char* name, const Tensor& q, const Dev
   return t;
 }
 
+// The largest query count of one sequence, max(q_indptr[b + 1] - q_indptr[b]), from q_indptr's
+// values: read in place from host memory, or copied from the device on the call's stream (after
+// the work queued before it, which may write q_indptr) and waited for. At least 1, as the
+// library requires; values the library would refuse (a decreasing q_indptr, a first entry other
+// than 0, a last one other than the token count) are left for its own checks to name.
+int max_q_len_of(const Tensor& q_indptr, int batch, std::uintptr_t stream) {
+  std::vector<std::int32_t> copy;
+  const std::int32_t* v = static_cast<const std::int32_t*>(q_indptr.data);
+  if (q_indptr.device.kind == DeviceKind::kCuda) {
+#if PAGEDATTN_PY_CUDA
+    copy.resize(static_cast<std::size_t>(batch) + 1);
+    cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+    pagedattn::detail::cuda::check(
+        cudaMemcpyAsync(copy.data(), q_indptr.data, copy.size() * sizeof(std::int32_t),
+                        cudaMemcpyDeviceToHost, s),
+        "cudaMemcpyAsync(q_indptr)");
+    pagedattn::detail::cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    v = copy.data();
+#else
+    (void)stream;
+#endif
+  }
+  std::int64_t most = 1;
+  for (int b = 0; b < batch; ++b) {
+    most = std::max(most, static_cast<std::int64_t>(v[b + 1]) - v[b]);
+  }
+  return static_cast<int>(std::min<std::int64_t>(most, INT_MAX));
+}
+
 void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle block_table,
             nb::handle context_lens, nb::handle out_h, nb::handle lse_h,
             std::optional<double> scale, const std::string& backend, std::uintptr_t stream,
             nb::handle workspace_h, bool checked, const std::vector<std::string>& bf16,
-            int window_left, double logits_soft_cap, nb::handle alibi_h, nb::handle sinks_h) {
-  DecodeCall c = decode_inputs(q, k_cache, v_cache, block_table, context_lens, bf16);
+            int window_left, double logits_soft_cap, nb::handle alibi_h, nb::handle sinks_h,
+            nb::handle q_indptr_h, std::optional<int> max_q_len) {
+  const bool query_tokens = !q_indptr_h.is_none();
+  if (!query_tokens && max_q_len) {
+    bad(ErrorCode::kInvalidArgument, "max_q_len", "", std::to_string(*max_q_len),
+        "given without q_indptr (max_q_len bounds the query tokens of multi-token queries)");
+  }
+  DecodeCall c = decode_inputs(q, k_cache, v_cache, block_table, context_lens, bf16, query_tokens);
   auto& a = c.args;
   const Tensor& qt = c.keep[0];
+  const char* rows = query_tokens ? "num_q_tokens, q.shape[0]" : "batch, q.shape[0]";
+
+  // Multi-token queries: q_indptr int32 [batch + 1], contiguous, on q's device. Its values are
+  // checked by the library (first 0, non-decreasing, last = q.shape[0], each count at most
+  // max_q_len). An empty batch has no query tokens whatever q_indptr holds, so q must have no
+  // rows: checked here, as the library returns before looking at an empty batch's arguments.
+  Tensor q_indptr;
+  if (query_tokens) {
+    q_indptr = input(q_indptr_h, "q_indptr");
+    q_indptr.require_ndim(1, "[batch + 1]");
+    q_indptr.require_int32();
+    q_indptr.require_dim(0, static_cast<std::int64_t>(a.batch) + 1,
+                         "batch + 1, context_lens.shape[0] + 1");
+    q_indptr.require_contiguous();
+    q_indptr.require_device(c.device, "q");
+    if (a.batch == 0 && qt.shape[0] != 0) {
+      bad(ErrorCode::kInvalidArgument, "q", ".shape", qt.shape_str(),
+          "dimension 0 must be 0 (num_q_tokens: an empty batch has no query tokens)");
+    }
+    a.q_indptr = static_cast<const std::int32_t*>(q_indptr.data);
+    a.num_q_tokens = qt.dim_int(0);
+  }
 
   Tensor out = output(out_h, "out", bf16);
-  out.require_ndim(3, "[batch, num_heads, head_dim]");
+  out.require_ndim(
+      3, query_tokens ? "[num_q_tokens, num_heads, head_dim]" : "[batch, num_heads, head_dim]");
   for (int i = 0; i < 3; ++i) {
     if (out.shape[i] != qt.shape[i]) {
       bad(ErrorCode::kInvalidArgument, "out", ".shape", out.shape_str(),
@@ -508,8 +575,8 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
   Tensor lse;
   if (!lse_h.is_none()) {
     lse = output(lse_h, "lse");
-    lse.require_ndim(2, "[batch, num_heads]");
-    lse.require_dim(0, qt.shape[0], "batch, q.shape[0]");
+    lse.require_ndim(2, query_tokens ? "[num_q_tokens, num_heads]" : "[batch, num_heads]");
+    lse.require_dim(0, qt.shape[0], rows);
     lse.require_dim(1, qt.shape[1], "num_heads, q.shape[1]");
     lse.require_float32();
     lse.require_contiguous();
@@ -560,25 +627,33 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
 
   DeviceGuard guard(c.device);
   nb::gil_scoped_release release;
+  if (query_tokens) {
+    // A given max_q_len goes to the library as it is (it checks it); none is computed from
+    // q_indptr, which on CUDA costs a copy to the host and a wait for the stream.
+    a.max_q_len = max_q_len ? *max_q_len : max_q_len_of(q_indptr, a.batch, stream);
+  }
   pagedattn::decode(a, o);
 }
 
+// With max_q_len (multi-token queries) q is [num_q_tokens, num_heads, head_dim] and the batch is
+// the table's rows; the workspace is sized for at most max_q_len query tokens per sequence.
 std::size_t workspace_size(nb::handle q, nb::handle k_cache, nb::handle block_table,
-                           const std::string& backend) {
+                           const std::string& backend, std::optional<int> max_q_len) {
   Tensor qt = input(q, "q");
   Tensor k = input(k_cache, "k_cache");
   Tensor table = input(block_table, "block_table");
-  qt.require_ndim(3, "[batch, num_heads, head_dim]");
+  qt.require_ndim(
+      3, max_q_len ? "[num_q_tokens, num_heads, head_dim]" : "[batch, num_heads, head_dim]");
   k.require_ndim(4, "[num_blocks, num_kv_heads, block_size, head_dim]");
   table.require_ndim(2, "[batch, max_blocks_per_seq]");
   k.require_dim(3, qt.shape[2], "head_dim, q.shape[2]");
-  table.require_dim(0, qt.shape[0], "batch, q.shape[0]");
+  if (!max_q_len) table.require_dim(0, qt.shape[0], "batch, q.shape[0]");
   k.require_device(qt.device, "q");
   table.require_device(qt.device, "q");
   if (pick_backend(backend, qt.device, "q") != Backend::kCuda) return 0;
 
   pagedattn::DecodeArgs a;
-  a.batch = qt.dim_int(0);
+  a.batch = table.dim_int(0);
   a.num_heads = qt.dim_int(1);
   a.head_dim = qt.dim_int(2);
   a.num_blocks = k.dim_int(0);
@@ -589,6 +664,11 @@ std::size_t workspace_size(nb::handle q, nb::handle k_cache, nb::handle block_ta
   static const std::int32_t dummy[4] = {};
   a.q = a.k_cache = a.v_cache = a.out = const_cast<std::int32_t*>(dummy);
   a.block_table = a.context_lens = dummy;
+  if (max_q_len) {
+    a.q_indptr = dummy;
+    a.num_q_tokens = qt.dim_int(0);
+    a.max_q_len = *max_q_len;
+  }
   DeviceGuard guard(qt.device);
   return pagedattn::cuda_workspace_size(a);
 }
@@ -892,8 +972,10 @@ NB_MODULE(_ext, m) {
   m.def("decode", &decode, "q"_a, "k_cache"_a, "v_cache"_a, "block_table"_a, "context_lens"_a,
         "out"_a, "lse"_a.none(), "scale"_a.none(), "backend"_a, "stream"_a, "workspace"_a.none(),
         "checked"_a, "bf16"_a, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
-        "alibi_slopes"_a.none() = nb::none(), "sinks"_a.none() = nb::none());
-  m.def("workspace_size", &workspace_size, "q"_a, "k_cache"_a, "block_table"_a, "backend"_a);
+        "alibi_slopes"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),
+        "q_indptr"_a.none() = nb::none(), "max_q_len"_a.none() = nb::none());
+  m.def("workspace_size", &workspace_size, "q"_a, "k_cache"_a, "block_table"_a, "backend"_a,
+        "max_q_len"_a.none() = nb::none());
   m.def("write_cache", &write_cache, "key"_a, "value"_a, "slot_mapping"_a, "k_cache"_a, "v_cache"_a,
         "backend"_a, "stream"_a, "checked"_a, "bf16"_a);
   m.def("copy_blocks", &copy_blocks, "k_cache"_a, "v_cache"_a, "pairs"_a, "backend"_a, "stream"_a,

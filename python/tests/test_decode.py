@@ -89,6 +89,9 @@ def test_batch_zero_is_a_no_op():
     k = np.zeros((3, 2, 16, 64), np.float32)
     out = pagedattn.decode(q, k, k, np.zeros((0, 1), np.int32), np.zeros((0,), np.int32))
     assert out.shape == (0, 4, 64)
+    # A wider empty table (NumPy 2 gives it zero strides, which say nothing about its rows).
+    out = pagedattn.decode(q, k, k, np.zeros((0, 5), np.int32), np.zeros((0,), np.int32))
+    assert out.shape == (0, 4, 64)
 
 
 def test_table_rows_any_stride_apart():
