@@ -60,6 +60,7 @@ void check_kernel_on(Arch, const char* name, const testing::CaseSpec& spec,
   ItemContext ctx;
   ctx.q_scaled = q.data();
   ctx.q_bf16 = a.q_dtype == DType::kBF16 ? static_cast<const bf16_t*>(a.q) : nullptr;
+  ctx.q_bf16_stride = a.q_stride();
   ctx.scale = a.effective_scale();
   ctx.k_cache = a.k_cache;
   ctx.v_cache = a.v_cache;
