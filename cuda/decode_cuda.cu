@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,7 +43,16 @@ bool use_mma(const DecodeArgs& a) { return a.k_dtype != DType::kF32 && a.q_dtype
 
 // A CTA's rows (query token x query head of a kv head: split_params.cuh), and the CTAs per work
 // item that hold every row of a sequence with max_q_len query tokens.
-int rows_per_cta(const DecodeArgs& a) { return use_mma(a) ? kMmaRowsPerCta : kSimtRowsPerCta; }
+int rows_per_cta(const DecodeArgs& a) {
+  if (!use_mma(a)) return kSimtRowsPerCta;
+  // Tuning override for the GPU job's experiments: 16, 32 or 64 rows per tensor-core CTA.
+  static const int rows = [] {
+    const char* env = std::getenv("PAGEDATTN_CUDA_MMA_ROWS");
+    const int v = env ? std::atoi(env) : 0;
+    return v == 16 || v == 32 || v == 64 ? v : kMmaRowsPerCta;
+  }();
+  return rows;
+}
 int row_chunks(const DecodeArgs& a) {
   const std::int64_t rows = static_cast<std::int64_t>(a.group_size()) * a.q_len_bound();
   return static_cast<int>((rows + rows_per_cta(a) - 1) / rows_per_cta(a));
@@ -253,6 +263,11 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   p.alibi = a.alibi_slopes;
   p.logit_variant = cap > 0.f || a.alibi_slopes != nullptr;
   p.sinks = a.sinks;
+  // P rounded to the cache dtype (relative error 2^-9 for bf16, 2^-12 for f16) stays below the
+  // rounding of a bf16 out (2^-9 of |out|) and of an f16 out from an f16 cache, so hi alone
+  // serves there; an f32 out, or an f16 out from a bf16 cache, takes hi + lo.
+  p.p_lo =
+      !(a.out_dtype == DType::kBF16 || (a.out_dtype == DType::kF16 && a.k_dtype == DType::kF16));
   p.q_indptr = a.q_indptr;
   p.q_rows = a.q_rows();
   p.max_q = a.q_len_bound();

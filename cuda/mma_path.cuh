@@ -3,8 +3,10 @@
 // query_rows.cuh) as M (padded to 16; up to 4 row tiles, 64 rows), 16-token slices as N (scores)
 // and K (P V). The keys and values are read once for all of a sequence's query tokens. The 4
 // warps take different token slices (or row tiles for more than 16 rows), each with its own
-// online-softmax state per row, and merge in a fixed order at the end. P is split into hi + lo
-// parts of the storage type, so the P V product keeps f32-level accuracy.
+// online-softmax state per row, and merge in a fixed order at the end. For an f32 out (or an f16
+// out from a bf16 cache) P is split into hi + lo parts of the storage type, so the P V product
+// keeps f32-level accuracy; when out is bf16, or f16 from an f16 cache, P's rounding to the
+// storage type is below out's own rounding and P goes in as one part (half the P V products).
 #pragma once
 
 #include <cstdint>
@@ -252,20 +254,23 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
           o[n][3] *= alpha[1];
         }
       }
-      // P as the A operand: hi and lo parts.
-      std::uint32_t ph[4], pl[4];
+      // P as the A operand: hi and lo parts (lo only with p.p_lo).
+      std::uint32_t ph[4], pl[4] = {0u, 0u, 0u, 0u};
       {
         const float* src[4] = {&s[0][0], &s[0][2], &s[1][0], &s[1][2]};
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          ph[r] = Op::pack(src[r][0], src[r][1]);
-          float h0, h1;
-          Op::unpack(ph[r], h0, h1);
-          pl[r] = Op::pack(src[r][0] - h0, src[r][1] - h1);
+        for (int r = 0; r < 4; ++r) ph[r] = Op::pack(src[r][0], src[r][1]);
+        if (p.p_lo) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            float h0, h1;
+            Op::unpack(ph[r], h0, h1);
+            pl[r] = Op::pack(src[r][0] - h0, src[r][1] - h1);
+          }
         }
       }
       const char* v_slice = vS + sl * 16 * Cfg::ROW;
-      if (!disagree) {
+      if (!disagree && p.p_lo) {
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           std::uint32_t bv[4];
@@ -274,6 +279,14 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
           Op::mma(o[2 * dp + 1], ph, bv[2], bv[3]);
           Op::mma(o[2 * dp], pl, bv[0], bv[1]);
           Op::mma(o[2 * dp + 1], pl, bv[2], bv[3]);
+        }
+      } else if (!disagree) {
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          std::uint32_t bv[4];
+          ldmatrix_x4_trans(bv, v_slice + v_at[dp % 4] + (dp / 4) * 128);
+          Op::mma(o[2 * dp], ph, bv[0], bv[1]);
+          Op::mma(o[2 * dp + 1], ph, bv[2], bv[3]);
         }
       } else {
         // A token one row attends to and another does not (a weight of 0 there) must not bring
@@ -298,8 +311,10 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
           Op::mma(hit[1], att, nf[2], nf[3]);
           Op::mma(o[2 * dp], ph, bv[0], bv[1]);
           Op::mma(o[2 * dp + 1], ph, bv[2], bv[3]);
-          Op::mma(o[2 * dp], pl, bv[0], bv[1]);
-          Op::mma(o[2 * dp + 1], pl, bv[2], bv[3]);
+          if (p.p_lo) {
+            Op::mma(o[2 * dp], pl, bv[0], bv[1]);
+            Op::mma(o[2 * dp + 1], pl, bv[2], bv[3]);
+          }
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
 #pragma unroll

@@ -42,6 +42,9 @@ struct SplitParams {
   const float* alibi;
   bool logit_variant;
   const float* sinks;  // f32 [num_heads] in natural-log units, or null
+  // Tensor-core path: P enters the P V product as hi + lo parts of the cache dtype (f32-level
+  // accuracy), or as hi alone where out's dtype rounds more coarsely than P's (mma_path.cuh).
+  bool p_lo;
   // Multi-token queries (DecodeArgs::q_indptr, or null: one query token per sequence, at row b):
   // q_rows rows of q, out and lse (num_q_tokens, or batch) and at most max_q tokens per sequence
   // (max_q_len, or 1); what the kernels read from q_indptr is clamped into those bounds.
