@@ -56,16 +56,23 @@ void fill_normal(std::vector<std::uint8_t>& buf, DType t, std::size_t n, float s
   for (std::size_t i = 0; i < n; ++i) store_from_float(buf.data(), t, i, scale * rng.normal());
 }
 
+// The first token sequence b's query tokens read (one query token per sequence when q_lens is
+// empty).
+int sequence_first_read(int L, int window_left, const std::vector<int>& q_lens, int b) {
+  return first_read_token(L, window_left, q_lens.empty() ? 1 : q_lens[static_cast<std::size_t>(b)]);
+}
+
 // One flag per cache slot (block * block_size + slot): 1 where some sequence reads it, a token in
-// [window_first_token(L), L) of its context, else 0. Entries before a window's first block are
-// never looked at, so they may hold anything.
-std::vector<char> attended_slots(const DecodeArgs& a, int window_left) {
+// [sequence_first_read, L) of its context, else 0. Entries before the first read block are never
+// looked at, so they may hold anything.
+std::vector<char> attended_slots(const DecodeArgs& a, int window_left,
+                                 const std::vector<int>& q_lens) {
   const int BS = a.block_size;
   std::vector<char> readable(static_cast<std::size_t>(a.num_blocks) * BS, 0);
   const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
   for (int b = 0; b < a.batch; ++b) {
     const int L = a.context_lens[b];
-    for (int t = window_first_token(L, window_left); t < L; ++t) {
+    for (int t = sequence_first_read(L, window_left, q_lens, b); t < L; ++t) {
       readable[static_cast<std::size_t>(table.block(b, t / BS)) * BS + t % BS] = 1;
     }
   }
@@ -89,13 +96,23 @@ std::int32_t trap_entry(Xoshiro& rng, int num_blocks) {
 
 }  // namespace
 
-testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left) {
+int first_read_token(int L, int window_left, int q_len) {
+  if (q_len <= 0) return L;
+  return window_first_token(std::max(L - q_len + 1, 0), window_left);
+}
+
+testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left,
+                                 const std::vector<int>& q_lens) {
   testing::HostCase c;
   c.spec = spec;
   Xoshiro rng(spec.seed);
   const int B = spec.batch, H = spec.num_heads, KV = spec.num_kv_heads, D = spec.head_dim,
             BS = spec.block_size;
   testing::size_case(c);
+  // One row per query token; at least one with multi-token queries, since a call of sequences
+  // without query tokens still needs q and out (not null), which then hold a row never read.
+  int rows = B;
+  if (!q_lens.empty()) rows = std::max(std::accumulate(q_lens.begin(), q_lens.end(), 0), 1);
 
   // Physical ids: a permutation of the pool; the first ones go to the sequences.
   std::vector<std::int32_t> pool(c.num_blocks);
@@ -123,22 +140,26 @@ testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left)
       entry(b, i) = trap_entry(rng, c.num_blocks);
     }
   }
-  // Before each window's first block: the same traps, planted once every row is built, so that a
-  // later sequence still shares the real prefix blocks (which its own window may read).
-  if (window_left >= 0 && spec.poison) {
+  // Before each sequence's first read block (a window's, or with multi-token queries the earliest
+  // query's; every block of a sequence without query tokens): the same traps, planted once every
+  // row is built, so that a later sequence still shares the real prefix blocks (which it may
+  // read).
+  if ((window_left >= 0 || !q_lens.empty()) && spec.poison) {
     for (int b = 0; b < B; ++b) {
-      const int first = window_first_block(c.context_lens[b], window_left, BS);
+      const int L = c.context_lens[b];
+      const int first =
+          std::min(sequence_first_read(L, window_left, q_lens, b) / BS, blocks_for(L, BS));
       for (int i = 0; i < first; ++i) entry(b, i) = trap_entry(rng, c.num_blocks);
     }
   }
 
   const CacheLayout layout = CacheLayout::dense(c.num_blocks, KV, BS, D);
-  fill_normal(c.q, spec.q_dtype, static_cast<std::size_t>(B) * H * D, spec.magnitude, rng);
+  fill_normal(c.q, spec.q_dtype, static_cast<std::size_t>(rows) * H * D, spec.magnitude, rng);
 
   // Every (block, slot) some sequence reads gets values; with poison, every other one NaN (the
   // slots before a window among them).
   const std::vector<char> readable =
-      spec.poison ? attended_slots(c.args(), window_left)
+      spec.poison ? attended_slots(c.args(), window_left, q_lens)
                   : std::vector<char>(static_cast<std::size_t>(c.num_blocks) * BS, 1);
   const std::size_t bytes = dtype_size(spec.kv_dtype);
   c.k.assign(static_cast<std::size_t>(layout.elements()) * bytes, 0);
@@ -163,8 +184,8 @@ testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left)
       }
     }
   }
-  c.out.assign(static_cast<std::size_t>(B) * H * D * dtype_size(spec.out_dtype), 0);
-  c.lse.assign(static_cast<std::size_t>(B) * H, 0.f);
+  c.out.assign(static_cast<std::size_t>(rows) * H * D * dtype_size(spec.out_dtype), 0);
+  c.lse.assign(static_cast<std::size_t>(rows) * H, 0.f);
   c.poison_outputs();
   return c;
 }

@@ -4,13 +4,27 @@
 // more: stale in-range ids past a context and prefixes shared with any earlier sequence.
 #pragma once
 
+#include <vector>
+
 #include "pagedattn/testing/random_case.hpp"
 
 namespace pagedattn::fuzz {
 
+// The first token any of a sequence's q_len query tokens reads, for a context of L tokens: the
+// window's first token of its earliest query at a position of 0 or more (L - q_len, or 0 when the
+// queries start before the context), or L (nothing) without query tokens. Computed from a
+// non-negative context, so that a window_left near INT32_MAX cannot overflow `L - 1 -
+// window_left` (as queries_first_token(L, q_len, window_left) does when q_len > L + 1).
+int first_read_token(int L, int window_left, int q_len);
+
 // window_left >= 0: the case is decoded with that sliding window, so with poison the traps cover
 // what the window leaves unread as well: the table entries before each sequence's first attended
 // block get -1 or garbage ids, and every slot only unattended tokens map to gets NaN.
-testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left = -1);
+// q_lens (non-empty): multi-token queries, q_lens[b] query tokens for sequence b (DecodeArgs::
+// q_indptr): q, out and lse get one row per query token, and what no query token reads is trapped
+// alike: the entries before the block of the earliest query's first attended token, and the
+// whole row of a sequence without query tokens.
+testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left = -1,
+                                 const std::vector<int>& q_lens = {});
 
 }  // namespace pagedattn::fuzz

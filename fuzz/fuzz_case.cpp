@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <stdexcept>
@@ -62,7 +63,13 @@ const char* const kMalformationNames[] = {"none",
                                           "soft-cap",
                                           "nonfinite-slope",
                                           "bad-sink",
-                                          "row-stride"};
+                                          "row-stride",
+                                          "q-indptr-start",
+                                          "q-indptr-decreasing",
+                                          "q-len-over-max",
+                                          "q-indptr-end",
+                                          "max-q-len",
+                                          "q-tokens-without-indptr"};
 static_assert(sizeof(kMalformationNames) / sizeof(kMalformationNames[0]) ==
               static_cast<std::size_t>(Malformation::kCount));
 
@@ -300,6 +307,92 @@ void draw_row_strides(FuzzCase& c, Rng& r, const DrawOptions& options) {
   if (which != 0) c.out_row_stride = r.chance(0.2) ? 2 * row : row + gap(2);
 }
 
+// One sequence's query tokens: mostly 1-8, sometimes 0 (a sequence with nothing to decode this
+// step) or 9-16, occasionally up to 40.
+int draw_query_count(Rng& r) {
+  const double u = r.real();
+  if (u < 0.08) return 0;
+  if (u < 0.45) return r.uniform(1, 4);
+  if (u < 0.72) return r.uniform(5, 8);
+  if (u < 0.94) return r.uniform(9, 16);
+  return r.uniform(17, 40);
+}
+
+// What a multi-token case costs, in tokens (times kv heads and head_dim): each sequence's context
+// in the pool, and every query token's context in the reference and the backend, each query
+// token a query of its own context.
+std::int64_t query_work(const testing::CaseSpec& s, const std::vector<int>& q_lens) {
+  std::int64_t work = 0;
+  for (int b = 0; b < s.batch; ++b) {
+    const std::int64_t n = q_lens[static_cast<std::size_t>(b)];
+    const std::int64_t L = std::max(s.context_lens[static_cast<std::size_t>(b)], 0);
+    work += L;
+    // The query tokens' contexts, L - n + 1 .. L, those below 1 attending to nothing.
+    const std::int64_t lo = std::max<std::int64_t>(L - n + 1, 1);
+    if (lo <= L) work += (lo + L) * (L - lo + 1) / 2;
+  }
+  return work;
+}
+
+// Multi-token queries for a quarter of the cases (speculative decoding's drafts, chunked
+// prefill): per-sequence counts, one for every sequence in a third of them (a fixed draft
+// length), and a max_q_len at or a little above the largest. The drawn context is mostly the
+// context before the new tokens, which are appended to it (their keys and values are in the cache
+// when decode runs), else kept as drawn, then shorter than the count now and then (queries at
+// positions below 0, which attend to nothing); a few sequences get every token new, or more. The
+// rows stay within the q/out bound and the work (query_work) within `work_budget` elements, by
+// halving the longest context (down to its count) or the largest count. From a generator of its
+// own, and before the variants, so a window is drawn against the final contexts.
+void draw_query_lens(FuzzCase& c, Rng& r, std::int64_t work_budget, bool force = false) {
+  if (!force && !r.chance(0.25)) return;
+  testing::CaseSpec& s = c.spec;
+  c.q_lens.assign(static_cast<std::size_t>(std::max(s.batch, 0)), 0);
+  const bool same = r.chance(0.3);
+  const int fixed = std::max(draw_query_count(r), 1);
+  for (int b = 0; b < s.batch; ++b) {
+    int& n = c.q_lens[static_cast<std::size_t>(b)];
+    int& L = s.context_lens[static_cast<std::size_t>(b)];
+    n = same ? fixed : draw_query_count(r);
+    const double u = r.real();
+    if (u < 0.6 || (u < 0.85 && L < n)) {
+      L += n;  // the drawn context precedes the new tokens
+    } else if (u >= 0.85 && u < 0.9 && L <= 40) {
+      n = L + r.uniform(0, 3);  // every token new, or queries before the context
+    }
+  }
+  const std::int64_t row = static_cast<std::int64_t>(s.num_heads) * s.head_dim;
+  const std::int64_t per_token = static_cast<std::int64_t>(s.num_kv_heads) * s.head_dim;
+  for (;;) {
+    const std::int64_t rows = std::accumulate(c.q_lens.begin(), c.q_lens.end(), std::int64_t{0});
+    const bool rows_over = rows * row > (std::int64_t{1} << 18);
+    if (!rows_over && query_work(s, c.q_lens) * per_token <= work_budget) break;
+    // The sequence with the most work (the most rows when the rows are over).
+    int worst = -1;
+    std::int64_t most = -1;
+    for (int b = 0; b < s.batch; ++b) {
+      const std::int64_t n = c.q_lens[static_cast<std::size_t>(b)];
+      const std::int64_t L = std::max(s.context_lens[static_cast<std::size_t>(b)], 0);
+      const std::int64_t w = rows_over ? n : (n + 1) * L + n;
+      if (w > most) most = w, worst = b;
+    }
+    if (worst < 0) break;
+    int& n = c.q_lens[static_cast<std::size_t>(worst)];
+    int& L = s.context_lens[static_cast<std::size_t>(worst)];
+    if (!rows_over && L > 4 * n) {
+      L = std::max(L / 2, n);
+    } else if (n > 1) {
+      n /= 2;
+    } else if (!rows_over && L > 0) {
+      L /= 2;
+    } else {
+      break;  // nothing left to trim
+    }
+  }
+  const int longest = c.q_lens.empty() ? 0 : *std::max_element(c.q_lens.begin(), c.q_lens.end());
+  c.max_q_len = std::max(longest, 1);
+  if (r.chance(0.3)) c.max_q_len += r.chance(0.9) ? r.uniform(1, 8) : r.uniform(9, 64);
+}
+
 // A case's per-head values for n heads: its own, repeated when n is larger.
 std::vector<float> per_head(const std::vector<float>& values, int n) {
   std::vector<float> out(values);
@@ -321,17 +414,33 @@ bool keeps_buffer_sizes(Malformation m) {
          m == Malformation::kContextOverCapacity || m == Malformation::kNegativeContext ||
          m == Malformation::kWindowLeft || m == Malformation::kSoftCap ||
          m == Malformation::kNonFiniteSlope || m == Malformation::kBadSink ||
-         m == Malformation::kRowStride;
+         m == Malformation::kRowStride || m == Malformation::kQIndptrStart ||
+         m == Malformation::kQIndptrDecreasing || m == Malformation::kQLenOverMax ||
+         m == Malformation::kQIndptrEnd;
+}
+
+namespace {
+
+// The stride field the CUDA backend refuses for `rows` rows (FuzzCase::cuda_misaligned_stride).
+const char* misaligned_stride(int rows, std::int64_t row, std::int64_t q_stride, DType q_dtype,
+                              std::int64_t out_stride) {
+  if (rows < 2) return nullptr;  // the stride of a single row is never used
+  const std::int64_t q_bytes =
+      (q_stride ? q_stride : row) * static_cast<std::int64_t>(dtype_size(q_dtype));
+  if (q_bytes % 16 != 0) return "q_row_stride";
+  if ((out_stride ? out_stride : row) % 2 != 0) return "out_row_stride";
+  return nullptr;
+}
+
+}  // namespace
+
+int FuzzCase::q_rows() const {
+  return multi_token() ? std::accumulate(q_lens.begin(), q_lens.end(), 0) : spec.batch;
 }
 
 const char* FuzzCase::cuda_misaligned_stride() const {
-  if (spec.batch < 2) return nullptr;  // the stride of a single row is never used
-  const std::int64_t row = static_cast<std::int64_t>(spec.num_heads) * spec.head_dim;
-  const std::int64_t q_bytes =
-      (q_row_stride ? q_row_stride : row) * static_cast<std::int64_t>(dtype_size(spec.q_dtype));
-  if (q_bytes % 16 != 0) return "q_row_stride";
-  if ((out_row_stride ? out_row_stride : row) % 2 != 0) return "out_row_stride";
-  return nullptr;
+  return misaligned_stride(q_rows(), static_cast<std::int64_t>(spec.num_heads) * spec.head_dim,
+                           q_row_stride, spec.q_dtype, out_row_stride);
 }
 
 void BuiltCase::poison_outputs() {
@@ -341,8 +450,8 @@ void BuiltCase::poison_outputs() {
   const std::size_t row_bytes =
       static_cast<std::size_t>(host.spec.num_heads) * host.spec.head_dim * osz;
   std::fill(out_rows.begin(), out_rows.end(), kOutGapByte);
-  for (int b = 0; b < host.spec.batch; ++b) {
-    std::fill_n(out_rows.begin() + static_cast<std::ptrdiff_t>(b * out_stride * osz), row_bytes,
+  for (int r = 0; r < rows; ++r) {
+    std::fill_n(out_rows.begin() + static_cast<std::ptrdiff_t>(r * out_stride * osz), row_bytes,
                 std::uint8_t{0xff});
   }
 }
@@ -436,6 +545,15 @@ FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& o
     }
   }
 
+  // Multi-token queries from a generator of their own too, before the variants (which are drawn
+  // against the contexts they change); a case without them keeps every other draw.
+  Rng queries(
+      splitmix64(splitmix64(seed ^ 0x3c6ef372fe94f82bull) ^ (index * 0x9e3779b97f4a7c15ull + 7)));
+  // Twice what a case of one query token per sequence may read (its pool: at least 4 blocks).
+  const std::int64_t work_budget =
+      2 *
+      std::max(budget, 4 * static_cast<std::int64_t>(s.num_kv_heads) * s.block_size * s.head_dim);
+  draw_query_lens(c, queries, work_budget);
   Rng variants(
       splitmix64(splitmix64(seed ^ 0x6a09e667f3bcc909ull) ^ (index * 0x9e3779b97f4a7c15ull + 3)));
   draw_variants(c, variants);
@@ -455,14 +573,31 @@ FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& o
     }
     c.bad = m;
     c.bad_param = r.next();
-    // Make it applicable: a sequence to corrupt, a context with blocks, a table of >= 2 entries.
+    // Make it applicable: a sequence to corrupt, a context with blocks, a table of >= 2 entries,
+    // query tokens to miscount.
     if (s.batch == 0) {
       s.batch = 1;
       s.context_lens = {1};
+      if (c.multi_token()) c.q_lens = {1};
     }
     if (m == Malformation::kIdOutOfRange &&
         std::all_of(s.context_lens.begin(), s.context_lens.end(), [](int L) { return L == 0; })) {
       s.context_lens[0] = 1;
+    }
+    const bool needs_queries = m == Malformation::kQIndptrStart ||
+                               m == Malformation::kQIndptrDecreasing ||
+                               m == Malformation::kQLenOverMax || m == Malformation::kQIndptrEnd ||
+                               m == Malformation::kMaxQLen;
+    if (needs_queries && !c.multi_token()) draw_query_lens(c, queries, work_budget, true);
+    if (m == Malformation::kIdOutOfRange && c.multi_token()) {
+      // A read entry needs a sequence with a context and a query token.
+      bool read = false;
+      for (int b = 0; b < s.batch; ++b) read |= s.context_lens[b] > 0 && c.q_lens[b] > 0;
+      if (!read) {
+        s.context_lens[0] = std::max(s.context_lens[0], 1);
+        c.q_lens[0] = std::max(c.q_lens[0], 1);
+        c.max_q_len = std::max(c.max_q_len, c.q_lens[0]);
+      }
     }
     if (m == Malformation::kTableStride) s.table_padding = std::max(s.table_padding, 2);
     if (m == Malformation::kNonFiniteSlope && c.alibi_slopes.empty()) {
@@ -487,8 +622,40 @@ BuiltCase build_case(const FuzzCase& c) {
     spec.spare_blocks = std::max(spec.spare_blocks, 1);
     if (spec.table_padding + spec.table_stride_extra == 0) spec.table_padding = 1;
   }
-  b.host = make_fast_case(spec, c.window_left);
+  // Multi-token queries: a count per sequence, none negative nor above max_q_len (a shrink step
+  // or a hand-written case that breaks this is not a case; bad counts are malformations).
+  if (c.multi_token()) {
+    if (static_cast<int>(c.q_lens.size()) != std::max(spec.batch, 0) ||
+        std::any_of(c.q_lens.begin(), c.q_lens.end(),
+                    [&](int n) { return n < 0 || n > c.max_q_len; }) ||
+        std::accumulate(c.q_lens.begin(), c.q_lens.end(), 0.0) > 1e5) {
+      throw std::invalid_argument(
+          "q_lens must list batch counts in [0, max_q_len = " + std::to_string(c.max_q_len) + "]");
+    }
+  } else if (!c.q_lens.empty()) {
+    throw std::invalid_argument("q_lens without max_q_len");
+  }
+  b.host = make_fast_case(spec, c.window_left, c.q_lens);
   testing::HostCase& h = b.host;
+  // Each row's sequence and the context it attends as a query.
+  const int B = spec.batch;
+  if (c.multi_token()) {
+    b.q_indptr.assign(static_cast<std::size_t>(std::max(B, 0)) + 1, 0);
+    for (int s = 0; s < B; ++s) {
+      const int n = c.q_lens[s];
+      b.q_indptr[s + 1] = b.q_indptr[s] + n;
+      for (int i = 0; i < n; ++i) {
+        b.row_seq.push_back(s);
+        b.row_lens.push_back(std::max(0, h.context_lens[s] - n + i + 1));
+      }
+    }
+  } else {
+    for (int s = 0; s < B; ++s) {
+      b.row_seq.push_back(s);
+      b.row_lens.push_back(h.context_lens[s]);
+    }
+  }
+  b.rows = static_cast<int>(b.row_seq.size());
   if (c.snap) {
     // Integers in [-127, 127] are exact in every dtype and their products sum exactly in f32
     // (|sum| <= 256 * 127^2 < 2^24); times a power-of-two scale, each logit is exact.
@@ -506,11 +673,15 @@ BuiltCase build_case(const FuzzCase& c) {
   if (c.scale != 0.f) a.scale = c.scale;
   a.window_left = c.window_left;
   a.logits_soft_cap = c.soft_cap;
+  if (c.multi_token()) {
+    a.q_indptr = b.q_indptr.data();
+    a.num_q_tokens = b.rows;
+    a.max_q_len = c.max_q_len;
+  }
   b.alibi_slopes = per_head(c.alibi_slopes, spec.num_heads);
   b.sinks = per_head(c.sinks, spec.num_heads);
 
   const std::uint64_t p = c.bad_param;
-  const int B = spec.batch;
   auto not_applicable = [&] {
     throw std::invalid_argument(std::string("malformation ") + malformation_name(c.bad) +
                                 " does not apply to this case");
@@ -524,30 +695,33 @@ BuiltCase build_case(const FuzzCase& c) {
     // A stride the library would refuse is a malformation's business, and a shrink step that
     // made one is simply not a candidate; the bound keeps a hand-written case in memory.
     if (stride < 0 || (stride > 0 && stride < row) ||
-        (stride > 0 && static_cast<double>(stride) * std::max(B, 1) > 1e8)) {
+        (stride > 0 && static_cast<double>(stride) * std::max(b.rows, 1) > 1e8)) {
       throw std::invalid_argument(std::string(name) + " " + std::to_string(stride) +
                                   " is not a valid stride for this case's rows of " +
                                   std::to_string(row) + " elements");
     }
   }
+  // The buffers' rows: with multi-token queries at least one (make_fast_case), even when no
+  // sequence has a query token.
+  const int buffer_rows = c.multi_token() && B > 0 ? std::max(b.rows, 1) : b.rows;
   b.q_stride = c.q_row_stride ? c.q_row_stride : row;
   b.out_stride = c.out_row_stride ? c.out_row_stride : row;
   if (c.q_row_stride != 0) {
     const std::size_t qsz = dtype_size(spec.q_dtype);
-    const std::int64_t n = std::max(B, 0) * b.q_stride;
+    const std::int64_t n = buffer_rows * b.q_stride;
     b.q_rows.resize(static_cast<std::size_t>(n) * qsz);
     for (std::int64_t i = 0; i < n; ++i) {
       store_from_float(b.q_rows.data(), spec.q_dtype, i, std::numeric_limits<float>::quiet_NaN());
     }
-    for (int s = 0; s < B; ++s) {
-      std::copy_n(h.q.begin() + static_cast<std::ptrdiff_t>(s * row * qsz), row * qsz,
-                  b.q_rows.begin() + static_cast<std::ptrdiff_t>(s * b.q_stride * qsz));
+    for (int r = 0; r < b.rows; ++r) {
+      std::copy_n(h.q.begin() + static_cast<std::ptrdiff_t>(r * row * qsz), row * qsz,
+                  b.q_rows.begin() + static_cast<std::ptrdiff_t>(r * b.q_stride * qsz));
     }
     a.q = b.q_rows.data();
     a.q_row_stride = c.q_row_stride;
   }
   if (c.out_row_stride != 0) {
-    b.out_rows.resize(static_cast<std::size_t>(std::max(B, 0) * b.out_stride) *
+    b.out_rows.resize(static_cast<std::size_t>(buffer_rows * b.out_stride) *
                       dtype_size(spec.out_dtype));
     a.out = b.out_rows.data();
     a.out_row_stride = c.out_row_stride;
@@ -561,14 +735,20 @@ BuiltCase build_case(const FuzzCase& c) {
     case Malformation::kNone:
       break;
     case Malformation::kIdOutOfRange: {
+      // A sequence whose table is read: a context and, with multi-token queries, a query token.
       std::vector<int> with_blocks;
       for (int s = 0; s < B; ++s) {
-        if (h.context_lens[s] > 0) with_blocks.push_back(s);
+        if (h.context_lens[s] > 0 && (!c.multi_token() || c.q_lens[s] > 0)) {
+          with_blocks.push_back(s);
+        }
       }
       if (with_blocks.empty()) not_applicable();
       const int s = with_blocks[p % with_blocks.size()];
-      // An entry that is read: a window's first block or later.
-      const int first = window_first_block(h.context_lens[s], c.window_left, spec.block_size);
+      // An entry that is read: a window's first block or later (the earliest query's window
+      // with several query tokens).
+      const int first =
+          first_read_token(h.context_lens[s], c.window_left, c.multi_token() ? c.q_lens[s] : 1) /
+          spec.block_size;
       const int used = blocks_for(h.context_lens[s], spec.block_size);
       const int i = first + static_cast<int>((p >> 8) % (used - first));
       const std::int32_t values[] = {h.num_blocks, h.num_blocks + static_cast<int>((p >> 16) % 7),
@@ -727,16 +907,100 @@ BuiltCase build_case(const FuzzCase& c) {
       b.expected_argument = p % 2 ? "out_row_stride" : "q_row_stride";
       break;
     }
+    case Malformation::kQIndptrStart: {
+      if (!c.multi_token() || B <= 0) not_applicable();
+      const std::int32_t values[] = {1, -1, 1 + static_cast<std::int32_t>((p >> 16) % 100),
+                                     INT32_MAX, INT32_MIN};
+      b.q_indptr[0] = values[(p >> 8) % 5];
+      b.expected_argument = "q_indptr[0]";
+      break;
+    }
+    case Malformation::kQIndptrDecreasing: {
+      // q_indptr[k] below q_indptr[k - 1]: sequence k - 1 gets a negative count, the first error.
+      if (!c.multi_token() || B <= 0) not_applicable();
+      const int k = 1 + static_cast<int>(p % B);
+      const std::int64_t v = (p >> 40) % 4 == 0 ? INT32_MIN
+                                                : static_cast<std::int64_t>(b.q_indptr[k - 1]) - 1 -
+                                                      static_cast<std::int64_t>((p >> 8) % 20);
+      b.q_indptr[k] = static_cast<std::int32_t>(v);
+      b.expected_code = ErrorCode::kOutOfRange;
+      b.expected_argument = seq_arg("q_indptr", k);
+      break;
+    }
+    case Malformation::kQLenOverMax: {
+      // A count above max_q_len: a lower max_q_len (at least 1) than the largest count, or one
+      // sequence given more tokens, q_indptr shifted from there on (up to INT32_MAX). The first
+      // sequence over the bound is named.
+      if (!c.multi_token() || B <= 0) not_applicable();
+      const int longest = *std::max_element(c.q_lens.begin(), c.q_lens.end());
+      int over = -1;
+      if (longest >= 2 && (p >> 40) % 2 == 0) {
+        a.max_q_len = 1 + static_cast<int>((p >> 8) % (longest - 1));
+        for (int s = 0; s < B && over < 0; ++s) {
+          if (c.q_lens[s] > a.max_q_len) over = s;
+        }
+      } else {
+        over = static_cast<int>(p % B);
+        if ((p >> 48) % 4 == 0) {
+          b.q_indptr[over + 1] = INT32_MAX;
+        } else {
+          const int extra = c.max_q_len + 1 + static_cast<int>((p >> 8) % 40) - c.q_lens[over];
+          for (int s = over + 1; s <= B; ++s) b.q_indptr[s] += extra;
+        }
+      }
+      b.expected_code = ErrorCode::kOutOfRange;
+      b.expected_argument = seq_arg("q_indptr", over + 1);
+      break;
+    }
+    case Malformation::kQIndptrEnd: {
+      // Counts in range that do not add up to num_q_tokens: num_q_tokens larger, or the last
+      // count one more or one less (within [0, max_q_len]).
+      if (!c.multi_token() || B <= 0) not_applicable();
+      const int last = c.q_lens[B - 1];
+      if ((p >> 8) % 2 == 0) {
+        a.num_q_tokens += 1 + static_cast<int>((p >> 16) % 64);
+      } else {
+        b.q_indptr[B] += last < c.max_q_len && (last == 0 || (p >> 16) % 2) ? 1 : -1;
+      }
+      b.expected_argument = seq_arg("q_indptr", B);
+      break;
+    }
+    case Malformation::kMaxQLen: {
+      if (!c.multi_token()) not_applicable();
+      const int values[] = {0, -1, INT32_MIN};
+      a.max_q_len = values[p % 3];
+      b.expected_argument = "max_q_len";
+      break;
+    }
+    case Malformation::kQTokensWithoutIndptr: {
+      // q_indptr left out (or never set) with num_q_tokens, or only max_q_len, still set.
+      a.q_indptr = nullptr;
+      const int values[] = {1, B, B + 1, -1, INT32_MAX};
+      a.num_q_tokens = c.multi_token() && p % 2 ? b.rows : values[(p >> 8) % 5];
+      if (a.num_q_tokens == 0 || (p >> 16) % 4 == 0) {
+        a.num_q_tokens = 0;
+        a.max_q_len = c.multi_token() ? c.max_q_len : 1 + static_cast<int>((p >> 24) % 16);
+        b.expected_argument = "max_q_len";
+      } else {
+        b.expected_argument = "num_q_tokens";
+      }
+      break;
+    }
     case Malformation::kCount:
       not_applicable();
   }
-  // The CUDA backend checks its rows' alignment after the shapes and before the tables and the
-  // variants' values (which it reads back in checked mode only).
+  // The CUDA backend checks its rows' alignment after the shapes and before q_indptr, the tables
+  // and the variants' values (which it reads back in checked mode only), over the rows the
+  // arguments declare.
   const bool shapes_pass =
       c.bad == Malformation::kNone || c.bad == Malformation::kIdOutOfRange ||
       c.bad == Malformation::kContextOverCapacity || c.bad == Malformation::kNegativeContext ||
-      c.bad == Malformation::kNonFiniteSlope || c.bad == Malformation::kBadSink;
-  if (const char* field = c.cuda_misaligned_stride(); field != nullptr && shapes_pass) {
+      c.bad == Malformation::kNonFiniteSlope || c.bad == Malformation::kBadSink ||
+      c.bad == Malformation::kQIndptrStart || c.bad == Malformation::kQIndptrDecreasing ||
+      c.bad == Malformation::kQLenOverMax || c.bad == Malformation::kQIndptrEnd;
+  if (const char* field =
+          misaligned_stride(a.q_rows(), row, c.q_row_stride, spec.q_dtype, c.out_row_stride);
+      field != nullptr && shapes_pass) {
     b.cuda_refuses = field;
   }
   // Host copies of the per-head arrays, long enough for the (possibly malformed) head count.
@@ -763,6 +1027,11 @@ std::string describe(const FuzzCase& c) {
   if (!c.sinks.empty()) os << " sinks";
   if (c.q_row_stride != 0) os << " q_stride=" << c.q_row_stride;
   if (c.out_row_stride != 0) os << " out_stride=" << c.out_row_stride;
+  if (c.multi_token()) {
+    os << " q_lens=[";
+    for (std::size_t i = 0; i < c.q_lens.size(); ++i) os << (i ? "," : "") << c.q_lens[i];
+    os << "] max_q_len=" << c.max_q_len;
+  }
   if (c.malformed()) os << " malformed=" << malformation_name(c.bad);
   return os.str();
 }
@@ -790,6 +1059,10 @@ std::string to_text(const FuzzCase& c) {
      << "out_dtype " << dtype_name(s.out_dtype) << '\n'
      << "q_row_stride " << c.q_row_stride << '\n'
      << "out_row_stride " << c.out_row_stride << '\n'
+     << "max_q_len " << c.max_q_len << '\n'
+     << "q_lens";
+  for (int n : c.q_lens) os << ' ' << n;
+  os << '\n'
      << "spare_blocks " << s.spare_blocks << '\n'
      << "table_padding " << s.table_padding << '\n'
      << "table_stride_extra " << s.table_stride_extra << '\n'
@@ -880,6 +1153,13 @@ FuzzCase from_text(const std::string& text) {
                            : s.out_dtype) = parse_dtype(word);
     } else if (key == "q_row_stride" || key == "out_row_stride") {
       if (!(ls >> (key == "q_row_stride" ? c.q_row_stride : c.out_row_stride))) bad();
+    } else if (key == "max_q_len") {
+      read_int(c.max_q_len);
+    } else if (key == "q_lens") {
+      c.q_lens.clear();
+      int n;
+      while (ls >> n) c.q_lens.push_back(n);
+      if (!ls.eof()) bad();
     } else if (key == "spare_blocks") {
       read_int(s.spare_blocks);
     } else if (key == "table_padding") {
@@ -930,6 +1210,12 @@ FuzzCase from_text(const std::string& text) {
   }
   if (s.batch < 0 || static_cast<int>(s.context_lens.size()) != s.batch) {
     throw std::runtime_error("case file: context_lens must list batch values");
+  }
+  if (c.max_q_len < 0 || (c.max_q_len > 0 && static_cast<int>(c.q_lens.size()) != s.batch) ||
+      (c.max_q_len == 0 && !c.q_lens.empty())) {
+    throw std::runtime_error(
+        "case file: q_lens must list batch values with a max_q_len of 1 or more, or none with "
+        "max_q_len 0 (one query token per sequence)");
   }
   for (const auto& [key, values] :
        {std::pair{"alibi_slopes", &c.alibi_slopes}, std::pair{"sinks", &c.sinks}}) {

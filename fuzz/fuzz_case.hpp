@@ -1,7 +1,7 @@
 // One fuzz case: a random-case spec plus what the fuzzer adds on top of it (exact-logit snapping,
-// a custom scale, the CPU thread count, the attention variants, q and out row strides, a planted
-// malformation). Every case is a pure function of (seed, index) and the draw options, and a case
-// file holds the full description so a shrunk case replays alone.
+// a custom scale, the CPU thread count, the attention variants, q and out row strides, multi-token
+// queries, a planted malformation). Every case is a pure function of (seed, index) and the draw
+// options, and a case file holds the full description so a shrunk case replays alone.
 #pragma once
 
 #include <cstdint>
@@ -16,24 +16,30 @@ namespace pagedattn::fuzz {
 // A deliberately invalid input, planted after the case is built.
 enum class Malformation : int {
   kNone = 0,
-  kIdOutOfRange,         // a block id inside a context outside [0, num_blocks)
-  kContextOverCapacity,  // context_lens[b] > max_blocks_per_seq * block_size
-  kNegativeContext,      // context_lens[b] < 0
-  kHeadRatio,            // num_heads % num_kv_heads != 0
-  kGroupTooLarge,        // num_heads / num_kv_heads > kMaxGroupSize
-  kNullPointer,          // one of q, k_cache, v_cache, block_table, context_lens, out is null
-  kHeadDim,              // an unsupported head_dim
-  kBlockSize,            // block_size 0, negative or > kMaxBlockSize
-  kTableStride,          // 0 < block_table_stride < max_blocks_per_seq
-  kDtypeMismatch,        // v_dtype != k_dtype
-  kBadDtype,             // a dtype value that is not a DType
-  kNonFiniteScale,       // scale NaN or Inf
-  kNegativeBatch,        // batch < 0
-  kWindowLeft,           // window_left < -1
-  kSoftCap,              // logits_soft_cap negative, NaN or infinite
-  kNonFiniteSlope,       // an ALiBi slope NaN or infinite
-  kBadSink,              // a sink NaN or +inf
-  kRowStride,            // q_row_stride or out_row_stride negative or in (0, num_heads * head_dim)
+  kIdOutOfRange,          // a block id inside a context outside [0, num_blocks)
+  kContextOverCapacity,   // context_lens[b] > max_blocks_per_seq * block_size
+  kNegativeContext,       // context_lens[b] < 0
+  kHeadRatio,             // num_heads % num_kv_heads != 0
+  kGroupTooLarge,         // num_heads / num_kv_heads > kMaxGroupSize
+  kNullPointer,           // one of q, k_cache, v_cache, block_table, context_lens, out is null
+  kHeadDim,               // an unsupported head_dim
+  kBlockSize,             // block_size 0, negative or > kMaxBlockSize
+  kTableStride,           // 0 < block_table_stride < max_blocks_per_seq
+  kDtypeMismatch,         // v_dtype != k_dtype
+  kBadDtype,              // a dtype value that is not a DType
+  kNonFiniteScale,        // scale NaN or Inf
+  kNegativeBatch,         // batch < 0
+  kWindowLeft,            // window_left < -1
+  kSoftCap,               // logits_soft_cap negative, NaN or infinite
+  kNonFiniteSlope,        // an ALiBi slope NaN or infinite
+  kBadSink,               // a sink NaN or +inf
+  kRowStride,             // q_row_stride or out_row_stride negative or in (0, num_heads * head_dim)
+  kQIndptrStart,          // q_indptr[0] != 0
+  kQIndptrDecreasing,     // q_indptr[b + 1] < q_indptr[b]
+  kQLenOverMax,           // a sequence's query tokens above max_q_len
+  kQIndptrEnd,            // q_indptr[batch] != num_q_tokens
+  kMaxQLen,               // max_q_len 0 or negative with q_indptr
+  kQTokensWithoutIndptr,  // num_q_tokens (or max_q_len) set without q_indptr
   kCount
 };
 const char* malformation_name(Malformation m);
@@ -65,6 +71,11 @@ struct FuzzCase {
   // kOutGapByte (a write to them shows in the gap check).
   std::int64_t q_row_stride = 0;
   std::int64_t out_row_stride = 0;
+  // Multi-token queries (DecodeArgs::q_indptr). max_q_len 0: none, one query token per sequence
+  // (q_lens empty). Else q_lens holds each sequence's query tokens (0 allowed, and more than its
+  // context), and max_q_len, at least their largest, is the declared bound.
+  std::vector<int> q_lens;
+  int max_q_len = 0;
   Malformation bad = Malformation::kNone;
   std::uint64_t bad_param = 0;  // which sequence / entry / pointer / value the malformation uses
   // Where the case came from (informational once shrunk).
@@ -78,7 +89,10 @@ struct FuzzCase {
   // The variants context_parallel_decode refuses (a position in the whole sequence, or a term
   // counted once per sequence); the soft-cap it runs.
   bool position_variants() const { return windowed() || !alibi_slopes.empty() || !sinks.empty(); }
-  // The stride field the CUDA backend refuses, or null: with two sequences or more, q's rows must
+  bool multi_token() const { return max_q_len > 0; }
+  // Rows of q, out and lse: every query token (the sum of q_lens), or one per sequence.
+  int q_rows() const;
+  // The stride field the CUDA backend refuses, or null: with two rows or more, q's rows must
   // start 16-byte aligned (it reads them in 16-byte pieces) and out's at even elements (it stores
   // them two at a time); q is checked first. The CPU backend takes any stride.
   const char* cuda_misaligned_stride() const;
@@ -97,7 +111,15 @@ FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& o
 
 // The built buffers plus the (possibly malformed) arguments the API is called with.
 struct BuiltCase {
+  // host's q, out and lse hold one row per query token (rows of them): host.spec.batch rows
+  // without multi-token queries.
   testing::HostCase host;
+  int rows = 0;
+  // q_indptr ([batch + 1], empty without multi-token queries) and, per row, its sequence and the
+  // context it attends as a query (P + 1 for the token at position P, 0 when P < 0): what the
+  // oracle checks each row against.
+  std::vector<std::int32_t> q_indptr;
+  std::vector<int> row_seq, row_lens;
   // The host copies of the variants' per-head arrays args points at (at least num_heads values
   // for the arguments' num_heads, so a malformed head count never reads past them).
   std::vector<float> alibi_slopes, sinks;
@@ -110,11 +132,14 @@ struct BuiltCase {
   ErrorCode expected_code = ErrorCode::kInvalidArgument;
   std::string expected_argument;  // empty for a valid case
   // The argument the CUDA backend raises instead (kInvalidArgument), or empty: a misaligned row
-  // stride (FuzzCase::cuda_misaligned_stride), which it checks after the shapes but before its
-  // checked-mode table and value checks, on a case that is valid or malformed only in those.
+  // stride (FuzzCase::cuda_misaligned_stride, over the rows args declares), which it checks after
+  // the shapes but before its checked-mode q_indptr, table and value checks, on a case that is
+  // valid or malformed only in those.
   std::string cuda_refuses;
 
-  // The buffer args.out points at (out_rows or host.out), gaps included.
+  // The buffers args.q and args.out point at (q_rows or host.q, out_rows or host.out), gaps
+  // included.
+  const std::vector<std::uint8_t>& q_buffer() const { return q_rows.empty() ? host.q : q_rows; }
   std::vector<std::uint8_t>& out_buffer() { return out_rows.empty() ? host.out : out_rows; }
   const std::vector<std::uint8_t>& out_buffer() const {
     return out_rows.empty() ? host.out : out_rows;

@@ -1,15 +1,15 @@
 // Coverage-guided fuzzing of the API's validation and the CPU path (libFuzzer, built with clang
 // and -fsanitize=fuzzer,address,undefined by scripts/build_libfuzzer.sh).
 //
-// The input bytes choose every DecodeArgs field, valid or not (the attention variants and the q
-// and out row strides included), then the contents of the context lengths, the block table and
-// the tensors. Buffers are allocated at exactly the sizes the declared shapes imply, so
-// AddressSanitizer reports any read or write outside them; with a window, the table entries
-// before it are as random as the rest (validation and the kernels must ignore them); between the
-// rows of a strided q lies NaN (a read of it makes out non-finite), between those of a strided
-// out a byte pattern that must survive. Each input must either raise pagedattn::Error, agree with
-// the f64 reference's own validation, and leave out and lse untouched; or succeed with every
-// output finite and close to the reference and out's gaps untouched.
+// The input bytes choose every DecodeArgs field, valid or not (the attention variants, the q
+// and out row strides and multi-token queries included), then the contents of the context
+// lengths, the block table and the tensors. Buffers are allocated at exactly the sizes the declared
+// shapes imply, so AddressSanitizer reports any read or write outside them; with a window, the
+// table entries before it are as random as the rest (validation and the kernels must ignore them);
+// between the rows of a strided q lies NaN (a read of it makes out non-finite), between those of a
+// strided out a byte pattern that must survive. Each input must either raise pagedattn::Error,
+// agree with the f64 reference's own validation, and leave out and lse untouched; or succeed with
+// every output finite and close to the reference and out's gaps untouched.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -160,14 +160,61 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   };
   a.q_row_stride = draw_stride(true);
   a.out_row_stride = draw_stride(false);
+
+  // Multi-token queries, after every earlier draw and none when the input runs out: 0-4 none;
+  // 5, 6 per-sequence counts of 0-6 (more than a context, now and then) and a max_q_len at or up
+  // to 2 above the largest; 7 the same with one error: q_indptr[0] != 0, an entry below the one
+  // before, a count above max_q_len, a total other than num_q_tokens, max_q_len 0 or -1, or
+  // num_q_tokens and max_q_len without q_indptr.
+  std::vector<std::int32_t> indptr;
+  bool with_indptr = false;
+  if (const int q_kind = in.ConsumeIntegralInRange<int>(0, 7); q_kind >= 5) {
+    const int B = std::max(a.batch, 0);
+    indptr.assign(static_cast<std::size_t>(B) + 1, 0);
+    int longest = 0;
+    for (int b = 0; b < B; ++b) {
+      const int n = in.ConsumeIntegralInRange<int>(0, 6);
+      indptr[b + 1] = indptr[b] + n;
+      longest = std::max(longest, n);
+    }
+    a.num_q_tokens = indptr[B];
+    a.max_q_len = std::max(longest, 1) + in.ConsumeIntegralInRange<int>(0, 2);
+    with_indptr = true;
+    if (q_kind == 7) {
+      const int at = B > 0 ? in.ConsumeIntegralInRange<int>(1, B) : 0;
+      switch (in.ConsumeIntegralInRange<int>(0, 5)) {
+        case 0:
+          indptr[0] = in.ConsumeBool() ? 1 : -1;
+          break;
+        case 1:
+          if (at > 0) indptr[at] = indptr[at - 1] - 1;
+          break;
+        case 2:
+          for (int b = at; b <= B && at > 0; ++b) indptr[b] += a.max_q_len + 1;
+          break;
+        case 3:
+          a.num_q_tokens += in.ConsumeBool() ? 1 : -1;
+          break;
+        case 4:
+          a.max_q_len = in.ConsumeIntegralInRange<int>(-1, 0);
+          break;
+        default:
+          with_indptr = false;
+          break;
+      }
+    }
+  }
+  a.q_indptr = with_indptr ? indptr.data() : nullptr;
+  // The rows of q, out and lse the arguments declare.
+  const int rows = std::max(a.q_rows(), 0);
   // The stride the rows are laid out at: a refused one gets dense rows (nothing may be read).
   auto layout_stride = [&](std::int64_t stride) { return stride < row ? row : stride; };
   const std::int64_t q_stride = layout_stride(a.q_row_stride);
   const std::int64_t out_stride = layout_stride(a.out_row_stride);
-  // Elements of `batch` rows at that stride, the last row ending the buffer (AddressSanitizer
+  // Elements of `rows` rows at that stride, the last row ending the buffer (AddressSanitizer
   // catches a read or write past it).
   auto extent = [&](std::int64_t stride) {
-    return a.batch > 0 ? static_cast<std::size_t>((a.batch - 1) * stride + row) : 0;
+    return rows > 0 ? static_cast<std::size_t>((rows - 1) * stride + row) : 0;
   };
 
   // Buffers at the declared sizes. Declared sizes too large for quick runs are skipped.
@@ -183,7 +230,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       v(pool * bytes_of(a.v_dtype)), out(out_elems * bytes_of(a.out_dtype));
   std::vector<std::int32_t> lens(static_cast<std::size_t>(std::max(a.batch, 0)));
   std::vector<std::int32_t> table(static_cast<std::size_t>(std::max(a.batch, 0)) * stride);
-  std::vector<float> lse(product({a.batch, a.num_heads}));
+  std::vector<float> lse(product({rows, a.num_heads}));
   // Exactly num_heads floats each (AddressSanitizer catches a read past them).
   Buffer slopes(product({a.num_heads}) * sizeof(float)),
       sinks(product({a.num_heads}) * sizeof(float));
@@ -207,7 +254,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   fill(k, a.k_dtype, 7);
   fill(v, a.v_dtype, 13);
   if (valid_dtype(a.q_dtype)) {
-    for (int b = 0; b + 1 < a.batch; ++b) {
+    for (int b = 0; b + 1 < rows; ++b) {
       for (std::int64_t i = row; i < q_stride; ++i) {
         pagedattn::store_from_float(q.data.get(), a.q_dtype, b * q_stride + i,
                                     std::numeric_limits<float>::quiet_NaN());
@@ -234,7 +281,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   constexpr std::uint8_t kGapByte = 0xa5;
   const std::size_t out_bytes = bytes_of(a.out_dtype);
   auto for_each_gap_byte = [&](auto&& f) {
-    for (int b = 0; b + 1 < a.batch; ++b) {
+    for (int b = 0; b + 1 < rows; ++b) {
       for (std::size_t i = (b * out_stride + row) * out_bytes; i < (b + 1) * out_stride * out_bytes;
            ++i) {
         f(out.data.get()[i]);

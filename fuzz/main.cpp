@@ -149,6 +149,7 @@ std::string common_flags(const Config& cfg) {
 struct Counts {
   long long cases = 0, valid = 0, malformed = 0, huge = 0, long_ctx = 0, empty_batch = 0;
   long long window = 0, soft_cap = 0, alibi = 0, sinks = 0;  // valid cases with each variant
+  long long multi_token = 0;  // valid cases with multi-token queries (q_indptr)
   // Valid cases with a strided q, with a strided out, and with a stride the CUDA backend refuses.
   long long strided_q = 0, strided_out = 0, misaligned = 0;
   long long failures = 0;
@@ -167,6 +168,7 @@ void count(Counts& n, const pf::FuzzCase& c, const pf::Outcome& o) {
     n.soft_cap += c.soft_capped();
     n.alibi += !c.alibi_slopes.empty();
     n.sinks += !c.sinks.empty();
+    n.multi_token += c.multi_token();
     n.strided_q += c.q_row_stride != 0;
     n.strided_out += c.out_row_stride != 0;
     n.misaligned += c.cuda_misaligned_stride() != nullptr;
@@ -186,11 +188,11 @@ std::string counts_text(const Counts& n, double elapsed) {
   std::snprintf(buf, sizeof buf,
                 "%lld cases in %.1fs (%.0f/s): valid %lld (huge-logit %lld, split-length %lld, "
                 "batch 0 %lld; variants: window %lld, soft-cap %lld, alibi %lld, sinks %lld; "
-                "strided: q %lld, out %lld, misaligned for cuda %lld), malformed %lld; "
-                "failures %lld; worst err/tol %.3g",
+                "multi-token %lld; strided: q %lld, out %lld, misaligned for cuda %lld), "
+                "malformed %lld; failures %lld; worst err/tol %.3g",
                 n.cases, elapsed, elapsed > 0 ? n.cases / elapsed : 0.0, n.valid, n.huge,
-                n.long_ctx, n.empty_batch, n.window, n.soft_cap, n.alibi, n.sinks, n.strided_q,
-                n.strided_out, n.misaligned, n.malformed, n.failures, n.worst_ratio);
+                n.long_ctx, n.empty_batch, n.window, n.soft_cap, n.alibi, n.sinks, n.multi_token,
+                n.strided_q, n.strided_out, n.misaligned, n.malformed, n.failures, n.worst_ratio);
   return buf;
 }
 

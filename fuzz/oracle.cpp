@@ -22,6 +22,7 @@
 #include "pagedattn/testing/cp_shares.hpp"
 #include "pagedattn/testing/device_case.hpp"
 #include "pagedattn/testing/device_memory.hpp"
+#include "pagedattn/validate.hpp"
 #include "pagedattn/variants.hpp"
 
 namespace pagedattn::fuzz {
@@ -34,42 +35,54 @@ struct Result {
   std::vector<double> out, lse;
 };
 
-// The out rows of `out` (rows of `stride` elements), dense, and lse.
-Result read_outputs(const testing::HostCase& h, const std::vector<std::uint8_t>& out,
+// The `rows` rows of `out` (rows of `stride` elements), dense, and lse.
+Result read_outputs(const testing::HostCase& h, int rows, const std::vector<std::uint8_t>& out,
                     std::int64_t stride, const std::vector<float>& lse) {
   Result r;
   const DType t = h.spec.out_dtype;
   const std::int64_t row = static_cast<std::int64_t>(h.spec.num_heads) * h.spec.head_dim;
-  r.out.resize(static_cast<std::size_t>(std::max(h.spec.batch, 0) * row));
-  for (int b = 0; b < h.spec.batch; ++b) {
+  r.out.resize(static_cast<std::size_t>(rows * row));
+  for (int b = 0; b < rows; ++b) {
     for (std::int64_t i = 0; i < row; ++i) {
       r.out[static_cast<std::size_t>(b * row + i)] = load_as_float(out.data(), t, b * stride + i);
     }
   }
-  r.lse.assign(lse.begin(), lse.end());
+  r.lse.assign(lse.begin(), lse.begin() + static_cast<std::ptrdiff_t>(rows) * h.spec.num_heads);
   return r;
 }
 
 Result read_outputs(const BuiltCase& bc) {
-  return read_outputs(bc.host, bc.out_buffer(), bc.out_stride, bc.host.lse);
+  return read_outputs(bc.host, bc.rows, bc.out_buffer(), bc.out_stride, bc.host.lse);
+}
+
+// Row r of q, out and lse, for messages: its sequence, and with multi-token queries which of the
+// sequence's query tokens it is and the context it attends.
+std::string row_text(const BuiltCase& bc, std::size_t r) {
+  if (bc.q_indptr.empty() || r >= bc.row_seq.size()) return {};
+  const int b = bc.row_seq[r];
+  std::ostringstream os;
+  os << " (sequence " << b << "'s query token " << static_cast<int>(r) - bc.q_indptr[b] << " of "
+     << bc.q_indptr[b + 1] - bc.q_indptr[b] << ", context " << bc.row_lens[r] << " of "
+     << bc.host.context_lens[b] << ")";
+  return os.str();
 }
 
 // Every byte of out's gaps (after each row of a strided out) still kOutGapByte: no backend may
 // write there. Empty when so.
-std::string check_gaps(const testing::HostCase& h, const std::vector<std::uint8_t>& out,
+std::string check_gaps(const testing::HostCase& h, int rows, const std::vector<std::uint8_t>& out,
                        std::int64_t stride) {
   const std::size_t osz = dtype_size(h.spec.out_dtype);
   const std::int64_t row = static_cast<std::int64_t>(h.spec.num_heads) * h.spec.head_dim;
   if (stride == row) return {};
-  for (int b = 0; b < h.spec.batch; ++b) {
+  for (int b = 0; b < rows; ++b) {
     for (std::int64_t i = row; i < stride; ++i) {
       const std::size_t at = static_cast<std::size_t>(b * stride + i) * osz;
       if (std::any_of(out.begin() + static_cast<std::ptrdiff_t>(at),
                       out.begin() + static_cast<std::ptrdiff_t>(at + osz),
                       [](std::uint8_t x) { return x != kOutGapByte; })) {
         std::ostringstream os;
-        os << "out gap element " << i - row << " after sequence " << b << "'s row (element "
-           << b * stride + i << " of out, row stride " << stride
+        os << "out gap element " << i - row << " after row " << b << " (element " << b * stride + i
+           << " of out, row stride " << stride
            << ") written: " << load_as_float(out.data(), h.spec.out_dtype, b * stride + i);
         return os.str();
       }
@@ -79,48 +92,95 @@ std::string check_gaps(const testing::HostCase& h, const std::vector<std::uint8_
 }
 
 std::string check_gaps(const BuiltCase& bc) {
-  return bc.out_rows.empty() ? std::string() : check_gaps(bc.host, bc.out_rows, bc.out_stride);
+  if (bc.rows == 0 && bc.host.spec.batch > 0) {
+    // No query tokens: the row q and out hold (not to be null) is no output, and lse has none.
+    const std::uint8_t poison = bc.out_rows.empty() ? 0xff : kOutGapByte;
+    const std::vector<std::uint8_t>& out = bc.out_buffer();
+    if (std::any_of(out.begin(), out.end(), [&](std::uint8_t x) { return x != poison; }) ||
+        !std::all_of(bc.host.lse.begin(), bc.host.lse.end(),
+                     [](float x) { return std::isnan(x); })) {
+      return "out or lse written by a call without query tokens";
+    }
+    return {};
+  }
+  return bc.out_rows.empty() ? std::string()
+                             : check_gaps(bc.host, bc.rows, bc.out_rows, bc.out_stride);
 }
 
-// The CUDA backend over device copies of a host case (the slopes and sinks included), out and lse
-// copied back. DeviceCase checks the shapes itself, so it is given the case without its window,
-// soft-cap and row strides, which are put back for the backend: on a malformed one the error must
-// be the backend's. DeviceCase copies batch * num_heads * head_dim elements of q and out, so a
-// strided q or out gets a device copy of its whole buffer here, gaps included (q's NaN, out's
-// kOutGapByte), and out comes back whole, so that a read or write of a gap shows on the host.
+// The CUDA backend over device copies of a host case (the slopes, sinks and q_indptr included),
+// out and lse copied back. DeviceCase checks the shapes itself, so it is given the case without
+// its window, soft-cap, row strides and multi-token queries, which are put back for the backend:
+// on a malformed one the error must be the backend's. DeviceCase copies batch rows of q, out and
+// lse, so a strided q or out, and with multi-token queries (or a declared row count that is not
+// the buffers': a malformed one) q, out and lse, get device copies of their whole buffers here,
+// gaps included (q's NaN, out's kOutGapByte), and come back whole, so that a read or write of a
+// gap shows on the host; DeviceCase then copies a stand-in of batch rows instead.
 void run_cuda(const BuiltCase& bc, const DecodeArgs& host, const detail::DecodeOptions& o) {
   DecodeArgs plain = host;
   plain.window_left = -1;
   plain.logits_soft_cap = 0.f;
   plain.q_row_stride = 0;
   plain.out_row_stride = 0;
+  plain.q_indptr = nullptr;
+  plain.num_q_tokens = 0;
+  plain.max_q_len = 0;
+  const bool other_rows = !bc.q_indptr.empty() || bc.rows != host.batch;
+  const bool own_q =
+      host.q != nullptr && host.q == bc.q_buffer().data() && (!bc.q_rows.empty() || other_rows);
+  const bool own_out = host.out != nullptr && host.out == bc.out_buffer().data() &&
+                       (!bc.out_rows.empty() || other_rows);
+  const bool own_lse = host.lse != nullptr && other_rows;
+  std::vector<std::uint8_t> stand_in;
+  if (own_q || own_out) {
+    // The error DeviceCase would raise, before the stand-in is sized by the shapes.
+    validate_shapes(plain);
+    stand_in.assign(static_cast<std::size_t>(std::max(host.batch, 0)) * host.num_heads *
+                        host.head_dim * sizeof(float),
+                    0);
+    if (own_q) plain.q = stand_in.data();
+    if (own_out) plain.out = stand_in.data();
+  }
+  if (own_lse) plain.lse = nullptr;
   const testing::DeviceCase dev(plain, o.cuda_stream);
   DecodeArgs d = dev.args();
   d.window_left = host.window_left;
   d.logits_soft_cap = host.logits_soft_cap;
   d.q_row_stride = host.q_row_stride;
   d.out_row_stride = host.out_row_stride;
-  const bool q_rows = !bc.q_rows.empty() && host.q == bc.q_rows.data();
-  const bool out_rows = !bc.out_rows.empty() && host.out == bc.out_rows.data();
-  testing::DeviceBuffer dq, dout;
-  if (q_rows) {
-    dq = testing::DeviceBuffer(bc.q_rows.data(), bc.q_rows.size());
+  d.num_q_tokens = host.num_q_tokens;
+  d.max_q_len = host.max_q_len;
+  testing::DeviceBuffer dq, dout, dlse, dindptr;
+  if (own_q) {
+    dq = testing::DeviceBuffer(bc.q_buffer().data(), bc.q_buffer().size());
     d.q = dq.get();
   }
-  if (out_rows) {
-    dout = testing::DeviceBuffer(bc.out_rows.data(), bc.out_rows.size());
+  if (own_out) {
+    dout = testing::DeviceBuffer(bc.out_buffer().data(), bc.out_buffer().size());
     d.out = dout.get();
   }
-  detail::decode(d, o);
-  if (!out_rows) {
-    dev.download(host, o.cuda_stream);
-    return;
+  if (own_lse) {
+    dlse = testing::DeviceBuffer(bc.host.lse.data(), bc.host.lse.size() * sizeof(float));
+    d.lse = dlse.as<float>();
   }
-  testing::device_synchronize();
-  testing::copy_to_host(host.out, dout.get(), bc.out_rows.size());
-  if (host.lse != nullptr && host.batch > 0) {
-    testing::copy_to_host(host.lse, d.lse,
-                          static_cast<std::size_t>(host.batch) * host.num_heads * sizeof(float));
+  if (host.q_indptr != nullptr) {
+    // Like the block table: the CUDA backend reads it in device memory.
+    dindptr = testing::DeviceBuffer(host.q_indptr, bc.q_indptr.size() * sizeof(std::int32_t));
+    d.q_indptr = dindptr.as<const std::int32_t>();
+  }
+  detail::decode(d, o);
+  if (!own_out) {
+    dev.download(host, o.cuda_stream);  // out, and lse unless it has its own copy
+  } else {
+    testing::device_synchronize();
+    testing::copy_to_host(host.out, dout.get(), bc.out_buffer().size());
+    if (!own_lse && host.lse != nullptr && host.batch > 0) {
+      testing::copy_to_host(host.lse, d.lse,
+                            static_cast<std::size_t>(host.batch) * host.num_heads * sizeof(float));
+    }
+  }
+  if (own_lse) {
+    testing::device_synchronize();
+    testing::copy_to_host(host.lse, dlse.get(), bc.host.lse.size() * sizeof(float));
   }
 }
 
@@ -141,9 +201,10 @@ void run_backend(Backend backend, const BuiltCase& bc, int threads, bool single_
   }
 }
 
-std::string where(std::size_t i, int H, int D) {
+std::string where(const BuiltCase& bc, std::size_t i, int H, int D) {
   std::ostringstream os;
-  os << "out[" << i / D / H << "][" << (i / D) % H << "][" << i % D << "]";
+  os << "out[" << i / D / H << "][" << (i / D) % H << "][" << i % D << "]"
+     << row_text(bc, i / D / H);
   return os.str();
 }
 
@@ -152,8 +213,10 @@ std::string where(std::size_t i, int H, int D) {
 // rounding of q * scale and of the logit itself). The soft-cap's derivative, sech^2(s / cap), is
 // at most 1 and falls with |s|, so a capped logit's error is at most that bound times sech^2 at
 // the point of [s - e, s + e] nearest 0 (mean value theorem): saturated logits keep almost none
-// of it. Returns the largest such error over every attended (b, h, t) and the largest |V| read.
-void logit_error_bound(const DecodeArgs& a, double* logit_err, double* max_abs_v) {
+// of it. Returns the largest such error over every attended (row, h, t) and the largest |V| read
+// (each row, a query token, attends to its own context: BuiltCase::row_lens).
+void logit_error_bound(const BuiltCase& bc, const DecodeArgs& a, double* logit_err,
+                       double* max_abs_v) {
   const CacheLayout layout =
       CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
   const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
@@ -161,10 +224,21 @@ void logit_error_bound(const DecodeArgs& a, double* logit_err, double* max_abs_v
   const double scale = a.effective_scale(), cap = a.logits_soft_cap;
   const double c = (2 * std::sqrt(static_cast<double>(D)) + 4) * kU * scale;
   double worst = 0, vmax = 0;
-  std::vector<double> q(D), k(D);
-  for (int b = 0; b < a.batch; ++b) {
-    const int L = a.context_lens[b];
-    for (int t = window_first_token(L, a.window_left); t < L; ++t) {
+  // q widened once; each K row once per sequence, for every row (query token) that attends it.
+  const std::int64_t row = static_cast<std::int64_t>(a.num_heads) * D;
+  std::vector<double> q(static_cast<std::size_t>(bc.rows * row)), k(D);
+  for (int r = 0; r < bc.rows; ++r) {
+    for (std::int64_t i = 0; i < row; ++i) {
+      q[static_cast<std::size_t>(r * row + i)] =
+          load_as_float(a.q, a.q_dtype, r * a.q_stride() + i);
+    }
+  }
+  for (int r0 = 0, r1 = 0; r0 < bc.rows; r0 = r1) {
+    // Rows r0 .. r1 - 1: one sequence's, their contexts (and windows' first tokens) rising.
+    const int b = bc.row_seq[r0];
+    while (r1 < bc.rows && bc.row_seq[r1] == b) ++r1;
+    const int t_end = bc.row_lens[r1 - 1];
+    for (int t = window_first_token(bc.row_lens[r0], a.window_left); t < t_end; ++t) {
       for (int kv = 0; kv < a.num_kv_heads; ++kv) {
         const std::int64_t base =
             layout.offset(table.block(b, t / a.block_size), kv, t % a.block_size);
@@ -172,20 +246,23 @@ void logit_error_bound(const DecodeArgs& a, double* logit_err, double* max_abs_v
           k[d] = load_as_float(a.k_cache, a.k_dtype, base + d);
           vmax = std::max<double>(vmax, std::fabs(load_as_float(a.v_cache, a.v_dtype, base + d)));
         }
-        for (int g = 0; g < G; ++g) {
-          const std::int64_t qb = b * a.q_stride() + static_cast<std::int64_t>(kv * G + g) * D;
-          double abs_sum = 0, sum = 0;
-          for (int d = 0; d < D; ++d) {
-            const double x = load_as_float(a.q, a.q_dtype, qb + d);
-            abs_sum += std::fabs(x * k[d]);
-            sum += x * k[d];
+        for (int r = r0; r < r1; ++r) {
+          const int L = bc.row_lens[r];
+          if (t >= L || t < window_first_token(L, a.window_left)) continue;
+          for (int g = 0; g < G; ++g) {
+            const double* x = &q[static_cast<std::size_t>(r * row + (kv * G + g) * D)];
+            double abs_sum = 0, sum = 0;
+            for (int d = 0; d < D; ++d) {
+              abs_sum += std::fabs(x[d] * k[d]);
+              sum += x[d] * k[d];
+            }
+            double e = c * abs_sum;
+            if (cap > 0) {
+              const double sech = 1 / std::cosh(std::max(std::fabs(scale * sum) - e, 0.0) / cap);
+              e *= sech * sech;
+            }
+            worst = std::max(worst, e);
           }
-          double e = c * abs_sum;
-          if (cap > 0) {
-            const double sech = 1 / std::cosh(std::max(std::fabs(scale * sum) - e, 0.0) / cap);
-            e *= sech * sech;
-          }
-          worst = std::max(worst, e);
         }
       }
     }
@@ -207,8 +284,9 @@ double max_abs_finite(const void* data, DType t, std::size_t n) {
 // CUDA backend folds scale * log2(e) into q on its CUDA-core path (an f32 cache, or q in another
 // dtype than the cache), which rounds every product, so snapped values give exact logits on the
 // CPU only.
-Tolerance tolerance_for(const FuzzCase& c, const DecodeArgs& a, const ReferenceResult& ref,
+Tolerance tolerance_for(const FuzzCase& c, const BuiltCase& bc, const ReferenceResult& ref,
                         Backend backend) {
+  const DecodeArgs& a = bc.args;
   Tolerance t;
   const int H = a.num_heads;
   double ref_scale = 1e-30;
@@ -224,7 +302,7 @@ Tolerance tolerance_for(const FuzzCase& c, const DecodeArgs& a, const ReferenceR
   const bool exact_logits =
       backend == Backend::kCpu && c.snap && a.scale && std::frexp(*a.scale, &exponent) == 0.5f;
   if (!exact_logits && c.spec.magnitude > 2.f) {
-    logit_error_bound(a, &t.logit_err, &vmax);
+    logit_error_bound(bc, a, &t.logit_err, &vmax);
     logit_ds = t.logit_err;
   } else {
     const CacheLayout layout =
@@ -245,7 +323,7 @@ Tolerance tolerance_for(const FuzzCase& c, const DecodeArgs& a, const ReferenceR
   // much again for its product with V (the sum is divided by l >= 1); and the output dtype's
   // smallest subnormal step bounds the final rounding there (2^-24 for f16).
   int max_len = 0;
-  for (int b = 0; b < a.batch; ++b) max_len = std::max(max_len, a.context_lens[b]);
+  for (int L : bc.row_lens) max_len = std::max(max_len, L);
   const double subnormal_step = a.out_dtype == DType::kF16    ? 0x1p-24
                                 : a.out_dtype == DType::kBF16 ? 0x1p-133
                                                               : 0x1p-149;
@@ -254,13 +332,14 @@ Tolerance tolerance_for(const FuzzCase& c, const DecodeArgs& a, const ReferenceR
 
   t.out_abs.assign(ref.lse.size(), out_base);
   t.lse_abs.assign(ref.lse.size(), testing::lse_tolerance());
-  for (int b = 0; b < a.batch; ++b) {
-    const int L = a.context_lens[b];
-    // An empty context has out = 0 and lse = the sink, which a backend may round through log2
-    // units like any other logit (no tokens, so nothing else).
+  for (int r = 0; r < bc.rows; ++r) {
+    // Each row's own context (a query token at position P attends to P + 1 tokens). An empty
+    // context has out = 0 and lse = the sink, which a backend may round through log2 units like
+    // any other logit (no tokens, so nothing else).
+    const int L = bc.row_lens[r];
     const int attended = L - window_first_token(L, a.window_left);
     for (int h = 0; h < H; ++h) {
-      const std::size_t row = static_cast<std::size_t>(b) * H + h;
+      const std::size_t row = static_cast<std::size_t>(r) * H + h;
       const double lse = ref.lse[row];
       if (!std::isfinite(lse)) continue;  // a NaN or Inf input: only the finite check applies
       // Even exact logits reach exp() through f32 arguments: a backend may form s * log2(e) - m *
@@ -297,15 +376,26 @@ Tolerance tolerance_for(const FuzzCase& c, const DecodeArgs& a, const ReferenceR
 
 // Compares `got` with `want` (the reference or another run). Returns an empty string when they
 // agree; `ratio` gets the worst error / tolerance.
-std::string compare(const Result& got, const std::vector<double>& want_out,
-                    const std::vector<double>& want_lse, const Tolerance& tol, int H, int D,
-                    double* ratio) {
-  for (std::size_t i = 0; i < want_out.size(); ++i) {
-    const double err = std::fabs(got.out[i] - want_out[i]), bound = tol.out_abs[i / D];
-    *ratio = std::max(*ratio, err / bound);
-    if (!(err <= bound)) {
+std::string compare(const BuiltCase& bc, const Result& got, const std::vector<double>& want_out,
+                    const std::vector<double>& want_lse, const Tolerance& tol, double* ratio) {
+  const int H = bc.args.num_heads, D = bc.args.head_dim;
+  // Row by row ((row, head): one bound each), the first element out of bounds reported.
+  for (std::size_t j = 0; j * D < want_out.size(); ++j) {
+    const double bound = tol.out_abs[j];
+    const double *g = &got.out[j * D], *w = &want_out[j * D];
+    double row_err = 0;
+    bool bad = false;
+    for (int d = 0; d < D; ++d) {
+      const double err = std::fabs(g[d] - w[d]);
+      row_err = std::max(row_err, err);
+      bad |= !(err <= bound);
+    }
+    *ratio = std::max(*ratio, row_err / bound);
+    for (int d = 0; bad && d < D; ++d) {
+      const double err = std::fabs(g[d] - w[d]);
+      if (err <= bound) continue;
       std::ostringstream os;
-      os << where(i, H, D) << " = " << got.out[i] << ", expected " << want_out[i] << " (|err| "
+      os << where(bc, j * D + d, H, D) << " = " << g[d] << ", expected " << w[d] << " (|err| "
          << err << " > tol " << bound << ")";
       return os.str();
     }
@@ -322,8 +412,8 @@ std::string compare(const Result& got, const std::vector<double>& want_out,
     }
     if (!ok) {
       std::ostringstream os;
-      os << "lse[" << i / H << "][" << i % H << "] = " << g << ", expected " << w << " (tol "
-         << tol.lse_abs[i] << ")";
+      os << "lse[" << i / H << "][" << i % H << "]" << row_text(bc, i / H) << " = " << g
+         << ", expected " << w << " (tol " << tol.lse_abs[i] << ")";
       return os.str();
     }
   }
@@ -331,24 +421,25 @@ std::string compare(const Result& got, const std::vector<double>& want_out,
 }
 
 // Every element written and finite (outputs were poisoned with NaN before the run), except an
-// empty context's lse: exactly -inf without a sink (or with one of -inf), else finite (the
-// reference check holds it to the sink; a backend in log2 units may round it on the way).
-std::string check_finite(const Result& r, const testing::HostCase& h, const float* sinks) {
-  const int H = h.spec.num_heads, D = h.spec.head_dim;
+// empty context's lse (a row's own: a query token at a position below 0 attends to nothing):
+// exactly -inf without a sink (or with one of -inf), else finite (the reference check holds it
+// to the sink; a backend in log2 units may round it on the way).
+std::string check_finite(const Result& r, const BuiltCase& bc, const float* sinks) {
+  const int H = bc.host.spec.num_heads, D = bc.host.spec.head_dim;
   for (std::size_t i = 0; i < r.out.size(); ++i) {
     if (!std::isfinite(r.out[i])) {
       std::ostringstream os;
-      os << where(i, H, D) << " = " << r.out[i] << " (unwritten or not finite)";
+      os << where(bc, i, H, D) << " = " << r.out[i] << " (unwritten or not finite)";
       return os.str();
     }
   }
   for (std::size_t i = 0; i < r.lse.size(); ++i) {
-    const bool empty = h.context_lens[i / H] == 0;
+    const bool empty = bc.row_lens[i / H] == 0;
     const double x = r.lse[i];
     const bool no_sink = sinks == nullptr || sinks[i % H] == -INFINITY;
     if (empty && no_sink ? !(std::isinf(x) && x < 0) : !std::isfinite(x)) {
       std::ostringstream os;
-      os << "lse[" << i / H << "][" << i % H << "] = " << x
+      os << "lse[" << i / H << "][" << i % H << "]" << row_text(bc, i / H) << " = " << x
          << (!empty    ? " (unwritten or not finite)"
              : no_sink ? " (expected -inf: empty context, no sink)"
                        : " (expected the sink: empty context)");
@@ -409,10 +500,11 @@ RankRuns run_ranks(const DecodeArgs& a, const std::vector<testing::RankShare>& s
 // out among 2 or 3 ranks of the in-process group at random cut points (some ranks holding none),
 // each rank decoding its share with context_parallel_decode on one thread; every rank must get
 // the same bits, and they must pass the finite and reference checks of a plain run. A strided q
-// is read as decode reads it. A case with a window, ALiBi slopes, sinks or a strided out must be
-// refused instead, on every rank alike (kUnsupported naming the first of those fields that is
-// set, out, its gaps and lse untouched); a soft-capped one runs. A case refused for its strided
-// out alone runs again with a dense out, so its q is decoded too.
+// is read as decode reads it. A case with a window, ALiBi slopes, sinks, multi-token queries
+// (q_indptr) or a strided out must be refused instead, on every rank alike (kUnsupported naming
+// the first of those fields that is set, out, its gaps and lse untouched); a soft-capped one
+// runs. A case refused for its strided out alone runs again with a dense out, so its q is decoded
+// too.
 std::string check_context_parallel(const FuzzCase& c, BuiltCase& bc, const ReferenceResult& ref,
                                    const Tolerance& tol, double* worst_ratio,
                                    const CheckOptions& options) {
@@ -430,6 +522,7 @@ std::string check_context_parallel(const FuzzCase& c, BuiltCase& bc, const Refer
   const char* refused = a.window_left >= 0          ? "window_left"
                         : a.alibi_slopes != nullptr ? "alibi_slopes"
                         : a.sinks != nullptr        ? "sinks"
+                        : a.q_indptr != nullptr     ? "q_indptr"
                         : a.out_row_stride != 0     ? "out_row_stride"
                                                     : nullptr;
   if (refused != nullptr) {
@@ -449,7 +542,7 @@ std::string check_context_parallel(const FuzzCase& c, BuiltCase& bc, const Refer
         return rank + "wrote out, its gaps or lse before refusing the case";
       }
     }
-    if (c.position_variants()) return {};
+    if (c.position_variants() || c.multi_token()) return {};
   }
   // Poisoned (all-ones bytes are NaN in every dtype), so that an unwritten element shows.
   DecodeArgs dense_out = a;
@@ -468,9 +561,9 @@ std::string check_context_parallel(const FuzzCase& c, BuiltCase& bc, const Refer
     }
   }
   const std::int64_t row = static_cast<std::int64_t>(a.num_heads) * a.head_dim;
-  const Result got = read_outputs(h, runs.outs[0], row, runs.lses[0]);
-  if (std::string bad = check_finite(got, h, a.sinks); !bad.empty()) return tag + bad;
-  const std::string bad = compare(got, ref.out, ref.lse, tol, a.num_heads, a.head_dim, worst_ratio);
+  const Result got = read_outputs(h, bc.rows, runs.outs[0], row, runs.lses[0]);
+  if (std::string bad = check_finite(got, bc, a.sinks); !bad.empty()) return tag + bad;
+  const std::string bad = compare(bc, got, ref.out, ref.lse, tol, worst_ratio);
   return bad.empty() ? bad : tag + bad;
 }
 
@@ -546,11 +639,10 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
     return fail("reference", std::string("the reference rejected a valid case: ") + e.what());
   }
   // The CPU's bounds, and the CUDA backend's where it runs (no tighter, see tolerance_for).
-  const Tolerance cpu_tol = tolerance_for(c, a, ref, Backend::kCpu);
+  const Tolerance cpu_tol = tolerance_for(c, bc, ref, Backend::kCpu);
   const bool cuda = std::find(options.backends.begin(), options.backends.end(), Backend::kCuda) !=
                     options.backends.end();
-  const Tolerance cuda_tol = cuda ? tolerance_for(c, a, ref, Backend::kCuda) : cpu_tol;
-  const int H = a.num_heads, D = a.head_dim;
+  const Tolerance cuda_tol = cuda ? tolerance_for(c, bc, ref, Backend::kCuda) : cpu_tol;
   // Checked and unchecked CUDA runs must agree on valid input: alternate per case.
   const bool checked = (c.spec.seed >> 7) & 1;
 
@@ -577,18 +669,17 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
       const std::string plan = single ? "single split: " : "";
       if (std::string bad = check_gaps(bc); !bad.empty()) return fail("gap", tag + plan + bad);
       runs[single] = read_outputs(bc);
-      if (std::string bad = check_finite(runs[single], h, a.sinks); !bad.empty()) {
+      if (std::string bad = check_finite(runs[single], bc, a.sinks); !bad.empty()) {
         return fail("finite", tag + plan + bad);
       }
-      if (std::string bad =
-              compare(runs[single], ref.out, ref.lse, tol, H, D, &outcome.worst_ratio);
+      if (std::string bad = compare(bc, runs[single], ref.out, ref.lse, tol, &outcome.worst_ratio);
           !bad.empty()) {
         return fail("reference", tag + plan + bad);
       }
     }
     // Plan invariance: the split plan may only change the rounding.
     double ignored = 0;
-    if (std::string bad = compare(runs[0], runs[1].out, runs[1].lse, tol, H, D, &ignored);
+    if (std::string bad = compare(bc, runs[0], runs[1].out, runs[1].lse, tol, &ignored);
         !bad.empty()) {
       return fail("plan", tag + "planner vs single split: " + bad);
     }
@@ -601,8 +692,8 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
   // Backends against each other (the first one that ran is the baseline), to the looser bounds.
   for (std::size_t i = 1; i < planned.size(); ++i) {
     double ignored = 0;
-    if (std::string bad = compare(planned[i].second, planned[0].second.out, planned[0].second.lse,
-                                  cuda_tol, H, D, &ignored);
+    if (std::string bad = compare(bc, planned[i].second, planned[0].second.out,
+                                  planned[0].second.lse, cuda_tol, &ignored);
         !bad.empty()) {
       return fail("cross", std::string(backend_name(planned[i].first)) + " vs " +
                                backend_name(planned[0].first) + ": " + bad);

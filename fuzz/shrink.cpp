@@ -32,21 +32,46 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
   };
   const int B = s.batch;
 
-  // Fewer sequences: halves, then one at a time.
+  // Fewer sequences: halves, then one at a time (their query token counts with them).
+  const bool multi = c.multi_token() && static_cast<int>(c.q_lens.size()) == B;
   if (B > 1) {
-    add([&](testing::CaseSpec& t, FuzzCase&) {
+    add([&](testing::CaseSpec& t, FuzzCase& n) {
       t.batch = B / 2;
       t.context_lens.resize(B / 2);
+      if (multi) n.q_lens.resize(B / 2);
     });
-    add([&](testing::CaseSpec& t, FuzzCase&) {
+    add([&](testing::CaseSpec& t, FuzzCase& n) {
       t.context_lens.erase(t.context_lens.begin(), t.context_lens.begin() + B / 2);
       t.batch = static_cast<int>(t.context_lens.size());
+      if (multi) n.q_lens.erase(n.q_lens.begin(), n.q_lens.begin() + B / 2);
     });
     for (int i = 0; i < B; ++i) {
-      add([&](testing::CaseSpec& t, FuzzCase&) {
+      add([&](testing::CaseSpec& t, FuzzCase& n) {
         t.context_lens.erase(t.context_lens.begin() + i);
         t.batch = B - 1;
+        if (multi) n.q_lens.erase(n.q_lens.begin() + i);
       });
+    }
+  }
+  // One query token per sequence, then fewer query tokens (0, 1, half, one less), then a
+  // max_q_len of just the largest count.
+  if (c.multi_token()) {
+    add([](testing::CaseSpec&, FuzzCase& n) {
+      n.q_lens.clear();
+      n.max_q_len = 0;
+    });
+  }
+  if (multi) {
+    for (int i = 0; i < B; ++i) {
+      const int q = c.q_lens[i];
+      for (int v : {0, 1, q / 2, q - 1}) {
+        if (v < 0 || v >= q) continue;
+        add([&](testing::CaseSpec&, FuzzCase& n) { n.q_lens[i] = v; });
+      }
+    }
+    const int longest = B > 0 ? *std::max_element(c.q_lens.begin(), c.q_lens.end()) : 0;
+    if (c.max_q_len > std::max(longest, 1)) {
+      add([&](testing::CaseSpec&, FuzzCase& n) { n.max_q_len = std::max(longest, 1); });
     }
   }
   // Shorter contexts.

@@ -31,7 +31,10 @@ PAGEDATTN_HOST_DEVICE int window_first_token(int len, int window_left) {
 // len - q_len; pagedattn.hpp, DecodeArgs::q_indptr), for q_len >= 1: with one query token,
 // window_first_token(len, window_left).
 PAGEDATTN_HOST_DEVICE int queries_first_token(int len, int q_len, int window_left) {
-  return window_first_token(len - q_len + 1, window_left);
+  // Clamped at 0 first (more query tokens than len + 1: the earliest attend nothing), so that
+  // len - 1 - window_left cannot overflow for a window_left near INT_MAX.
+  const int earliest_len = len - q_len + 1;
+  return window_first_token(earliest_len > 0 ? earliest_len : 0, window_left);
 }
 
 // The first logical block holding an attended token. Blocks before it, and their table
