@@ -34,11 +34,14 @@ struct QueryRow {
   bool valid;
 };
 
+// kMulti: the sequence may have several query tokens (item.n_q > 1); without, a row is a head of
+// the group and no division is needed.
+template <bool kMulti = true>
 __device__ __forceinline__ QueryRow query_row(const SplitParams& p, const CtaItem& item, int lr) {
   QueryRow o;
   o.valid = lr < item.rows;
   const int r = item.row_begin + (o.valid ? lr : 0);
-  const int tok = r / p.group;
+  const int tok = kMulti ? r / p.group : 0;
   o.head = item.kv * p.group + (r - tok * p.group);
   o.qrow = item.q_row0 + tok;
   o.back = item.n_q - 1 - tok;

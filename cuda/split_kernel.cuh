@@ -87,7 +87,11 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   pipe.last_pos = len - 1;
   pipe.ntiles = (pipe.tok_end - pipe.tok_begin + TT - 1) / TT;
   if constexpr (kMma) {
-    mma_item<T, D>(p, item, pipe, smem);
+    if (item.n_q > 1) {
+      mma_item<T, D, true>(p, item, pipe, smem);
+    } else {
+      mma_item<T, D, false>(p, item, pipe, smem);
+    }
   } else {
     simt_item<T, D>(p, item, pipe, smem);
   }
