@@ -34,50 +34,13 @@
 #include "pagedattn/testing/tolerance.hpp"
 #include "pagedattn/variants.hpp"
 #include "test_seed.hpp"
+#include "variant_args.hpp"
 
 namespace pagedattn {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// The variant arguments of one call, kept on the host; the CUDA runs upload slopes and sinks.
-struct Variants {
-  int window_left = -1;
-  float soft_cap = 0.f;
-  std::vector<float> slopes;  // empty: no ALiBi
-  std::vector<float> sinks;   // empty: no sinks
-};
-
-DecodeArgs with_variants(DecodeArgs a, const Variants& v) {
-  a.window_left = v.window_left;
-  a.logits_soft_cap = v.soft_cap;
-  a.alibi_slopes = v.slopes.empty() ? nullptr : v.slopes.data();
-  a.sinks = v.sinks.empty() ? nullptr : v.sinks.data();
-  return a;
-}
-
-std::string describe(const Variants& v) {
-  std::ostringstream os;
-  os << "window_left=" << v.window_left << " soft_cap=" << v.soft_cap
-     << " alibi=" << (v.slopes.empty() ? "no" : "yes")
-     << " sinks=" << (v.sinks.empty() ? "no" : "yes");
-  return os.str();
-}
-
-// 2^(-8 (h + 1) / H), as ALiBi models use.
-std::vector<float> alibi_slopes(int heads) {
-  std::vector<float> s(heads);
-  for (int h = 0; h < heads; ++h) s[h] = std::exp2(-8.f * (h + 1) / heads);
-  return s;
-}
-
-// Sinks below, around and above the logits' lse, and every fifth head without one (-inf).
-std::vector<float> sink_logits(int heads) {
-  std::vector<float> s(heads);
-  for (int h = 0; h < heads; ++h) s[h] = h % 5 == 1 ? -kInf : -2.f + 2.5f * (h % 5);
-  return s;
-}
 
 Variants all_variants(int heads, int window_left) {
   return {window_left, 30.f, alibi_slopes(heads), sink_logits(heads)};
@@ -138,29 +101,6 @@ QueryCase make_query_case(const testing::CaseSpec& spec, const std::vector<int>&
   qc.c.lse.assign(static_cast<std::size_t>(qc.rows()) * spec.num_heads, 0.f);
   qc.c.poison_outputs();
   return qc;
-}
-
-// Two kv heads, table rows padded and strided, spare blocks in the pool (poisoned), as in the
-// variants' grid.
-testing::CaseSpec query_spec(DType dtype, int head_dim, int block_size, int group,
-                             std::vector<int> lens, std::uint64_t salt = 0) {
-  testing::CaseSpec s;
-  s.batch = static_cast<int>(lens.size());
-  s.num_kv_heads = 2;
-  s.num_heads = 2 * group;
-  s.head_dim = head_dim;
-  s.block_size = block_size;
-  s.context_lens = std::move(lens);
-  s.q_dtype = s.kv_dtype = s.out_dtype = dtype;
-  s.spare_blocks = 5;
-  s.table_padding = 2;
-  s.table_stride_extra = 3;
-  s.seed = testing::seed_for_test() + salt;
-  return s;
-}
-
-std::int32_t& table_entry(testing::HostCase& c, int seq, int i) {
-  return c.block_table[static_cast<std::size_t>(seq) * c.table_stride + i];
 }
 
 // Stores `value` in K and V of tokens [t_begin, t_end) of sequence `seq`, every kv head.
@@ -439,7 +379,7 @@ TEST_P(QueryTokenReference, MatchesTheReference) {
   if (long_context) seqs.insert(seqs.begin() + 2, {2100, 4});
   std::vector<int> lens, q_lens;
   for (const auto& [L, n] : seqs) lens.push_back(L), q_lens.push_back(n);
-  testing::CaseSpec spec = query_spec(p.dtype, p.shape.head_dim, BS, p.shape.group, lens);
+  testing::CaseSpec spec = variant_spec(p.dtype, p.shape.head_dim, BS, p.shape.group, lens);
   if (p.shape.group == kMaxGroupSize) {  // one kv head: the group alone makes it a large case
     spec.num_kv_heads = 1;
     spec.num_heads = kMaxGroupSize;
@@ -532,7 +472,7 @@ class QueryTokenRows : public ::testing::TestWithParam<RowsParam> {};
 TEST_P(QueryTokenRows, EachRowIsAOneTokenDecodeOfItsOwnContext) {
   const RowsParam& p = GetParam();
   if (p.backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
-  testing::CaseSpec spec = query_spec(p.kv_dtype, 128, 16, 4, {50, 0, 3, 17, 600, 40});
+  testing::CaseSpec spec = variant_spec(p.kv_dtype, 128, 16, 4, {50, 0, 3, 17, 600, 40});
   spec.q_dtype = p.q_dtype;
   spec.out_dtype = p.out_dtype;
   spec.magnitude = 2.f;
@@ -648,7 +588,7 @@ class QueryTokenCausality : public ::testing::TestWithParam<CausalParam> {};
 TEST_P(QueryTokenCausality, LaterTokensNeverReachEarlierQueries) {
   const CausalParam& p = GetParam();
   if (p.backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const testing::CaseSpec spec = query_spec(p.dtype, 64, 7, 4, {40, 23, 9, 150});
+  const testing::CaseSpec spec = variant_spec(p.dtype, 64, 7, 4, {40, 23, 9, 150});
   const QueryCase clean = make_query_case(spec, {8, 5, 12, 6});
   const int H = spec.num_heads;
   const float huge = p.dtype == DType::kF16 ? 6e4f : 1e30f;
@@ -730,7 +670,7 @@ class QueryTokenUnread : public ::testing::TestWithParam<UnreadParam> {};
 TEST_P(QueryTokenUnread, TableEntriesNoQueryReadsDoNotMatter) {
   const UnreadParam& p = GetParam();
   if (p.backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
-  testing::CaseSpec spec = query_spec(DType::kBF16, 128, 16, 4, {100, 2, 60, 0, 37, 500});
+  testing::CaseSpec spec = variant_spec(DType::kBF16, 128, 16, 4, {100, 2, 60, 0, 37, 500});
   spec.table_padding = 4;
   const QueryCase clean = make_query_case(spec, {4, 5, 0, 3, 6, 2});
   const int H = spec.num_heads;
@@ -1064,7 +1004,7 @@ TEST_P(QueryTokenLayout, RowStridesGiveTheDenseResult) {
   if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
   for (DType dt : {DType::kF32, DType::kBF16}) {
     SCOPED_TRACE(dtype_name(dt));
-    const testing::CaseSpec spec = query_spec(dt, 128, 16, 4, {0, 40, 9, 300, 2});
+    const testing::CaseSpec spec = variant_spec(dt, 128, 16, 4, {0, 40, 9, 300, 2});
     QueryCase dense = make_query_case(spec, {2, 7, 0, 12, 5});
     const int H = spec.num_heads, KV = spec.num_kv_heads, D = spec.head_dim, rows = dense.rows();
     const Variants v = all_variants(H, 50);
@@ -1118,7 +1058,7 @@ TEST_P(QueryTokenLayout, RowStridesGiveTheDenseResult) {
 TEST_P(QueryTokenLayout, LseRowsAreQueryRows) {
   const Backend backend = GetParam();
   if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const testing::CaseSpec spec = query_spec(DType::kF32, 64, 16, 4, {2, 0, 30, 18});
+  const testing::CaseSpec spec = variant_spec(DType::kF32, 64, 16, 4, {2, 0, 30, 18});
   const QueryCase clean = make_query_case(spec, {5, 3, 0, 4});  // P < 0: rows 0-2 and 5-7
   const int H = spec.num_heads, D = spec.head_dim;
   for (const Variants& v : {Variants{}, all_variants(H, 7)}) {
@@ -1161,7 +1101,7 @@ TEST_P(QueryTokenLayout, LseRowsAreQueryRows) {
 TEST_P(QueryTokenLayout, NoQueryTokensWriteNothing) {
   const Backend backend = GetParam();
   if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const testing::CaseSpec spec = query_spec(DType::kBF16, 64, 16, 4, {30, 0, 5});
+  const testing::CaseSpec spec = variant_spec(DType::kBF16, 64, 16, 4, {30, 0, 5});
   QueryCase qc = make_query_case(spec, {0, 0, 0});
   ASSERT_EQ(qc.rows(), 0);
   std::fill(qc.c.block_table.begin(), qc.c.block_table.end(), -1);

@@ -37,73 +37,13 @@
 #include "pagedattn/testing/tolerance.hpp"
 #include "pagedattn/variants.hpp"
 #include "test_seed.hpp"
+#include "variant_args.hpp"
 
 namespace pagedattn {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// The variant arguments of one call, kept on the host; the CUDA runs upload slopes and sinks.
-struct Variants {
-  int window_left = -1;
-  float soft_cap = 0.f;
-  std::vector<float> slopes;  // empty: no ALiBi
-  std::vector<float> sinks;   // empty: no sinks
-};
-
-DecodeArgs with_variants(DecodeArgs a, const Variants& v) {
-  a.window_left = v.window_left;
-  a.logits_soft_cap = v.soft_cap;
-  a.alibi_slopes = v.slopes.empty() ? nullptr : v.slopes.data();
-  a.sinks = v.sinks.empty() ? nullptr : v.sinks.data();
-  return a;
-}
-
-std::string describe(const Variants& v) {
-  std::ostringstream os;
-  os << "window_left=" << v.window_left << " soft_cap=" << v.soft_cap
-     << " alibi=" << (v.slopes.empty() ? "no" : "yes")
-     << " sinks=" << (v.sinks.empty() ? "no" : "yes");
-  return os.str();
-}
-
-// The usual ALiBi slopes: 2^(-8 (h + 1) / H).
-std::vector<float> alibi_slopes(int heads) {
-  std::vector<float> s(heads);
-  for (int h = 0; h < heads; ++h) s[h] = std::exp2(-8.f * (h + 1) / heads);
-  return s;
-}
-
-// Sinks below, around and above the logits' lse, and every fifth head without one (-inf).
-std::vector<float> sink_logits(int heads) {
-  std::vector<float> s(heads);
-  for (int h = 0; h < heads; ++h) s[h] = h % 5 == 1 ? -kInf : -2.f + 2.5f * (h % 5);
-  return s;
-}
-
-// Two kv heads; table rows padded and strided, spare blocks in the pool (poisoned), as in the
-// reference grid (test_backend_reference.cpp).
-testing::CaseSpec variant_spec(DType dtype, int head_dim, int block_size, int group,
-                               std::vector<int> lens, std::uint64_t salt = 0) {
-  testing::CaseSpec s;
-  s.batch = static_cast<int>(lens.size());
-  s.num_kv_heads = 2;
-  s.num_heads = 2 * group;
-  s.head_dim = head_dim;
-  s.block_size = block_size;
-  s.context_lens = std::move(lens);
-  s.q_dtype = s.kv_dtype = s.out_dtype = dtype;
-  s.spare_blocks = 5;
-  s.table_padding = 2;
-  s.table_stride_extra = 3;
-  s.seed = testing::seed_for_test() + salt;
-  return s;
-}
-
-std::int32_t& table_entry(testing::HostCase& c, int seq, int i) {
-  return c.block_table[static_cast<std::size_t>(seq) * c.table_stride + i];
-}
 
 void store_nan_rows(testing::HostCase& c, int block, int slot_begin, int slot_end) {
   const CacheLayout layout =
