@@ -219,43 +219,9 @@ int threads_for_work(int requested, std::int64_t kv_bytes) {
 
 namespace {
 
-// Multi-token queries (DecodeArgs::q_indptr): query token i of sequence b, at position
-// P = L_b - n_b + i, is exactly a one-token query of a context of P + 1 tokens over b's table
-// (pagedattn.hpp), so the call runs as one of num_q_tokens such sequences, their table rows
-// copied from their sequence's (the entries they read: the first ceil((P + 1) / block_size)).
-// Each query token reads its keys and values itself.
-void decode_query_tokens(const DecodeArgs& a, const DecodeOptions& options) {
-  thread_local std::vector<std::int32_t> lens, table;
-  const int rows = a.num_q_tokens, stride = std::max(a.max_blocks_per_seq, 1);
-  lens.resize(static_cast<std::size_t>(std::max(rows, 1)));
-  table.resize(static_cast<std::size_t>(std::max(rows, 1)) * stride);
-  const BlockTableView src{a.block_table, a.max_blocks_per_seq, a.table_stride()};
-  for (int b = 0; b < a.batch; ++b) {
-    const int n_q = a.q_indptr[b + 1] - a.q_indptr[b];
-    for (int i = 0; i < n_q; ++i) {
-      const int r = a.q_indptr[b] + i;
-      lens[r] = std::max(0, a.context_lens[b] - n_q + i + 1);
-      const int first = window_first_block(lens[r], a.window_left, a.block_size);
-      const int used = blocks_for(lens[r], a.block_size);
-      for (int j = first; j < used; ++j)
-        table[static_cast<std::size_t>(r) * stride + j] = src.block(b, j);
-    }
-  }
-  if (rows == 0) return;
-  DecodeArgs v = a;
-  v.batch = rows;
-  v.context_lens = lens.data();
-  v.block_table = table.data();
-  v.block_table_stride = stride;
-  v.q_indptr = nullptr;
-  v.num_q_tokens = v.max_q_len = 0;
-  decode(v, options);
-}
-
-}  // namespace
-
-void decode(const DecodeArgs& a, const DecodeOptions& options) {
-  if (a.q_indptr != nullptr) return decode_query_tokens(a, options);
+// One query token per sequence; sequence b reads table row seq_rows[b] (null: row b).
+void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
+                      const std::int32_t* seq_rows) {
   const IsaChoice& kernel = isa();
   const int H = a.num_heads, D = a.head_dim, G = a.group_size(), BS = a.block_size;
   // Threads sized to the work: every thread beyond the first must get at least
@@ -324,7 +290,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   ctx.v_cache = a.v_cache;
   ctx.kv_dtype = a.k_dtype;
   ctx.layout = CacheLayout::dense(a.num_blocks, a.num_kv_heads, BS, D);
-  ctx.table = BlockTableView{a.block_table, a.max_blocks_per_seq, a.table_stride()};
+  ctx.table = BlockTableView{a.block_table, a.max_blocks_per_seq, a.table_stride(), seq_rows};
   ctx.context_lens = a.context_lens;
   ctx.num_heads = H;
   ctx.group_size = G;
@@ -408,6 +374,41 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
     body();
   } else {
     body();
+  }
+}
+
+// Multi-token queries (DecodeArgs::q_indptr): query token i of sequence b, at position
+// P = L_b - n_b + i, is exactly a one-token query of a context of P + 1 tokens over b's table
+// row (pagedattn.hpp), so the call runs as one of num_q_tokens such sequences, each reading its
+// sequence's table row. Each query token reads its keys and values itself.
+void decode_query_tokens(const DecodeArgs& a, const DecodeOptions& options) {
+  thread_local std::vector<std::int32_t> lens, rows;
+  lens.resize(static_cast<std::size_t>(a.num_q_tokens));
+  rows.resize(static_cast<std::size_t>(a.num_q_tokens));
+  for (int b = 0; b < a.batch; ++b) {
+    const int n_q = a.q_indptr[b + 1] - a.q_indptr[b];
+    for (int i = 0; i < n_q; ++i) {
+      const int r = a.q_indptr[b] + i;
+      lens[r] = std::max(0, a.context_lens[b] - n_q + i + 1);
+      rows[r] = b;
+    }
+  }
+  if (a.num_q_tokens == 0) return;
+  DecodeArgs v = a;
+  v.batch = a.num_q_tokens;
+  v.context_lens = lens.data();
+  v.q_indptr = nullptr;
+  v.num_q_tokens = v.max_q_len = 0;
+  decode_sequences(v, options, rows.data());
+}
+
+}  // namespace
+
+void decode(const DecodeArgs& a, const DecodeOptions& options) {
+  if (a.q_indptr != nullptr) {
+    decode_query_tokens(a, options);
+  } else {
+    decode_sequences(a, options, nullptr);
   }
 }
 

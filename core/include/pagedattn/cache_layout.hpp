@@ -50,12 +50,15 @@ struct BlockTableView {
   const std::int32_t* data;
   int max_blocks_per_seq;
   int row_stride;
+  // The table row each sequence reads, or null for its own: the CPU backend runs the query
+  // tokens of one sequence as sequences of their own over that sequence's row.
+  const std::int32_t* seq_rows = nullptr;
 
   PAGEDATTN_HOST_DEVICE std::int32_t block(int seq, int logical_block) const {
-    return data[static_cast<std::int64_t>(seq) * row_stride + logical_block];
+    return row(seq)[logical_block];
   }
   PAGEDATTN_HOST_DEVICE const std::int32_t* row(int seq) const {
-    return data + static_cast<std::int64_t>(seq) * row_stride;
+    return data + static_cast<std::int64_t>(seq_rows ? seq_rows[seq] : seq) * row_stride;
   }
 };
 
