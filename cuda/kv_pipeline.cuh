@@ -169,7 +169,7 @@ struct KvPipeline {
   long long v_minus_k;            // gV - gK
   int tok_begin, tok_end, ntiles;
   int tok_lo;    // the window's first token (0 without one): rows before it are not read
-  int last_pos;  // the query's position, L - 1 (ALiBi)
+  int last_pos;  // the last query token's position, L - 1 (ALiBi, the per-row masks)
 
   __device__ __forceinline__ const char* k(int st) const { return stages + st * kTileBytes; }
   __device__ __forceinline__ const char* v(int st) const {

@@ -64,7 +64,6 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   item.part_base = static_cast<std::int64_t>(plan.offset + plan.split) * p.max_q * p.num_heads;
 
   const int len = clamp_len(__ldg(p.lens + item.seq), p.max_blocks * p.block_size);
-  item.last_pos = len - 1;
   int first = 0;  // with a window, the blocks before it are not planned
   const int nb = planned_of(p, len, sq.n, &first);
   item.finish = splits_for(nb, plan.chunk) == 1;

@@ -73,7 +73,6 @@ struct CtaItem {
   int kv;                  // kv head
   int row_begin, rows;     // this CTA's rows: [row_begin, row_begin + rows) of the kv head's
   int q_row0, n_q;         // the sequence's first row of q / out / lse, and its query tokens
-  int last_pos;            // the last query token's position, L - 1
   std::int64_t part_base;  // first partial-state index of this (sequence, split)
   bool finish;             // the sequence's only split: write out and lse, no partial state
 };
