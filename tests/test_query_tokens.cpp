@@ -323,34 +323,11 @@ void expect_rows_identical(const QueryCase& got, const QueryCase& want, int r0, 
 
 // ---- The grid: against the f64 reference, plain and with every variant. ----
 
-enum class Kind { kPlain, kWindow, kSoftCap, kAlibi, kSinks, kAll };
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::kPlain:
-      return "plain";
-    case Kind::kWindow:
-      return "window";
-    case Kind::kSoftCap:
-      return "softcap";
-    case Kind::kAlibi:
-      return "alibi";
-    case Kind::kSinks:
-      return "sinks";
-    case Kind::kAll:
-      return "all";
-  }
-  return "?";
-}
-
-struct Shape {
-  int head_dim, block_size, group;
-};
-
 struct GridParam {
   Backend backend;
-  Kind kind;
+  VariantKind kind;
   DType dtype;
-  Shape shape;
+  GridShape shape;
 };
 void PrintTo(const GridParam& p, std::ostream* os) {
   *os << backend_name(p.backend) << " " << kind_name(p.kind) << " " << dtype_name(p.dtype) << " d"
@@ -372,10 +349,10 @@ TEST_P(QueryTokenReference, MatchesTheReference) {
   std::vector<std::pair<int, int>> seqs = {{0, 2}, {1, 1},   {3, 4},          {BS, 2}, {BS + 1, 8},
                                            {5, 0}, {37, 16}, {2 * BS + 3, 1}, {45, 33}};
   const bool long_context =
-      p.shape.group <= 8 &&
-      ((p.dtype == DType::kBF16 &&
-        (p.kind == Kind::kPlain || p.kind == Kind::kWindow || p.kind == Kind::kAll)) ||
-       (p.dtype == DType::kF32 && p.kind == Kind::kPlain));
+      p.shape.group <= 8 && ((p.dtype == DType::kBF16 &&
+                              (p.kind == VariantKind::kPlain || p.kind == VariantKind::kWindow ||
+                               p.kind == VariantKind::kAll)) ||
+                             (p.dtype == DType::kF32 && p.kind == VariantKind::kPlain));
   if (long_context) seqs.insert(seqs.begin() + 2, {2100, 4});
   std::vector<int> lens, q_lens;
   for (const auto& [L, n] : seqs) lens.push_back(L), q_lens.push_back(n);
@@ -385,31 +362,31 @@ TEST_P(QueryTokenReference, MatchesTheReference) {
     spec.num_heads = kMaxGroupSize;
   }
   // Logits of order 9 (magnitude 3): large enough for a cap of 5 or 30 to bend them.
-  if (p.kind == Kind::kSoftCap || p.kind == Kind::kAll) spec.magnitude = 3.f;
-  const QueryCase clean = make_query_case(spec, q_lens, p.kind == Kind::kAll ? 3 : 0);
+  if (p.kind == VariantKind::kSoftCap || p.kind == VariantKind::kAll) spec.magnitude = 3.f;
+  const QueryCase clean = make_query_case(spec, q_lens, p.kind == VariantKind::kAll ? 3 : 0);
   const int H = spec.num_heads;
 
   std::vector<Variants> configs;
   switch (p.kind) {
-    case Kind::kPlain:
+    case VariantKind::kPlain:
       configs.push_back({});
       break;
-    case Kind::kWindow:
+    case VariantKind::kWindow:
       // The last token alone, a block, one spanning several of the 33 queries' positions, and
       // more than any context. (The queries' positions put the window's first token at every
       // offset in a block.)
       for (int w : {0, BS, 20, 4000}) configs.push_back({w, 0.f, {}, {}});
       break;
-    case Kind::kSoftCap:  // all_variants has a cap of 30
+    case VariantKind::kSoftCap:  // all_variants has a cap of 30
       configs.push_back({-1, 5.f, {}, {}});
       break;
-    case Kind::kAlibi:
+    case VariantKind::kAlibi:
       configs.push_back({-1, 0.f, alibi_slopes(H), {}});
       break;
-    case Kind::kSinks:
+    case VariantKind::kSinks:
       configs.push_back({-1, 0.f, {}, sink_logits(H)});
       break;
-    case Kind::kAll:
+    case VariantKind::kAll:
       if (p.shape.group < kMaxGroupSize) configs.push_back(all_variants(H, -1));
       if (p.shape.group < kMaxGroupSize) configs.push_back(all_variants(H, BS));
       configs.push_back(all_variants(H, 40));
@@ -428,15 +405,16 @@ std::vector<GridParam> grid_params() {
   std::vector<GridParam> v;
   // Head dims 64, 128 and 80 (a padded one), groups 1, 4, 8 and 16, block sizes 1, 16 and 7;
   // group 64 at head dim 256 for the plain call and all variants together.
-  const Shape shapes[] = {{64, 16, 4}, {128, 16, 8}, {80, 7, 16}, {128, 1, 1}};
+  const GridShape shapes[] = {{64, 16, 4}, {128, 16, 8}, {80, 7, 16}, {128, 1, 1}};
   for (Backend b : {Backend::kCpu, Backend::kCuda}) {
-    for (Kind k :
-         {Kind::kPlain, Kind::kWindow, Kind::kSoftCap, Kind::kAlibi, Kind::kSinks, Kind::kAll}) {
+    for (VariantKind k : {VariantKind::kPlain, VariantKind::kWindow, VariantKind::kSoftCap,
+                          VariantKind::kAlibi, VariantKind::kSinks, VariantKind::kAll}) {
       for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
-        for (const Shape& s : shapes) v.push_back({b, k, t, s});
+        for (const GridShape& s : shapes) v.push_back({b, k, t, s});
       }
     }
-    for (Kind k : {Kind::kPlain, Kind::kAll}) v.push_back({b, k, DType::kBF16, {256, 16, 64}});
+    for (VariantKind k : {VariantKind::kPlain, VariantKind::kAll})
+      v.push_back({b, k, DType::kBF16, {256, 16, 64}});
   }
   return v;
 }

@@ -153,32 +153,7 @@ void check_variant(const testing::HostCase& clean, const Variants& v, Backend ba
 
 // ---- The grid: every variant alone and all of them together, against the reference. ----
 
-enum class Kind { kWindow, kSoftCap, kAlibi, kSinks, kAll };
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::kWindow:
-      return "window";
-    case Kind::kSoftCap:
-      return "softcap";
-    case Kind::kAlibi:
-      return "alibi";
-    case Kind::kSinks:
-      return "sinks";
-    case Kind::kAll:
-      return "all";
-  }
-  return "?";
-}
-void PrintTo(Kind k, std::ostream* os) { *os << kind_name(k); }
-
-struct Shape {
-  int head_dim, block_size, group;
-};
-void PrintTo(const Shape& s, std::ostream* os) {
-  *os << "d" << s.head_dim << "_bs" << s.block_size << "_g" << s.group;
-}
-
-using GridParam = std::tuple<Backend, Kind, DType, Shape>;
+using GridParam = std::tuple<Backend, VariantKind, DType, GridShape>;
 class VariantReference : public ::testing::TestWithParam<GridParam> {};
 
 // The windows of a grid row: the last token alone (0), two tokens, around one block, one that
@@ -200,22 +175,22 @@ TEST_P(VariantReference, MatchesTheReference) {
   testing::CaseSpec spec = variant_spec(dtype, shape.head_dim, BS, shape.group,
                                         {longest, 0, 1, BS - 1, BS, BS + 1, 2 * BS, 37});
   // Logits of order 9 (magnitude 3): large enough for a cap of 5 or 30 to bend them.
-  if (kind == Kind::kSoftCap || kind == Kind::kAll) spec.magnitude = 3.f;
+  if (kind == VariantKind::kSoftCap || kind == VariantKind::kAll) spec.magnitude = 3.f;
   const testing::HostCase c = testing::make_case(spec);
   const int H = spec.num_heads;
 
   Variants base;
-  if (kind == Kind::kAlibi || kind == Kind::kAll) base.slopes = alibi_slopes(H);
-  if (kind == Kind::kSinks || kind == Kind::kAll) base.sinks = sink_logits(H);
-  if (kind == Kind::kAll) base.soft_cap = 30.f;
+  if (kind == VariantKind::kAlibi || kind == VariantKind::kAll) base.slopes = alibi_slopes(H);
+  if (kind == VariantKind::kSinks || kind == VariantKind::kAll) base.sinks = sink_logits(H);
+  if (kind == VariantKind::kAll) base.soft_cap = 30.f;
 
-  if (kind == Kind::kWindow || kind == Kind::kAll) {
+  if (kind == VariantKind::kWindow || kind == VariantKind::kAll) {
     for (int w : windows_for(BS, longest)) {
       Variants v = base;
       v.window_left = w;
       check_variant(c, v, backend);
     }
-  } else if (kind == Kind::kSoftCap) {
+  } else if (kind == VariantKind::kSoftCap) {
     for (float cap : {5.f, 30.f, 50.f}) {
       Variants v = base;
       v.soft_cap = cap;
@@ -239,11 +214,13 @@ std::string grid_name(const ::testing::TestParamInfo<GridParam>& info) {
 // Head dims 64, 128 and 80 (a padded one), groups 1, 4, 8 and 16, block sizes 1, 16 and 7.
 INSTANTIATE_TEST_SUITE_P(
     Grid, VariantReference,
-    ::testing::Combine(
-        ::testing::Values(Backend::kCpu, Backend::kCuda),
-        ::testing::Values(Kind::kWindow, Kind::kSoftCap, Kind::kAlibi, Kind::kSinks, Kind::kAll),
-        ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
-        ::testing::Values(Shape{64, 16, 4}, Shape{128, 16, 8}, Shape{80, 7, 1}, Shape{128, 1, 16})),
+    ::testing::Combine(::testing::Values(Backend::kCpu, Backend::kCuda),
+                       ::testing::Values(VariantKind::kWindow, VariantKind::kSoftCap,
+                                         VariantKind::kAlibi, VariantKind::kSinks,
+                                         VariantKind::kAll),
+                       ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                       ::testing::Values(GridShape{64, 16, 4}, GridShape{128, 16, 8},
+                                         GridShape{80, 7, 1}, GridShape{128, 1, 16})),
     grid_name);
 
 // ---- Every instruction set's CPU kernel (the backend itself runs only the one it picks). ----
@@ -307,8 +284,8 @@ TEST(VariantCpuIsa, EveryKernelAppliesTheVariants) {
   std::uint64_t salt = 0;
   for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
     // Groups 1, 3 (a partial head tile), 4, 8 and 16 (two tiles); blocks 16, 7, 1 and 33.
-    for (const Shape& s : {Shape{64, 16, 4}, Shape{80, 7, 3}, Shape{128, 1, 8}, Shape{128, 33, 16},
-                           Shape{64, 16, 1}}) {
+    for (const GridShape& s : {GridShape{64, 16, 4}, GridShape{80, 7, 3}, GridShape{128, 1, 8},
+                               GridShape{128, 33, 16}, GridShape{64, 16, 1}}) {
       const int BS = s.block_size;
       testing::CaseSpec spec =
           variant_spec(dt, s.head_dim, BS, s.group, {700, 0, 1, BS, BS + 1, 37}, ++salt);

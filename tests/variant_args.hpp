@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -54,6 +55,36 @@ inline std::vector<float> sink_logits(int heads) {
     s[h] = h % 5 == 1 ? -std::numeric_limits<float>::infinity() : -2.f + 2.5f * (h % 5);
   }
   return s;
+}
+
+// The variant grids' rows: one-token or multi-token decode, plain, with each variant alone and
+// with all of them.
+enum class VariantKind { kPlain, kWindow, kSoftCap, kAlibi, kSinks, kAll };
+inline const char* kind_name(VariantKind k) {
+  switch (k) {
+    case VariantKind::kPlain:
+      return "plain";
+    case VariantKind::kWindow:
+      return "window";
+    case VariantKind::kSoftCap:
+      return "softcap";
+    case VariantKind::kAlibi:
+      return "alibi";
+    case VariantKind::kSinks:
+      return "sinks";
+    case VariantKind::kAll:
+      return "all";
+  }
+  return "?";
+}
+inline void PrintTo(VariantKind k, std::ostream* os) { *os << kind_name(k); }
+
+// A grid row's head dim, block size and group.
+struct GridShape {
+  int head_dim, block_size, group;
+};
+inline void PrintTo(const GridShape& s, std::ostream* os) {
+  *os << "d" << s.head_dim << "_bs" << s.block_size << "_g" << s.group;
 }
 
 // Two kv heads; table rows padded and strided, spare blocks in the pool (poisoned), as in the
