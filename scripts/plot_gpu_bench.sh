@@ -4,8 +4,8 @@
 # CSV) and for the seed's best split kernel (the gpu_anchors CSV), all measured in the same job,
 # with the 95% target as a line.
 #
-#   scripts/plot_gpu_bench.sh docs/perf/gpu_bench.csv docs/perf/gpu_anchors_graph.csv \
-#       docs/perf/gpu_flashinfer.csv docs/perf_gpu.png
+#   scripts/plot_gpu_bench.sh docs/perf/gpu_bench_a1ef89e.csv docs/perf/gpu_anchors_graph_a1ef89e.csv \
+#       docs/perf/gpu_flashinfer_a1ef89e.csv docs/perf_gpu.png
 #
 # Needs gnuplot without X (Debian package gnuplot-nox: apt-get install gnuplot-nox).
 set -eu
