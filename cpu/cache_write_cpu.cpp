@@ -32,8 +32,7 @@ void convert_row(const Src* __restrict src, Dst* __restrict dst, int n) {
 
 template <typename Src, typename Dst>
 void write_typed(const CacheWriteArgs& a, const CacheOpOptions& o) {
-  const CacheLayout layout =
-      CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
+  const CacheLayout layout = a.cache_layout();
   const std::int64_t stride = a.token_stride();
   const auto* key = static_cast<const Src*>(a.key);
   const auto* value = static_cast<const Src*>(a.value);
@@ -83,20 +82,37 @@ void write_cache(const CacheWriteArgs& a, const CacheOpOptions& o) {
 }
 
 void copy_blocks(const CopyBlocksArgs& a, const CacheOpOptions& o) {
-  const CacheLayout layout =
-      CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
-  const std::size_t elem = dtype_size(a.cache_dtype);
-  const std::size_t block_bytes = static_cast<std::size_t>(layout.block_stride) * elem;
+  const CacheLayout layout = a.cache_layout();
+  const std::int64_t elem = static_cast<std::int64_t>(dtype_size(a.cache_dtype));
+  const std::int64_t row_bytes = a.head_dim * elem;
+  const int rows = a.num_kv_heads * a.block_size;
+  // A block whose rows fill one span (HND, NHD: the strides validated as non-overlapping and the
+  // span exactly rows x head_dim) is one copy; otherwise (a padded pool, K and V interleaved) a
+  // copy per row.
+  const std::int64_t span =
+      (layout.elements() - static_cast<std::int64_t>(a.num_blocks - 1) * layout.block_stride) *
+      elem;
+  const bool one_span = span == rows * row_bytes;
   auto* k = static_cast<unsigned char*>(a.k_cache);
   auto* v = static_cast<unsigned char*>(a.v_cache);
-  const std::int64_t bytes = static_cast<std::int64_t>(a.num_pairs) * 4 * block_bytes;
+  const std::int64_t bytes = static_cast<std::int64_t>(a.num_pairs) * 4 * rows * row_bytes;
   const int threads = threads_for(o, bytes);
   // 2 * num_pairs independent copies: K of each pair, then V of each pair.
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int i = 0; i < 2 * a.num_pairs; ++i) {
     const BlockCopy& p = a.pairs[i / 2];
     unsigned char* base = (i % 2 == 0) ? k : v;
-    std::memcpy(base + p.dst * block_bytes, base + p.src * block_bytes, block_bytes);
+    if (one_span) {
+      std::memcpy(base + layout.offset(p.dst, 0, 0) * elem,
+                  base + layout.offset(p.src, 0, 0) * elem, static_cast<std::size_t>(span));
+      continue;
+    }
+    for (int h = 0; h < a.num_kv_heads; ++h) {
+      for (int t = 0; t < a.block_size; ++t) {
+        std::memcpy(base + layout.offset(p.dst, h, t) * elem,
+                    base + layout.offset(p.src, h, t) * elem, static_cast<std::size_t>(row_bytes));
+      }
+    }
   }
 }
 

@@ -289,7 +289,7 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
   ctx.k_cache = a.k_cache;
   ctx.v_cache = a.v_cache;
   ctx.kv_dtype = a.k_dtype;
-  ctx.layout = CacheLayout::dense(a.num_blocks, a.num_kv_heads, BS, D);
+  ctx.layout = a.cache_layout();
   ctx.table = BlockTableView{a.block_table, a.max_blocks_per_seq, a.table_stride(), seq_rows};
   ctx.context_lens = a.context_lens;
   ctx.num_heads = H;

@@ -267,29 +267,52 @@ inline void softmax_tile(float* s, int ss, int n, float* m, float* l, float* acc
 struct PacedPrefetch {
   const char* k = nullptr;
   const char* v = nullptr;
-  std::int64_t off = 0, bytes = 0, step = 0;
+  std::int64_t stride = 0;                     // bytes between rows (0: one contiguous span)
+  std::int64_t row_off = 0;                    // the current row's offset
+  std::int64_t done = 0, total = 0, step = 0;  // in lines
+  int row_lines = 0, col = 0;
 
-  void start(const void* kb, const void* vb, std::int64_t n_bytes, int pieces) {
+  // `rows` rows of row_bytes, stride_bytes apart. Rows close together (the HND layout: a kv
+  // head's slots are adjacent) are one span; rows far apart (NHD: the other kv heads sit between
+  // them) are fetched row by row, so the lines between them are not fetched.
+  void start(const void* kb, const void* vb, int rows, std::int64_t row_bytes,
+             std::int64_t stride_bytes, int pieces) {
     k = static_cast<const char*>(kb);
     v = static_cast<const char*>(vb);
-    off = 0;
-    bytes = n_bytes;
-    const std::int64_t lines = (n_bytes + 63) / 64;
-    step = std::max<std::int64_t>(1, (lines + pieces - 1) / pieces) * 64;
-  }
-  // The next piece (step bytes of K and of V).
-  inline void piece() {
-    const std::int64_t end = std::min(off + step, bytes);
-    for (; off < end; off += 64) {
-      __builtin_prefetch(k + off, 0, 3);
-      __builtin_prefetch(v + off, 0, 3);
+    row_off = 0;
+    done = 0;
+    col = 0;
+    if (rows <= 0) {
+      total = 0;
+      return;
     }
+    if (stride_bytes <= row_bytes + 64) {
+      stride = 0;
+      row_lines = static_cast<int>(((rows - 1) * stride_bytes + row_bytes + 63) / 64);
+      total = row_lines;
+    } else {
+      stride = stride_bytes;
+      // A row that does not start on a line touches one line more.
+      row_lines = static_cast<int>((row_bytes + 63) / 64) + (stride_bytes % 64 != 0);
+      total = static_cast<std::int64_t>(rows) * row_lines;
+    }
+    step = std::max<std::int64_t>(1, (total + pieces - 1) / pieces);
   }
+  // The next piece (step lines of K and of V).
+  inline void piece() { advance(std::min(done + step, total)); }
   // Whatever is left.
-  inline void rest() {
-    for (; off < bytes; off += 64) {
-      __builtin_prefetch(k + off, 0, 3);
-      __builtin_prefetch(v + off, 0, 3);
+  inline void rest() { advance(total); }
+
+ private:
+  inline void advance(std::int64_t end) {
+    for (; done < end; ++done) {
+      const std::int64_t at = row_off + static_cast<std::int64_t>(col) * 64;
+      __builtin_prefetch(k + at, 0, 3);
+      __builtin_prefetch(v + at, 0, 3);
+      if (++col == row_lines) {
+        col = 0;
+        row_off += stride;
+      }
     }
   }
 };
@@ -410,14 +433,14 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
   const int units = (it.block_end - it.block_begin) * kv_count;
   auto start_unit = [&](PacedPrefetch& p, int u, int pieces) {
     if (u >= units) {
-      p.start(nullptr, nullptr, 0, 1);
+      p.start(nullptr, nullptr, 0, 0, 0, 1);
       return;
     }
     const int b = it.block_begin + u / kv_count;
     const std::int64_t base = c.layout.offset(c.table.block(it.seq, b), kv_first + u % kv_count, 0);
-    const std::int64_t bytes = (static_cast<std::int64_t>(valid_in_block(L, BS, b) - 1) * ts + D) *
-                               static_cast<std::int64_t>(sizeof(T));
-    p.start(k_cache + base, v_cache + base, bytes, pieces);
+    constexpr std::int64_t kElem = sizeof(T);
+    p.start(k_cache + base, v_cache + base, valid_in_block(L, BS, b), D * kElem, ts * kElem,
+            pieces);
   };
   PacedPrefetch pf;
   for (int u = 0; u < std::min(units, kPrefetchUnits); ++u) {

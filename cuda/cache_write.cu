@@ -1,7 +1,8 @@
 // Cache writes on the CUDA backend. write_cache: one thread block per token, its threads over the
 // token's num_kv_heads * head_dim elements; a slot outside the pool is skipped, so no input can
 // make the kernel write out of bounds. copy_blocks: one thread block per (pair, K or V), the pairs
-// passed by value in the kernel's parameters (no device allocation, stream-ordered).
+// passed by value in the kernel's parameters (no device allocation, stream-ordered). Both take
+// the caches' layout (kv_strides).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -42,8 +43,7 @@ __global__ void write_kernel(const Src* __restrict__ key, const Src* __restrict_
 
 template <typename Src, typename Dst>
 void launch_write(const CacheWriteArgs& a, cudaStream_t stream) {
-  const CacheLayout layout =
-      CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
+  const CacheLayout layout = a.cache_layout();
   write_kernel<Src, Dst><<<a.num_tokens, kThreads, 0, stream>>>(
       static_cast<const Src*>(a.key), static_cast<const Src*>(a.value), a.token_stride(),
       a.slot_mapping, static_cast<Dst*>(a.k_cache), static_cast<Dst*>(a.v_cache), layout);
@@ -67,21 +67,31 @@ struct PairChunk {
   BlockCopy pairs[kPairsPerLaunch];
 };
 
-// grid.x = pairs in the chunk, grid.y = 0 for K, 1 for V. Word is the widest unit the block's
-// bytes and both cache pointers allow.
+// grid.x = pairs in the chunk, grid.y = 0 for K, 1 for V. `words` is the cache layout counted
+// in Words (the widest unit every stride, the row and both cache pointers allow): head_dim is a
+// row's Words. A block's rows are copied one Word per thread at a time.
 template <typename Word>
-__global__ void copy_kernel(Word* k_cache, Word* v_cache, std::int64_t words_per_block,
-                            PairChunk chunk) {
+__global__ void copy_kernel(Word* k_cache, Word* v_cache, CacheLayout words, PairChunk chunk) {
   const BlockCopy p = chunk.pairs[blockIdx.x];
   Word* base = blockIdx.y == 0 ? k_cache : v_cache;
-  const Word* src = base + p.src * words_per_block;
-  Word* dst = base + p.dst * words_per_block;
-  for (std::int64_t i = threadIdx.x; i < words_per_block; i += blockDim.x) dst[i] = src[i];
+  const int row = words.head_dim;
+  const int total = words.num_kv_heads * words.block_size * row;
+  for (int i = threadIdx.x; i < total; i += blockDim.x) {
+    const int r = i / row, w = i % row;
+    const int h = r / words.block_size, t = r % words.block_size;
+    base[words.offset(p.dst, h, t) + w] = base[words.offset(p.src, h, t) + w];
+  }
 }
 
 template <typename Word>
-void launch_copies(const CopyBlocksArgs& a, std::int64_t block_bytes, cudaStream_t stream) {
-  const std::int64_t words = block_bytes / static_cast<std::int64_t>(sizeof(Word));
+void launch_copies(const CopyBlocksArgs& a, cudaStream_t stream) {
+  CacheLayout words = a.cache_layout();
+  const std::int64_t per = static_cast<std::int64_t>(sizeof(Word)) /
+                           static_cast<std::int64_t>(dtype_size(a.cache_dtype));
+  words.block_stride /= per;
+  words.head_stride /= per;
+  words.token_stride /= per;
+  words.head_dim = static_cast<int>(words.head_dim / per);
   for (int first = 0; first < a.num_pairs; first += kPairsPerLaunch) {
     const int n = a.num_pairs - first < kPairsPerLaunch ? a.num_pairs - first : kPairsPerLaunch;
     PairChunk chunk{};
@@ -122,15 +132,19 @@ void write_cache(const CacheWriteArgs& a, const CacheOpOptions& o) {
 
 void copy_blocks(const CopyBlocksArgs& a, const CacheOpOptions& o) {
   const auto stream = static_cast<cudaStream_t>(o.cuda_stream);
-  const std::int64_t block_bytes =
-      CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim).block_stride *
-      static_cast<std::int64_t>(dtype_size(a.cache_dtype));
-  if (block_bytes % 16 == 0 && aligned(a.k_cache, 16) && aligned(a.v_cache, 16)) {
-    launch_copies<uint4>(a, block_bytes, stream);
-  } else if (block_bytes % 4 == 0 && aligned(a.k_cache, 4) && aligned(a.v_cache, 4)) {
-    launch_copies<std::uint32_t>(a, block_bytes, stream);
+  const CacheLayout l = a.cache_layout();
+  const std::int64_t elem = static_cast<std::int64_t>(dtype_size(a.cache_dtype));
+  const auto fits = [&](std::int64_t n) {
+    return l.block_stride * elem % n == 0 && l.head_stride * elem % n == 0 &&
+           l.token_stride * elem % n == 0 && l.head_dim * elem % n == 0 && aligned(a.k_cache, n) &&
+           aligned(a.v_cache, n);
+  };
+  if (fits(16)) {
+    launch_copies<uint4>(a, stream);
+  } else if (fits(4)) {
+    launch_copies<std::uint32_t>(a, stream);
   } else {
-    launch_copies<std::uint16_t>(a, block_bytes, stream);  // 2-byte dtypes: always a multiple
+    launch_copies<std::uint16_t>(a, stream);  // every dtype is a multiple of 2 bytes
   }
 }
 

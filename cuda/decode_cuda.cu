@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -126,6 +127,41 @@ Layout workspace_layout(const DecodeArgs& a, std::int64_t splits) {
   return l;
 }
 
+// The cache layout as the kernels address it (SplitParams::block_units and the rest): rows are
+// read in 16-byte pieces, so every stride must be a multiple of 16 bytes, and a row's position
+// is a 32-bit count of row units (the largest unit dividing the block and token strides).
+struct RowUnits {
+  int block_units, token_units, row_unit;
+  long long head_bytes;
+};
+
+RowUnits row_units(const DecodeArgs& a) {
+  const CacheLayout l = a.cache_layout();
+  const std::int64_t elem = static_cast<std::int64_t>(dtype_size(a.k_dtype));
+  const std::pair<const char*, std::int64_t> strides[] = {{"kv_strides.block", l.block_stride},
+                                                          {"kv_strides.head", l.head_stride},
+                                                          {"kv_strides.token", l.token_stride}};
+  for (const auto& [name, stride] : strides) {
+    if (stride * elem % 16 != 0) {
+      fail(ErrorCode::kInvalidArgument, name, stride,
+           "must be a multiple of 16 bytes for the CUDA backend (" + std::to_string(stride * elem) +
+               " bytes)");
+    }
+  }
+  const std::int64_t unit = std::gcd(l.block_stride, l.token_stride) * elem;
+  const std::int64_t block_units = l.block_stride * elem / unit;
+  const std::int64_t token_units = l.token_stride * elem / unit;
+  const long double last = static_cast<long double>(std::max(a.num_blocks - 1, 0)) * block_units +
+                           static_cast<long double>(a.block_size - 1) * token_units;
+  if (unit > INT32_MAX || block_units > INT32_MAX || last > INT32_MAX) {
+    fail(ErrorCode::kUnsupported, "num_blocks", a.num_blocks,
+         "the CUDA backend addresses a kv head's rows with 32-bit indices: num_blocks * "
+         "kv_strides.block / gcd(kv_strides.block, kv_strides.token) must stay below 2^31");
+  }
+  return {static_cast<int>(block_units), static_cast<int>(token_units), static_cast<int>(unit),
+          l.head_stride * elem};
+}
+
 void require_aligned(const char* name, const void* ptr) {
   if (reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0) {
     fail(ErrorCode::kInvalidArgument, name, ptr, "must be 16-byte aligned for the CUDA backend");
@@ -166,12 +202,7 @@ void check_launch(const DecodeArgs& a, const pagedattn::DecodeOptions& options) 
          "must be aligned to two elements (" + std::to_string(pair_bytes) +
              " bytes) for the CUDA backend");
   }
-  // The kernels address cache rows with 32-bit indices (cuda/kv_pipeline.cuh).
-  if (static_cast<std::int64_t>(a.num_blocks) * a.num_kv_heads * a.block_size > INT32_MAX) {
-    fail(ErrorCode::kUnsupported, "num_blocks", a.num_blocks,
-         "the CUDA backend addresses at most 2^31 - 1 cache rows (num_blocks * num_kv_heads * "
-         "block_size)");
-  }
+  row_units(a);          // the layout in 32-bit row units, or an error naming the field at fault
   split_ctas_per_sm(a);  // a kernel that does not fit on this device: an error naming head_dim
   if (options.cuda_checked) {
     // Read the device tables back and validate them exactly as the CPU path does.
@@ -255,6 +286,11 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   p.max_blocks = a.max_blocks_per_seq;
   p.table_stride = a.table_stride();
   p.block_div = FastDiv::make(static_cast<std::uint32_t>(a.block_size));
+  const RowUnits units = row_units(a);
+  p.block_units = units.block_units;
+  p.token_units = units.token_units;
+  p.row_unit = units.row_unit;
+  p.head_bytes = units.head_bytes;
   p.scale_log2 = a.effective_scale() * kLog2e;
   p.plan = plan;
   const float cap = a.logits_soft_cap;

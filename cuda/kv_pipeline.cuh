@@ -67,24 +67,23 @@ __device__ __forceinline__ int fetch_id(const SplitParams& p, const std::int32_t
   return t < tok_end ? __ldg(row_table + p.block_div.div(static_cast<unsigned>(t))) : -1;
 }
 
-// Token t's row from the kv head's first row, in rows of D elements (below 2^31: the host
-// checks the pool's size), or -1 when it must not be read (before the window, past the split, or
-// a block id outside the pool: unchecked mode skips such tokens).
+// Token t's row from the kv head's first row, in the layout's row units (SplitParams::row_unit
+// bytes; below 2^31: the host checks the pool's span), or -1 when it must not be read (before
+// the window, past the split, or a block id outside the pool: unchecked mode skips such tokens).
 __device__ __forceinline__ int row_index(const SplitParams& p, int id, int t, int tok_lo,
                                          int tok_end) {
   if (t >= tok_end || t < tok_lo || id < 0 || id >= p.num_blocks) return -1;
   const int slot = t - static_cast<int>(p.block_div.div(static_cast<unsigned>(t))) * p.block_size;
-  return (id * p.num_kv_heads) * p.block_size + slot;
+  return id * p.block_units + slot * p.token_units;
 }
 
 // Copies chunk c of tile row r of K and V (row index -1: zero fill).
 template <typename T, int D>
 __device__ __forceinline__ void copy_chunk(char* sK, char* sV, const int* s_row, int r, int c,
-                                           const char* gK, long long v_minus_k) {
-  constexpr long long kRowBytes = D * static_cast<long long>(sizeof(T));
+                                           const char* gK, long long v_minus_k, int unit) {
   const int row = s_row[r];
   const bool ok = row >= 0;
-  const char* src = gK + (ok ? row : 0) * kRowBytes + c * 16;
+  const char* src = gK + static_cast<long long>(ok ? row : 0) * unit + c * 16;
   const int dst = RowGeom<T, D>::offset(r, c);
   cp_async16(sK + dst, src, ok);
   cp_async16(sV + dst, src + v_minus_k, ok);
@@ -97,9 +96,8 @@ __device__ __forceinline__ void copy_chunk(char* sK, char* sV, const int* s_row,
 // tile costs few instructions beyond the copies themselves; every thread does it every tile.
 template <typename T, int D, int TT>
 __device__ __forceinline__ void issue_tile(char* sK, char* sV, const int* s_row, const char* gK,
-                                           long long v_minus_k) {
+                                           long long v_minus_k, int unit) {
   constexpr int CH = RowGeom<T, D>::kChunks;
-  constexpr long long kRowBytes = D * static_cast<long long>(sizeof(T));
   if constexpr (CH % 8 == 0 && TT % (kThreads / 8) == 0) {
     // Eight lanes per 128-byte segment of a row, a warp on four rows of one segment: each
     // warp-wide copy is four whole global lines landing in four whole shared segments. A row's
@@ -112,7 +110,7 @@ __device__ __forceinline__ void issue_tile(char* sK, char* sV, const int* s_row,
       const int r = r0 + k * RP;
       const int row = s_row[r];
       const bool ok = row >= 0;
-      const char* src = gK + (ok ? row : 0) * kRowBytes + c0 * 16;
+      const char* src = gK + static_cast<long long>(ok ? row : 0) * unit + c0 * 16;
       const int dst = RowGeom<T, D>::offset(r, c0);
 #pragma unroll
       for (int seg = 0; seg < CH / 8; ++seg) {
@@ -126,12 +124,12 @@ __device__ __forceinline__ void issue_tile(char* sK, char* sV, const int* s_row,
 #pragma unroll
     for (int k = 0; k < (TT + RP - 1) / RP; ++k) {
       const int r = r0 + k * RP;
-      if (TT % RP == 0 || r < TT) copy_chunk<T, D>(sK, sV, s_row, r, c, gK, v_minus_k);
+      if (TT % RP == 0 || r < TT) copy_chunk<T, D>(sK, sV, s_row, r, c, gK, v_minus_k, unit);
     }
   } else {
     for (int idx = threadIdx.x; idx < TT * CH; idx += kThreads) {
       const int r = idx / CH;
-      copy_chunk<T, D>(sK, sV, s_row, r, idx - r * CH, gK, v_minus_k);
+      copy_chunk<T, D>(sK, sV, s_row, r, idx - r * CH, gK, v_minus_k, unit);
     }
   }
 }
@@ -167,6 +165,7 @@ struct KvPipeline {
   const std::int32_t* row_table;  // the sequence's block-table row
   const char* gK;                 // the kv head's K and V in block 0
   long long v_minus_k;            // gV - gK
+  int unit;                       // bytes per row unit (SplitParams::row_unit)
   int tok_begin, tok_end, ntiles;
   int tok_lo;    // the window's first token (0 without one): rows before it are not read
   int last_pos;  // the last query token's position, L - 1 (ALiBi, the per-row masks)
@@ -193,7 +192,7 @@ struct KvPipeline {
   __device__ __forceinline__ void issue(int n) {
     const int st = n % STAGES;
     char* base = stages + st * kTileBytes;
-    issue_tile<T, D, TT>(base, base + TT * kRowBytes, rows_at + st * TT, gK, v_minus_k);
+    issue_tile<T, D, TT>(base, base + TT * kRowBytes, rows_at + st * TT, gK, v_minus_k, unit);
   }
   // Row index and mask bit of tile n's row my_row() (every lane of the warp calls it; those
   // without a row pass has_row() == false).

@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   split_block_range(nb, plan.chunk, plan.split, &blk_begin, &blk_end);
   blk_begin += first;
   blk_end += first;
-  const std::int64_t head_off = static_cast<std::int64_t>(item.kv) * p.block_size * D * sizeof(T);
+  const long long head_off = item.kv * p.head_bytes;
   Pipe pipe;
   pipe.stages = smem;
   pipe.rows_at = reinterpret_cast<int*>(smem + Cfg::STAGE_AREA + Cfg::QBYTES);
@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   pipe.row_table = p.table + static_cast<std::int64_t>(item.seq) * p.table_stride;
   pipe.gK = static_cast<const char*>(p.k) + head_off;
   pipe.v_minus_k = static_cast<const char*>(p.v) - static_cast<const char*>(p.k);
+  pipe.unit = p.row_unit;
   pipe.tok_begin = blk_begin * p.block_size;
   pipe.tok_lo = queries_first_token(len, sq.n, p.plan.window_left);
   pipe.tok_end = min(blk_end * p.block_size, len);

@@ -33,8 +33,14 @@ struct SplitParams {
   const std::int32_t* lens;
   int batch, num_heads, num_kv_heads, group, block_size, num_blocks, max_blocks, table_stride;
   FastDiv block_div;  // token -> (block, slot)
-  float scale_log2;   // scale * log2(e): scores are kept in log2 units
-  PlanOptions plan;   // plan.window_left is DecodeArgs::window_left
+  // The cache layout (DecodeArgs::kv_strides) in row units of row_unit bytes, the greatest
+  // common divisor of the block and token strides (a row of head_dim elements for the dense HND
+  // layout, num_kv_heads of them for NHD): slot s of block b is b * block_units + s * token_units
+  // units past its kv head's first row, which is head_bytes * kv_head bytes past the cache.
+  int block_units, token_units, row_unit;
+  long long head_bytes;
+  float scale_log2;  // scale * log2(e): scores are kept in log2 units
+  PlanOptions plan;  // plan.window_left is DecodeArgs::window_left
   // The logit variants (pagedattn/variants.hpp) in log2 units: soft-cap cap2 = cap * log2(e)
   // (0: none) and soft_cap_exp2_scale(cap2); ALiBi slopes (f32 [num_heads], times log2(e) on use,
   // or null); logit_variant says whether either is set (the compute paths skip both otherwise).

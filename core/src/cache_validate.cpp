@@ -34,6 +34,7 @@ void validate_write_args(const CacheWriteArgs& a) {
     fail(ErrorCode::kInvalidArgument, "num_tokens", a.num_tokens, "must not be negative");
   }
   validate_pool(a.num_kv_heads, a.head_dim, a.block_size, a.num_blocks);
+  require_cache_strides(a.kv_strides, a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
   require_dtype("src_dtype", a.src_dtype);
   require_dtype("cache_dtype", a.cache_dtype);
   if (a.src_token_stride != 0 &&
@@ -55,6 +56,7 @@ void validate_write_args(const CacheWriteArgs& a) {
 
 void validate_copy_args(const CopyBlocksArgs& a) {
   validate_pool(a.num_kv_heads, a.head_dim, a.block_size, a.num_blocks);
+  require_cache_strides(a.kv_strides, a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
   require_dtype("cache_dtype", a.cache_dtype);
   if (a.num_pairs < 0) {
     fail(ErrorCode::kInvalidArgument, "num_pairs", a.num_pairs, "must not be negative");

@@ -20,7 +20,7 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
   }
 
   const int H = a.num_heads, D = a.head_dim, G = a.group_size();
-  const CacheLayout layout = CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, D);
+  const CacheLayout layout = a.cache_layout();
   const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
   const double scale = a.scale ? static_cast<double>(*a.scale) : 1.0 / std::sqrt(double(D));
   const int rows = a.batch > 0 ? a.q_rows() : 0;

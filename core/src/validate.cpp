@@ -30,6 +30,53 @@ void require_positive(const char* name, int v) {
   if (v <= 0) fail(ErrorCode::kInvalidArgument, name, v, "must be positive");
 }
 
+void require_cache_strides(const CacheStrides& s, int num_blocks, int num_kv_heads, int block_size,
+                           int head_dim) {
+  if (s.is_default()) return;
+  const std::pair<const char*, std::int64_t> named[] = {
+      {"kv_strides.block", s.block}, {"kv_strides.head", s.head}, {"kv_strides.token", s.token}};
+  for (const auto& [name, v] : named) {
+    if (v <= 0) {
+      fail(ErrorCode::kInvalidArgument, name, v,
+           "must be positive (all three 0 is the default dense layout)");
+    }
+  }
+  // The span in long double first: the int64 products below must not overflow.
+  const long double span = static_cast<long double>(std::max(num_blocks - 1, 0)) * s.block +
+                           static_cast<long double>(num_kv_heads - 1) * s.head +
+                           static_cast<long double>(block_size - 1) * s.token + head_dim;
+  if (span > 4e18L) {
+    fail(ErrorCode::kInvalidArgument, "kv_strides.block", s.block,
+         "too large: the pool's span exceeds the addressable range");
+  }
+  // No two rows overlap when, with the dimensions in increasing stride, each stride is at least
+  // the extent of the dimensions below it (a row is head_dim elements). Dimensions of size 1
+  // take no room and are skipped.
+  struct Dim {
+    const char* name;
+    std::int64_t stride;
+    int size;
+  };
+  Dim dims[] = {{"kv_strides.token", s.token, block_size},
+                {"kv_strides.head", s.head, num_kv_heads},
+                {"kv_strides.block", s.block, num_blocks}};
+  std::stable_sort(std::begin(dims), std::end(dims),
+                   [](const Dim& x, const Dim& y) { return x.stride < y.stride; });
+  std::int64_t extent = head_dim;
+  for (const Dim& d : dims) {
+    if (d.size <= 1) continue;
+    if (d.stride < extent) {
+      std::ostringstream v;
+      v << d.stride << " (kv_strides = {block " << s.block << ", head " << s.head << ", token "
+        << s.token << "}, head_dim " << head_dim << ")";
+      fail(ErrorCode::kInvalidArgument, d.name, v.str(),
+           "makes cache rows overlap: each stride must be at least the extent (" +
+               std::to_string(extent) + " elements) of the dimensions with smaller strides");
+    }
+    extent += d.stride * (d.size - 1);
+  }
+}
+
 void require_non_null(const char* name, const void* p) {
   if (p == nullptr) fail(ErrorCode::kInvalidArgument, name, "null", "pointer must not be null");
 }
@@ -220,6 +267,7 @@ void validate_shapes(const DecodeArgs& a, bool require_out) {
     fail(ErrorCode::kInvalidArgument, "max_blocks_per_seq", a.max_blocks_per_seq,
          "times block_size exceeds the int32 context range");
   }
+  require_cache_strides(a.kv_strides, a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
   require_dtype("q_dtype", a.q_dtype);
   require_dtype("k_dtype", a.k_dtype);
   require_dtype("v_dtype", a.v_dtype);

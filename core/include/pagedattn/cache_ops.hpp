@@ -1,8 +1,8 @@
 // Writing into the paged cache: append the K and V of new tokens through a slot mapping, and copy
-// whole blocks (the copy half of copy-on-write). Both use the decode cache layout
+// whole blocks (the copy half of copy-on-write). Both use the decode cache layout: by default
 //   k/v_cache: [num_blocks][num_kv_heads][block_size][head_dim]
-// and a slot names one token position of the pool: slot = block * block_size + offset.
-// See docs/cache.md.
+// or the one kv_strides gives (as DecodeArgs::kv_strides), and a slot names one token position of
+// the pool: slot = block * block_size + offset. See docs/cache.md.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +35,11 @@ struct CacheWriteArgs {
   void* k_cache = nullptr;
   void* v_cache = nullptr;
   DType cache_dtype = DType::kF32;
+  CacheStrides kv_strides;  // the caches' layout; default dense HND
 
+  CacheLayout cache_layout() const {
+    return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size, head_dim, kv_strides);
+  }
   std::int64_t token_stride() const {
     return src_token_stride ? src_token_stride : static_cast<std::int64_t>(num_kv_heads) * head_dim;
   }
@@ -58,8 +62,13 @@ struct CopyBlocksArgs {
   void* k_cache = nullptr;
   void* v_cache = nullptr;
   DType cache_dtype = DType::kF32;
+  CacheStrides kv_strides;  // the caches' layout; default dense HND
   const BlockCopy* pairs = nullptr;
   int num_pairs = 0;
+
+  CacheLayout cache_layout() const {
+    return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size, head_dim, kv_strides);
+  }
 };
 
 struct CacheOpOptions {

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 
+#include "pagedattn/cache_layout.hpp"
 #include "pagedattn/dtype.hpp"
 #include "pagedattn/error.hpp"
 
@@ -71,6 +72,13 @@ struct DecodeArgs {
   std::int64_t q_row_stride = 0;
   std::int64_t out_row_stride = 0;
 
+  // Where k_cache's and v_cache's rows are (cache_layout.hpp, docs/cache_layouts.md): the
+  // default is the dense HND layout [num_blocks][num_kv_heads][block_size][head_dim];
+  // CacheStrides::nhd(...) is NHD, and K and V as halves of one tensor are two pointers into it
+  // with the same strides. head_dim elements are contiguous. Rows must not overlap; the CUDA
+  // backend also needs every stride to be a multiple of 16 bytes.
+  CacheStrides kv_strides;
+
   const void* q = nullptr;
   DType q_dtype = DType::kF32;
   const void* k_cache = nullptr;
@@ -125,6 +133,9 @@ struct DecodeArgs {
   }
   std::int64_t out_stride() const {
     return out_row_stride ? out_row_stride : static_cast<std::int64_t>(num_heads) * head_dim;
+  }
+  CacheLayout cache_layout() const {
+    return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size, head_dim, kv_strides);
   }
   int group_size() const { return num_kv_heads > 0 ? num_heads / num_kv_heads : 0; }
   // Rows of q, out and lse, and the bound on any sequence's query tokens.

@@ -20,6 +20,12 @@ void require_head_dim(int head_dim);                      // one of kSupportedHe
 void require_backend(const char* name, Backend backend);  // kAuto, kCpu or kCuda
 void require_num_threads(int num_threads);                // in [0, kMaxThreads]
 
+// A cache view's strides (kv_strides): the default, or all three positive, rows of distinct
+// (block, kv head, slot) not overlapping (checked by sorting the three dimensions by stride: each
+// stride at least the extent of the smaller ones), and the pool's span within int64.
+void require_cache_strides(const CacheStrides& strides, int num_blocks, int num_kv_heads,
+                           int block_size, int head_dim);
+
 // The options of decode() and of the cache operations: a Backend value and a thread count in
 // range. The CUDA fields (stream, workspace) are the CUDA backend's to check.
 void validate_options(const DecodeOptions& options);
