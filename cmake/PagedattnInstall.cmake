@@ -25,11 +25,12 @@ if(PAGEDATTN_WITH_CUDA AND _pagedattn_type STREQUAL "STATIC_LIBRARY")
     set(RANLIB \"${CMAKE_RANLIB}\")
     include(\"${PROJECT_SOURCE_DIR}/cmake/PagedattnBundleCudart.cmake\")")
 endif()
-# Exactly the public headers: the API, what it includes, the block manager and the reference. The
-# backends' math and seams (split_plan, online_softmax, cache_layout, validate, detail/) stay
-# inside the build.
-set(PAGEDATTN_PUBLIC_HEADERS block_manager.hpp cache_ops.hpp context_parallel.hpp dtype.hpp error.hpp
-                             host_device.hpp merge_states.hpp pagedattn.hpp reference.hpp)
+# Exactly the public headers: the API, what it includes (cache_layout.hpp: the cache strides),
+# the block manager and the reference. The backends' math and seams (split_plan, online_softmax,
+# validate, detail/) stay inside the build.
+set(PAGEDATTN_PUBLIC_HEADERS block_manager.hpp cache_layout.hpp cache_ops.hpp context_parallel.hpp
+                             dtype.hpp error.hpp host_device.hpp merge_states.hpp pagedattn.hpp
+                             reference.hpp)
 list(TRANSFORM PAGEDATTN_PUBLIC_HEADERS PREPEND ${PROJECT_SOURCE_DIR}/core/include/pagedattn/)
 install(FILES ${PAGEDATTN_PUBLIC_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pagedattn)
 install(EXPORT pagedattnTargets NAMESPACE pagedattn::

@@ -301,6 +301,102 @@ TEST(CacheLayoutValidation, CudaRefusesStridesOffSixteenBytes) {
   }
 }
 
+// The engine examples of docs/cache_layouts.md, with the doc's formulas: each engine's cache
+// tensor filled through its own indexing, then decoded through the DecodeArgs the doc gives,
+// must give the bits of the HND decode of the same values.
+struct EngineCache {
+  const char* name;
+  // Elements of the engine's tensor, and where (block, kv head, slot, dim) of K (kv 0) or V
+  // (kv 1) sits in it.
+  std::int64_t (*elements)(std::int64_t NB, std::int64_t BS, std::int64_t H, std::int64_t D);
+  std::int64_t (*index)(std::int64_t NB, std::int64_t BS, std::int64_t H, std::int64_t D, int kv,
+                        std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t d);
+  // The doc's DecodeArgs fields over the tensor at `base`.
+  void (*fields)(DecodeArgs& a, const float* base);
+};
+
+const EngineCache kEngineCaches[] = {
+    {"vllm_flash_attn",  // kv_cache: [2][num_blocks][block_size][num_kv_heads][head_dim]
+     [](auto NB, auto BS, auto H, auto D) { return 2 * NB * BS * H * D; },
+     [](auto NB, auto BS, auto H, auto D, int kv, auto b, auto h, auto t, auto d) {
+       return (((kv * NB + b) * BS + t) * H + h) * D + d;
+     },
+     [](DecodeArgs& a, const float* kv_cache) {
+       const std::int64_t half =
+           static_cast<std::int64_t>(a.num_blocks) * a.block_size * a.num_kv_heads * a.head_dim;
+       a.k_cache = kv_cache;
+       a.v_cache = kv_cache + half;
+       a.kv_strides = CacheStrides::nhd(a.num_kv_heads, a.block_size, a.head_dim);
+     }},
+    {"vllm_flashinfer_nhd",  // kv_cache: [num_blocks][2][block_size][num_kv_heads][head_dim]
+     [](auto NB, auto BS, auto H, auto D) { return NB * 2 * BS * H * D; },
+     [](auto, auto BS, auto H, auto D, int kv, auto b, auto h, auto t, auto d) {
+       return (((b * 2 + kv) * BS + t) * H + h) * D + d;
+     },
+     [](DecodeArgs& a, const float* kv_cache) {
+       a.kv_strides = CacheStrides::nhd(a.num_kv_heads, a.block_size, a.head_dim);
+       a.k_cache = kv_cache;
+       a.v_cache = kv_cache + a.kv_strides.block;  // V: the second half of each block
+       a.kv_strides.block *= 2;
+     }},
+    {"flashinfer_hnd_combined",  // paged_kv_cache: [num_pages][2][num_kv_heads][page_size][D]
+     [](auto NB, auto BS, auto H, auto D) { return NB * 2 * H * BS * D; },
+     [](auto, auto BS, auto H, auto D, int kv, auto b, auto h, auto t, auto d) {
+       return (((b * 2 + kv) * H + h) * BS + t) * D + d;
+     },
+     [](DecodeArgs& a, const float* kv_cache) {
+       a.kv_strides = CacheStrides::hnd(a.num_kv_heads, a.block_size, a.head_dim);
+       a.k_cache = kv_cache;
+       a.v_cache = kv_cache + a.kv_strides.block;
+       a.kv_strides.block *= 2;
+     }},
+    {"sglang_token_pool",  // k_buffer, v_buffer: [num_tokens][num_kv_heads][head_dim], page 1
+     [](auto NB, auto, auto H, auto D) { return 2 * NB * H * D; },
+     [](auto NB, auto, auto H, auto D, int kv, auto b, auto h, auto, auto d) {
+       return ((kv * NB + b) * H + h) * D + d;
+     },
+     [](DecodeArgs& a, const float* buffers) {
+       const std::int64_t row = static_cast<std::int64_t>(a.num_kv_heads) * a.head_dim;
+       a.k_cache = buffers;                       // k_buffer
+       a.v_cache = buffers + a.num_blocks * row;  // v_buffer
+       a.kv_strides = {row, a.head_dim, row};     // a block is one token: block_size 1
+     }},
+};
+
+TEST(CacheLayoutDocs, EngineExamplesDecodeAsHnd) {
+  for (const EngineCache& e : kEngineCaches) {
+    SCOPED_TRACE(e.name);
+    const bool token_pool = std::string(e.name) == "sglang_token_pool";
+    testing::HostCase c = testing::make_case(layout_spec(DType::kF32, 64, 4, token_pool ? 1 : 16));
+    c.poison_outputs();
+    testing::HostCase other = c;
+    detail::DecodeOptions cpu;
+    cpu.backend = Backend::kCpu;
+    run_decode(c, cpu);
+    const std::int64_t NB = c.num_blocks, BS = c.spec.block_size, H = c.spec.num_kv_heads,
+                       D = c.spec.head_dim;
+    std::vector<float> tensor(static_cast<std::size_t>(e.elements(NB, BS, H, D)));
+    const CacheLayout dense =
+        CacheLayout::dense(c.num_blocks, c.spec.num_kv_heads, c.spec.block_size, c.spec.head_dim);
+    const float* k = reinterpret_cast<const float*>(c.k.data());
+    const float* v = reinterpret_cast<const float*>(c.v.data());
+    for (std::int64_t b = 0; b < NB; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t t = 0; t < BS; ++t)
+          for (std::int64_t d = 0; d < D; ++d) {
+            const std::int64_t at =
+                dense.offset(static_cast<int>(b), static_cast<int>(h), static_cast<int>(t)) + d;
+            tensor[e.index(NB, BS, H, D, 0, b, h, t, d)] = k[at];
+            tensor[e.index(NB, BS, H, D, 1, b, h, t, d)] = v[at];
+          }
+    DecodeArgs a = other.args();
+    e.fields(a, tensor.data());
+    decode(a, DecodeOptions{Backend::kCpu});
+    EXPECT_EQ(other.out, c.out);
+    EXPECT_EQ(std::memcmp(other.lse.data(), c.lse.data(), c.lse.size() * 4), 0);
+  }
+}
+
 TEST(CacheLayoutGeometry, NamedLayoutsHaveTheirStrides) {
   EXPECT_EQ(CacheStrides::hnd(8, 16, 128).block, 8 * 16 * 128);
   EXPECT_EQ(CacheStrides::hnd(8, 16, 128).head, 16 * 128);

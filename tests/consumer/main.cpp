@@ -25,6 +25,8 @@ int main() {
   a.q = q.data();
   a.k_cache = k.data();
   a.v_cache = v.data();
+  // One kv head: NHD places the rows as HND does (the installed cache_layout.hpp is usable).
+  a.kv_strides = pagedattn::CacheStrides::nhd(1, BS, D);
   a.block_table = table.data();
   a.context_lens = lens.data();
   a.out = out.data();

@@ -13,8 +13,8 @@ endif()
 # Only the public headers are installed.
 file(GLOB_RECURSE installed RELATIVE ${WORK_DIR}/prefix/include ${WORK_DIR}/prefix/include/*)
 list(SORT installed)
-set(public pagedattn/block_manager.hpp pagedattn/cache_ops.hpp pagedattn/context_parallel.hpp
-           pagedattn/dtype.hpp
+set(public pagedattn/block_manager.hpp pagedattn/cache_layout.hpp pagedattn/cache_ops.hpp
+           pagedattn/context_parallel.hpp pagedattn/dtype.hpp
            pagedattn/error.hpp pagedattn/host_device.hpp pagedattn/merge_states.hpp
            pagedattn/pagedattn.hpp pagedattn/reference.hpp)
 if(WITH_NCCL)
