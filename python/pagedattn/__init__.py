@@ -11,7 +11,9 @@ without copies: dtypes, shapes, devices and strides are read from the tensors. C
 the CPU backend, CUDA tensors on the CUDA backend on the tensors' device. A bad input raises
 pagedattn.Error (a ValueError) naming the argument, before anything is written. decode also
 takes the attention variants (a sliding window, a logits soft-cap, ALiBi slopes and attention
-sinks) and several causal query tokens per sequence (q_indptr).
+sinks) and several causal query tokens per sequence (q_indptr). The caches may be laid out HND
+[num_blocks, num_kv_heads, block_size, head_dim] or NHD [num_blocks, block_size, num_kv_heads,
+head_dim] (kv_layout), with any strides: K and V as views into one tensor work in place.
 
 Functions: decode, write_cache, copy_blocks, workspace_size, bf16; class BlockManager.
 See docs/python.md in the source tree for the whole story.
@@ -351,6 +353,21 @@ def _variant_args(window_left: Any, logits_soft_cap: Any, alibi_slopes: Any, sin
 _NO_VARIANTS = (-1, 0.0, None, None)
 
 
+def _kv_layout(kv_layout: Any) -> str:
+    """kv_layout as the module takes it: "HND" or "NHD" (given in any case)."""
+    if type(kv_layout) is str and kv_layout == "HND":  # the default, first
+        return "HND"
+    if isinstance(kv_layout, str):
+        upper = kv_layout.upper()
+        if upper in ("HND", "NHD"):
+            return upper
+    raise Error(
+        f"pagedattn: kv_layout = {kv_layout!r}: expected 'HND' ([num_blocks, num_kv_heads, "
+        f"block_size, head_dim]) or 'NHD' ([num_blocks, block_size, num_kv_heads, head_dim])",
+        "kv_layout",
+    )
+
+
 def _query_token_args(q_indptr: Any, max_q_len: Any) -> tuple:
     """q_indptr and max_q_len as the module's last two decode arguments. max_q_len's type is
     checked here, its value (at least 1, and at least each sequence's query count) by the
@@ -396,6 +413,7 @@ def decode(
     sinks: Optional[Tensor] = None,
     q_indptr: Optional[Tensor] = None,
     max_q_len: Optional[int] = None,
+    kv_layout: str = "HND",
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """One decode step of attention over a paged KV cache.
 
@@ -430,8 +448,13 @@ def decode(
             ``qkv[:, :num_heads * head_dim].view(batch, num_heads, head_dim)``, is read in
             place. On CUDA each sequence's row must start 16-byte aligned (S times the element
             size a multiple of 16).
-        k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim], one dtype,
-            contiguous. num_heads must be a multiple of num_kv_heads (GQA/MQA).
+        k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim] (``kv_layout``
+            "HND") or [num_blocks, block_size, num_kv_heads, head_dim] ("NHD"), one dtype.
+            Any strides with head_dim contiguous (stride 1) and rows that do not overlap, the
+            same in both: views such as ``kv[:, 0]`` and ``kv[:, 1]`` of a combined
+            [num_blocks, 2, ...] tensor, or a slice of a larger pool, are read in place. On CUDA
+            every stride times the element size must be a multiple of 16 bytes. num_heads must
+            be a multiple of num_kv_heads (GQA/MQA).
         block_table: int32 [batch, max_blocks_per_seq]; rows contiguous, any row stride.
         context_lens: int32 [batch].
         scale: softmax scale; default 1 / sqrt(head_dim).
@@ -477,6 +500,9 @@ def decode(
             CUDA grid and workspace. None computes it from q_indptr: in place for host memory,
             but for a CUDA q_indptr by a copy to the host that waits for the stream, so pass it
             to avoid that synchronization (and under CUDA-graph capture).
+        kv_layout: "HND" (the default) or "NHD", in any case: the order of the caches'
+            dimensions (above). Anything else raises pagedattn.Error (a ValueError) naming
+            kv_layout.
 
     All tensors must be on one device. The input tensors are read in place and ``out``/``lse``
     written in place: nothing is copied.
@@ -496,7 +522,8 @@ def decode(
                 and type(backend) is str):
             return _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, out,
                                  lse, return_lse, backend, stream, workspace, checked, window_left,
-                                 logits_soft_cap, alibi_slopes, sinks, q_indptr, max_q_len)
+                                 logits_soft_cap, alibi_slopes, sinks, q_indptr, max_q_len,
+                                 kv_layout)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("block_table", block_table), ("context_lens", context_lens)):
         _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
@@ -504,6 +531,7 @@ def decode(
         if x is not None:
             _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
     backend = _check_backend(backend)
+    layout = _kv_layout(kv_layout)
     tags: List[str] = []
     q_in = _unwrap(q, "q", tags)
     k_in = _unwrap(k_cache, "k_cache", tags)
@@ -522,6 +550,7 @@ def decode(
         _ref(_unwrap(context_lens, "context_lens", [])),
         _ref(out_in), _ref(lse_in), None if scale is None else float(scale), backend,
         _stream(stream, q_in), _ref(ws_in), bool(checked), tags, *variants,
+        **({} if layout == "HND" else {"kv_layout": layout}),
     )
     if return_lse:
         return out_user, lse
@@ -530,11 +559,12 @@ def decode(
 
 def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, out, lse,
                   return_lse, backend, stream, workspace, checked, window_left, logits_soft_cap,
-                  alibi_slopes, sinks, q_indptr, max_q_len):
+                  alibi_slopes, sinks, q_indptr, max_q_len, kv_layout):
     """decode() when every tensor is a plain PyTorch tensor, the serving loop's case: the same
     checks (in the module) and results, with the least Python work per call. A call without
-    attention variants or multi-token queries passes the module none of their arguments; only
-    one that sets them pays for checking and describing them."""
+    attention variants, multi-token queries or an NHD cache passes the module none of their
+    arguments; only one that sets them pays for checking and describing them."""
+    layout = _kv_layout(kv_layout)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if lse is None and return_lse:
@@ -552,7 +582,7 @@ def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, 
     ws_d = None if workspace is None else _describe_torch(workspace, dtypes)
     plain = (alibi_slopes is None and sinks is None and window_left == -1
              and logits_soft_cap == 0.0)
-    if plain and q_indptr is None and max_q_len is None:
+    if plain and q_indptr is None and max_q_len is None and layout == "HND":
         _ext.decode(q_d, k_d, v_d, table_d, lens_d, out_d, lse_d, scale, backend, stream, ws_d,
                     bool(checked), [])
     else:
@@ -561,14 +591,15 @@ def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, 
         if q_indptr is not None or max_q_len is not None:
             extra = extra + _query_token_args(q_indptr, max_q_len)
         _ext.decode(q_d, k_d, v_d, table_d, lens_d, out_d, lse_d, scale, backend, stream, ws_d,
-                    bool(checked), [], *extra)
+                    bool(checked), [], *extra,
+                    **({} if layout == "HND" else {"kv_layout": layout}))
     if return_lse:
         return out, lse
     return out
 
 
 def workspace_size(q: Tensor, k_cache: Tensor, block_table: Tensor, *, backend: str = "auto",
-                   max_q_len: Optional[int] = None) -> int:
+                   max_q_len: Optional[int] = None, kv_layout: str = "HND") -> int:
     """Bytes of CUDA workspace decode needs for these shapes on the tensors' device.
 
     Depends on batch, num_heads, head_dim, num_kv_heads, block_size and the table's width
@@ -577,16 +608,17 @@ def workspace_size(q: Tensor, k_cache: Tensor, block_table: Tensor, *, backend: 
 
     For multi-token queries (decode's ``q_indptr``) pass the ``max_q_len`` the decode calls will
     pass: q is then [num_q_tokens, num_heads, head_dim] and the batch is block_table.shape[0].
+    ``kv_layout`` says how to read k_cache's shape, as for decode(); its strides do not matter.
     """
     for name, x in (("q", q), ("k_cache", k_cache), ("block_table", block_table)):
         _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
     tags: List[str] = []
-    extra: tuple = ()
-    if max_q_len is not None:
-        extra = (_query_token_args(None, max_q_len)[1],)
+    backend = _check_backend(backend)
+    layout = _kv_layout(kv_layout)
+    max_len = None if max_q_len is None else _query_token_args(None, max_q_len)[1]
     return _ext.workspace_size(
         _unwrap(q, "q", tags), _unwrap(k_cache, "k_cache", tags),
-        _unwrap(block_table, "block_table", tags), _check_backend(backend), *extra,
+        _unwrap(block_table, "block_table", tags), backend, max_len, layout,
     )
 
 
@@ -600,6 +632,7 @@ def write_cache(
     backend: str = "auto",
     stream: Stream = None,
     checked: bool = False,
+    kv_layout: str = "HND",
 ) -> None:
     """Writes new tokens' keys and values into the paged cache: token i goes to slot
     ``slot_mapping[i]`` (slot = block * block_size + offset; -1 skips the token).
@@ -609,8 +642,11 @@ def write_cache(
             cache's dtype, rounding to nearest even); each token's row contiguous, tokens any
             stride apart (the same in both).
         slot_mapping: int32 [num_tokens]; slots of one call must be distinct.
-        k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim], written in place.
+        k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim] ("HND") or
+            [num_blocks, block_size, num_kv_heads, head_dim] ("NHD"), written in place; any
+            strides with head_dim contiguous, the same in both, as for decode().
         backend, stream: as for decode().
+        kv_layout: "HND" (the default) or "NHD", as for decode().
         checked: CUDA: copy slot_mapping to the host and check every slot first, as the CPU
             backend always does (one synchronization; not under graph capture). Unchecked, the
             default as for decode(), out-of-range slots are skipped and repeated slots are not
@@ -624,13 +660,14 @@ def write_cache(
                     ("k_cache", k_cache), ("v_cache", v_cache)):
         _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
     backend = _check_backend(backend)
+    layout = _kv_layout(kv_layout)
     tags: List[str] = []
     k_in = _unwrap(k_cache, "k_cache", tags)
     _ext.write_cache(
         _ref(_unwrap(key, "key", tags)), _ref(_unwrap(value, "value", tags)),
         _ref(_unwrap(slot_mapping, "slot_mapping", [])), _ref(k_in),
         _ref(_unwrap(v_cache, "v_cache", tags)),
-        backend, _stream(stream, k_in), bool(checked), tags,
+        backend, _stream(stream, k_in), bool(checked), tags, layout,
     )
 
 
@@ -641,15 +678,20 @@ def copy_blocks(
     *,
     backend: str = "auto",
     stream: Stream = None,
+    kv_layout: str = "HND",
 ) -> None:
     """Copies whole blocks src -> dst in both caches (every kv head and slot): the copy half of
     copy-on-write, as BlockManager.append_token() asks for it.
 
     Args:
-        k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim], written in place.
+        k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim] ("HND") or
+            [num_blocks, block_size, num_kv_heads, head_dim] ("NHD"), written in place; any
+            strides with head_dim contiguous, the same in both, as for decode(). Only the
+            blocks' rows are copied: padding between them is left as it is.
         pairs: (src, dst) block ids: a sequence of pairs or an int32/int64 CPU tensor [n, 2]
             (host memory for both backends). A dst may not appear twice nor be any pair's src.
         backend, stream: as for decode().
+        kv_layout: "HND" (the default) or "NHD", as for decode().
 
     Raises:
         pagedattn.Error: naming the argument, before anything is copied.
@@ -657,10 +699,12 @@ def copy_blocks(
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
     backend = _check_backend(backend)
+    layout = _kv_layout(kv_layout)
     tags: List[str] = []
     k_in = _unwrap(k_cache, "k_cache", tags)
     _ext.copy_blocks(
         k_in, _unwrap(v_cache, "v_cache", tags), pairs, backend, _stream(stream, k_in), tags,
+        layout,
     )
 
 

@@ -32,9 +32,15 @@ def decode(
     sinks: Optional[Any] = None,
     q_indptr: Optional[Any] = None,
     max_q_len: Optional[int] = None,
+    kv_layout: str = "HND",
 ) -> None: ...
 def workspace_size(
-    q: Any, k_cache: Any, block_table: Any, backend: str, max_q_len: Optional[int] = None
+    q: Any,
+    k_cache: Any,
+    block_table: Any,
+    backend: str,
+    max_q_len: Optional[int] = None,
+    kv_layout: str = "HND",
 ) -> int: ...
 def write_cache(
     key: Any,
@@ -46,6 +52,7 @@ def write_cache(
     stream: int,
     checked: bool,
     bf16: Sequence[str],
+    kv_layout: str = "HND",
 ) -> None: ...
 def merge_states(
     parts: Any,
@@ -63,6 +70,7 @@ def copy_blocks(
     backend: str,
     stream: int,
     bf16: Sequence[str],
+    kv_layout: str = "HND",
 ) -> None: ...
 
 class BlockManager:

@@ -27,6 +27,7 @@
 #include "pagedattn/block_manager.hpp"
 #include "pagedattn/merge_states.hpp"
 #include "pagedattn/pagedattn.hpp"
+#include "pagedattn/validate.hpp"
 
 #if PAGEDATTN_PY_CUDA
 #include <cuda_runtime_api.h>
@@ -382,6 +383,112 @@ Backend pick_backend(const std::string& requested, const Device& device, const c
 }
 
 // ----------------------------------------------------------------------------------------------
+// Cache layouts
+
+// Which dimensions of a 4-D cache tensor hold the kv heads and the slots of a block: HND
+// [num_blocks, num_kv_heads, block_size, head_dim], the library's default, or NHD
+// [num_blocks, block_size, num_kv_heads, head_dim], FlashInfer's and vLLM's. Either way the
+// tensors' strides go to the library as kv_strides, so views (K and V as halves of one tensor, a
+// slice of a larger pool) are read and written in place.
+struct KvLayout {
+  bool nhd = false;
+
+  int heads_dim() const { return nhd ? 2 : 1; }  // the num_kv_heads dimension
+  int slots_dim() const { return nhd ? 1 : 2; }  // the block_size dimension
+  const char* dims() const {
+    return nhd ? "[num_blocks, block_size, num_kv_heads, head_dim] (kv_layout 'NHD')"
+               : "[num_blocks, num_kv_heads, block_size, head_dim] (kv_layout 'HND')";
+  }
+  // "num_kv_heads, k_cache.shape[1]" and the like, for shape errors of the other tensors.
+  std::string kv_heads_ref() const {
+    return "num_kv_heads, k_cache.shape[" + std::to_string(heads_dim()) + "]";
+  }
+};
+
+// "HND" or "NHD", in any case. The Python wrapper checks this first; the module checks again for
+// callers of the module itself.
+KvLayout parse_kv_layout(const std::string& s) {
+  std::string upper = s;
+  for (char& ch : upper) {
+    if (ch >= 'a' && ch <= 'z') ch = static_cast<char>(ch - 'a' + 'A');
+  }
+  if (upper == "HND") return KvLayout{false};
+  if (upper == "NHD") return KvLayout{true};
+  bad(ErrorCode::kInvalidArgument, "kv_layout", "", "'" + s + "'",
+      "expected 'HND' ([num_blocks, num_kv_heads, block_size, head_dim]) or 'NHD' "
+      "([num_blocks, block_size, num_kv_heads, head_dim])");
+}
+
+// The pool's sizes as the library takes them, read from a 4-D cache tensor in `layout`.
+struct PoolDims {
+  int num_blocks, num_kv_heads, block_size, head_dim;
+};
+
+PoolDims pool_dims(const Tensor& k, KvLayout layout) {
+  return {k.dim_int(0), k.dim_int(layout.heads_dim()), k.dim_int(layout.slots_dim()), k.dim_int(3)};
+}
+
+// kv_strides for a K/V cache pair of equal shapes, from the tensors' element strides. head_dim
+// must be contiguous, and K and V must step alike: the library takes one set of strides for
+// both. The stride of a dimension of size 1 is never used and PyTorch leaves it arbitrary, so it
+// is replaced by the dense layout's before anything is compared. A pair laid out as dense HND
+// gets the default strides, exactly what the library got before strided caches existed.
+pagedattn::CacheStrides cache_strides(const Tensor& k, const Tensor& v, KvLayout layout) {
+  // A pool with nothing in it is never read; its strides (NumPy 2 gives an empty array zero
+  // strides) say nothing.
+  if (k.numel() == 0) return {};
+  const PoolDims d = pool_dims(k, layout);
+  std::int64_t dense[4];
+  dense[3] = 1;
+  for (int i = 2; i >= 0; --i) dense[i] = dense[i + 1] * k.shape[i + 1];
+  auto effective = [&](const Tensor& t) {
+    std::vector<std::int64_t> s(4);
+    for (int i = 0; i < 4; ++i) s[i] = t.shape[i] == 1 ? dense[i] : t.strides[i];
+    return s;
+  };
+  for (const Tensor* t : {&k, &v}) {
+    if (t->shape[3] > 1 && t->strides[3] != 1) {
+      bad(ErrorCode::kInvalidArgument, t->name, ".strides", t->strides_str(),
+          "the last dimension (head_dim) must be contiguous (stride 1)");
+    }
+  }
+  const std::vector<std::int64_t> ks = effective(k), vs = effective(v);
+  if (vs != ks) {
+    bad(ErrorCode::kInvalidArgument, "v_cache", ".strides", v.strides_str(),
+        "must equal k_cache.strides " + k.strides_str() +
+            " (K and V share one layout; they may be two views into one tensor)");
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (ks[i] <= 0) {
+      bad(ErrorCode::kInvalidArgument, "k_cache", ".strides", k.strides_str(),
+          "dimension " + std::to_string(i) +
+              " must have a positive stride (no broadcast or reversed dimensions)");
+    }
+  }
+  pagedattn::CacheStrides s;
+  s.block = ks[0];
+  s.head = ks[layout.heads_dim()];
+  s.token = ks[layout.slots_dim()];
+  const pagedattn::CacheStrides hnd =
+      pagedattn::CacheStrides::hnd(d.num_kv_heads, d.block_size, d.head_dim);
+  if ((d.num_blocks == 1 || s.block == hnd.block) && (d.num_kv_heads == 1 || s.head == hnd.head) &&
+      (d.block_size == 1 || s.token == hnd.token)) {
+    return {};
+  }
+  // Overlapping rows (two slots at one address) are refused by the library, which would name its
+  // own field; here the error names the tensor the caller passed.
+  try {
+    pagedattn::require_cache_strides(s, d.num_blocks, d.num_kv_heads, d.block_size, d.head_dim);
+  } catch (const Error& e) {
+    std::string why = e.what();
+    const std::string prefix = "pagedattn: ";
+    if (why.compare(0, prefix.size(), prefix) == 0) why.erase(0, prefix.size());
+    bad(e.code(), "k_cache", ".strides", k.strides_str(), "not a valid cache layout (" + why + ")");
+  }
+  return s;
+}
+
+// ----------------------------------------------------------------------------------------------
 // decode
 
 struct DecodeCall {
@@ -392,10 +499,11 @@ struct DecodeCall {
 
 // Reads and checks the decode tensors (everything but `out`, `lse`, the workspace and the
 // optional per-head and per-sequence inputs). With multi-token queries (`query_tokens`) q has a
-// row per query token, so the batch comes from context_lens instead of q.
+// row per query token, so the batch comes from context_lens instead of q. The caches' dimensions
+// are read in `layout`.
 DecodeCall decode_inputs(nb::handle q_h, nb::handle k_h, nb::handle v_h, nb::handle table_h,
-                         nb::handle lens_h, const std::vector<std::string>& bf16,
-                         bool query_tokens) {
+                         nb::handle lens_h, const std::vector<std::string>& bf16, bool query_tokens,
+                         KvLayout layout) {
   DecodeCall c;
   Tensor q = input(q_h, "q", bf16);
   Tensor k = input(k_h, "k_cache", bf16);
@@ -405,8 +513,8 @@ DecodeCall decode_inputs(nb::handle q_h, nb::handle k_h, nb::handle v_h, nb::han
 
   q.require_ndim(
       3, query_tokens ? "[num_q_tokens, num_heads, head_dim]" : "[batch, num_heads, head_dim]");
-  k.require_ndim(4, "[num_blocks, num_kv_heads, block_size, head_dim]");
-  v.require_ndim(4, "[num_blocks, num_kv_heads, block_size, head_dim]");
+  k.require_ndim(4, layout.dims());
+  v.require_ndim(4, layout.dims());
   table.require_ndim(2, "[batch, max_blocks_per_seq]");
   lens.require_ndim(1, "[batch]");
 
@@ -436,8 +544,7 @@ DecodeCall decode_inputs(nb::handle q_h, nb::handle k_h, nb::handle v_h, nb::han
   }
 
   a.q_row_stride = q.sequence_stride();
-  k.require_contiguous();
-  v.require_contiguous();
+  a.kv_strides = cache_strides(k, v, layout);
   lens.require_contiguous();
   // An empty table's strides say nothing (NumPy 2 gives an empty array zero strides).
   if (table.numel() > 0 && table.shape[1] > 1 && table.strides[1] != 1) {
@@ -454,9 +561,10 @@ DecodeCall decode_inputs(nb::handle q_h, nb::handle k_h, nb::handle v_h, nb::han
   a.batch = lens.dim_int(0);
   a.num_heads = q.dim_int(1);
   a.head_dim = q.dim_int(2);
-  a.num_blocks = k.dim_int(0);
-  a.num_kv_heads = k.dim_int(1);
-  a.block_size = k.dim_int(2);
+  const PoolDims pool = pool_dims(k, layout);
+  a.num_blocks = pool.num_blocks;
+  a.num_kv_heads = pool.num_kv_heads;
+  a.block_size = pool.block_size;
   a.max_blocks_per_seq = table.dim_int(1);
   if (a.batch > 1 && table.shape[1] > 0) {
     if (table.strides[0] < table.shape[1] || table.strides[0] > INT_MAX) {
@@ -526,13 +634,14 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
             std::optional<double> scale, const std::string& backend, std::uintptr_t stream,
             nb::handle workspace_h, bool checked, const std::vector<std::string>& bf16,
             int window_left, double logits_soft_cap, nb::handle alibi_h, nb::handle sinks_h,
-            nb::handle q_indptr_h, std::optional<int> max_q_len) {
+            nb::handle q_indptr_h, std::optional<int> max_q_len, const std::string& kv_layout) {
   const bool query_tokens = !q_indptr_h.is_none();
   if (!query_tokens && max_q_len) {
     bad(ErrorCode::kInvalidArgument, "max_q_len", "", std::to_string(*max_q_len),
         "given without q_indptr (max_q_len bounds the query tokens of multi-token queries)");
   }
-  DecodeCall c = decode_inputs(q, k_cache, v_cache, block_table, context_lens, bf16, query_tokens);
+  DecodeCall c = decode_inputs(q, k_cache, v_cache, block_table, context_lens, bf16, query_tokens,
+                               parse_kv_layout(kv_layout));
   auto& a = c.args;
   const Tensor& qt = c.keep[0];
   const char* rows = query_tokens ? "num_q_tokens, q.shape[0]" : "batch, q.shape[0]";
@@ -637,14 +746,18 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
 
 // With max_q_len (multi-token queries) q is [num_q_tokens, num_heads, head_dim] and the batch is
 // the table's rows; the workspace is sized for at most max_q_len query tokens per sequence.
+// Only shapes count (the caches' strides change no sizes), so k_cache's dimensions are read in
+// `kv_layout` and its strides are not looked at.
 std::size_t workspace_size(nb::handle q, nb::handle k_cache, nb::handle block_table,
-                           const std::string& backend, std::optional<int> max_q_len) {
+                           const std::string& backend, std::optional<int> max_q_len,
+                           const std::string& kv_layout) {
+  const KvLayout layout = parse_kv_layout(kv_layout);
   Tensor qt = input(q, "q");
   Tensor k = input(k_cache, "k_cache");
   Tensor table = input(block_table, "block_table");
   qt.require_ndim(
       3, max_q_len ? "[num_q_tokens, num_heads, head_dim]" : "[batch, num_heads, head_dim]");
-  k.require_ndim(4, "[num_blocks, num_kv_heads, block_size, head_dim]");
+  k.require_ndim(4, layout.dims());
   table.require_ndim(2, "[batch, max_blocks_per_seq]");
   k.require_dim(3, qt.shape[2], "head_dim, q.shape[2]");
   if (!max_q_len) table.require_dim(0, qt.shape[0], "batch, q.shape[0]");
@@ -656,9 +769,10 @@ std::size_t workspace_size(nb::handle q, nb::handle k_cache, nb::handle block_ta
   a.batch = table.dim_int(0);
   a.num_heads = qt.dim_int(1);
   a.head_dim = qt.dim_int(2);
-  a.num_blocks = k.dim_int(0);
-  a.num_kv_heads = k.dim_int(1);
-  a.block_size = k.dim_int(2);
+  const PoolDims pool = pool_dims(k, layout);
+  a.num_blocks = pool.num_blocks;
+  a.num_kv_heads = pool.num_kv_heads;
+  a.block_size = pool.block_size;
   a.max_blocks_per_seq = table.dim_int(1);
   // Only shapes matter for the size; the pointers just have to be non-null.
   static const std::int32_t dummy[4] = {};
@@ -679,14 +793,17 @@ std::size_t workspace_size(nb::handle q, nb::handle k_cache, nb::handle block_ta
 struct Cache {
   Tensor k, v;
   DType dtype = DType::kF32;
+  PoolDims dims{};
+  pagedattn::CacheStrides strides;
 };
 
-Cache cache_pair(nb::handle k_h, nb::handle v_h, const std::vector<std::string>& bf16) {
+Cache cache_pair(nb::handle k_h, nb::handle v_h, const std::vector<std::string>& bf16,
+                 KvLayout layout) {
   Cache c;
   c.k = output(k_h, "k_cache", bf16);
   c.v = output(v_h, "v_cache", bf16);
-  c.k.require_ndim(4, "[num_blocks, num_kv_heads, block_size, head_dim]");
-  c.v.require_ndim(4, "[num_blocks, num_kv_heads, block_size, head_dim]");
+  c.k.require_ndim(4, layout.dims());
+  c.v.require_ndim(4, layout.dims());
   c.dtype = c.k.float_dtype();
   if (c.v.float_dtype() != c.dtype) {
     bad(ErrorCode::kInvalidArgument, "v_cache", ".dtype", dtype_str(c.v.dt),
@@ -698,19 +815,20 @@ Cache cache_pair(nb::handle k_h, nb::handle v_h, const std::vector<std::string>&
           "must equal k_cache.shape " + c.k.shape_str());
     }
   }
-  c.k.require_contiguous();
-  c.v.require_contiguous();
+  c.strides = cache_strides(c.k, c.v, layout);
   c.v.require_device(c.k.device, "k_cache");
+  c.dims = pool_dims(c.k, layout);
   return c;
 }
 
 void write_cache(nb::handle key_h, nb::handle value_h, nb::handle slots_h, nb::handle k_cache,
                  nb::handle v_cache, const std::string& backend, std::uintptr_t stream,
-                 bool checked, const std::vector<std::string>& bf16) {
+                 bool checked, const std::vector<std::string>& bf16, const std::string& kv_layout) {
+  const KvLayout layout = parse_kv_layout(kv_layout);
   Tensor key = input(key_h, "key", bf16);
   Tensor value = input(value_h, "value", bf16);
   Tensor slots = input(slots_h, "slot_mapping");
-  Cache c = cache_pair(k_cache, v_cache, bf16);
+  Cache c = cache_pair(k_cache, v_cache, bf16, layout);
 
   key.require_ndim(3, "[num_tokens, num_kv_heads, head_dim]");
   value.require_ndim(3, "[num_tokens, num_kv_heads, head_dim]");
@@ -721,7 +839,7 @@ void write_cache(nb::handle key_h, nb::handle value_h, nb::handle slots_h, nb::h
         "must equal key.dtype (" + dtype_str(key.dt) + ")");
   }
   slots.require_int32();
-  key.require_dim(1, c.k.shape[1], "num_kv_heads, k_cache.shape[1]");
+  key.require_dim(1, c.k.shape[layout.heads_dim()], layout.kv_heads_ref());
   key.require_dim(2, c.k.shape[3], "head_dim, k_cache.shape[3]");
   for (int i = 0; i < 3; ++i) {
     if (value.shape[i] != key.shape[i]) {
@@ -758,10 +876,11 @@ void write_cache(nb::handle key_h, nb::handle value_h, nb::handle slots_h, nb::h
 
   pagedattn::CacheWriteArgs a;
   a.num_tokens = key.dim_int(0);
-  a.num_kv_heads = c.k.dim_int(1);
-  a.head_dim = c.k.dim_int(3);
-  a.block_size = c.k.dim_int(2);
-  a.num_blocks = c.k.dim_int(0);
+  a.num_kv_heads = c.dims.num_kv_heads;
+  a.head_dim = c.dims.head_dim;
+  a.block_size = c.dims.block_size;
+  a.num_blocks = c.dims.num_blocks;
+  a.kv_strides = c.strides;
   a.key = key.data;
   a.value = value.data;
   a.src_dtype = src;
@@ -839,18 +958,19 @@ std::vector<pagedattn::BlockCopy> read_pairs(nb::handle h) {
 
 void copy_blocks(nb::handle k_cache, nb::handle v_cache, nb::handle pairs_h,
                  const std::string& backend, std::uintptr_t stream,
-                 const std::vector<std::string>& bf16) {
-  Cache c = cache_pair(k_cache, v_cache, bf16);
+                 const std::vector<std::string>& bf16, const std::string& kv_layout) {
+  Cache c = cache_pair(k_cache, v_cache, bf16, parse_kv_layout(kv_layout));
   std::vector<pagedattn::BlockCopy> pairs = read_pairs(pairs_h);
   if (pairs.size() > static_cast<std::size_t>(INT_MAX)) {
     bad(ErrorCode::kInvalidArgument, "pairs", ".length", std::to_string(pairs.size()),
         "too many pairs");
   }
   pagedattn::CopyBlocksArgs a;
-  a.num_kv_heads = c.k.dim_int(1);
-  a.head_dim = c.k.dim_int(3);
-  a.block_size = c.k.dim_int(2);
-  a.num_blocks = c.k.dim_int(0);
+  a.num_kv_heads = c.dims.num_kv_heads;
+  a.head_dim = c.dims.head_dim;
+  a.block_size = c.dims.block_size;
+  a.num_blocks = c.dims.num_blocks;
+  a.kv_strides = c.strides;
   a.k_cache = c.k.data;
   a.v_cache = c.v.data;
   a.cache_dtype = c.dtype;
@@ -973,13 +1093,13 @@ NB_MODULE(_ext, m) {
         "out"_a, "lse"_a.none(), "scale"_a.none(), "backend"_a, "stream"_a, "workspace"_a.none(),
         "checked"_a, "bf16"_a, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
         "alibi_slopes"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),
-        "q_indptr"_a.none() = nb::none(), "max_q_len"_a.none() = nb::none());
+        "q_indptr"_a.none() = nb::none(), "max_q_len"_a.none() = nb::none(), "kv_layout"_a = "HND");
   m.def("workspace_size", &workspace_size, "q"_a, "k_cache"_a, "block_table"_a, "backend"_a,
-        "max_q_len"_a.none() = nb::none());
+        "max_q_len"_a.none() = nb::none(), "kv_layout"_a = "HND");
   m.def("write_cache", &write_cache, "key"_a, "value"_a, "slot_mapping"_a, "k_cache"_a, "v_cache"_a,
-        "backend"_a, "stream"_a, "checked"_a, "bf16"_a);
+        "backend"_a, "stream"_a, "checked"_a, "bf16"_a, "kv_layout"_a = "HND");
   m.def("copy_blocks", &copy_blocks, "k_cache"_a, "v_cache"_a, "pairs"_a, "backend"_a, "stream"_a,
-        "bf16"_a);
+        "bf16"_a, "kv_layout"_a = "HND");
   m.def("merge_states", &merge_states, "parts"_a, "part_lse"_a, "out"_a, "lse"_a.none(),
         "backend"_a, "stream"_a, "bf16"_a);
 
