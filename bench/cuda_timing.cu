@@ -21,6 +21,7 @@
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/cuda_check.hpp"
 #include "pagedattn/testing/device_memory.hpp"
+#include "pagedattn/testing/kv_layouts.hpp"
 #include "pagedattn/testing/tables.hpp"
 
 namespace pagedattn::bench {
@@ -75,11 +76,23 @@ void fill(void* p, DType t, std::size_t n, std::uint64_t seed) {
   check_cuda(cudaGetLastError(), "fill_normal");
 }
 
-// One input set: its own cache pool, table (a random permutation when fragmented), q, out.
+// One input set: its own cache pool, table (a random permutation when fragmented), q, out. In a
+// layout that keeps K and V in one buffer, k holds both and v is empty.
 struct InputSet {
   DeviceBuffer q, k, v, table, lens, out, lse, q_indptr;
   DecodeArgs args;
 };
+
+// Points a's caches at k and v (v unused where the layout shares one buffer) with the layout's
+// strides, a.k_dtype set; the default HND keeps kv_strides 0, as every caller without a layout.
+void apply_layout(testing::KvLayout layout, const testing::KvGeometry& g, const void* k,
+                  const void* v, DecodeArgs& a) {
+  testing::KvStorage view;
+  view.layout = layout;
+  view.geometry = g;
+  view.apply(a, k, v);
+  if (layout == testing::KvLayout::kHnd) a.kv_strides = CacheStrides{};
+}
 
 }  // namespace
 
@@ -133,10 +146,13 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     used_blocks += blocks_for(host_lens[b], BS);
   }
   const int num_blocks = used_blocks + 7;
-  const CacheLayout layout = CacheLayout::dense(num_blocks, KV, BS, D);
-  const std::size_t cache_elems = static_cast<std::size_t>(layout.elements());
+  // Elements of one cache buffer in the layout: K's and V's each, or the one both share (for
+  // the gapless layouts pagedattn-bench offers, a set holds just the dense K and V bytes).
+  const testing::KvGeometry geometry = testing::kv_geometry(options.layout, num_blocks, KV, BS, D);
+  const std::size_t cache_elems = static_cast<std::size_t>(geometry.elements);
+  const int kv_buffers = geometry.shared ? 1 : 2;
   const std::size_t esz = dtype_size(dtype);
-  const double kv_set_bytes = 2.0 * cache_elems * esz;
+  const double kv_set_bytes = static_cast<double>(kv_buffers) * cache_elems * esz;
   // Enough sets that the rotation spans at least 4x a 60 MB L2 (the H200's), at most 16 sets
   // and at most half the free memory.
   std::size_t free_b = 0, total_b = 0;
@@ -168,7 +184,7 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     tables.push_back(host_table);
     InputSet set{DeviceBuffer(qo * esz),
                  DeviceBuffer(cache_elems * esz),
-                 DeviceBuffer(cache_elems * esz),
+                 geometry.shared ? DeviceBuffer() : DeviceBuffer(cache_elems * esz),
                  DeviceBuffer(host_table.size() * 4),
                  DeviceBuffer(B * 4),
                  DeviceBuffer(qo * esz),
@@ -177,7 +193,7 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
                  {}};
     fill(set.q.get(), dtype, qo, 3 * i + 1);
     fill(set.k.get(), dtype, cache_elems, 3 * i + 2);
-    fill(set.v.get(), dtype, cache_elems, 3 * i + 3);
+    if (!geometry.shared) fill(set.v.get(), dtype, cache_elems, 3 * i + 3);
     check_cuda(cudaMemcpy(set.table.get(), host_table.data(), host_table.size() * 4,
                           cudaMemcpyHostToDevice),
                "cudaMemcpy(table)");
@@ -192,9 +208,8 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     a.num_blocks = num_blocks;
     a.max_blocks_per_seq = max_blocks;
     a.q = set.q.get();
-    a.k_cache = set.k.get();
-    a.v_cache = set.v.get();
     a.q_dtype = a.k_dtype = a.v_dtype = a.out_dtype = dtype;
+    apply_layout(options.layout, geometry, set.k.get(), set.v.get(), a);
     a.block_table = static_cast<const std::int32_t*>(set.table.get());
     a.context_lens = static_cast<const std::int32_t*>(set.lens.get());
     a.out = set.out.get();
@@ -222,11 +237,13 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
   // when the cache fits comfortably in host memory; NaN otherwise.
   double rel_err = std::nan("");
   if (kv_set_bytes <= 3e9) {
-    std::vector<std::uint8_t> hq(qo * esz), hk(cache_elems * esz), hv(cache_elems * esz),
-        hout(qo * esz);
+    std::vector<std::uint8_t> hq(qo * esz), hk(cache_elems * esz),
+        hv(geometry.shared ? 0 : cache_elems * esz), hout(qo * esz);
     check_cuda(cudaMemcpy(hq.data(), in[0].q.get(), hq.size(), cudaMemcpyDeviceToHost), "copy q");
     check_cuda(cudaMemcpy(hk.data(), in[0].k.get(), hk.size(), cudaMemcpyDeviceToHost), "copy k");
-    check_cuda(cudaMemcpy(hv.data(), in[0].v.get(), hv.size(), cudaMemcpyDeviceToHost), "copy v");
+    if (!hv.empty()) {
+      check_cuda(cudaMemcpy(hv.data(), in[0].v.get(), hv.size(), cudaMemcpyDeviceToHost), "copy v");
+    }
     check_cuda(cudaMemcpy(hout.data(), in[0].out.get(), hout.size(), cudaMemcpyDeviceToHost),
                "copy out");
     // The reference attends each query token over its own context, so with q_len query tokens
@@ -249,8 +266,7 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     DecodeArgs h = in[0].args;
     h.batch = sub;
     h.q = hq.data() + row0 * H * D * esz;
-    h.k_cache = hk.data();
-    h.v_cache = hv.data();
+    apply_layout(options.layout, geometry, hk.data(), hv.data(), h);
     h.block_table = tables[0].data();
     h.context_lens = host_lens.data();
     h.out = nullptr;

@@ -6,6 +6,7 @@
 
 #include "bench_variants.hpp"
 #include "pagedattn/pagedattn.hpp"
+#include "pagedattn/testing/kv_layouts.hpp"
 
 namespace pagedattn::bench {
 
@@ -30,6 +31,8 @@ struct CudaTimingOptions {
   bool contiguous = false;  // block tables in order instead of a random permutation
   int min_iterations = 50;
   Variants variants;  // applied to every step (their slopes and sinks copied to the device)
+  // Where K and V live (kv_strides); kHnd is the default dense layout, kv_strides left 0.
+  testing::KvLayout layout = testing::KvLayout::kHnd;
 };
 
 struct Timing {

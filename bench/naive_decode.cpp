@@ -15,7 +15,7 @@ template <class T>
 void naive_rows(const DecodeArgs& a, int threads) {
   const int H = a.num_heads, D = a.head_dim, BS = a.block_size, G = a.group_size();
   const float scale = a.effective_scale();
-  const CacheLayout layout = CacheLayout::dense(a.num_blocks, a.num_kv_heads, BS, D);
+  const CacheLayout layout = a.cache_layout();  // kv_strides, or the dense layout
   const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
   const T* k_cache = static_cast<const T*>(a.k_cache);
   const T* v_cache = static_cast<const T*>(a.v_cache);

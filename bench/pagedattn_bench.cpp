@@ -5,7 +5,7 @@
 //                   [--shape B,H,KV,D,CTX[,BS]]... [--threads N] [--csv] [--contiguous]
 //                   [--iters N] [--min-time S] [--bw-mib N] [--no-naive] [--plain]
 //                   [--long-first TOKENS] [--window N] [--soft-cap X] [--alibi] [--sinks]
-//                   [--q-len N]
+//                   [--q-len N] [--layout hnd|nhd|combined_nhd]
 //
 // Every flag is parsed strictly (cli/args.hpp) and every shape checked before anything is
 // measured; a bad one is a message naming the flag and the value, and exit status 2.
@@ -22,6 +22,11 @@
 // DecodeArgs::q_indptr), so q and out have batch * N rows. GB/s still counts each sequence's
 // attended K/V once, as the least a step must read for all of its query tokens together: a
 // backend that reads it once per query token shows that as a lower GB/s.
+//
+// --layout puts K and V where a serving engine keeps them (DecodeArgs::kv_strides): hnd, the
+// default dense [blocks][kv heads][block_size][head_dim] tensors; nhd, [blocks][block_size]
+// [kv heads][head_dim]; combined_nhd, one tensor holding each block's K then its V. The bytes a
+// step must read are the same K and V bytes in every layout, and so is GB/s's numerator.
 #include <omp.h>
 #include <unistd.h>
 
@@ -43,6 +48,7 @@
 #include "cuda_timing.hpp"
 #include "naive_decode.hpp"
 #include "pagedattn/reference.hpp"
+#include "pagedattn/testing/kv_layouts.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/validate.hpp"
 #include "pagedattn/variants.hpp"
@@ -78,6 +84,8 @@ struct Options {
   double min_time = 0.5;     // seconds of timed runs at least
   double max_time = 10.0;    // stop after this many seconds (at least 3 runs)
   std::size_t bw_mib = 2048;
+  // --layout: where K and V live (kHnd: the default dense layout, kv_strides 0)
+  testing::KvLayout layout = testing::KvLayout::kHnd;
 };
 
 constexpr int kMaxTokens = 1 << 30;  // a context, a batch, a head count
@@ -125,6 +133,12 @@ void print_help(const char* prog) {
       "                     the tokens up to it (q_indptr); q and out have B * N rows. GB/s and\n"
       "                     %%readBW count each sequence's attended K/V once, from its earliest\n"
       "                     query's first attended token on (the CSV's q_len column)\n"
+      "cache layout:\n"
+      "  --layout L         where K and V live (kv_strides; the CSV's layout column):\n"
+      "                     hnd, two tensors [blocks][kv heads][block][head_dim] (default);\n"
+      "                     nhd, two tensors [blocks][block][kv heads][head_dim];\n"
+      "                     combined_nhd, one tensor [blocks][2][block][kv heads][head_dim],\n"
+      "                     each block's K then its V. GB/s counts the same K/V bytes in all\n"
       "  --help, -h         this text\n",
       prog, kMaxGroupSize, kMaxBlockSize, kMaxThreads, kMaxIters, kMaxSeconds, kMaxBwMib,
       kMaxTokens, kMaxTokens, kMaxSoftCap, kMaxQLen);
@@ -256,6 +270,11 @@ Options parse(int argc, char** argv) {
       o.variants.sinks = true;
     } else if (args.is("--q-len")) {
       o.q_len = static_cast<int>(args.integer(1, kMaxQLen));
+    } else if (args.is("--layout")) {
+      o.layout =
+          args.choice<testing::KvLayout>({{"hnd", testing::KvLayout::kHnd},
+                                          {"nhd", testing::KvLayout::kNhd},
+                                          {"combined_nhd", testing::KvLayout::kCombinedNhd}});
     } else {
       args.unknown();
     }
@@ -392,15 +411,15 @@ void print_row(const Options& o, DType dtype, const Row& r) {
   const Shape& s = r.shape;
   const bench::Variants& v = o.variants;
   if (o.csv) {
-    std::printf("%s,%s,%d,%d,%d,%d,%d,%d,%.4f,%.2f,%.1f,%.3g,%d,%g,%d,%d,%d\n", r.backend.c_str(),
-                dtype_name(dtype), s.batch, s.heads, s.kv_heads, s.head_dim, s.context,
-                s.block_size, r.ms, r.gbps, r.pct, r.rel_err, v.window_left, v.soft_cap,
-                v.alibi ? 1 : 0, v.sinks ? 1 : 0, s.q_len);
-  } else {
-    std::printf("%-6s %-5s %4d %4d %4d %4d %7d %4d %5d %10.3f %8.2f %7.1f%% %10.3g  %s\n",
+    std::printf("%s,%s,%d,%d,%d,%d,%d,%d,%.4f,%.2f,%.1f,%.3g,%d,%g,%d,%d,%d,%s\n",
                 r.backend.c_str(), dtype_name(dtype), s.batch, s.heads, s.kv_heads, s.head_dim,
-                s.context, s.block_size, s.q_len, r.ms, r.gbps, r.pct, r.rel_err,
-                variants_text(v).c_str());
+                s.context, s.block_size, r.ms, r.gbps, r.pct, r.rel_err, v.window_left, v.soft_cap,
+                v.alibi ? 1 : 0, v.sinks ? 1 : 0, s.q_len, testing::kv_layout_name(o.layout));
+  } else {
+    std::printf("%-6s %-5s %4d %4d %4d %4d %7d %4d %5d %-12s %10.3f %8.2f %7.1f%% %10.3g  %s\n",
+                r.backend.c_str(), dtype_name(dtype), s.batch, s.heads, s.kv_heads, s.head_dim,
+                s.context, s.block_size, s.q_len, testing::kv_layout_name(o.layout), r.ms, r.gbps,
+                r.pct, r.rel_err, variants_text(v).c_str());
   }
   std::fflush(stdout);
 }
@@ -408,17 +427,21 @@ void print_row(const Options& o, DType dtype, const Row& r) {
 // A case of `shape` plus extra copies of its cache, so consecutive steps read different memory,
 // and the attention variants every step applies. With q_len > 1 every sequence has q_len query
 // tokens: q, out and lse have a row per token (q_rows, out_rows, lse_rows replace the base
-// case's).
+// case's). In a layout other than hnd every copy of the cache is the base case's K and V in that
+// layout (laid), and base's dense K and V are dropped.
 struct RotatingCase {
   testing::HostCase base;
   std::vector<std::vector<std::uint8_t>> k_copies, v_copies;
+  std::vector<testing::KvStorage> laid;
   bench::Variants variants;
   bench::VariantValues values;
   int q_len = 1;
   std::vector<std::int32_t> q_indptr;
   std::vector<std::uint8_t> q_rows, out_rows;
   std::vector<float> lse_rows;
-  int copies() const { return 1 + static_cast<int>(k_copies.size()); }
+  int copies() const {
+    return laid.empty() ? 1 + static_cast<int>(k_copies.size()) : static_cast<int>(laid.size());
+  }
   DecodeArgs args(int i) {
     DecodeArgs a = base.args();
     bench::apply_variants(variants, values.slopes.data(), values.sinks.data(), a);
@@ -429,7 +452,10 @@ struct RotatingCase {
       a.lse = lse_rows.data();
     }
     const int c = i % copies();
-    if (c > 0) {
+    if (!laid.empty()) {
+      const testing::KvStorage& kv = laid[static_cast<std::size_t>(c)];
+      kv.apply(a, kv.k.data(), kv.v.data());
+    } else if (c > 0) {
       a.k_cache = k_copies[c - 1].data();
       a.v_cache = v_copies[c - 1].data();
     }
@@ -449,7 +475,7 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s) {
   spec.q_dtype = spec.kv_dtype = spec.out_dtype = dtype;
   spec.fragmented = !o.contiguous;
   spec.seed = 20261129u + static_cast<std::uint64_t>(s.batch) * 131 + s.context;
-  RotatingCase rc{testing::make_case(spec), {}, {}, o.variants, {o.variants, s.heads}};
+  RotatingCase rc{testing::make_case(spec), {}, {}, {}, o.variants, {o.variants, s.heads}};
   if (s.q_len > 1) {
     // The query rows, drawn like the case's own q (normal, unit variance).
     rc.q_len = s.q_len;
@@ -464,12 +490,23 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s) {
       store_from_float(rc.q_rows.data(), dtype, i, normal(rng));
     }
   }
-  const double cache_bytes = static_cast<double>(rc.base.k.size() + rc.base.v.size());
+  if (o.layout != testing::KvLayout::kHnd) {
+    rc.laid.push_back(testing::store_kv(rc.base, o.layout));
+    std::vector<std::uint8_t>().swap(rc.base.k);
+    std::vector<std::uint8_t>().swap(rc.base.v);
+  }
+  const double cache_bytes = rc.laid.empty()
+                                 ? static_cast<double>(rc.base.k.size() + rc.base.v.size())
+                                 : static_cast<double>(rc.laid[0].k.size() + rc.laid[0].v.size());
   const double want = 4.0 * static_cast<double>(bench::last_level_cache_bytes());
   const int copies = std::min(64, static_cast<int>(std::ceil(want / std::max(cache_bytes, 1.0))));
   for (int c = 1; c < copies; ++c) {
-    rc.k_copies.push_back(rc.base.k);
-    rc.v_copies.push_back(rc.base.v);
+    if (!rc.laid.empty()) {
+      rc.laid.push_back(rc.laid[0]);
+    } else {
+      rc.k_copies.push_back(rc.base.k);
+      rc.v_copies.push_back(rc.base.v);
+    }
   }
   return rc;
 }
@@ -494,11 +531,11 @@ int run(int argc, char** argv) {
   if (o.csv) {
     std::printf(
         "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,"
-        "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len\n");
+        "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len,layout\n");
   } else {
-    std::printf("%-6s %-5s %4s %4s %4s %4s %7s %4s %5s %10s %8s %8s %10s  %s\n", "impl", "dtype",
-                "B", "H", "KV", "D", "ctx", "BS", "q_len", "ms", "GB/s", "%readBW", "rel_err",
-                "variants");
+    std::printf("%-6s %-5s %4s %4s %4s %4s %7s %4s %5s %-12s %10s %8s %8s %10s  %s\n", "impl",
+                "dtype", "B", "H", "KV", "D", "ctx", "BS", "q_len", "layout", "ms", "GB/s",
+                "%readBW", "rel_err", "variants");
   }
   bool accurate = true;
   for (DType dtype : o.dtypes) {
@@ -515,6 +552,7 @@ int run(int argc, char** argv) {
         co.graph = !o.plain;
         co.min_iterations = std::max(o.iters, 50);
         co.variants = o.variants;
+        co.layout = o.layout;
         const bench::Timing t = bench::cuda_time_shape(s, dtype, co);
         const Row r = row_for("cuda", t.ms, t.rel_err);
         accurate = accurate && !(r.rel_err > tol);

@@ -1,32 +1,55 @@
 # Runs pagedattn-bench on tiny shapes and checks the CSV it prints (format and accuracy only).
+cmake_minimum_required(VERSION 3.25)  # the project's policies (script mode sets none)
 set(header_want "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,")
-string(APPEND header_want "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len")
+string(APPEND header_want "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len,layout")
 set(num "[0-9.eE+-]+")
-foreach(dtype f32 bf16)
-  execute_process(
-    COMMAND ${BENCH} --csv --dtype ${dtype} --threads 2 --iters 2 --min-time 0 --bw-mib 64
-            --shape 2,8,2,64,100,16 --shape 1,4,4,128,37,8
-    OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+# Every run's common flags: the CSV, two threads, two timed runs, a short bandwidth pass.
+set(quick --csv --threads 2 --iters 2 --min-time 0 --bw-mib 64)
+
+# run_bench(<what> <flag>...): runs pagedattn-bench with the quick flags and these, and fails
+# unless it exits 0 (the exit status carries the accuracy against the f64 reference) and prints
+# the CSV header. Sets `rows` (the CSV rows after the header) and `err` (stderr) in the caller.
+function(run_bench what)
+  execute_process(COMMAND ${BENCH} ${quick} ${ARGN}
+                  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
   if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "pagedattn-bench --dtype ${dtype} exited with ${rc}:\n${out}\n${err}")
+    message(FATAL_ERROR "pagedattn-bench ${what} exited with ${rc}:\n${out}\n${err}")
   endif()
   string(REPLACE "\n" ";" lines "${out}")
   list(FILTER lines EXCLUDE REGEX "^$")
-  list(GET lines 0 header)
+  list(POP_FRONT lines header)
   if(NOT header STREQUAL "${header_want}")
-    message(FATAL_ERROR "unexpected CSV header: '${header}'")
+    message(FATAL_ERROR "unexpected CSV header with ${what}: '${header}'")
   endif()
-  list(LENGTH lines n)
-  if(NOT n EQUAL 5)  # header + (cpu, naive) x 2 shapes
-    message(FATAL_ERROR "expected 4 CSV rows, got:\n${out}")
+  set(rows "${lines}" PARENT_SCOPE)
+  set(err "${err}" PARENT_SCOPE)
+endfunction()
+
+# check_rows(<what> <count> <regex>): `rows` holds <count> rows (0: any number, the first
+# checked alone), each matching <regex>.
+function(check_rows what count regex)
+  list(LENGTH rows n)
+  if(count EQUAL 0)
+    list(GET rows 0 first)
+    set(checked "${first}")
+  elseif(NOT n EQUAL count)
+    message(FATAL_ERROR "expected ${count} CSV rows with ${what}, got ${n}:\n${rows}")
+  else()
+    set(checked "${rows}")
   endif()
-  foreach(i RANGE 1 4)
-    list(GET lines ${i} row)
-    if(NOT row MATCHES
-       "^(cpu|naive),${dtype},[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,${num},${num},${num},${num},-1,0,0,0,1$")
-      message(FATAL_ERROR "malformed CSV row: '${row}'")
+  foreach(row IN LISTS checked)
+    if(NOT row MATCHES "${regex}")
+      message(FATAL_ERROR "malformed CSV row with ${what}: '${row}'")
     endif()
   endforeach()
+endfunction()
+
+set(plain_tail "-1,0,0,0,1")  # window, soft_cap, alibi, sinks, q_len of a plain run
+foreach(dtype f32 bf16)
+  run_bench("--dtype ${dtype}" --dtype ${dtype} --shape 2,8,2,64,100,16 --shape 1,4,4,128,37,8)
+  # (cpu, naive) x 2 shapes
+  check_rows("--dtype ${dtype}" 4
+             "^(cpu|naive),${dtype},[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,${num},${num},${num},${num},${plain_tail},hnd$")
   if(NOT err MATCHES "read bandwidth: ${num} GB/s")
     message(FATAL_ERROR "no read bandwidth line in:\n${err}")
   endif()
@@ -34,48 +57,17 @@ endforeach()
 
 # A skewed batch (--long-first): sequence 0 holds 700 tokens, the others 40. The exit status
 # carries the CPU backend's accuracy against the f64 reference on it.
-execute_process(
-  COMMAND ${BENCH} --csv --dtype bf16 --threads 2 --iters 2 --min-time 0 --bw-mib 64
-          --shape 4,8,2,64,40,16 --long-first 700
-  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "pagedattn-bench --long-first exited with ${rc}:\n${out}\n${err}")
-endif()
-string(REPLACE "\n" ";" lines "${out}")
-list(FILTER lines EXCLUDE REGEX "^$")
-list(LENGTH lines n)
-if(NOT n EQUAL 3)  # header + cpu + naive
-  message(FATAL_ERROR "expected 2 CSV rows for --long-first, got:\n${out}")
-endif()
-foreach(i RANGE 1 2)
-  list(GET lines ${i} row)
-  if(NOT row MATCHES "^(cpu|naive),bf16,4,8,2,64,40,16,")
-    message(FATAL_ERROR "malformed --long-first row: '${row}'")
-  endif()
-endforeach()
+run_bench("--long-first" --dtype bf16 --shape 4,8,2,64,40,16 --long-first 700)
+check_rows("--long-first" 2 "^(cpu|naive),bf16,4,8,2,64,40,16,")  # cpu + naive
 
 # Every attention variant at once, on the CPU backend and the naive baseline: the exit status
 # carries both against the f64 reference (the naive one fatal only as --backend naive, so it runs
 # on its own too), and the variant columns say what was on.
 foreach(backend cpu naive)
-  execute_process(
-    COMMAND ${BENCH} --csv --backend ${backend} --dtype bf16 --threads 2 --iters 2 --min-time 0
-            --bw-mib 64 --shape 3,8,2,64,100,16 --window 37 --soft-cap 2.5 --alibi --sinks
-    OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "pagedattn-bench --backend ${backend} with every variant exited with "
-                        "${rc}:\n${out}\n${err}")
-  endif()
-  string(REPLACE "\n" ";" lines "${out}")
-  list(FILTER lines EXCLUDE REGEX "^$")
-  list(GET lines 0 header)
-  if(NOT header STREQUAL "${header_want}")
-    message(FATAL_ERROR "unexpected CSV header with the variants: '${header}'")
-  endif()
-  list(GET lines 1 row)
-  if(NOT row MATCHES "^${backend},bf16,3,8,2,64,100,16,${num},${num},${num},${num},37,2.5,1,1,1$")
-    message(FATAL_ERROR "malformed row with the variants: '${row}'")
-  endif()
+  run_bench("--backend ${backend} and every variant" --backend ${backend} --dtype bf16
+            --shape 3,8,2,64,100,16 --window 37 --soft-cap 2.5 --alibi --sinks)
+  check_rows("--backend ${backend} and every variant" 0
+             "^${backend},bf16,3,8,2,64,100,16,${num},${num},${num},${num},37,2.5,1,1,1,hnd$")
 endforeach()
 
 # Multi-token queries (--q-len): 4 query tokens per sequence, on the CPU backend and the naive
@@ -85,23 +77,34 @@ endforeach()
 foreach(backend cpu naive)
   foreach(extra "" "--window 9 --sinks" "--long-first 2")
     separate_arguments(extra_args UNIX_COMMAND "${extra}")
-    execute_process(
-      COMMAND ${BENCH} --csv --backend ${backend} --dtype bf16 --threads 2 --iters 2 --min-time 0
-              --bw-mib 64 --shape 3,8,2,64,100,16 --q-len 4 ${extra_args}
-      OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
-    if(NOT rc EQUAL 0)
-      message(FATAL_ERROR "pagedattn-bench --backend ${backend} --q-len 4 ${extra} exited with "
-                          "${rc}:\n${out}\n${err}")
-    endif()
-    string(REPLACE "\n" ";" lines "${out}")
-    list(FILTER lines EXCLUDE REGEX "^$")
-    list(GET lines 0 header)
-    if(NOT header STREQUAL "${header_want}")
-      message(FATAL_ERROR "unexpected CSV header with --q-len: '${header}'")
-    endif()
-    list(GET lines 1 row)
-    if(NOT row MATCHES "^${backend},bf16,3,8,2,64,100,16,${num},${num},${num},${num},-?[0-9]+,0,0,[01],4$")
-      message(FATAL_ERROR "malformed row with --q-len 4 ${extra}: '${row}'")
-    endif()
+    run_bench("--backend ${backend} --q-len 4 ${extra}" --backend ${backend} --dtype bf16
+              --shape 3,8,2,64,100,16 --q-len 4 ${extra_args})
+    check_rows("--backend ${backend} --q-len 4 ${extra}" 0
+               "^${backend},bf16,3,8,2,64,100,16,${num},${num},${num},${num},-?[0-9]+,0,0,[01],4,hnd$")
   endforeach()
 endforeach()
+
+# The caches in the NHD layout and in one combined tensor (--layout): both backends read them
+# through kv_strides, the exit status carries each against the f64 reference (the naive one run
+# on its own for that), and the layout column names the layout. Once with multi-token queries
+# and a window too.
+foreach(layout nhd combined_nhd)
+  foreach(backend cpu naive)
+    run_bench("--backend ${backend} --layout ${layout}" --backend ${backend} --dtype bf16
+              --shape 2,8,2,64,100,16 --shape 1,4,4,128,37,8 --layout ${layout})
+    check_rows("--backend ${backend} --layout ${layout}" 0
+               "^${backend},bf16,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,${num},${num},${num},${num},${plain_tail},${layout}$")
+  endforeach()
+endforeach()
+run_bench("--layout nhd --q-len 3 --window 20" --dtype f16 --shape 3,8,2,64,100,16 --layout nhd
+          --q-len 3 --window 20)
+check_rows("--layout nhd --q-len 3 --window 20" 2
+           "^(cpu|naive),f16,3,8,2,64,100,16,${num},${num},${num},${num},20,0,0,0,3,nhd$")
+
+# A layout the benchmark does not offer is refused before anything is measured, naming --layout.
+execute_process(COMMAND ${BENCH} ${quick} --shape 1,4,4,64,16 --layout padded_hnd
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "--layout = 'padded_hnd'")
+  message(FATAL_ERROR "--layout padded_hnd: exit status ${rc}, expected 2 and a message naming "
+                      "the flag:\n${err}")
+endif()

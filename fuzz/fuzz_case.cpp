@@ -69,7 +69,8 @@ const char* const kMalformationNames[] = {"none",
                                           "q-len-over-max",
                                           "q-indptr-end",
                                           "max-q-len",
-                                          "q-tokens-without-indptr"};
+                                          "q-tokens-without-indptr",
+                                          "kv-strides"};
 static_assert(sizeof(kMalformationNames) / sizeof(kMalformationNames[0]) ==
               static_cast<std::size_t>(Malformation::kCount));
 
@@ -307,6 +308,94 @@ void draw_row_strides(FuzzCase& c, Rng& r, const DrawOptions& options) {
   if (which != 0) c.out_row_stride = r.chance(0.2) ? 2 * row : row + gap(2);
 }
 
+// The cache layout: half the cases keep the default dense HND one (kv_strides 0), the others
+// take one of the layouts serving engines use (testing::KvLayout), K and V copied there with NaN
+// in every gap. Half the padded ones (a third when the CUDA backend runs too, so that most reach
+// its kernels) widen every row's gap by kv_pad elements, which may leave the strides off the
+// 16-byte multiples the CUDA backend needs.
+void draw_layout(FuzzCase& c, Rng& r, const DrawOptions& options) {
+  if (r.chance(0.5)) return;
+  static const testing::KvLayout kOthers[] = {
+      testing::KvLayout::kNhd, testing::KvLayout::kCombinedHnd, testing::KvLayout::kCombinedNhd,
+      testing::KvLayout::kTokenKvNhd, testing::KvLayout::kPaddedHnd};
+  c.kv_layout = r.pick(kOthers);
+  if (c.kv_layout == testing::KvLayout::kPaddedHnd && r.chance(options.cuda ? 0.3 : 0.5)) {
+    // 8 elements and their multiples stay 16-byte multiples for every dtype; 4 and 12 for f32.
+    static const int kPads[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24};
+    c.kv_pad = r.pick(kPads);
+  }
+}
+
+// The field require_cache_strides names for strides whose rows overlap, or null, by the rule it
+// documents: with the dimensions in increasing stride (token, kv head, block among equal ones),
+// each dimension of more than one entry must start at or past the extent of those before it, a
+// row being head_dim elements.
+const char* overlapping_stride(const CacheStrides& s, int num_blocks, int num_kv_heads,
+                               int block_size, int head_dim) {
+  struct Dim {
+    const char* name;
+    std::int64_t stride;
+    int size;
+  };
+  Dim dims[] = {{"kv_strides.token", s.token, block_size},
+                {"kv_strides.head", s.head, num_kv_heads},
+                {"kv_strides.block", s.block, num_blocks}};
+  std::stable_sort(std::begin(dims), std::end(dims),
+                   [](const Dim& x, const Dim& y) { return x.stride < y.stride; });
+  std::int64_t extent = head_dim;
+  for (const Dim& d : dims) {
+    if (d.size <= 1) continue;
+    if (d.stride < extent) return d.name;
+    extent += d.stride * (d.size - 1);
+  }
+  return nullptr;
+}
+
+// The kv_strides field the CUDA backend refuses among `l`'s strides, or null (every stride a
+// multiple of 16 bytes).
+const char* misaligned_kv(const CacheLayout& l, DType kv_dtype) {
+  const std::int64_t elem = static_cast<std::int64_t>(dtype_size(kv_dtype));
+  if (l.block_stride * elem % 16 != 0) return "kv_strides.block";
+  if (l.head_stride * elem % 16 != 0) return "kv_strides.head";
+  if (l.token_stride * elem % 16 != 0) return "kv_strides.token";
+  return nullptr;
+}
+
+// testing::store_kv over a geometry of the fuzzer's own (one with a kv_pad): the same copy, NaN
+// in every gap.
+testing::KvStorage store_kv_geometry(const testing::HostCase& h, testing::KvLayout layout,
+                                     const testing::KvGeometry& g) {
+  const testing::CaseSpec& s = h.spec;
+  testing::KvStorage st;
+  st.layout = layout;
+  st.geometry = g;
+  const std::size_t elem = dtype_size(s.kv_dtype);
+  const std::size_t n = static_cast<std::size_t>(g.elements);
+  st.k.assign(n * elem, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    store_from_float(st.k.data(), s.kv_dtype, i, std::numeric_limits<float>::quiet_NaN());
+  }
+  if (!g.shared) st.v = st.k;
+  std::uint8_t* v_base = g.shared ? st.k.data() + g.v_offset * elem : st.v.data();
+  const CacheLayout from =
+      CacheLayout::dense(h.num_blocks, s.num_kv_heads, s.block_size, s.head_dim);
+  const CacheLayout to =
+      CacheLayout::with_strides(h.num_blocks, s.num_kv_heads, s.block_size, s.head_dim, g.strides);
+  const std::size_t row = static_cast<std::size_t>(s.head_dim) * elem;
+  for (int b = 0; b < h.num_blocks; ++b) {
+    for (int kv = 0; kv < s.num_kv_heads; ++kv) {
+      for (int t = 0; t < s.block_size; ++t) {
+        const std::size_t src = static_cast<std::size_t>(from.offset(b, kv, t)) * elem;
+        const std::size_t dst = static_cast<std::size_t>(to.offset(b, kv, t)) * elem;
+        std::copy_n(h.k.begin() + static_cast<std::ptrdiff_t>(src), row,
+                    st.k.begin() + static_cast<std::ptrdiff_t>(dst));
+        std::copy_n(h.v.begin() + static_cast<std::ptrdiff_t>(src), row, v_base + dst);
+      }
+    }
+  }
+  return st;
+}
+
 // One sequence's query tokens: mostly 1-8, sometimes 0 (a sequence with nothing to decode this
 // step) or 9-16, occasionally up to 40.
 int draw_query_count(Rng& r) {
@@ -416,7 +505,7 @@ bool keeps_buffer_sizes(Malformation m) {
          m == Malformation::kNonFiniteSlope || m == Malformation::kBadSink ||
          m == Malformation::kRowStride || m == Malformation::kQIndptrStart ||
          m == Malformation::kQIndptrDecreasing || m == Malformation::kQLenOverMax ||
-         m == Malformation::kQIndptrEnd;
+         m == Malformation::kQIndptrEnd || m == Malformation::kKvStrides;
 }
 
 namespace {
@@ -441,6 +530,41 @@ int FuzzCase::q_rows() const {
 const char* FuzzCase::cuda_misaligned_stride() const {
   return misaligned_stride(q_rows(), static_cast<std::int64_t>(spec.num_heads) * spec.head_dim,
                            q_row_stride, spec.q_dtype, out_row_stride);
+}
+
+testing::KvGeometry FuzzCase::kv_geometry(int num_blocks) const {
+  const int KV = spec.num_kv_heads, BS = spec.block_size, D = spec.head_dim;
+  testing::KvGeometry g = testing::kv_geometry(kv_layout, num_blocks, KV, BS, D);
+  if (kv_pad != 0) {
+    // The layout's gaps after each kv head and each block kept, each row's widened.
+    const std::int64_t head_gap = g.strides.head - BS * g.strides.token;
+    const std::int64_t block_gap = g.strides.block - KV * g.strides.head;
+    g.strides.token += kv_pad;
+    g.strides.head = BS * g.strides.token + head_gap;
+    g.strides.block = KV * g.strides.head + block_gap;
+    g.elements =
+        num_blocks == 0
+            ? 0
+            : CacheLayout::with_strides(num_blocks, KV, BS, D, g.strides).elements() + g.v_offset;
+  }
+  return g;
+}
+
+const char* FuzzCase::cuda_misaligned_kv() const {
+  if (default_layout()) return nullptr;
+  const CacheLayout l = CacheLayout::with_strides(1, spec.num_kv_heads, spec.block_size,
+                                                  spec.head_dim, kv_geometry(1).strides);
+  return misaligned_kv(l, spec.kv_dtype);
+}
+
+DecodeArgs BuiltCase::dense_args() const {
+  DecodeArgs a = args;
+  if (laid_out()) {
+    a.k_cache = host.k.data();
+    a.v_cache = host.v.data();
+    a.kv_strides = CacheStrides{};
+  }
+  return a;
 }
 
 void BuiltCase::poison_outputs() {
@@ -561,6 +685,10 @@ FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& o
   Rng strides(
       splitmix64(splitmix64(seed ^ 0xbb67ae8584caa73bull) ^ (index * 0x9e3779b97f4a7c15ull + 5)));
   draw_row_strides(c, strides, options);
+  // And the cache layout.
+  Rng layouts(
+      splitmix64(splitmix64(seed ^ 0xa54ff53a5f1d36f1ull) ^ (index * 0x9e3779b97f4a7c15ull + 9)));
+  draw_layout(c, layouts, options);
 
   if (r.chance(0.12)) {
     const int kinds = static_cast<int>(Malformation::kCount) - 1;
@@ -670,6 +798,18 @@ BuiltCase build_case(const FuzzCase& c) {
   }
   DecodeArgs& a = b.args;
   a = h.args();
+  // K and V in the case's layout, copied from the dense (and snapped) ones; before any
+  // malformation, which may leave the dtype that sizes V's offset in a shared buffer invalid.
+  if (!c.default_layout()) {
+    if (c.kv_pad < 0 || (c.kv_pad > 0 && c.kv_layout != testing::KvLayout::kPaddedHnd) ||
+        c.kv_pad > 4096) {
+      throw std::invalid_argument("kv_pad " + std::to_string(c.kv_pad) +
+                                  " needs the padded_hnd layout and a value in [0, 4096]");
+    }
+    b.kv = c.kv_pad == 0 ? testing::store_kv(h, c.kv_layout)
+                         : store_kv_geometry(h, c.kv_layout, c.kv_geometry(h.num_blocks));
+    b.kv.apply(a, b.kv.k.data(), b.kv.v.data());
+  }
   if (c.scale != 0.f) a.scale = c.scale;
   a.window_left = c.window_left;
   a.logits_soft_cap = c.soft_cap;
@@ -842,8 +982,9 @@ BuiltCase build_case(const FuzzCase& c) {
       b.expected_argument = "v_dtype";
       break;
     case Malformation::kBadDtype: {
+      // Values past the last DType (kFP8E5M2 = 4) or negative.
       const DType bad =
-          static_cast<DType>((p >> 8) % 2 ? -1 : 3 + static_cast<int>((p >> 16) % 50));
+          static_cast<DType>((p >> 8) % 2 ? -1 : 5 + static_cast<int>((p >> 16) % 50));
       DType* fields[] = {&a.q_dtype, &a.k_dtype, &a.v_dtype, &a.out_dtype};
       const char* names[] = {"q_dtype", "k_dtype", "v_dtype", "out_dtype"};
       *fields[p % 4] = bad;
@@ -986,6 +1127,77 @@ BuiltCase build_case(const FuzzCase& c) {
       }
       break;
     }
+    case Malformation::kKvStrides: {
+      // The case's own strides (the dense HND ones for the default layout) with one of them 0
+      // among nonzero ones, negative, small enough that rows overlap (below head_dim, or below
+      // the extent of the dimensions with smaller strides: an NHD head stride under head_dim, a
+      // token stride under the kv heads' extent), or a block stride whose pool spans more than
+      // int64 addresses. Overlap needs a dimension of more than one entry, the span two blocks;
+      // without them the case gets a zero or a negative stride instead.
+      const CacheStrides base = a.kv_strides.is_default()
+                                    ? CacheStrides::hnd(a.num_kv_heads, a.block_size, a.head_dim)
+                                    : a.kv_strides;
+      std::int64_t CacheStrides::*const fields[] = {&CacheStrides::block, &CacheStrides::head,
+                                                    &CacheStrides::token};
+      const char* const names[] = {"kv_strides.block", "kv_strides.head", "kv_strides.token"};
+      const int sizes[] = {a.num_blocks, a.num_kv_heads, a.block_size};
+      const std::int64_t D = a.head_dim;
+      CacheStrides s = base;
+      int kind = static_cast<int>(p % 4);
+      int f = static_cast<int>((p >> 8) % 3);
+      const char* expected = nullptr;
+      if (kind == 2) {
+        std::vector<int> dims;
+        for (int g = 0; g < 3; ++g) {
+          if (sizes[g] > 1) dims.push_back(g);
+        }
+        if (dims.empty()) {
+          kind = 0;
+        } else {
+          f = dims[(p >> 8) % dims.size()];
+          if ((p >> 16) % 2) {
+            s.*fields[f] = 1 + static_cast<std::int64_t>((p >> 24) % (D - 1));
+          } else {
+            std::int64_t extent = D;  // of the dimensions below this one
+            for (int g = 0; g < 3; ++g) {
+              if (g != f && sizes[g] > 1 && base.*fields[g] < base.*fields[f]) {
+                extent += base.*fields[g] * (sizes[g] - 1);
+              }
+            }
+            s.*fields[f] = std::max<std::int64_t>(extent - 1 - (p >> 24) % 4, 1);
+          }
+          expected = overlapping_stride(s, a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
+          if (expected == nullptr) {
+            // Rows that interleave without overlapping: below head_dim does overlap.
+            s = base;
+            s.*fields[f] = 1 + static_cast<std::int64_t>((p >> 24) % (D - 1));
+            expected =
+                overlapping_stride(s, a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
+          }
+        }
+      }
+      if (kind == 3) {
+        if (a.num_blocks < 2) {
+          kind = 1;
+        } else {
+          s.block = (std::int64_t{1} << 62) + static_cast<std::int64_t>((p >> 16) % 1000);
+          expected = "kv_strides.block";
+        }
+      }
+      if (kind == 0) {
+        s.*fields[f] = 0;
+        expected = names[f];
+      } else if (kind == 1) {
+        const std::int64_t values[] = {-1, -D, std::numeric_limits<std::int64_t>::min(),
+                                       -1 - static_cast<std::int64_t>((p >> 16) % 100000)};
+        s.*fields[f] = values[(p >> 40) % 4];
+        expected = names[f];
+      }
+      if (expected == nullptr) not_applicable();
+      a.kv_strides = s;
+      b.expected_argument = expected;
+      break;
+    }
     case Malformation::kCount:
       not_applicable();
   }
@@ -1001,6 +1213,12 @@ BuiltCase build_case(const FuzzCase& c) {
   if (const char* field =
           misaligned_stride(a.q_rows(), row, c.q_row_stride, spec.q_dtype, c.out_row_stride);
       field != nullptr && shapes_pass) {
+    b.cuda_refuses = field;
+  }
+  // Then the cache strides (once there is a sequence: a batch of 0 is a no-op).
+  if (const char* field = shapes_pass && a.batch > 0 && b.cuda_refuses.empty()
+                              ? misaligned_kv(a.cache_layout(), a.k_dtype)
+                              : nullptr) {
     b.cuda_refuses = field;
   }
   // Host copies of the per-head arrays, long enough for the (possibly malformed) head count.
@@ -1027,6 +1245,8 @@ std::string describe(const FuzzCase& c) {
   if (!c.sinks.empty()) os << " sinks";
   if (c.q_row_stride != 0) os << " q_stride=" << c.q_row_stride;
   if (c.out_row_stride != 0) os << " out_stride=" << c.out_row_stride;
+  if (!c.default_layout()) os << " layout=" << testing::kv_layout_name(c.kv_layout);
+  if (c.kv_pad != 0) os << " kv_pad=" << c.kv_pad;
   if (c.multi_token()) {
     os << " q_lens=[";
     for (std::size_t i = 0; i < c.q_lens.size(); ++i) os << (i ? "," : "") << c.q_lens[i];
@@ -1059,6 +1279,8 @@ std::string to_text(const FuzzCase& c) {
      << "out_dtype " << dtype_name(s.out_dtype) << '\n'
      << "q_row_stride " << c.q_row_stride << '\n'
      << "out_row_stride " << c.out_row_stride << '\n'
+     << "kv_layout " << testing::kv_layout_name(c.kv_layout) << '\n'
+     << "kv_pad " << c.kv_pad << '\n'
      << "max_q_len " << c.max_q_len << '\n'
      << "q_lens";
   for (int n : c.q_lens) os << ' ' << n;
@@ -1153,6 +1375,18 @@ FuzzCase from_text(const std::string& text) {
                            : s.out_dtype) = parse_dtype(word);
     } else if (key == "q_row_stride" || key == "out_row_stride") {
       if (!(ls >> (key == "q_row_stride" ? c.q_row_stride : c.out_row_stride))) bad();
+    } else if (key == "kv_layout") {
+      if (!(ls >> word)) bad();
+      bool found = false;
+      for (testing::KvLayout l : testing::kAllKvLayouts) {
+        if (word == testing::kv_layout_name(l)) {
+          c.kv_layout = l;
+          found = true;
+        }
+      }
+      if (!found) bad();
+    } else if (key == "kv_pad") {
+      read_int(c.kv_pad);
     } else if (key == "max_q_len") {
       read_int(c.max_q_len);
     } else if (key == "q_lens") {

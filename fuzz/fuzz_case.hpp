@@ -1,7 +1,8 @@
 // One fuzz case: a random-case spec plus what the fuzzer adds on top of it (exact-logit snapping,
 // a custom scale, the CPU thread count, the attention variants, q and out row strides, multi-token
-// queries, a planted malformation). Every case is a pure function of (seed, index) and the draw
-// options, and a case file holds the full description so a shrunk case replays alone.
+// queries, the K/V cache layout, a planted malformation). Every case is a pure function of (seed,
+// index) and the draw options, and a case file holds the full description so a shrunk case replays
+// alone.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "pagedattn/pagedattn.hpp"
+#include "pagedattn/testing/kv_layouts.hpp"
 #include "pagedattn/testing/random_case.hpp"
 
 namespace pagedattn::fuzz {
@@ -40,6 +42,7 @@ enum class Malformation : int {
   kQIndptrEnd,            // q_indptr[batch] != num_q_tokens
   kMaxQLen,               // max_q_len 0 or negative with q_indptr
   kQTokensWithoutIndptr,  // num_q_tokens (or max_q_len) set without q_indptr
+  kKvStrides,             // kv_strides zero mixed with nonzero, negative, overlapping or too large
   kCount
 };
 const char* malformation_name(Malformation m);
@@ -76,6 +79,13 @@ struct FuzzCase {
   // context), and max_q_len, at least their largest, is the declared bound.
   std::vector<int> q_lens;
   int max_q_len = 0;
+  // Where K and V live (testing::KvLayout, DecodeArgs::kv_strides): kHnd is the default dense
+  // layout, kv_strides left 0; any other is the case's K and V copied there, NaN in every gap.
+  // kv_pad (kPaddedHnd only) widens every row's gap by that many elements, the kv head and block
+  // strides following: strides that need not be multiples of 16 bytes, which the CPU backend
+  // takes and the CUDA backend refuses (cuda_misaligned_kv).
+  testing::KvLayout kv_layout = testing::KvLayout::kHnd;
+  int kv_pad = 0;
   Malformation bad = Malformation::kNone;
   std::uint64_t bad_param = 0;  // which sequence / entry / pointer / value the malformation uses
   // Where the case came from (informational once shrunk).
@@ -96,6 +106,13 @@ struct FuzzCase {
   // start 16-byte aligned (it reads them in 16-byte pieces) and out's at even elements (it stores
   // them two at a time); q is checked first. The CPU backend takes any stride.
   const char* cuda_misaligned_stride() const;
+  bool default_layout() const { return kv_layout == testing::KvLayout::kHnd && kv_pad == 0; }
+  // The layout's geometry for this case's shapes and `num_blocks` blocks (kv_pad applied).
+  testing::KvGeometry kv_geometry(int num_blocks) const;
+  // The kv_strides field the CUDA backend refuses, or null: it reads cache rows in 16-byte
+  // pieces, so every stride must be a multiple of 16 bytes (checked block, head, token, after the
+  // q and out row strides). Only a kv_pad can break that; the default layout never does.
+  const char* cuda_misaligned_kv() const;
 };
 
 // Draw knobs: which backends the case must suit.
@@ -128,7 +145,11 @@ struct BuiltCase {
   // row shows): NaN in q, kOutGapByte in out.
   std::vector<std::uint8_t> q_rows, out_rows;  // empty where dense
   std::int64_t q_stride = 0, out_stride = 0;   // elements between rows (the row length if dense)
-  DecodeArgs args;  // over host's buffers (q_rows and out_rows where strided); malformed or not
+  // K and V in the case's layout (FuzzCase::kv_layout), NaN in every gap; empty (kv.k) for the
+  // default layout, where args reads host.k and host.v.
+  testing::KvStorage kv;
+  // over host's buffers (q_rows and out_rows where strided, kv's where laid out); malformed or not
+  DecodeArgs args;
   ErrorCode expected_code = ErrorCode::kInvalidArgument;
   std::string expected_argument;  // empty for a valid case
   // The argument the CUDA backend raises instead (kInvalidArgument), or empty: a misaligned row
@@ -144,6 +165,10 @@ struct BuiltCase {
   const std::vector<std::uint8_t>& out_buffer() const {
     return out_rows.empty() ? host.out : out_rows;
   }
+  bool laid_out() const { return !kv.k.empty(); }
+  // args over host's dense K and V with the default kv_strides: the same attention, whatever the
+  // layout (the reference is computed over it).
+  DecodeArgs dense_args() const;
   // NaN in out's rows and lse (an unwritten element shows) and kOutGapByte in out's gaps.
   void poison_outputs();
 };

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -152,6 +153,10 @@ struct Counts {
   long long multi_token = 0;  // valid cases with multi-token queries (q_indptr)
   // Valid cases with a strided q, with a strided out, and with a stride the CUDA backend refuses.
   long long strided_q = 0, strided_out = 0, misaligned = 0;
+  // Valid cases per cache layout (the default dense HND one not counted), and with cache strides
+  // the CUDA backend refuses (a kv_pad off its 16-byte multiples).
+  long long layouts[std::size(pagedattn::testing::kAllKvLayouts)] = {};
+  long long misaligned_kv = 0;
   long long failures = 0;
   double worst_ratio = 0;
 };
@@ -172,6 +177,8 @@ void count(Counts& n, const pf::FuzzCase& c, const pf::Outcome& o) {
     n.strided_q += c.q_row_stride != 0;
     n.strided_out += c.out_row_stride != 0;
     n.misaligned += c.cuda_misaligned_stride() != nullptr;
+    if (!c.default_layout()) ++n.layouts[static_cast<std::size_t>(c.kv_layout)];
+    n.misaligned_kv += c.cuda_misaligned_kv() != nullptr;
     for (int L : c.spec.context_lens) {
       if (L > 256) {
         ++n.long_ctx;
@@ -184,15 +191,24 @@ void count(Counts& n, const pf::FuzzCase& c, const pf::Outcome& o) {
 }
 
 std::string counts_text(const Counts& n, double elapsed) {
-  char buf[640];
+  // Every layout but the default one, in kAllKvLayouts order.
+  std::string layouts;
+  for (pagedattn::testing::KvLayout l : pagedattn::testing::kAllKvLayouts) {
+    if (l == pagedattn::testing::KvLayout::kHnd) continue;
+    layouts += std::string(layouts.empty() ? "" : ", ") + pagedattn::testing::kv_layout_name(l) +
+               " " + std::to_string(n.layouts[static_cast<std::size_t>(l)]);
+  }
+  char buf[1024];
   std::snprintf(buf, sizeof buf,
                 "%lld cases in %.1fs (%.0f/s): valid %lld (huge-logit %lld, split-length %lld, "
                 "batch 0 %lld; variants: window %lld, soft-cap %lld, alibi %lld, sinks %lld; "
-                "multi-token %lld; strided: q %lld, out %lld, misaligned for cuda %lld), "
-                "malformed %lld; failures %lld; worst err/tol %.3g",
+                "multi-token %lld; strided: q %lld, out %lld, misaligned for cuda %lld; "
+                "layouts: %s, misaligned for cuda %lld), malformed %lld; failures %lld; "
+                "worst err/tol %.3g",
                 n.cases, elapsed, elapsed > 0 ? n.cases / elapsed : 0.0, n.valid, n.huge,
                 n.long_ctx, n.empty_batch, n.window, n.soft_cap, n.alibi, n.sinks, n.multi_token,
-                n.strided_q, n.strided_out, n.misaligned, n.malformed, n.failures, n.worst_ratio);
+                n.strided_q, n.strided_out, n.misaligned, layouts.c_str(), n.misaligned_kv,
+                n.malformed, n.failures, n.worst_ratio);
   return buf;
 }
 

@@ -22,6 +22,7 @@
 #include "pagedattn/testing/cp_shares.hpp"
 #include "pagedattn/testing/device_case.hpp"
 #include "pagedattn/testing/device_memory.hpp"
+#include "pagedattn/testing/kv_layouts.hpp"
 #include "pagedattn/validate.hpp"
 #include "pagedattn/variants.hpp"
 
@@ -109,12 +110,15 @@ std::string check_gaps(const BuiltCase& bc) {
 
 // The CUDA backend over device copies of a host case (the slopes, sinks and q_indptr included),
 // out and lse copied back. DeviceCase checks the shapes itself, so it is given the case without
-// its window, soft-cap, row strides and multi-token queries, which are put back for the backend:
-// on a malformed one the error must be the backend's. DeviceCase copies batch rows of q, out and
-// lse, so a strided q or out, and with multi-token queries (or a declared row count that is not
-// the buffers': a malformed one) q, out and lse, get device copies of their whole buffers here,
-// gaps included (q's NaN, out's kOutGapByte), and come back whole, so that a read or write of a
-// gap shows on the host; DeviceCase then copies a stand-in of batch rows instead.
+// its window, soft-cap, row strides, multi-token queries and cache layout, which are put back for
+// the backend: on a malformed one the error must be the backend's. DeviceCase copies dense
+// caches, so a laid-out case gives it the dense K and V and its own layout's buffers (gaps and
+// all) get device copies of their own, which the backend reads through the case's kv_strides.
+// DeviceCase copies batch rows of q, out and lse, so a strided q or out, and with multi-token
+// queries (or a declared row count that is not the buffers': a malformed one) q, out and lse, get
+// device copies of their whole buffers here, gaps included (q's NaN, out's kOutGapByte), and come
+// back whole, so that a read or write of a gap shows on the host; DeviceCase then copies a stand-in
+// of batch rows instead.
 void run_cuda(const BuiltCase& bc, const DecodeArgs& host, const detail::DecodeOptions& o) {
   DecodeArgs plain = host;
   plain.window_left = -1;
@@ -124,6 +128,12 @@ void run_cuda(const BuiltCase& bc, const DecodeArgs& host, const detail::DecodeO
   plain.q_indptr = nullptr;
   plain.num_q_tokens = 0;
   plain.max_q_len = 0;
+  plain.kv_strides = CacheStrides{};
+  const bool own_kv = bc.laid_out();
+  if (own_kv) {
+    if (plain.k_cache != nullptr) plain.k_cache = bc.host.k.data();
+    if (plain.v_cache != nullptr) plain.v_cache = bc.host.v.data();
+  }
   const bool other_rows = !bc.q_indptr.empty() || bc.rows != host.batch;
   const bool own_q =
       host.q != nullptr && host.q == bc.q_buffer().data() && (!bc.q_rows.empty() || other_rows);
@@ -149,7 +159,17 @@ void run_cuda(const BuiltCase& bc, const DecodeArgs& host, const detail::DecodeO
   d.out_row_stride = host.out_row_stride;
   d.num_q_tokens = host.num_q_tokens;
   d.max_q_len = host.max_q_len;
-  testing::DeviceBuffer dq, dout, dlse, dindptr;
+  testing::DeviceBuffer dq, dout, dlse, dindptr, dk, dv;
+  if (own_kv) {
+    // The storage's pointers and strides on device copies, then the arguments' own strides
+    // (a malformed one) and null pointers back.
+    dk = testing::DeviceBuffer(bc.kv.k.data(), bc.kv.k.size());
+    if (!bc.kv.v.empty()) dv = testing::DeviceBuffer(bc.kv.v.data(), bc.kv.v.size());
+    bc.kv.apply(d, dk.get(), dv.get());
+    if (host.k_cache == nullptr) d.k_cache = nullptr;
+    if (host.v_cache == nullptr) d.v_cache = nullptr;
+  }
+  d.kv_strides = host.kv_strides;
   if (own_q) {
     dq = testing::DeviceBuffer(bc.q_buffer().data(), bc.q_buffer().size());
     d.q = dq.get();
@@ -286,7 +306,8 @@ double max_abs_finite(const void* data, DType t, std::size_t n) {
 // CPU only.
 Tolerance tolerance_for(const FuzzCase& c, const BuiltCase& bc, const ReferenceResult& ref,
                         Backend backend) {
-  const DecodeArgs& a = bc.args;
+  // The dense K and V with the default strides: the same values whatever the layout.
+  const DecodeArgs a = bc.dense_args();
   Tolerance t;
   const int H = a.num_heads;
   double ref_scale = 1e-30;
@@ -567,6 +588,38 @@ std::string check_context_parallel(const FuzzCase& c, BuiltCase& bc, const Refer
   return bad.empty() ? bad : tag + bad;
 }
 
+// The reference over the case's laid-out K and V (NaN in every gap) against `dense`, the one over
+// the dense cache: the same rows read in the same order, so the same bits. Empty when so.
+std::string check_layout_reference(const BuiltCase& bc, const ReferenceResult& dense) {
+  ReferenceResult laid;
+  try {
+    laid = reference_decode(bc.args);
+  } catch (const std::exception& e) {
+    return std::string("the reference rejected the laid-out cache: ") + e.what();
+  }
+  const auto same = [](double x, double y) { return x == y || (std::isnan(x) && std::isnan(y)); };
+  const int H = bc.args.num_heads, D = bc.args.head_dim;
+  for (std::size_t i = 0; i < dense.out.size(); ++i) {
+    if (i >= laid.out.size() || !same(laid.out[i], dense.out[i])) {
+      std::ostringstream os;
+      os << "reference over the " << testing::kv_layout_name(bc.kv.layout)
+         << " cache: " << where(bc, i, H, D) << " = " << (i < laid.out.size() ? laid.out[i] : NAN)
+         << ", over the dense one " << dense.out[i];
+      return os.str();
+    }
+  }
+  for (std::size_t i = 0; i < dense.lse.size(); ++i) {
+    if (i >= laid.lse.size() || !same(laid.lse[i], dense.lse[i])) {
+      std::ostringstream os;
+      os << "reference over the " << testing::kv_layout_name(bc.kv.layout) << " cache: lse["
+         << i / H << "][" << i % H << "]" << row_text(bc, i / H) << " = "
+         << (i < laid.lse.size() ? laid.lse[i] : NAN) << ", over the dense one " << dense.lse[i];
+      return os.str();
+    }
+  }
+  return {};
+}
+
 Outcome fail(const std::string& oracle, const std::string& message) {
   Outcome o;
   o.verdict = Verdict::kFail;
@@ -632,11 +685,19 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
 
   testing::HostCase& h = bc.host;
   const DecodeArgs& a = bc.args;
+  // The reference over the dense K and V, which the layout only moves: whatever the backends do
+  // with kv_strides, they are held to the same attention.
   ReferenceResult ref;
   try {
-    ref = reference_decode(a);
+    ref = reference_decode(bc.dense_args());
   } catch (const std::exception& e) {
     return fail("reference", std::string("the reference rejected a valid case: ") + e.what());
+  }
+  if (bc.laid_out()) {
+    // The reference reads kv_strides too: over the laid-out cache it must give the same bits.
+    if (std::string bad = check_layout_reference(bc, ref); !bad.empty()) {
+      return fail("layout", bad);
+    }
   }
   // The CPU's bounds, and the CUDA backend's where it runs (no tighter, see tolerance_for).
   const Tolerance cpu_tol = tolerance_for(c, bc, ref, Backend::kCpu);

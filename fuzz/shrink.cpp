@@ -115,6 +115,16 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
   // Dense q and out.
   if (c.q_row_stride != 0) add([](testing::CaseSpec&, FuzzCase& n) { n.q_row_stride = 0; });
   if (c.out_row_stride != 0) add([](testing::CaseSpec&, FuzzCase& n) { n.out_row_stride = 0; });
+  // The default cache layout, or the padded one without its extra gap.
+  if (!c.default_layout()) {
+    add([](testing::CaseSpec&, FuzzCase& n) {
+      n.kv_layout = testing::KvLayout::kHnd;
+      n.kv_pad = 0;
+    });
+  }
+  if (c.kv_pad != 0 && c.kv_layout != testing::KvLayout::kHnd) {
+    add([](testing::CaseSpec&, FuzzCase& n) { n.kv_pad = 0; });
+  }
   // Smaller dims.
   for (int d : kSupportedHeadDims) {
     if (d >= s.head_dim) break;

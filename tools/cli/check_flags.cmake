@@ -72,7 +72,9 @@ expect_bad("--backend ''" "--backend = ''")
 
 if(CLI STREQUAL "pagedattn-bench")
   expect_help(--backend --dtype --shape --threads --csv --contiguous --iters --min-time --bw-mib
-              --no-naive --plain --long-first --window --soft-cap --alibi --sinks --q-len --help)
+              --no-naive --plain --long-first --window --soft-cap --alibi --sinks --q-len --layout
+              --help)
+  expect_bad("--layout hdn" "--layout = 'hdn'")
   expect_bad("--shape 1,8,2,128,64,0" "--shape = '1,8,2,128,64,0'" "block_size = 0")
   expect_bad("--shape 1,8,2,128,0" "--shape = '1,8,2,128,0'" "context = 0")
   expect_bad("--shape 0,8,2,128,64" "--shape = '0,8,2,128,64'" "batch = 0")
