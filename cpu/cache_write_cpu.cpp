@@ -21,10 +21,13 @@ int threads_for(const CacheOpOptions& o, std::int64_t bytes) {
   return threads_for_work(o.num_threads > 0 ? o.num_threads : omp_get_max_threads(), bytes);
 }
 
+// dst = src / scale in Dst, rounded to nearest even (scale is 1 for caches other than fp8).
 template <typename Src, typename Dst>
-void convert_row(const Src* __restrict src, Dst* __restrict dst, int n) {
+void convert_row(const Src* __restrict src, Dst* __restrict dst, int n, float scale) {
   if constexpr (std::is_same_v<Src, Dst>) {
     std::memcpy(dst, src, sizeof(Src) * n);
+  } else if constexpr (std::is_same_v<Dst, fp8_e4m3_t> || std::is_same_v<Dst, fp8_e5m2_t>) {
+    for (int i = 0; i < n; ++i) dst[i] = from_float<Dst>(to_float(src[i]) / scale);
   } else {
     for (int i = 0; i < n; ++i) dst[i] = from_float<Dst>(to_float(src[i]));
   }
@@ -50,8 +53,10 @@ void write_typed(const CacheWriteArgs& a, const CacheOpOptions& o) {
     for (int h = 0; h < a.num_kv_heads; ++h) {
       const std::int64_t src = t * stride + static_cast<std::int64_t>(h) * a.head_dim;
       const std::int64_t dst = layout.offset(block, h, offset);
-      convert_row(key + src, k_cache + dst, a.head_dim);
-      convert_row(value + src, v_cache + dst, a.head_dim);
+      const float ks = a.k_scales != nullptr ? a.k_scale * a.k_scales[h] : a.k_scale;
+      const float vs = a.v_scales != nullptr ? a.v_scale * a.v_scales[h] : a.v_scale;
+      convert_row(key + src, k_cache + dst, a.head_dim, ks);
+      convert_row(value + src, v_cache + dst, a.head_dim, vs);
     }
   }
 }
@@ -65,6 +70,10 @@ void write_from(const CacheWriteArgs& a, const CacheOpOptions& o) {
       return write_typed<Src, f16_t>(a, o);
     case DType::kBF16:
       return write_typed<Src, bf16_t>(a, o);
+    case DType::kFP8E4M3:
+      return write_typed<Src, fp8_e4m3_t>(a, o);
+    case DType::kFP8E5M2:
+      return write_typed<Src, fp8_e5m2_t>(a, o);
   }
 }
 
@@ -78,6 +87,9 @@ void write_cache(const CacheWriteArgs& a, const CacheOpOptions& o) {
       return write_from<f16_t>(a, o);
     case DType::kBF16:
       return write_from<bf16_t>(a, o);
+    case DType::kFP8E4M3:
+    case DType::kFP8E5M2:
+      return;  // refused by validation: fp8 is a cache dtype only
   }
 }
 

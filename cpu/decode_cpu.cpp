@@ -176,6 +176,14 @@ CallerState& caller_state() {
   return s;
 }
 
+// The dequantization scales of kv head kv (1 for caches other than fp8, which take none).
+float k_scale_of(const DecodeArgs& a, int kv) {
+  return a.k_scales != nullptr ? a.k_scale * a.k_scales[kv] : a.k_scale;
+}
+float v_scale_of(const DecodeArgs& a, int kv) {
+  return a.v_scales != nullptr ? a.v_scale * a.v_scales[kv] : a.v_scale;
+}
+
 // out[0, D) = src[0, D) * inv in the output dtype.
 void store_row(void* out, DType t, std::int64_t offset, const float* src, float inv, int D) {
   switch (t) {
@@ -265,7 +273,8 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
     if (kv % kv_per_task == 0) st.tasks.push_back(Task{i, std::min(kv_per_task, KV - kv)});
   }
 
-  // q widened once and pre-multiplied by the scale.
+  // q widened once and pre-multiplied by the scale, and for an fp8 cache by its kv head's K
+  // scale: q . (code x k_scale) = (q x k_scale) . code, so the kernel reads the codes as they are.
   const float scale = a.effective_scale();
   const std::size_t q_elems = static_cast<std::size_t>(a.batch) * H * D;
   float* q_scaled = st.q_scaled.get(q_elems);
@@ -273,7 +282,13 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
   for (int b = 0; b < a.batch; ++b) {
     float* dst = q_scaled + b * row;
     const std::int64_t src = b * a.q_stride();
-    for (std::int64_t i = 0; i < row; ++i) dst[i] = load_as_float(a.q, a.q_dtype, src + i) * scale;
+    for (int h = 0; h < H; ++h) {
+      const float s = scale * k_scale_of(a, h / G);
+      for (int d = 0; d < D; ++d) {
+        const std::int64_t i = static_cast<std::int64_t>(h) * D + d;
+        dst[i] = load_as_float(a.q, a.q_dtype, src + i) * s;
+      }
+    }
   }
 
   const std::int64_t P = plan.num_partials(H);
@@ -364,8 +379,9 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
       // A NaN state (a NaN or infinite logit in some split; see softmax_tile) gives NaN out and
       // lse, never the 0 and -inf of an empty context.
       const bool nan = std::isnan(state.l);
+      // An fp8 cache's V scale: sum p (code x v_scale) = v_scale x sum p code.
       store_row(a.out, a.out_dtype, b * a.out_stride() + static_cast<std::int64_t>(h) * D, acc,
-                nan ? NAN : state.inv_sum() * fa, D);
+                nan ? NAN : state.inv_sum() * fa * v_scale_of(a, h / G), D);
       if (a.lse) a.lse[row] = nan ? NAN : state.lse();
     }
   };

@@ -584,6 +584,12 @@ void ItemKernel::operator()(Arch, const ItemContext& ctx, const WorkItem& item, 
     case DType::kBF16:
       run_item<Arch, bf16_t>(ctx, item, kv_count, m, l, acc, scratch);
       break;
+    case DType::kFP8E4M3:
+      run_item<Arch, fp8_e4m3_t>(ctx, item, kv_count, m, l, acc, scratch);
+      break;
+    case DType::kFP8E5M2:
+      run_item<Arch, fp8_e5m2_t>(ctx, item, kv_count, m, l, acc, scratch);
+      break;
   }
 }
 

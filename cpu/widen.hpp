@@ -1,6 +1,7 @@
-// Loads of one SIMD batch of f32 from each storage type. xsimd 8.1 has no f16/bf16 batches, so
-// the 16-bit types are widened by hand per instruction set: F16C (x86) or FCVTL (AArch64) for f16,
-// a 16-bit shift for bf16.
+// Loads of one SIMD batch of f32 from each storage type. xsimd 8.1 has no f16/bf16/fp8 batches,
+// so the narrow types are widened by hand per instruction set: F16C (x86) or FCVTL (AArch64) for
+// f16, a 16-bit shift for bf16, fp8 through f16 on AVX2 and AVX-512 (element by element
+// elsewhere).
 #pragma once
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -9,6 +10,7 @@
 #include <arm_neon.h>
 #endif
 
+#include <cmath>
 #include <type_traits>
 #include <xsimd/xsimd.hpp>
 
@@ -25,19 +27,43 @@ using fbatch = xsimd::batch<float, Arch>;
 // elements of p[0, 2W), which is cheaper for bf16 (one load, one shift, one and, instead of two
 // zero-extending loads and two shifts). Callers that use pairs permute q and the accumulators to
 // match (see PairOrder).
+// Portable widening: element by element into an aligned buffer (the fp8 formats where the set
+// has no vector path for them).
+template <class Arch, class T>
+inline fbatch<Arch> widen_scalar(const T* p) {
+  alignas(64) float tmp[fbatch<Arch>::size];
+  for (std::size_t i = 0; i < fbatch<Arch>::size; ++i) tmp[i] = to_float(p[i]);
+  return fbatch<Arch>::load_aligned(tmp);
+}
+
 template <class Arch>
 struct Widen {
   template <class T>
   static constexpr bool kPairs = false;
-  // Portable fallback: convert element by element into an aligned buffer.
   template <class T>
   static fbatch<Arch> load(const T* p) {
-    alignas(64) float tmp[fbatch<Arch>::size];
-    for (std::size_t i = 0; i < fbatch<Arch>::size; ++i) tmp[i] = to_float(p[i]);
-    return fbatch<Arch>::load_aligned(tmp);
+    return widen_scalar<Arch>(p);
   }
   static fbatch<Arch> load(const float* p) { return fbatch<Arch>::load_unaligned(p); }
 };
+
+// fp8 through f16 (both exact): e5m2 is the top byte of an f16. e4m3's magnitude bits shifted
+// into an f16's exponent and mantissa read as the value times 2^-8, subnormals included (both
+// formats' subnormals are plain multiples of their smallest step), so one multiply by 256
+// restores it; its NaN code (S.1111.111) would read as 480 and is replaced by NaN.
+#if defined(__F16C__) || defined(__AVX512F__)
+// The f16 bits of 8 fp8 codes zero-extended to 16 bits, and e4m3's NaN lanes (0xffff).
+inline __m128i e5m2_f16_bits(__m128i c16) { return _mm_slli_epi16(c16, 8); }
+inline __m128i e4m3_f16_bits(__m128i c16) {
+  const __m128i mag = _mm_slli_epi16(_mm_and_si128(c16, _mm_set1_epi16(0x7f)), 7);
+  const __m128i sign = _mm_slli_epi16(_mm_and_si128(c16, _mm_set1_epi16(0x80)), 8);
+  return _mm_or_si128(mag, sign);
+}
+inline __m128i e4m3_nan_lanes(__m128i c16) {
+  const __m128i m = _mm_set1_epi16(0x7f);
+  return _mm_cmpeq_epi16(_mm_and_si128(c16, m), m);
+}
+#endif
 
 #if XSIMD_WITH_SSE2
 template <>
@@ -54,6 +80,10 @@ struct Widen<xsimd::sse2> {
     alignas(16) float tmp[4];
     for (int i = 0; i < 4; ++i) tmp[i] = f16_to_float(p[i]);
     return fbatch<A>::load_aligned(tmp);
+  }
+  template <class T>
+  static fbatch<A> load(const T* p) {
+    return widen_scalar<A>(p);
   }
 };
 #endif
@@ -80,6 +110,16 @@ struct Widen<xsimd::fma3<xsimd::avx2>> {
   static fbatch<A> load(const f16_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
+  static fbatch<A> load(const fp8_e5m2_t* p) {
+    const __m128i c = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_cvtph_ps(e5m2_f16_bits(c));
+  }
+  static fbatch<A> load(const fp8_e4m3_t* p) {
+    const __m128i c = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256 v = _mm256_mul_ps(_mm256_cvtph_ps(e4m3_f16_bits(c)), _mm256_set1_ps(256.f));
+    const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(e4m3_nan_lanes(c)));
+    return _mm256_blendv_ps(v, _mm256_set1_ps(NAN), nan);
+  }
 };
 #endif
 
@@ -103,6 +143,21 @@ struct Widen<xsimd::avx512bw> {
   static fbatch<A> load(const f16_t* p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
+  static fbatch<A> load(const fp8_e5m2_t* p) {
+    const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm512_cvtph_ps(_mm256_slli_epi16(c, 8));
+  }
+  static fbatch<A> load(const fp8_e4m3_t* p) {
+    const __m256i c = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i m = _mm256_set1_epi16(0x7f);
+    const __m256i mag = _mm256_slli_epi16(_mm256_and_si256(c, m), 7);
+    const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8);
+    const __m512 v =
+        _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(mag, sign)), _mm512_set1_ps(256.f));
+    const __mmask16 nan = _mm512_cmpeq_epi32_mask(_mm512_cvtepu16_epi32(_mm256_and_si256(c, m)),
+                                                  _mm512_set1_epi32(0x7f));
+    return _mm512_mask_blend_ps(nan, v, _mm512_set1_ps(NAN));
+  }
 };
 #endif
 
@@ -119,6 +174,10 @@ struct Widen<xsimd::neon64> {
   }
   static fbatch<A> load(const f16_t* p) {  // exact, as the scalar f16_to_float
     return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const std::uint16_t*>(p))));
+  }
+  template <class T>
+  static fbatch<A> load(const T* p) {
+    return widen_scalar<A>(p);
   }
 };
 #endif

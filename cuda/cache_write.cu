@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_error.hpp"
@@ -19,11 +20,21 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// The scales of an fp8 cache (CacheWriteArgs::k_scale and the rest): the cache holds x / scale.
+struct WriteScales {
+  float k, v;
+  const float* k_per_head;  // or null
+  const float* v_per_head;
+};
+
+template <typename Dst>
+constexpr bool kFp8 = std::is_same_v<Dst, fp8_e4m3_t> || std::is_same_v<Dst, fp8_e5m2_t>;
+
 template <typename Src, typename Dst>
 __global__ void write_kernel(const Src* __restrict__ key, const Src* __restrict__ value,
                              std::int64_t src_stride, const std::int32_t* __restrict__ slots,
                              Dst* __restrict__ k_cache, Dst* __restrict__ v_cache,
-                             CacheLayout layout) {
+                             CacheLayout layout, WriteScales scales) {
   const int t = blockIdx.x;
   const std::int32_t slot = slots[t];
   const std::int64_t num_slots = static_cast<std::int64_t>(layout.num_blocks) * layout.block_size;
@@ -36,8 +47,15 @@ __global__ void write_kernel(const Src* __restrict__ key, const Src* __restrict_
     const int d = i % layout.head_dim;
     const std::int64_t src = t * src_stride + i;
     const std::int64_t dst = layout.offset(block, h, offset) + d;
-    k_cache[dst] = from_float<Dst>(to_float(key[src]));
-    v_cache[dst] = from_float<Dst>(to_float(value[src]));
+    if constexpr (kFp8<Dst>) {
+      const float ks = scales.k_per_head ? scales.k * scales.k_per_head[h] : scales.k;
+      const float vs = scales.v_per_head ? scales.v * scales.v_per_head[h] : scales.v;
+      k_cache[dst] = from_float<Dst>(to_float(key[src]) / ks);
+      v_cache[dst] = from_float<Dst>(to_float(value[src]) / vs);
+    } else {
+      k_cache[dst] = from_float<Dst>(to_float(key[src]));
+      v_cache[dst] = from_float<Dst>(to_float(value[src]));
+    }
   }
 }
 
@@ -46,7 +64,8 @@ void launch_write(const CacheWriteArgs& a, cudaStream_t stream) {
   const CacheLayout layout = a.cache_layout();
   write_kernel<Src, Dst><<<a.num_tokens, kThreads, 0, stream>>>(
       static_cast<const Src*>(a.key), static_cast<const Src*>(a.value), a.token_stride(),
-      a.slot_mapping, static_cast<Dst*>(a.k_cache), static_cast<Dst*>(a.v_cache), layout);
+      a.slot_mapping, static_cast<Dst*>(a.k_cache), static_cast<Dst*>(a.v_cache), layout,
+      WriteScales{a.k_scale, a.v_scale, a.k_scales, a.v_scales});
 }
 
 template <typename Src>
@@ -58,6 +77,10 @@ void launch_write_from(const CacheWriteArgs& a, cudaStream_t stream) {
       return launch_write<Src, f16_t>(a, stream);
     case DType::kBF16:
       return launch_write<Src, bf16_t>(a, stream);
+    case DType::kFP8E4M3:
+      return launch_write<Src, fp8_e4m3_t>(a, stream);
+    case DType::kFP8E5M2:
+      return launch_write<Src, fp8_e5m2_t>(a, stream);
   }
 }
 
@@ -102,6 +125,13 @@ void launch_copies(const CopyBlocksArgs& a, cudaStream_t stream) {
   }
 }
 
+void copy_back(std::vector<float>& dst, const float* src, cudaStream_t stream) {
+  check(
+      cudaMemcpyAsync(dst.data(), src, dst.size() * sizeof(float), cudaMemcpyDeviceToHost, stream),
+      "scales copy to host");
+  check(cudaStreamSynchronize(stream), "scales copy to host");
+}
+
 bool aligned(const void* p, std::size_t n) { return reinterpret_cast<std::uintptr_t>(p) % n == 0; }
 
 }  // namespace
@@ -115,6 +145,10 @@ void write_cache(const CacheWriteArgs& a, const CacheOpOptions& o) {
           "slot_mapping copy to host");
     check(cudaStreamSynchronize(stream), "slot_mapping copy to host");
     validate_slots(a, host.data());
+    std::vector<float> ks(a.k_scales ? a.num_kv_heads : 0), vs(a.v_scales ? a.num_kv_heads : 0);
+    if (a.k_scales != nullptr) copy_back(ks, a.k_scales, stream);
+    if (a.v_scales != nullptr) copy_back(vs, a.v_scales, stream);
+    validate_write_scales(a, a.k_scales ? ks.data() : nullptr, a.v_scales ? vs.data() : nullptr);
   }
   switch (a.src_dtype) {
     case DType::kF32:
@@ -143,8 +177,10 @@ void copy_blocks(const CopyBlocksArgs& a, const CacheOpOptions& o) {
     launch_copies<uint4>(a, stream);
   } else if (fits(4)) {
     launch_copies<std::uint32_t>(a, stream);
+  } else if (fits(2)) {
+    launch_copies<std::uint16_t>(a, stream);
   } else {
-    launch_copies<std::uint16_t>(a, stream);  // every dtype is a multiple of 2 bytes
+    launch_copies<std::uint8_t>(a, stream);  // fp8 with odd strides
   }
 }
 

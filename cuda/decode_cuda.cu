@@ -10,6 +10,7 @@
 #include <numeric>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "combine.cuh"
@@ -40,7 +41,9 @@ constexpr int kMaxSplitsPerSeq = 1024;
 // The tensor cores for every group size of a 16-bit cache, even MHA (one of the 16 M rows used):
 // the MMAs cost little next to the copies, and on the H200 the CUDA-core path reached 92% of the
 // read ceiling at group 1, 74% at group 2 and 56% at group 3, the tensor cores 96%, 93%, 88%.
-bool use_mma(const DecodeArgs& a) { return a.k_dtype != DType::kF32 && a.q_dtype == a.k_dtype; }
+bool use_mma(const DecodeArgs& a) {
+  return (a.k_dtype == DType::kF16 || a.k_dtype == DType::kBF16) && a.q_dtype == a.k_dtype;
+}
 
 // A CTA's rows (query token x query head of a kv head: split_params.cuh), and the CTAs per work
 // item that hold every row of a sequence with max_q_len query tokens.
@@ -74,6 +77,10 @@ int split_ctas_per_sm(const DecodeArgs& a) {
       break;
     case DType::kBF16:
       n = split_ctas_per_sm_bf16(a.head_dim, mma);
+      break;
+    case DType::kFP8E4M3:
+    case DType::kFP8E5M2:
+      n = split_ctas_per_sm_fp8(a.head_dim, a.k_dtype == DType::kFP8E5M2);
       break;
   }
   if (n <= 0) {
@@ -231,6 +238,16 @@ void check_launch(const DecodeArgs& a, const pagedattn::DecodeOptions& options) 
                             cudaMemcpyDeviceToHost, stream),
             "cudaMemcpyAsync(sinks)");
     }
+    std::vector<float> k_scales(a.k_scales ? a.num_kv_heads : 0),
+        v_scales(a.v_scales ? a.num_kv_heads : 0);
+    for (auto [dst, src, what] : {std::tuple{&k_scales, a.k_scales, "cudaMemcpyAsync(k_scales)"},
+                                  std::tuple{&v_scales, a.v_scales, "cudaMemcpyAsync(v_scales)"}}) {
+      if (src != nullptr) {
+        check(cudaMemcpyAsync(dst->data(), src, dst->size() * sizeof(float), cudaMemcpyDeviceToHost,
+                              stream),
+              what);
+      }
+    }
     std::vector<std::int32_t> indptr(a.q_indptr ? a.batch + 1 : 0);
     if (a.q_indptr != nullptr) {
       check(cudaMemcpyAsync(indptr.data(), a.q_indptr, indptr.size() * sizeof(std::int32_t),
@@ -242,6 +259,8 @@ void check_launch(const DecodeArgs& a, const pagedattn::DecodeOptions& options) 
     validate_tables(a, lens.data(), table.data(), a.q_indptr ? indptr.data() : nullptr);
     validate_variant_values(a, a.alibi_slopes ? slopes.data() : nullptr,
                             a.sinks ? sinks.data() : nullptr);
+    validate_kv_scales(a, a.k_scales ? k_scales.data() : nullptr,
+                       a.v_scales ? v_scales.data() : nullptr);
   }
 }
 
@@ -292,6 +311,10 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   p.row_unit = units.row_unit;
   p.head_bytes = units.head_bytes;
   p.scale_log2 = a.effective_scale() * kLog2e;
+  p.k_scale = a.k_scale;
+  p.v_scale = a.v_scale;
+  p.k_scales = a.k_scales;
+  p.v_scales = a.v_scales;
   p.plan = plan;
   const float cap = a.logits_soft_cap;
   p.cap2 = cap > 0.f ? cap * kLog2e : 0.f;
@@ -331,6 +354,10 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
         break;
       case DType::kF16:
         launched = launch_split_f16(p, a.head_dim, mma, grid, stream);
+        break;
+      case DType::kFP8E4M3:
+      case DType::kFP8E5M2:
+        launched = launch_split_fp8(p, a.head_dim, a.k_dtype == DType::kFP8E5M2, grid, stream);
         break;
       case DType::kBF16:
         launched = launch_split_bf16(p, a.head_dim, mma, grid, stream);

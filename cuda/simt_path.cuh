@@ -13,6 +13,7 @@
 
 #include "kv_pipeline.cuh"
 #include "logit_variants.cuh"
+#include "pagedattn/dtype.hpp"
 #include "pagedattn/online_softmax.hpp"
 #include "ptx.cuh"
 #include "query_rows.cuh"
@@ -24,6 +25,13 @@ namespace pagedattn::detail::cuda {
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(fp8_e4m3_t x) { return fp8_e4m3_to_float(x); }
+__device__ __forceinline__ float to_f(fp8_e5m2_t x) { return fp8_e5m2_to_float(x); }
+
+// The dequantization scale of kv head kv (fp8 caches; 1 otherwise).
+__device__ __forceinline__ float kv_scale(float scale, const float* per_head, int kv) {
+  return per_head != nullptr ? scale * __ldg(per_head + kv) : scale;
+}
 
 __device__ __forceinline__ float load_q(const void* q, int dtype, std::int64_t i) {
   if (dtype == 0) return static_cast<const float*>(q)[i];
@@ -36,13 +44,20 @@ __device__ __forceinline__ float load_q(const void* q, int dtype, std::int64_t i
 template <typename T, int D, int E>
 __device__ __forceinline__ void load_slice(const char* tile, int r, int l16, float (&out)[E]) {
   constexpr int kBytes = E * static_cast<int>(sizeof(T));
-  constexpr int kAlign = kBytes % 16 == 0 ? 16 : kBytes % 8 == 0 ? 8 : kBytes % 4 == 0 ? 4 : 2;
+  constexpr int kAlign = kBytes % 16 == 0  ? 16
+                         : kBytes % 8 == 0 ? 8
+                         : kBytes % 4 == 0 ? 4
+                         : kBytes % 2 == 0 ? 2
+                                           : 1;  // fp8 with an odd E (head dims 80, 112)
   constexpr int kWords = kBytes / kAlign;
   using W = typename std::conditional<
       kAlign == 16, uint4,
       typename std::conditional<
           kAlign == 8, uint2,
-          typename std::conditional<kAlign == 4, std::uint32_t, std::uint16_t>::type>::type>::type;
+          typename std::conditional<kAlign == 4, std::uint32_t,
+                                    typename std::conditional<kAlign == 2, std::uint16_t,
+                                                              std::uint8_t>::type>::type>::type>::
+      type;
   W w[kWords];
 #pragma unroll
   for (int i = 0; i < kWords; ++i) {
@@ -68,7 +83,9 @@ struct SimtCfg {
   static constexpr int SMEM = STAGE_AREA + QBYTES + Pipe::kIndexBytes + kSmemAlign;
 };
 
-template <typename T, int D>
+// kMulti: the item's sequence has several query tokens (item.n_q > 1). One-token decode runs the
+// kMulti = false instance, where the per-row causal tests and the row arithmetic fold away.
+template <typename T, int D, bool kMulti>
 __device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& item,
                                           typename SimtCfg<T, D>::Pipe& pipe, char* smem) {
   using Cfg = SimtCfg<T, D>;
@@ -86,14 +103,16 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& i
   const int nh = max(0, min(HW, R - h_first));
   QueryRow qr[HW];
 #pragma unroll
-  for (int h = 0; h < HW; ++h) qr[h] = query_row(p, item, h_first + h);
+  for (int h = 0; h < HW; ++h) qr[h] = query_row<kMulti>(p, item, h_first + h);
+  // q . (code x k_scale) = (q x k_scale) . code: an fp8 cache's K scale joins the logit scale.
+  const float q_scale = p.scale_log2 * kv_scale(p.k_scale, p.k_scales, item.kv);
   float q[HW][E];
 #pragma unroll
   for (int h = 0; h < HW; ++h) {
     const std::int64_t at = qr[h].qrow * p.q_stride + static_cast<std::int64_t>(qr[h].head) * D;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      q[h][e] = h < nh ? load_q(p.q, p.q_dtype, at + l16 * E + e) * p.scale_log2 : 0.f;
+      q[h][e] = h < nh ? load_q(p.q, p.q_dtype, at + l16 * E + e) * q_scale : 0.f;
     }
   }
   float slope2[HW];  // ALiBi, log2 units (0 without)
@@ -135,8 +154,8 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& i
         for (int o2 = 8; o2 > 0; o2 >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o2);
         // Whether the row attends to the token: with several query tokens, each row's own
         // causal bound and window (the tile mask covers the earliest query's window).
-        att[h] =
-            ok && (item.n_q == 1 || row_attends(t, pipe.last_pos, qr[h].back, p.plan.window_left));
+        att[h] = ok && (!kMulti || item.n_q == 1 ||
+                        row_attends(t, pipe.last_pos, qr[h].back, p.plan.window_left));
         // x * 0 is 0 for a finite logit, NaN otherwise.
         bad[h] = fmaf(att[h] ? d : 0.f, 0.f, bad[h]);
         if (p.logit_variant) {  // uniform
@@ -208,9 +227,14 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& i
         for (int e = 0; e < E; ++e) acc[h][e] = acc[h][e] * fa + row[l16 * E + e] * fb;
       }
     }
+    // sum p (code x v_scale) = v_scale x sum p code: an fp8 cache's V scale, on the weighted sum
+    // (partial or final; the combine merges scaled partials).
+    const float vs = kv_scale(p.v_scale, p.v_scales, item.kv);
 #pragma unroll
     for (int h = 0; h < HW; ++h) {
       if (h >= nh) break;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[h][e] *= vs;
       if (item.finish) {  // the sequence's only split: out and lse directly
         const std::int64_t row = static_cast<std::int64_t>(qr[h].qrow) * p.num_heads + qr[h].head;
         const float fa = fold_sink(p, st[h], qr[h].head);  // the sink: denominator only

@@ -93,7 +93,11 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
       mma_item<T, D, false>(p, item, pipe, smem);
     }
   } else {
-    simt_item<T, D>(p, item, pipe, smem);
+    if (item.n_q > 1) {
+      simt_item<T, D, true>(p, item, pipe, smem);
+    } else {
+      simt_item<T, D, false>(p, item, pipe, smem);
+    }
   }
 }
 

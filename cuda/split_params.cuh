@@ -40,6 +40,11 @@ struct SplitParams {
   int block_units, token_units, row_unit;
   long long head_bytes;
   float scale_log2;  // scale * log2(e): scores are kept in log2 units
+  // fp8 caches' dequantization scales (DecodeArgs::k_scale, ...; 1 and null otherwise), folded
+  // into a kv head's logit scale and into its weighted sum (simt_path.cuh).
+  float k_scale, v_scale;
+  const float* k_scales;
+  const float* v_scales;
   PlanOptions plan;  // plan.window_left is DecodeArgs::window_left
   // The logit variants (pagedattn/variants.hpp) in log2 units: soft-cap cap2 = cap * log2(e)
   // (0: none) and soft_cap_exp2_scale(cap2); ALiBi slopes (f32 [num_heads], times log2(e) on use,
@@ -92,5 +97,8 @@ bool launch_split_bf16(const SplitParams& p, int head_dim, bool mma, int grid, c
 int split_ctas_per_sm_f32(int head_dim);
 int split_ctas_per_sm_f16(int head_dim, bool mma);
 int split_ctas_per_sm_bf16(int head_dim, bool mma);
+// fp8 caches (CUDA cores for now; `e5m2` picks the format).
+bool launch_split_fp8(const SplitParams& p, int head_dim, bool e5m2, int grid, cudaStream_t stream);
+int split_ctas_per_sm_fp8(int head_dim, bool e5m2);
 
 }  // namespace pagedattn::detail::cuda

@@ -17,6 +17,7 @@ void write_cache(const CacheWriteArgs& args, const CacheOpOptions& options) {
     return;
   }
   detail::validate_slots(args, args.slot_mapping);
+  detail::validate_write_scales(args, args.k_scales, args.v_scales);
   detail::cpu::write_cache(args, options);
 }
 

@@ -111,5 +111,56 @@ INSTANTIATE_TEST_SUITE_P(Dims, BackendReferenceTest,
                                             ::testing::Values(Ctx::kBlockPlus1, Ctx::kThousand)),
                          param_name);
 
+// fp8 caches (values stored x k_scale, v_scale, per kv head too) read with f32, f16 or bf16 q
+// and out: the reference dequantizes exactly, so the error is the backends' f32 arithmetic.
+using Fp8Param = std::tuple<Backend, DType /*cache*/, DType /*q, out*/, int /*head_dim*/,
+                            int /*block_size*/, int /*group*/, Ctx, bool /*per-head scales*/>;
+
+class Fp8ReferenceTest : public ::testing::TestWithParam<Fp8Param> {};
+
+TEST_P(Fp8ReferenceTest, MatchesTheReference) {
+  const auto [backend, cache, dtype, head_dim, block_size, group, ctx, per_head] = GetParam();
+  if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
+  testing::CaseSpec spec;
+  spec.num_kv_heads = 2;
+  spec.num_heads = 2 * group;
+  spec.head_dim = head_dim;
+  spec.block_size = block_size;
+  spec.q_dtype = spec.out_dtype = dtype;
+  spec.kv_dtype = cache;
+  spec.k_scale = 0.0625f;  // codes of 16 x the values
+  spec.v_scale = 3.f;
+  spec.per_head_scales = per_head;
+  const int L = ctx_len(ctx, block_size);
+  spec.context_lens = {L, 37, L, 0};
+  spec.batch = 4;
+  spec.spare_blocks = 5;
+  spec.table_padding = 2;
+  spec.seed = testing::seed_for_test();
+  testing::HostCase c = testing::make_case(spec);
+  DecodeOptions o;
+  o.backend = backend;
+  testing::run_decode(c, o);
+  testing::expect_matches_reference(c);
+}
+
+std::string fp8_param_name(const ::testing::TestParamInfo<Fp8Param>& info) {
+  const auto [backend, cache, dtype, head_dim, block_size, group, ctx, per_head] = info.param;
+  return std::string(backend_name(backend)) + "_" + dtype_name(cache) + "_" + dtype_name(dtype) +
+         "_d" + std::to_string(head_dim) + "_bs" + std::to_string(block_size) + "_g" +
+         std::to_string(group) + "_ctx" + ctx_name(ctx) + (per_head ? "_perhead" : "");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, Fp8ReferenceTest,
+    ::testing::Combine(::testing::Values(Backend::kCpu, Backend::kCuda),
+                       ::testing::Values(DType::kFP8E4M3, DType::kFP8E5M2),
+                       ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                       ::testing::Values(64, 128), ::testing::Values(1, 16),
+                       ::testing::Values(1, 8),
+                       ::testing::Values(Ctx::kZero, Ctx::kOne, Ctx::kBlockPlus1, Ctx::kThousand),
+                       ::testing::Values(false, true)),
+    fp8_param_name);
+
 }  // namespace
 }  // namespace pagedattn

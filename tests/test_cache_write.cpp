@@ -27,6 +27,8 @@ struct WriteCase {
   std::int64_t src_stride;
   std::vector<std::uint8_t> key, value, k_cache, v_cache;
   std::vector<std::int32_t> slots;
+  float k_scale = 1.f, v_scale = 1.f;     // fp8 caches only
+  std::vector<float> k_scales, v_scales;  // per kv head, or empty
 
   CacheWriteArgs args() {
     CacheWriteArgs a;
@@ -43,6 +45,10 @@ struct WriteCase {
     a.k_cache = k_cache.data();
     a.v_cache = v_cache.data();
     a.cache_dtype = cache;
+    a.k_scale = k_scale;
+    a.v_scale = v_scale;
+    a.k_scales = k_scales.empty() ? nullptr : k_scales.data();
+    a.v_scales = v_scales.empty() ? nullptr : v_scales.data();
     return a;
   }
 };
@@ -61,6 +67,17 @@ WriteCase make_write_case(int tokens, int kv, int dim, int bs, int blocks, DType
   for (std::size_t i = 0; i < src_elems; ++i) {
     store_from_float(c.key.data(), src, i, normal(rng));
     store_from_float(c.value.data(), src, i, normal(rng));
+  }
+  if (is_fp8(cache)) {
+    // Scaled codes, and the edges of quantizing: NaN, Inf, beyond the range (saturates), below
+    // the smallest subnormal (to 0).
+    c.k_scale = 0.25f;
+    c.v_scale = 4.f;
+    const float edges[] = {NAN, INFINITY, -INFINITY, 1e6f, -1e6f, 1e-9f, 448.f * 0.25f, 500.f};
+    for (std::size_t i = 0; i < std::size(edges) && i < src_elems; ++i) {
+      store_from_float(c.key.data(), src, i, edges[i]);
+      store_from_float(c.value.data(), src, src_elems - 1 - i, edges[i]);
+    }
   }
   const std::size_t cache_bytes =
       static_cast<std::size_t>(CacheLayout::dense(blocks, kv, bs, dim).elements()) *
@@ -89,8 +106,13 @@ void reference_write(WriteCase& c) {
       for (int d = 0; d < c.head_dim; ++d) {
         const std::size_t src = t * row + h * c.head_dim + d;
         const std::size_t dst = l.offset(s / c.block_size, h, s % c.block_size) + d;
-        store_from_float(c.k_cache.data(), c.cache, dst, load_as_float(c.key.data(), c.src, src));
-        store_from_float(c.v_cache.data(), c.cache, dst, load_as_float(c.value.data(), c.src, src));
+        // An fp8 cache holds x / scale (a scale of 1 leaves the other dtypes' values alone).
+        const float ks = c.k_scale * (c.k_scales.empty() ? 1.f : c.k_scales[h]);
+        const float vs = c.v_scale * (c.v_scales.empty() ? 1.f : c.v_scales[h]);
+        store_from_float(c.k_cache.data(), c.cache, dst,
+                         load_as_float(c.key.data(), c.src, src) / ks);
+        store_from_float(c.v_cache.data(), c.cache, dst,
+                         load_as_float(c.value.data(), c.src, src) / vs);
       }
     }
   }
@@ -128,11 +150,48 @@ TEST_P(CacheWriteDTypes, CpuMatchesTheReference) {
 INSTANTIATE_TEST_SUITE_P(
     All, CacheWriteDTypes,
     ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
-                       ::testing::Values(DType::kF32, DType::kF16, DType::kBF16)),
+                       ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3,
+                                         DType::kFP8E5M2)),
     [](const auto& info) {
       return std::string(dtype_name(std::get<0>(info.param))) + "_to_" +
              dtype_name(std::get<1>(info.param));
     });
+
+TEST(CacheWrite, Fp8PerHeadScales) {
+  for (const DType cache : {DType::kFP8E4M3, DType::kFP8E5M2}) {
+    WriteCase got = make_write_case(40, 3, 64, 16, 6, DType::kBF16, cache, 0, 21);
+    got.k_scales = {0.5f, 1.f, 8.f};
+    got.v_scales = {2.f, 0.125f, 1.f};
+    WriteCase want = got;
+    write_cache(got.args(), cpu());
+    reference_write(want);
+    EXPECT_TRUE(got.k_cache == want.k_cache) << dtype_name(cache);
+    EXPECT_TRUE(got.v_cache == want.v_cache) << dtype_name(cache);
+  }
+  // Scales on other caches, out of range, or from fp8 sources are errors.
+  WriteCase c = make_write_case(4, 2, 64, 16, 2, DType::kF32, DType::kBF16, 0, 2);
+  CacheWriteArgs a = c.args();
+  a.k_scale = 2.f;
+  EXPECT_THROW(write_cache(a, cpu()), Error);
+  WriteCase f = make_write_case(4, 2, 64, 16, 2, DType::kF32, DType::kFP8E4M3, 0, 2);
+  f.v_scales = {1.f, 0.f};
+  try {
+    write_cache(f.args(), cpu());
+    ADD_FAILURE() << "v_scales[1] = 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "v_scales[1]");
+  }
+  a = f.args();
+  a.v_scales = nullptr;
+  a.src_dtype = DType::kFP8E5M2;
+  try {
+    write_cache(a, cpu());
+    ADD_FAILURE() << "an fp8 source accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "src_dtype");
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+  }
+}
 
 TEST(CacheWrite, SlotOutOfRangeIsAnErrorAndWritesNothing) {
   for (const std::int32_t bad : {-2, 4 * 16, 1 << 30}) {
@@ -371,7 +430,7 @@ TEST(CopyBlocks, BadShapesAndOptionsAreErrorsAndCopyNothing) {
                ErrorCode::kUnsupported, "head_dim", "head_dim = 100");
   expect_error([](CopyBlocksArgs& a, CacheOpOptions&) { a.num_pairs = -1; },
                ErrorCode::kInvalidArgument, "num_pairs", "num_pairs = -1");
-  expect_error([](CopyBlocksArgs& a, CacheOpOptions&) { a.cache_dtype = static_cast<DType>(3); },
+  expect_error([](CopyBlocksArgs& a, CacheOpOptions&) { a.cache_dtype = static_cast<DType>(9); },
                ErrorCode::kInvalidArgument, "cache_dtype", "not a DType");
   expect_error([](CopyBlocksArgs& a, CacheOpOptions&) { a.pairs = nullptr; },
                ErrorCode::kInvalidArgument, "pairs", "pairs = null");

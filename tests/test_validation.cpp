@@ -2,6 +2,7 @@
 // written to out or lse.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -218,7 +219,7 @@ TEST(Validation, DtypesOutsideTheEnum) {
   const std::vector<std::pair<std::string, std::function<void(DecodeArgs&)>>> cases = {
       {"q_dtype", [](DecodeArgs& a) { a.q_dtype = static_cast<DType>(7); }},
       {"k_dtype", [](DecodeArgs& a) { a.k_dtype = static_cast<DType>(-1); }},
-      {"v_dtype", [](DecodeArgs& a) { a.v_dtype = static_cast<DType>(3); }},
+      {"v_dtype", [](DecodeArgs& a) { a.v_dtype = static_cast<DType>(5); }},
       {"out_dtype", [](DecodeArgs& a) { a.out_dtype = static_cast<DType>(42); }},
   };
   for (const auto& [name, mutate] : cases) {
@@ -226,6 +227,58 @@ TEST(Validation, DtypesOutsideTheEnum) {
     expect_rejected([&](DecodeArgs& a, testing::HostCase&) { mutate(a); },
                     ErrorCode::kInvalidArgument, name, {name + " = ", "not a DType"});
   }
+}
+
+TEST(Validation, Fp8IsACacheDtypeOnly) {
+  for (const char* name : {"q_dtype", "out_dtype"}) {
+    for (const DType t : {DType::kFP8E4M3, DType::kFP8E5M2}) {
+      SCOPED_TRACE(std::string(name) + " " + dtype_name(t));
+      expect_rejected([&](DecodeArgs& a,
+                          testing::HostCase&) { (name[0] == 'q' ? a.q_dtype : a.out_dtype) = t; },
+                      ErrorCode::kUnsupported, name, {dtype_name(t), "K and V caches only"});
+    }
+  }
+}
+
+TEST(Validation, KvScales) {
+  // Scales on a cache other than fp8 (the default case is f32).
+  expect_rejected([](DecodeArgs& a, testing::HostCase&) { a.k_scale = 0.5f; },
+                  ErrorCode::kUnsupported, "k_scale", {"fp8 caches only"});
+  static const float kOnes[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  expect_rejected([](DecodeArgs& a, testing::HostCase&) { a.v_scales = kOnes; },
+                  ErrorCode::kUnsupported, "v_scales", {"fp8 caches only"});
+  // Out of range, on an fp8 cache.
+  for (const float bad : {0.f, -1.f, NAN, INFINITY, 1e31f, 1e-31f}) {
+    SCOPED_TRACE(bad);
+    expect_rejected(
+        [bad](DecodeArgs& a, testing::HostCase&) {
+          a.k_dtype = a.v_dtype = DType::kFP8E4M3;
+          a.v_scale = bad;
+        },
+        ErrorCode::kInvalidArgument, "v_scale", {"v_scale = ", "must be in ["});
+  }
+}
+
+TEST(Validation, PerHeadKvScalesAreChecked) {
+  testing::CaseSpec s;
+  s.batch = 2;
+  s.num_kv_heads = 3;
+  s.num_heads = 6;
+  s.context_lens = {5, 40};
+  s.kv_dtype = DType::kFP8E5M2;
+  s.per_head_scales = true;
+  testing::HostCase c = testing::make_case(s);
+  c.k_scales[1] = NAN;
+  c.poison_outputs();
+  const std::vector<std::uint8_t> before = c.out;
+  try {
+    decode(c.args(), DecodeOptions{Backend::kCpu});
+    ADD_FAILURE() << "a NaN k_scales[1] was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "k_scales[1]") << e.what();
+  }
+  EXPECT_EQ(c.out, before);
+  EXPECT_THROW(reference_decode(c.args()), Error);
 }
 
 }  // namespace

@@ -35,8 +35,17 @@ void validate_write_args(const CacheWriteArgs& a) {
   }
   validate_pool(a.num_kv_heads, a.head_dim, a.block_size, a.num_blocks);
   require_cache_strides(a.kv_strides, a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
-  require_dtype("src_dtype", a.src_dtype);
+  require_value_dtype("src_dtype", a.src_dtype);
   require_dtype("cache_dtype", a.cache_dtype);
+  require_kv_scale("k_scale", a.k_scale);
+  require_kv_scale("v_scale", a.v_scale);
+  if (!is_fp8(a.cache_dtype)) {
+    const char* why = "applies to fp8 caches only (cache_dtype fp8_e4m3 or fp8_e5m2)";
+    if (a.k_scale != 1.f) fail(ErrorCode::kUnsupported, "k_scale", a.k_scale, why);
+    if (a.v_scale != 1.f) fail(ErrorCode::kUnsupported, "v_scale", a.v_scale, why);
+    if (a.k_scales != nullptr) fail(ErrorCode::kUnsupported, "k_scales", "set", why);
+    if (a.v_scales != nullptr) fail(ErrorCode::kUnsupported, "v_scales", "set", why);
+  }
   if (a.src_token_stride != 0 &&
       a.src_token_stride < static_cast<std::int64_t>(a.num_kv_heads) * a.head_dim) {
     std::ostringstream v;
@@ -94,6 +103,17 @@ void validate_copy_args(const CopyBlocksArgs& a) {
 
 void validate_slots(const CacheWriteArgs& a, const std::int32_t* slot_mapping) {
   validate_slot_mapping(a, slot_mapping);
+}
+
+void validate_write_scales(const CacheWriteArgs& a, const float* k_scales, const float* v_scales) {
+  for (int h = 0; h < a.num_kv_heads; ++h) {
+    if (k_scales != nullptr) {
+      require_kv_scale(("k_scales[" + std::to_string(h) + "]").c_str(), k_scales[h]);
+    }
+    if (v_scales != nullptr) {
+      require_kv_scale(("v_scales[" + std::to_string(h) + "]").c_str(), v_scales[h]);
+    }
+  }
 }
 
 }  // namespace detail

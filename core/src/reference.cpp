@@ -17,6 +17,7 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
     validate_q_indptr(a, a.q_indptr);
     validate_tables(a, a.context_lens, a.block_table, a.q_indptr);
     validate_variant_values(a, a.alibi_slopes, a.sinks);
+    validate_kv_scales(a, a.k_scales, a.v_scales);
   }
 
   const int H = a.num_heads, D = a.head_dim, G = a.group_size();
@@ -49,6 +50,9 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
       const int t0 = window_first_token(L, a.window_left);
       const int n = L - t0;
       for (int kv = 0; kv < a.num_kv_heads; ++kv) {
+        // The dequantization scales (1 for caches other than fp8); code x scale is exact in f64.
+        const double ks = static_cast<double>(a.k_scale) * (a.k_scales ? a.k_scales[kv] : 1.f);
+        const double vs = static_cast<double>(a.v_scale) * (a.v_scales ? a.v_scales[kv] : 1.f);
         // Gather the attended keys and values: one row per token.
         Eigen::MatrixXd K(n, D), V(n, D);
         for (int j = 0; j < n; ++j) {
@@ -56,8 +60,8 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
           const std::int64_t base =
               layout.offset(table.block(b, t / a.block_size), kv, t % a.block_size);
           for (int d = 0; d < D; ++d) {
-            K(j, d) = load_as_float(a.k_cache, a.k_dtype, base + d);
-            V(j, d) = load_as_float(a.v_cache, a.v_dtype, base + d);
+            K(j, d) = load_as_float(a.k_cache, a.k_dtype, base + d) * ks;
+            V(j, d) = load_as_float(a.v_cache, a.v_dtype, base + d) * vs;
           }
         }
         const bool k_finite = K.allFinite();

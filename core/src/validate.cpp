@@ -82,8 +82,24 @@ void require_non_null(const char* name, const void* p) {
 }
 
 void require_dtype(const char* name, DType t) {
-  if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16) {
+  if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16 && !is_fp8(t)) {
     fail(ErrorCode::kInvalidArgument, name, static_cast<int>(t), "not a DType");
+  }
+}
+
+void require_value_dtype(const char* name, DType t) {
+  require_dtype(name, t);
+  if (is_fp8(t)) {
+    fail(ErrorCode::kUnsupported, name, dtype_name(t),
+         "unsupported: fp8 stores K and V caches only (this tensor takes f32, f16 or bf16)");
+  }
+}
+
+void require_kv_scale(const char* name, float v) {
+  if (!(v >= kMinKvScale && v <= kMaxKvScale)) {
+    std::ostringstream why;
+    why << "must be in [" << kMinKvScale << ", " << kMaxKvScale << "]";
+    fail(ErrorCode::kInvalidArgument, name, v, why.str());
   }
 }
 
@@ -137,8 +153,8 @@ void validate_merge_args(const MergeStatesArgs& a) {
     fail(ErrorCode::kInvalidArgument, "num_rows", a.num_rows, "must not be negative");
   }
   require_positive("head_dim", a.head_dim);
-  require_dtype("part_dtype", a.part_dtype);
-  require_dtype("out_dtype", a.out_dtype);
+  require_value_dtype("part_dtype", a.part_dtype);
+  require_value_dtype("out_dtype", a.out_dtype);
   if (static_cast<double>(a.num_segments) * a.num_rows * a.head_dim > 4e18) {
     fail(ErrorCode::kInvalidArgument, "num_rows", a.num_rows,
          "num_segments * num_rows * head_dim elements exceed the addressable range");
@@ -268,13 +284,22 @@ void validate_shapes(const DecodeArgs& a, bool require_out) {
          "times block_size exceeds the int32 context range");
   }
   require_cache_strides(a.kv_strides, a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
-  require_dtype("q_dtype", a.q_dtype);
+  require_value_dtype("q_dtype", a.q_dtype);
   require_dtype("k_dtype", a.k_dtype);
   require_dtype("v_dtype", a.v_dtype);
-  require_dtype("out_dtype", a.out_dtype);
+  require_value_dtype("out_dtype", a.out_dtype);
   if (a.k_dtype != a.v_dtype) {
     fail(ErrorCode::kUnsupported, "v_dtype", dtype_name(a.v_dtype),
          std::string("must equal k_dtype (") + dtype_name(a.k_dtype) + ")");
+  }
+  require_kv_scale("k_scale", a.k_scale);
+  require_kv_scale("v_scale", a.v_scale);
+  if (!is_fp8(a.k_dtype)) {
+    const char* why = "applies to fp8 caches only (k_dtype fp8_e4m3 or fp8_e5m2)";
+    if (a.k_scale != 1.f) fail(ErrorCode::kUnsupported, "k_scale", a.k_scale, why);
+    if (a.v_scale != 1.f) fail(ErrorCode::kUnsupported, "v_scale", a.v_scale, why);
+    if (a.k_scales != nullptr) fail(ErrorCode::kUnsupported, "k_scales", "set", why);
+    if (a.v_scales != nullptr) fail(ErrorCode::kUnsupported, "v_scales", "set", why);
   }
   if (a.scale && !std::isfinite(*a.scale)) {
     fail(ErrorCode::kInvalidArgument, "scale", *a.scale, "must be finite");
@@ -349,6 +374,15 @@ void validate_tables(const DecodeArgs& a, const std::int32_t* context_lens,
                  "] = " + std::to_string(len));
       }
     }
+  }
+}
+
+void validate_kv_scales(const DecodeArgs& a, const float* k_scales, const float* v_scales) {
+  for (int h = 0; h < a.num_kv_heads; ++h) {
+    if (k_scales != nullptr)
+      require_kv_scale(("k_scales[" + std::to_string(h) + "]").c_str(), k_scales[h]);
+    if (v_scales != nullptr)
+      require_kv_scale(("v_scales[" + std::to_string(h) + "]").c_str(), v_scales[h]);
   }
 }
 

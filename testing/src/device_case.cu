@@ -51,6 +51,9 @@ DeviceCase::DeviceCase(const DecodeArgs& host, void* stream_ptr) : args_(host) {
   const std::size_t head_bytes = static_cast<std::size_t>(host.num_heads) * sizeof(float);
   if (host.alibi_slopes) slopes_ = upload(host.alibi_slopes, head_bytes, stream);
   if (host.sinks) sinks_ = upload(host.sinks, head_bytes, stream);
+  const std::size_t kv_head_bytes = static_cast<std::size_t>(host.num_kv_heads) * sizeof(float);
+  if (host.k_scales) k_scales_ = upload(host.k_scales, kv_head_bytes, stream);
+  if (host.v_scales) v_scales_ = upload(host.v_scales, kv_head_bytes, stream);
   check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   args_.q = q_.get();
   args_.k_cache = k_.get();
@@ -61,6 +64,8 @@ DeviceCase::DeviceCase(const DecodeArgs& host, void* stream_ptr) : args_(host) {
   args_.lse = host.lse ? lse_.as<float>() : nullptr;
   args_.alibi_slopes = host.alibi_slopes ? slopes_.as<const float>() : nullptr;
   args_.sinks = host.sinks ? sinks_.as<const float>() : nullptr;
+  args_.k_scales = host.k_scales ? k_scales_.as<const float>() : nullptr;
+  args_.v_scales = host.v_scales ? v_scales_.as<const float>() : nullptr;
 }
 
 void DeviceCase::download(const DecodeArgs& host, void* stream_ptr) const {

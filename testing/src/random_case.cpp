@@ -72,8 +72,17 @@ HostCase make_case(const CaseSpec& spec) {
 
   const CacheLayout layout = CacheLayout::dense(c.num_blocks, KV, BS, D);
   fill_random(c.q, spec.q_dtype, static_cast<std::size_t>(B) * H * D, spec.magnitude, rng);
-  fill_random(c.k, spec.kv_dtype, layout.elements(), spec.magnitude, rng);
-  fill_random(c.v, spec.kv_dtype, layout.elements(), 1.f, rng);
+  // An fp8 cache holds value / scale, so the dequantized values have the usual spread (per-head
+  // scales, in [0.5, 2), widen it a little per kv head).
+  fill_random(c.k, spec.kv_dtype, layout.elements(), spec.magnitude / spec.k_scale, rng);
+  fill_random(c.v, spec.kv_dtype, layout.elements(), 1.f / spec.v_scale, rng);
+  if (spec.per_head_scales) {
+    std::uniform_real_distribution<float> per_head(0.5f, 2.f);
+    for (int kv = 0; kv < KV; ++kv) {
+      c.k_scales.push_back(per_head(rng));
+      c.v_scales.push_back(per_head(rng));
+    }
+  }
 
   if (spec.poison) {
     // Every (block, slot) no sequence reads is poisoned with NaN.
@@ -113,6 +122,10 @@ DecodeArgs HostCase::args() {
   a.k_cache = k.data();
   a.v_cache = v.data();
   a.k_dtype = a.v_dtype = spec.kv_dtype;
+  a.k_scale = spec.k_scale;
+  a.v_scale = spec.v_scale;
+  a.k_scales = k_scales.empty() ? nullptr : k_scales.data();
+  a.v_scales = v_scales.empty() ? nullptr : v_scales.data();
   a.block_table = block_table.data();
   a.context_lens = context_lens.data();
   a.out = out.data();

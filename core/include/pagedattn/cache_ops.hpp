@@ -36,6 +36,15 @@ struct CacheWriteArgs {
   void* v_cache = nullptr;
   DType cache_dtype = DType::kF32;
   CacheStrides kv_strides;  // the caches' layout; default dense HND
+  // An fp8 cache (cache_dtype kFP8E4M3 or kFP8E5M2) stores x / scale, rounded to the nearest
+  // code (ties to even), finite values beyond the format's range saturating to its largest
+  // finite code and NaN kept (Inf too in e5m2; Inf becomes NaN in e4m3, which has none); scale
+  // is k_scale x k_scales[h] for kv head h (k_scales null: k_scale alone), V alike: the scales a
+  // decode of the cache passes (DecodeArgs::k_scale and the rest). Other caches take no scales.
+  float k_scale = 1.f;
+  float v_scale = 1.f;
+  const float* k_scales = nullptr;  // f32 [num_kv_heads], where the caches are, or null
+  const float* v_scales = nullptr;
 
   CacheLayout cache_layout() const {
     return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size, head_dim, kv_strides);

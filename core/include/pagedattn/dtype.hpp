@@ -10,7 +10,11 @@
 
 namespace pagedattn {
 
-enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// f32, f16 and bf16 store any tensor; the fp8 formats store K and V caches only (values are
+// stored x scale: DecodeArgs::k_scale and the rest).
+enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2, kFP8E4M3 = 3, kFP8E5M2 = 4 };
+
+inline bool is_fp8(DType t) { return t == DType::kFP8E4M3 || t == DType::kFP8E5M2; }
 
 inline const char* dtype_name(DType t) {
   switch (t) {
@@ -20,13 +24,17 @@ inline const char* dtype_name(DType t) {
       return "f16";
     case DType::kBF16:
       return "bf16";
+    case DType::kFP8E4M3:
+      return "fp8_e4m3";
+    case DType::kFP8E5M2:
+      return "fp8_e5m2";
   }
   return "unknown";
 }
 
-inline std::size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+inline std::size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : is_fp8(t) ? 1 : 2; }
 
-// 16-bit storage types: distinct wrappers so templates can tell them apart.
+// 16- and 8-bit storage types: distinct wrappers so templates can tell them apart.
 struct f16_t {
   std::uint16_t bits;
 };
@@ -123,10 +131,62 @@ PAGEDATTN_HOST_DEVICE f16_t float_to_f16(float f) {
   return f16_t{static_cast<std::uint16_t>(sign | (code > 0x7c00u ? 0x7c00u : code))};
 }
 
+// The two OCP 8-bit float formats of fp8 KV caches (DType::kFP8E4M3, kFP8E5M2), converted
+// exactly to f32 and from it:
+//   e4m3: sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities; NaN = S.1111.111;
+//         largest finite 448; smallest subnormal 2^-9.
+//   e5m2: sign, 5 exponent bits (bias 15), 2 mantissa bits; IEEE-like Inf and NaN; largest
+//         finite 57344; smallest subnormal 2^-16. It is the top byte of an f16.
+// From f32: round to nearest, ties to even; finite values beyond the range saturate to the
+// largest finite value of the sign; NaN stays NaN; Inf stays Inf in e5m2 and becomes NaN in e4m3
+// (which has no Inf), so a non-finite value never turns into one that looks valid.
+struct fp8_e4m3_t {
+  std::uint8_t bits;
+};
+struct fp8_e5m2_t {
+  std::uint8_t bits;
+};
+
+PAGEDATTN_HOST_DEVICE float fp8_e4m3_to_float(fp8_e4m3_t c) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(c.bits & 0x80u) << 24;
+  const std::uint32_t exp = (c.bits >> 3) & 0xfu, man = c.bits & 0x7u;
+  if (exp == 0xfu && man == 0x7u) return bits_float(sign | 0x7fc00000u);  // NaN
+  if (exp == 0) {  // subnormal or zero: man * 2^-9, exact
+    const float mag = static_cast<float>(man) * 0.001953125f;
+    return sign ? -mag : mag;
+  }
+  return bits_float(sign | ((exp + 120u) << 23) | (man << 20));
+}
+
+PAGEDATTN_HOST_DEVICE float fp8_e5m2_to_float(fp8_e5m2_t c) {
+  return f16_to_float(f16_t{static_cast<std::uint16_t>(c.bits << 8)});
+}
+
+PAGEDATTN_HOST_DEVICE fp8_e4m3_t float_to_fp8_e4m3(float f) {
+  const std::uint32_t u = float_bits(f);
+  const std::uint8_t sign = static_cast<std::uint8_t>((u >> 24) & 0x80u);
+  const std::uint32_t abs = u & 0x7fffffffu;
+  if (abs >= 0x7f800000u) return fp8_e4m3_t{static_cast<std::uint8_t>(sign | 0x7fu)};  // NaN, Inf
+  const std::uint32_t code = detail::round_to_small_float<3, 7>(abs);
+  return fp8_e4m3_t{static_cast<std::uint8_t>(sign | (code > 0x7eu ? 0x7eu : code))};
+}
+
+PAGEDATTN_HOST_DEVICE fp8_e5m2_t float_to_fp8_e5m2(float f) {
+  const std::uint32_t u = float_bits(f);
+  const std::uint8_t sign = static_cast<std::uint8_t>((u >> 24) & 0x80u);
+  const std::uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return fp8_e5m2_t{static_cast<std::uint8_t>(sign | 0x7eu)};   // NaN
+  if (abs == 0x7f800000u) return fp8_e5m2_t{static_cast<std::uint8_t>(sign | 0x7cu)};  // Inf
+  const std::uint32_t code = detail::round_to_small_float<2, 15>(abs);
+  return fp8_e5m2_t{static_cast<std::uint8_t>(sign | (code > 0x7bu ? 0x7bu : code))};
+}
+
 // Typed load/store of one element as f32: the one place storage types meet arithmetic.
 PAGEDATTN_HOST_DEVICE float to_float(float x) { return x; }
 PAGEDATTN_HOST_DEVICE float to_float(f16_t x) { return f16_to_float(x); }
 PAGEDATTN_HOST_DEVICE float to_float(bf16_t x) { return bf16_to_float(x); }
+PAGEDATTN_HOST_DEVICE float to_float(fp8_e4m3_t x) { return fp8_e4m3_to_float(x); }
+PAGEDATTN_HOST_DEVICE float to_float(fp8_e5m2_t x) { return fp8_e5m2_to_float(x); }
 
 template <typename T>
 PAGEDATTN_HOST_DEVICE T from_float(float x);
@@ -142,6 +202,14 @@ template <>
 PAGEDATTN_HOST_DEVICE bf16_t from_float<bf16_t>(float x) {
   return float_to_bf16(x);
 }
+template <>
+PAGEDATTN_HOST_DEVICE fp8_e4m3_t from_float<fp8_e4m3_t>(float x) {
+  return float_to_fp8_e4m3(x);
+}
+template <>
+PAGEDATTN_HOST_DEVICE fp8_e5m2_t from_float<fp8_e5m2_t>(float x) {
+  return float_to_fp8_e5m2(x);
+}
 
 // Runtime-typed element access, for code that is not templated on the dtype (reference, tests).
 inline float load_as_float(const void* base, DType t, std::size_t i) {
@@ -152,6 +220,10 @@ inline float load_as_float(const void* base, DType t, std::size_t i) {
       return f16_to_float(static_cast<const f16_t*>(base)[i]);
     case DType::kBF16:
       return bf16_to_float(static_cast<const bf16_t*>(base)[i]);
+    case DType::kFP8E4M3:
+      return fp8_e4m3_to_float(static_cast<const fp8_e4m3_t*>(base)[i]);
+    case DType::kFP8E5M2:
+      return fp8_e5m2_to_float(static_cast<const fp8_e5m2_t*>(base)[i]);
   }
   return 0.f;
 }
@@ -167,6 +239,12 @@ inline void store_from_float(void* base, DType t, std::size_t i, float v) {
     case DType::kBF16:
       static_cast<bf16_t*>(base)[i] = float_to_bf16(v);
       break;
+    case DType::kFP8E4M3:
+      static_cast<fp8_e4m3_t*>(base)[i] = float_to_fp8_e4m3(v);
+      break;
+    case DType::kFP8E5M2:
+      static_cast<fp8_e5m2_t*>(base)[i] = float_to_fp8_e5m2(v);
+      break;
   }
 }
 
@@ -179,6 +257,10 @@ inline float round_to(DType t, float v) {
       return f16_to_float(float_to_f16(v));
     case DType::kBF16:
       return bf16_to_float(float_to_bf16(v));
+    case DType::kFP8E4M3:
+      return fp8_e4m3_to_float(float_to_fp8_e4m3(v));
+    case DType::kFP8E5M2:
+      return fp8_e5m2_to_float(float_to_fp8_e5m2(v));
   }
   return v;
 }

@@ -46,6 +46,10 @@ inline constexpr int kMaxThreads = 4096;
 // kernels keep logits in f32 (in log2 units on CUDA), where larger values would overflow.
 inline constexpr float kMinSoftCap = 1e-20f;
 inline constexpr float kMaxVariantMagnitude = 1e20f;
+// Bounds of the fp8 cache scales (DecodeArgs::k_scale and the rest): a code times a scale stays a
+// normal, finite f32 (the largest code is 57344 in e5m2, the smallest subnormal 2^-16).
+inline constexpr float kMinKvScale = 1e-30f;
+inline constexpr float kMaxKvScale = 1e30f;
 
 // One decode step. Shapes (rows = batch, or num_q_tokens with q_indptr):
 //   q, out:       [rows][num_heads][head_dim], each row of num_heads * head_dim elements
@@ -85,6 +89,14 @@ struct DecodeArgs {
   DType k_dtype = DType::kF32;
   const void* v_cache = nullptr;
   DType v_dtype = DType::kF32;
+  // fp8 caches (k_dtype = v_dtype = kFP8E4M3 or kFP8E5M2): a stored code c of kv head h means
+  // c x k_scale x k_scales[h] in K (k_scales null: x 1), and likewise for V; each scale in
+  // [kMinKvScale, kMaxKvScale]. k_scales and v_scales (f32 [num_kv_heads]) live where the caches
+  // do. Other cache dtypes take no scales (k_scale = v_scale = 1, no per-head arrays).
+  float k_scale = 1.f;
+  float v_scale = 1.f;
+  const float* k_scales = nullptr;
+  const float* v_scales = nullptr;
   const std::int32_t* block_table = nullptr;
   const std::int32_t* context_lens = nullptr;
   void* out = nullptr;

@@ -14,7 +14,9 @@ bool is_supported_head_dim(int head_dim);
 // The argument checks every entry point shares; each throws an Error naming `name`.
 void require_positive(const char* name, int value);
 void require_non_null(const char* name, const void* pointer);
-void require_dtype(const char* name, DType dtype);
+void require_dtype(const char* name, DType dtype);        // a DType value
+void require_value_dtype(const char* name, DType dtype);  // f32, f16 or bf16 (not fp8)
+void require_kv_scale(const char* name, float scale);     // in [kMinKvScale, kMaxKvScale]
 void require_block_size(int block_size);                  // in [1, kMaxBlockSize]
 void require_head_dim(int head_dim);                      // one of kSupportedHeadDims
 void require_backend(const char* name, Backend backend);  // kAuto, kCpu or kCuda
@@ -59,5 +61,9 @@ void validate_q_indptr(const DecodeArgs& args, const std::int32_t* q_indptr);
 // alibi_slopes and sinks given in host memory (either may be null): every slope finite, no sink
 // NaN or +inf.
 void validate_variant_values(const DecodeArgs& args, const float* alibi_slopes, const float* sinks);
+
+// The per-kv-head fp8 scales (k_scales, v_scales, either may be null), in host memory: each in
+// [kMinKvScale, kMaxKvScale].
+void validate_kv_scales(const DecodeArgs& args, const float* k_scales, const float* v_scales);
 
 }  // namespace pagedattn

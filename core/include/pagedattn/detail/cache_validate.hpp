@@ -15,5 +15,8 @@ void validate_copy_args(const CopyBlocksArgs& args);
 // Every slot_mapping entry (given in host memory) is -1 or in [0, num_blocks * block_size);
 // else an Error naming slot_mapping[i] and the value.
 void validate_slots(const CacheWriteArgs& args, const std::int32_t* slot_mapping);
+// The per-kv-head fp8 scales of a write (either may be null), in host memory.
+void validate_write_scales(const CacheWriteArgs& args, const float* k_scales,
+                           const float* v_scales);
 
 }  // namespace pagedattn::detail
