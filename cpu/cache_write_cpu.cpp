@@ -21,13 +21,13 @@ int threads_for(const CacheOpOptions& o, std::int64_t bytes) {
   return threads_for_work(o.num_threads > 0 ? o.num_threads : omp_get_max_threads(), bytes);
 }
 
-// dst = src / scale in Dst, rounded to nearest even (scale is 1 for caches other than fp8).
+// dst = src in Dst, rounded to nearest even; an fp8 Dst holds src / scale (quantize_scaled).
 template <typename Src, typename Dst>
 void convert_row(const Src* __restrict src, Dst* __restrict dst, int n, float scale) {
   if constexpr (std::is_same_v<Src, Dst>) {
     std::memcpy(dst, src, sizeof(Src) * n);
   } else if constexpr (std::is_same_v<Dst, fp8_e4m3_t> || std::is_same_v<Dst, fp8_e5m2_t>) {
-    for (int i = 0; i < n; ++i) dst[i] = from_float<Dst>(to_float(src[i]) / scale);
+    for (int i = 0; i < n; ++i) dst[i] = quantize_scaled<Dst>(to_float(src[i]), scale);
   } else {
     for (int i = 0; i < n; ++i) dst[i] = from_float<Dst>(to_float(src[i]));
   }

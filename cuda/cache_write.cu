@@ -50,8 +50,8 @@ __global__ void write_kernel(const Src* __restrict__ key, const Src* __restrict_
     if constexpr (kFp8<Dst>) {
       const float ks = scales.k_per_head ? scales.k * scales.k_per_head[h] : scales.k;
       const float vs = scales.v_per_head ? scales.v * scales.v_per_head[h] : scales.v;
-      k_cache[dst] = from_float<Dst>(to_float(key[src]) / ks);
-      v_cache[dst] = from_float<Dst>(to_float(value[src]) / vs);
+      k_cache[dst] = quantize_scaled<Dst>(to_float(key[src]), ks);
+      v_cache[dst] = quantize_scaled<Dst>(to_float(value[src]), vs);
     } else {
       k_cache[dst] = from_float<Dst>(to_float(key[src]));
       v_cache[dst] = from_float<Dst>(to_float(value[src]));

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -73,7 +75,8 @@ WriteCase make_write_case(int tokens, int kv, int dim, int bs, int blocks, DType
     // the smallest subnormal (to 0).
     c.k_scale = 0.25f;
     c.v_scale = 4.f;
-    const float edges[] = {NAN, INFINITY, -INFINITY, 1e6f, -1e6f, 1e-9f, 448.f * 0.25f, 500.f};
+    const float edges[] = {NAN,   INFINITY,      -INFINITY, 1e6f,  -1e6f,
+                           1e-9f, 448.f * 0.25f, 500.f,     3e38f, -3e38f};
     for (std::size_t i = 0; i < std::size(edges) && i < src_elems; ++i) {
       store_from_float(c.key.data(), src, i, edges[i]);
       store_from_float(c.value.data(), src, src_elems - 1 - i, edges[i]);
@@ -109,10 +112,14 @@ void reference_write(WriteCase& c) {
         // An fp8 cache holds x / scale (a scale of 1 leaves the other dtypes' values alone).
         const float ks = c.k_scale * (c.k_scales.empty() ? 1.f : c.k_scales[h]);
         const float vs = c.v_scale * (c.v_scales.empty() ? 1.f : c.v_scales[h]);
-        store_from_float(c.k_cache.data(), c.cache, dst,
-                         load_as_float(c.key.data(), c.src, src) / ks);
-        store_from_float(c.v_cache.data(), c.cache, dst,
-                         load_as_float(c.value.data(), c.src, src) / vs);
+        const auto put = [&](std::vector<std::uint8_t>& cache, float x, float scale) {
+          float q = x / scale;
+          // A finite value whose quotient overflows still saturates (docs/fp8.md).
+          if (std::isfinite(x) && std::isinf(q)) q = std::copysign(FLT_MAX, q);
+          store_from_float(cache.data(), c.cache, dst, is_fp8(c.cache) ? q : x);
+        };
+        put(c.k_cache, load_as_float(c.key.data(), c.src, src), ks);
+        put(c.v_cache, load_as_float(c.value.data(), c.src, src), vs);
       }
     }
   }

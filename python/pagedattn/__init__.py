@@ -13,9 +13,11 @@ pagedattn.Error (a ValueError) naming the argument, before anything is written. 
 takes the attention variants (a sliding window, a logits soft-cap, ALiBi slopes and attention
 sinks) and several causal query tokens per sequence (q_indptr). The caches may be laid out HND
 [num_blocks, num_kv_heads, block_size, head_dim] or NHD [num_blocks, block_size, num_kv_heads,
-head_dim] (kv_layout), with any strides: K and V as views into one tensor work in place.
+head_dim] (kv_layout), with any strides: K and V as views into one tensor work in place. They
+may hold f32, f16, bf16 or fp8 (e4m3 or e5m2, with per-tensor and per-kv-head scales).
 
-Functions: decode, write_cache, copy_blocks, workspace_size, bf16; class BlockManager.
+Functions: decode, write_cache, copy_blocks, merge_states, workspace_size, bf16, fp8_e4m3,
+fp8_e5m2; class BlockManager.
 See docs/python.md in the source tree for the whole story.
 """
 
@@ -40,7 +42,10 @@ __all__ = [
     "Error",
     "BlockManager",
     "BF16Bits",
+    "FP8Bits",
     "bf16",
+    "fp8_e4m3",
+    "fp8_e5m2",
     "decode",
     "write_cache",
     "copy_blocks",
@@ -91,6 +96,56 @@ class BF16Bits:
 def bf16(tensor: Tensor) -> BF16Bits:
     """Marks ``tensor`` (uint16 or int16 elements) as holding bf16 bit patterns."""
     return BF16Bits(tensor)
+
+
+class FP8Bits:
+    """An 8-bit integer tensor (uint8 or int8) whose elements are codes of an fp8 format, for
+    a K or V cache: ``format`` is ``"fp8_e4m3"`` (OCP e4m3, PyTorch's float8_e4m3fn) or
+    ``"fp8_e5m2"``.
+
+    NumPy has no fp8 dtypes of its own; ``pagedattn.fp8_e4m3(x)`` and ``pagedattn.fp8_e5m2(x)``
+    mark such a tensor so that it is read (or written) as fp8. Tensors whose dtype is an fp8
+    format already (PyTorch's ``float8_e4m3fn`` and ``float8_e5m2``, NumPy arrays of those
+    ``ml_dtypes`` types) need no marking.
+    """
+
+    __slots__ = ("tensor", "format")
+
+    def __init__(self, tensor: Tensor, format: str) -> None:
+        if format not in ("fp8_e4m3", "fp8_e5m2"):
+            raise Error(
+                f"pagedattn: format = {format!r}: expected 'fp8_e4m3' or 'fp8_e5m2'", "format"
+            )
+        self.tensor = tensor
+        self.format = format
+
+    def __repr__(self) -> str:
+        return f"pagedattn.{self.format}({self.tensor!r})"
+
+
+def fp8_e4m3(tensor: Tensor) -> FP8Bits:
+    """Marks ``tensor`` (uint8 or int8 elements) as holding fp8 e4m3 codes (OCP e4m3: 4
+    exponent bits, 3 mantissa bits, no infinities; PyTorch's float8_e4m3fn)."""
+    return FP8Bits(tensor, "fp8_e4m3")
+
+
+def fp8_e5m2(tensor: Tensor) -> FP8Bits:
+    """Marks ``tensor`` (uint8 or int8 elements) as holding fp8 e5m2 codes (OCP e5m2: 5
+    exponent bits, 2 mantissa bits; PyTorch's float8_e5m2)."""
+    return FP8Bits(tensor, "fp8_e5m2")
+
+
+# The marked integer tensors: the module reads them as the dtype the mark names.
+_MARKED = (BF16Bits, FP8Bits)
+
+
+def _remark(like: Any, x: Any) -> Any:
+    """x marked as ``like`` is (x itself when ``like`` is not marked)."""
+    if isinstance(like, BF16Bits):
+        return BF16Bits(x)
+    if isinstance(like, FP8Bits):
+        return FP8Bits(x, like.format)
+    return x
 
 
 def cuda_available() -> Tuple[bool, str]:
@@ -154,18 +209,41 @@ def _cuda_device(x: Any) -> Optional[int]:
     return None
 
 
+# ml_dtypes' fp8 types the caches take, by NumPy dtype name.
+_ML_FP8 = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
+
+
 def _unwrap(x: Any, name: str, tags: List[str]) -> Any:
-    """The object handed to the module: bf16 markings noted in ``tags``, autograd detached.
-    Runs for every tensor of every call, so the common cases return early."""
+    """The object handed to the module: bf16 and fp8 markings noted in ``tags`` (``name`` for
+    bf16, ``name:fp8_e4m3`` or ``name:fp8_e5m2`` for fp8), autograd detached. Runs for every
+    tensor of every call, so the common cases return early."""
     if isinstance(x, BF16Bits):
         tags.append(name)
+        x = x.tensor
+    elif isinstance(x, FP8Bits):
+        tags.append(f"{name}:{x.format}")
         x = x.tensor
     else:
         np = sys.modules.get("numpy")
         if np is not None and isinstance(x, np.ndarray):
-            if x.dtype.kind == "V" and x.dtype.name == "bfloat16":  # ml_dtypes' bfloat16
-                tags.append(name)
-                return x.view(np.uint16)
+            dt = x.dtype
+            # ml_dtypes' types are of kind "V", but float8_e5m2 is of kind "f" (the one 1-byte
+            # float: NumPy has none); testing the kind first keeps the common case cheap.
+            if dt.kind == "V" or (dt.kind == "f" and dt.itemsize == 1):
+                dtype_name = dt.name
+                if dtype_name == "bfloat16":  # ml_dtypes' bfloat16
+                    tags.append(name)
+                    return x.view(np.uint16)
+                fmt = _ML_FP8.get(dtype_name)
+                if fmt is not None:
+                    tags.append(f"{name}:{fmt}")
+                    return x.view(np.uint8)
+                if dtype_name.startswith("float8_"):
+                    raise Error(
+                        f"pagedattn: {name}.dtype = {dtype_name}: not an fp8 format of the "
+                        f"library (fp8 caches: float8_e4m3fn or float8_e5m2)",
+                        name,
+                    )
             return x
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor) and x.requires_grad:
@@ -173,7 +251,10 @@ def _unwrap(x: Any, name: str, tags: List[str]) -> Any:
     return x
 
 
-# PyTorch dtypes as DLPack (type code, bits): 0 int, 1 uint, 2 float, 4 bfloat.
+# PyTorch dtypes as DLPack (type code, bits): 0 int, 1 uint, 2 float, 4 bfloat, and DLPack
+# 1.1's 8-bit floats: 10 float8_e4m3fn and 12 float8_e5m2 (the fp8 caches' formats), 11
+# float8_e4m3fnuz, 13 float8_e5m2fnuz and 14 float8_e8m0fnu (refused by the module, which names
+# them).
 _TORCH_DLPACK_DTYPES: Optional[dict] = None
 
 
@@ -183,9 +264,12 @@ def _torch_dlpack_dtypes(torch: Any) -> dict:
         table = {torch.float32: (2, 32), torch.float16: (2, 16), torch.bfloat16: (4, 16),
                  torch.float64: (2, 64), torch.int32: (0, 32), torch.int16: (0, 16),
                  torch.int64: (0, 64), torch.int8: (0, 8), torch.uint8: (1, 8)}
-        uint16 = getattr(torch, "uint16", None)
-        if uint16 is not None:
-            table[uint16] = (1, 16)
+        for name, code_bits in (("uint16", (1, 16)), ("float8_e4m3fn", (10, 8)),
+                                ("float8_e5m2", (12, 8)), ("float8_e4m3fnuz", (11, 8)),
+                                ("float8_e5m2fnuz", (13, 8)), ("float8_e8m0fnu", (14, 8))):
+            dtype = getattr(torch, name, None)
+            if dtype is not None:
+                table[dtype] = code_bits
         _TORCH_DLPACK_DTYPES = table
     return _TORCH_DLPACK_DTYPES
 
@@ -246,17 +330,15 @@ def _empty(like: Any, shape: Tuple[int, ...], float32: bool, name: str) -> Any:
 
 def _outputs(like_arg: Any, out: Any, lse: Any, return_lse: bool, out_shape: Sequence[int],
              tags: List[str]):
-    """out (when None: allocated like ``like_arg`` with ``out_shape``, bf16-marked like it) and
+    """out (when None: allocated like ``like_arg`` with ``out_shape``, marked like it) and
     lse (when None and ``return_lse``: float32, out's shape without head_dim). Returns (out,
     lse, out as the caller gets it back, out and lse as handed to the module)."""
-    like = like_arg.tensor if isinstance(like_arg, BF16Bits) else like_arg
+    like = like_arg.tensor if isinstance(like_arg, _MARKED) else like_arg
     if out is None:
-        out = _empty(like, tuple(int(s) for s in out_shape), False, "out")
-        if isinstance(like_arg, BF16Bits):
-            out = BF16Bits(out)
+        out = _remark(like_arg, _empty(like, tuple(int(s) for s in out_shape), False, "out"))
     if lse is None and return_lse:
         lse = _empty(like, tuple(int(s) for s in out_shape[:-1]), True, "lse")
-    out_user = out.tensor if isinstance(out, BF16Bits) else out
+    out_user = out.tensor if isinstance(out, _MARKED) else out
     out_in = _unwrap(out, "out", tags)
     lse_in = None if lse is None else _unwrap(lse, "lse", tags)
     return out, lse, out_user, out_in, lse_in
@@ -310,15 +392,15 @@ def _check_backend(backend: Any) -> str:
 
 
 def _per_head(x: Any, name: str) -> Any:
-    """alibi_slopes, sinks or q_indptr as handed to the module (None stays None). The module
-    checks the dtype, shape and device and names the argument; a tuple or list is refused here,
-    so that it is never taken for a described tensor."""
+    """alibi_slopes, sinks, q_indptr, k_scales or v_scales as handed to the module (None stays
+    None). The module checks the dtype, shape and device and names the argument; a tuple or
+    list is refused here, so that it is never taken for a described tensor."""
     if x is None:
         return None
     torch = sys.modules.get("torch")
     if torch is not None and type(x) is torch.Tensor:  # the serving loop's case, first
         return _describe_torch(x, _torch_dlpack_dtypes(torch))
-    _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+    _check_tensor(x.tensor if isinstance(x, _MARKED) else x, name)
     return _ref(_unwrap(x, name, []))
 
 
@@ -368,6 +450,35 @@ def _kv_layout(kv_layout: Any) -> str:
     )
 
 
+def _kv_scales(k_scale: Any, v_scale: Any, k_scales: Any, v_scales: Any) -> dict:
+    """The fp8 cache scales as the module's keyword arguments: none when all are the defaults
+    (1, 1, None, None), so that a call without them passes the module nothing. Their types are
+    checked here; their values (each in [1e-30, 1e30]) and whether the cache is fp8 at all by
+    the library, which names the argument or the element (``k_scales[3]``)."""
+    if (k_scales is None and v_scales is None and type(k_scale) in (float, int)
+            and type(v_scale) in (float, int) and k_scale == 1 and v_scale == 1):
+        return {}
+    kw = {}
+    for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if type(value) is not float:
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise Error(
+                    f"pagedattn: {name} = {value!r}: expected a number (per kv head: "
+                    f"{name}s=, a float32 tensor [num_kv_heads])",
+                    name,
+                )
+            try:
+                value = float(value)
+            except OverflowError:
+                raise Error(
+                    f"pagedattn: {name} = {value!r}: outside the float range", name
+                ) from None
+        kw[name] = value
+    kw["k_scales"] = _per_head(k_scales, "k_scales")
+    kw["v_scales"] = _per_head(v_scales, "v_scales")
+    return kw
+
+
 def _query_token_args(q_indptr: Any, max_q_len: Any) -> tuple:
     """q_indptr and max_q_len as the module's last two decode arguments. max_q_len's type is
     checked here, its value (at least 1, and at least each sequence's query count) by the
@@ -414,6 +525,10 @@ def decode(
     q_indptr: Optional[Tensor] = None,
     max_q_len: Optional[int] = None,
     kv_layout: str = "HND",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    k_scales: Optional[Tensor] = None,
+    v_scales: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """One decode step of attention over a paged KV cache.
 
@@ -440,6 +555,11 @@ def decode(
     taken from P as from L - 1 above. A token with P < 0 attends to nothing (out = 0, lse =
     -inf, or the sink).
 
+    fp8 caches (docs/fp8.md): k_cache and v_cache may hold fp8 codes, e4m3 or e5m2, with q and
+    out in float32, float16 or bfloat16. A code c of kv head kv means
+    c * k_scale * k_scales[kv] in K (k_scales None: c * k_scale), and likewise with v_scale
+    and v_scales in V: pass the scales the cache was written with (write_cache).
+
     Args:
         q: [batch, num_heads, head_dim], float32, float16 or bfloat16. Each sequence's
             [num_heads, head_dim] contiguous; sequences may be further apart than
@@ -449,12 +569,15 @@ def decode(
             place. On CUDA each sequence's row must start 16-byte aligned (S times the element
             size a multiple of 16).
         k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim] (``kv_layout``
-            "HND") or [num_blocks, block_size, num_kv_heads, head_dim] ("NHD"), one dtype.
-            Any strides with head_dim contiguous (stride 1) and rows that do not overlap, the
-            same in both: views such as ``kv[:, 0]`` and ``kv[:, 1]`` of a combined
-            [num_blocks, 2, ...] tensor, or a slice of a larger pool, are read in place. On CUDA
-            every stride times the element size must be a multiple of 16 bytes. num_heads must
-            be a multiple of num_kv_heads (GQA/MQA).
+            "HND") or [num_blocks, block_size, num_kv_heads, head_dim] ("NHD"), one dtype:
+            float32, float16, bfloat16, or fp8: PyTorch's float8_e4m3fn or float8_e5m2,
+            ``ml_dtypes`` arrays of those, or uint8 codes marked with
+            ``pagedattn.fp8_e4m3()`` or ``pagedattn.fp8_e5m2()``. Any strides with head_dim
+            contiguous (stride 1) and rows that do not overlap, the same in both: views such
+            as ``kv[:, 0]`` and ``kv[:, 1]`` of a combined [num_blocks, 2, ...] tensor, or a
+            slice of a larger pool, are read in place. On CUDA every stride times the element
+            size must be a multiple of 16 bytes. num_heads must be a multiple of num_kv_heads
+            (GQA/MQA).
         block_table: int32 [batch, max_blocks_per_seq]; rows contiguous, any row stride.
         context_lens: int32 [batch].
         scale: softmax scale; default 1 / sqrt(head_dim).
@@ -503,6 +626,12 @@ def decode(
         kv_layout: "HND" (the default) or "NHD", in any case: the order of the caches'
             dimensions (above). Anything else raises pagedattn.Error (a ValueError) naming
             kv_layout.
+        k_scale, v_scale: fp8 caches: the per-tensor scales of K and V (vLLM's k_scale and
+            v_scale), real numbers in [1e-30, 1e30]. Other caches take 1 only.
+        k_scales, v_scales: fp8 caches: float32 [num_kv_heads] tensors on the caches' device,
+            contiguous: per-kv-head scales, multiplied with k_scale and v_scale. Each in
+            [1e-30, 1e30] (checked on the CPU and, on CUDA, with ``checked``). Other caches
+            take None only.
 
     All tensors must be on one device. The input tensors are read in place and ``out``/``lse``
     written in place: nothing is copied.
@@ -523,13 +652,13 @@ def decode(
             return _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, out,
                                  lse, return_lse, backend, stream, workspace, checked, window_left,
                                  logits_soft_cap, alibi_slopes, sinks, q_indptr, max_q_len,
-                                 kv_layout)
+                                 kv_layout, k_scale, v_scale, k_scales, v_scales)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("block_table", block_table), ("context_lens", context_lens)):
-        _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+        _check_tensor(x.tensor if isinstance(x, _MARKED) else x, name)
     for name, x in (("out", out), ("lse", lse), ("workspace", workspace)):
         if x is not None:
-            _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+            _check_tensor(x.tensor if isinstance(x, _MARKED) else x, name)
     backend = _check_backend(backend)
     layout = _kv_layout(kv_layout)
     tags: List[str] = []
@@ -544,13 +673,15 @@ def decode(
         variants = _variant_args(window_left, logits_soft_cap, alibi_slopes, sinks)
     if q_indptr is not None or max_q_len is not None:
         variants = (variants or _NO_VARIANTS) + _query_token_args(q_indptr, max_q_len)
+    keywords = _kv_scales(k_scale, v_scale, k_scales, v_scales)
+    if layout != "HND":
+        keywords["kv_layout"] = layout
     _ext.decode(
         _ref(q_in), _ref(k_in), _ref(v_in),
         _ref(_unwrap(block_table, "block_table", [])),
         _ref(_unwrap(context_lens, "context_lens", [])),
         _ref(out_in), _ref(lse_in), None if scale is None else float(scale), backend,
-        _stream(stream, q_in), _ref(ws_in), bool(checked), tags, *variants,
-        **({} if layout == "HND" else {"kv_layout": layout}),
+        _stream(stream, q_in), _ref(ws_in), bool(checked), tags, *variants, **keywords,
     )
     if return_lse:
         return out_user, lse
@@ -559,11 +690,12 @@ def decode(
 
 def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, out, lse,
                   return_lse, backend, stream, workspace, checked, window_left, logits_soft_cap,
-                  alibi_slopes, sinks, q_indptr, max_q_len, kv_layout):
+                  alibi_slopes, sinks, q_indptr, max_q_len, kv_layout, k_scale, v_scale, k_scales,
+                  v_scales):
     """decode() when every tensor is a plain PyTorch tensor, the serving loop's case: the same
     checks (in the module) and results, with the least Python work per call. A call without
-    attention variants, multi-token queries or an NHD cache passes the module none of their
-    arguments; only one that sets them pays for checking and describing them."""
+    attention variants, multi-token queries, an NHD cache or fp8 scales passes the module none
+    of their arguments; only one that sets them pays for checking and describing them."""
     layout = _kv_layout(kv_layout)
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -582,7 +714,8 @@ def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, 
     ws_d = None if workspace is None else _describe_torch(workspace, dtypes)
     plain = (alibi_slopes is None and sinks is None and window_left == -1
              and logits_soft_cap == 0.0)
-    if plain and q_indptr is None and max_q_len is None and layout == "HND":
+    keywords = _kv_scales(k_scale, v_scale, k_scales, v_scales)
+    if plain and q_indptr is None and max_q_len is None and layout == "HND" and not keywords:
         _ext.decode(q_d, k_d, v_d, table_d, lens_d, out_d, lse_d, scale, backend, stream, ws_d,
                     bool(checked), [])
     else:
@@ -590,9 +723,10 @@ def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, 
                                                          alibi_slopes, sinks)
         if q_indptr is not None or max_q_len is not None:
             extra = extra + _query_token_args(q_indptr, max_q_len)
+        if layout != "HND":
+            keywords["kv_layout"] = layout
         _ext.decode(q_d, k_d, v_d, table_d, lens_d, out_d, lse_d, scale, backend, stream, ws_d,
-                    bool(checked), [], *extra,
-                    **({} if layout == "HND" else {"kv_layout": layout}))
+                    bool(checked), [], *extra, **keywords)
     if return_lse:
         return out, lse
     return out
@@ -602,23 +736,25 @@ def workspace_size(q: Tensor, k_cache: Tensor, block_table: Tensor, *, backend: 
                    max_q_len: Optional[int] = None, kv_layout: str = "HND") -> int:
     """Bytes of CUDA workspace decode needs for these shapes on the tensors' device.
 
-    Depends on batch, num_heads, head_dim, num_kv_heads, block_size and the table's width
-    only (not on the context lengths), so one workspace serves every later step of the same
-    shapes, CUDA-graph replays included. 0 for CPU tensors.
+    Depends on batch, num_heads, head_dim, num_kv_heads, block_size, the table's width and the
+    dtypes of q and k_cache (they pick the kernel) only, not on the context lengths, so one
+    workspace serves every later step of the same shapes and dtypes, CUDA-graph replays
+    included. Pass q and k_cache as decode gets them (a bf16 or fp8 marking included). 0 for
+    CPU tensors.
 
     For multi-token queries (decode's ``q_indptr``) pass the ``max_q_len`` the decode calls will
     pass: q is then [num_q_tokens, num_heads, head_dim] and the batch is block_table.shape[0].
     ``kv_layout`` says how to read k_cache's shape, as for decode(); its strides do not matter.
     """
     for name, x in (("q", q), ("k_cache", k_cache), ("block_table", block_table)):
-        _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+        _check_tensor(x.tensor if isinstance(x, _MARKED) else x, name)
     tags: List[str] = []
     backend = _check_backend(backend)
     layout = _kv_layout(kv_layout)
     max_len = None if max_q_len is None else _query_token_args(None, max_q_len)[1]
     return _ext.workspace_size(
-        _unwrap(q, "q", tags), _unwrap(k_cache, "k_cache", tags),
-        _unwrap(block_table, "block_table", tags), backend, max_len, layout,
+        _ref(_unwrap(q, "q", tags)), _ref(_unwrap(k_cache, "k_cache", tags)),
+        _ref(_unwrap(block_table, "block_table", [])), backend, max_len, layout, tags,
     )
 
 
@@ -633,22 +769,34 @@ def write_cache(
     stream: Stream = None,
     checked: bool = False,
     kv_layout: str = "HND",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    k_scales: Optional[Tensor] = None,
+    v_scales: Optional[Tensor] = None,
 ) -> None:
     """Writes new tokens' keys and values into the paged cache: token i goes to slot
     ``slot_mapping[i]`` (slot = block * block_size + offset; -1 skips the token).
 
     Args:
-        key, value: [num_tokens, num_kv_heads, head_dim], one float dtype (converted to the
-            cache's dtype, rounding to nearest even); each token's row contiguous, tokens any
-            stride apart (the same in both).
+        key, value: [num_tokens, num_kv_heads, head_dim], one float dtype (float32, float16
+            or bfloat16; converted to the cache's dtype, rounding to nearest even); each
+            token's row contiguous, tokens any stride apart (the same in both).
         slot_mapping: int32 [num_tokens]; slots of one call must be distinct.
         k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim] ("HND") or
             [num_blocks, block_size, num_kv_heads, head_dim] ("NHD"), written in place; any
-            strides with head_dim contiguous, the same in both, as for decode().
+            strides with head_dim contiguous, the same in both, as for decode(). Of any
+            dtype decode takes, fp8 included.
+        k_scale, v_scale, k_scales, v_scales: fp8 caches: the scales, as for decode() (pass
+            the ones the decodes will pass). An fp8 cache stores x / scale for each value x of
+            kv head kv (scale = k_scale * k_scales[kv] in f32 for K, alike for V), rounded to
+            the nearest code with ties to even; finite values beyond the format's range
+            saturate to its largest finite code (e4m3 +-448, e5m2 +-57344), NaN stays NaN, Inf
+            stays Inf in e5m2 and becomes NaN in e4m3. Other caches take the defaults only.
         backend, stream: as for decode().
         kv_layout: "HND" (the default) or "NHD", as for decode().
-        checked: CUDA: copy slot_mapping to the host and check every slot first, as the CPU
-            backend always does (one synchronization; not under graph capture). Unchecked, the
+        checked: CUDA: copy slot_mapping (and k_scales, v_scales) to the host and check every
+            slot (and scale) first, as the CPU backend always does (a synchronization; not
+            under graph capture). Unchecked, the
             default as for decode(), out-of-range slots are skipped and repeated slots are not
             looked for; nothing is ever written outside the caches.
 
@@ -658,16 +806,17 @@ def write_cache(
     """
     for name, x in (("key", key), ("value", value), ("slot_mapping", slot_mapping),
                     ("k_cache", k_cache), ("v_cache", v_cache)):
-        _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+        _check_tensor(x.tensor if isinstance(x, _MARKED) else x, name)
     backend = _check_backend(backend)
     layout = _kv_layout(kv_layout)
+    scales = _kv_scales(k_scale, v_scale, k_scales, v_scales)
     tags: List[str] = []
     k_in = _unwrap(k_cache, "k_cache", tags)
     _ext.write_cache(
         _ref(_unwrap(key, "key", tags)), _ref(_unwrap(value, "value", tags)),
         _ref(_unwrap(slot_mapping, "slot_mapping", [])), _ref(k_in),
         _ref(_unwrap(v_cache, "v_cache", tags)),
-        backend, _stream(stream, k_in), bool(checked), tags, layout,
+        backend, _stream(stream, k_in), bool(checked), tags, layout, **scales,
     )
 
 
@@ -686,8 +835,9 @@ def copy_blocks(
     Args:
         k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim] ("HND") or
             [num_blocks, block_size, num_kv_heads, head_dim] ("NHD"), written in place; any
-            strides with head_dim contiguous, the same in both, as for decode(). Only the
-            blocks' rows are copied: padding between them is left as it is.
+            strides with head_dim contiguous, the same in both, and any dtype (fp8 included),
+            as for decode(). Only the blocks' rows are copied, bit for bit: padding between
+            them is left as it is.
         pairs: (src, dst) block ids: a sequence of pairs or an int32/int64 CPU tensor [n, 2]
             (host memory for both backends). A dst may not appear twice nor be any pair's src.
         backend, stream: as for decode().
@@ -697,14 +847,16 @@ def copy_blocks(
         pagedattn.Error: naming the argument, before anything is copied.
     """
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
-        _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+        _check_tensor(x.tensor if isinstance(x, _MARKED) else x, name)
     backend = _check_backend(backend)
     layout = _kv_layout(kv_layout)
     tags: List[str] = []
     k_in = _unwrap(k_cache, "k_cache", tags)
+    # PyTorch caches go described, as to decode: DLPack exports of fp8 tensors are not
+    # supported by every PyTorch release.
     _ext.copy_blocks(
-        k_in, _unwrap(v_cache, "v_cache", tags), pairs, backend, _stream(stream, k_in), tags,
-        layout,
+        _ref(k_in), _ref(_unwrap(v_cache, "v_cache", tags)), pairs, backend,
+        _stream(stream, k_in), tags, layout,
     )
 
 
@@ -741,10 +893,10 @@ def merge_states(
         pagedattn.Error: naming the argument, before anything is written.
     """
     for name, x in (("parts", parts), ("part_lse", part_lse)):
-        _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+        _check_tensor(x.tensor if isinstance(x, _MARKED) else x, name)
     for name, x in (("out", out), ("lse", lse)):
         if x is not None:
-            _check_tensor(x.tensor if isinstance(x, BF16Bits) else x, name)
+            _check_tensor(x.tensor if isinstance(x, _MARKED) else x, name)
     backend = _check_backend(backend)
     tags: List[str] = []
     parts_in = _unwrap(parts, "parts", tags)

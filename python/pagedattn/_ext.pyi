@@ -1,5 +1,7 @@
 """pagedattn's compiled core (nanobind). Use the functions of the pagedattn package: they
-allocate missing outputs, pick the default stream and unwrap bf16 markings, then call these."""
+allocate missing outputs, pick the default stream and unwrap bf16 and fp8 markings, then call
+these. ``tags`` names the marked tensors: ``"name"`` (or ``"name:bf16"``) for bf16 bits in a
+16-bit integer tensor, ``"name:fp8_e4m3"`` or ``"name:fp8_e5m2"`` for fp8 codes in an 8-bit one."""
 
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -25,7 +27,7 @@ def decode(
     stream: int,
     workspace: Optional[Any],
     checked: bool,
-    bf16: Sequence[str],
+    tags: Sequence[str],
     window_left: int = -1,
     logits_soft_cap: float = 0.0,
     alibi_slopes: Optional[Any] = None,
@@ -33,6 +35,10 @@ def decode(
     q_indptr: Optional[Any] = None,
     max_q_len: Optional[int] = None,
     kv_layout: str = "HND",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    k_scales: Optional[Any] = None,
+    v_scales: Optional[Any] = None,
 ) -> None: ...
 def workspace_size(
     q: Any,
@@ -41,6 +47,7 @@ def workspace_size(
     backend: str,
     max_q_len: Optional[int] = None,
     kv_layout: str = "HND",
+    tags: Sequence[str] = ...,
 ) -> int: ...
 def write_cache(
     key: Any,
@@ -51,8 +58,12 @@ def write_cache(
     backend: str,
     stream: int,
     checked: bool,
-    bf16: Sequence[str],
+    tags: Sequence[str],
     kv_layout: str = "HND",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    k_scales: Optional[Any] = None,
+    v_scales: Optional[Any] = None,
 ) -> None: ...
 def merge_states(
     parts: Any,
@@ -61,7 +72,7 @@ def merge_states(
     lse: Optional[Any],
     backend: str,
     stream: int,
-    bf16: Sequence[str],
+    tags: Sequence[str],
 ) -> None: ...
 def copy_blocks(
     k_cache: Any,
@@ -69,7 +80,7 @@ def copy_blocks(
     pairs: Any,
     backend: str,
     stream: int,
-    bf16: Sequence[str],
+    tags: Sequence[str],
     kv_layout: str = "HND",
 ) -> None: ...
 

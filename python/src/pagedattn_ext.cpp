@@ -5,7 +5,8 @@
 // into the library's argument structs. A mismatch throws pagedattn::Error naming the Python
 // argument before anything is written; the Python side turns it into pagedattn.Error.
 // The Python wrapper (pagedattn/__init__.py) allocates missing outputs, picks the default stream
-// and unwraps bf16-tagged integer tensors; this file does the checking and the calls.
+// and unwraps integer tensors marked as bf16 or fp8 (passing their names in `tags`); this file
+// does the checking and the calls.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -117,7 +118,37 @@ class DeviceGuard {
 // ----------------------------------------------------------------------------------------------
 // Tensors
 
+// DLPack's codes of the 8-bit float formats (DLPack 1.1, kDLFloat8_*; nanobind's dtype_code does
+// not name them). PyTorch's float8_e4m3fn and float8_e5m2 are the OCP formats of fp8 caches.
+constexpr std::uint8_t kDLFloat8E4M3Fn = 10;
+constexpr std::uint8_t kDLFloat8E5M2 = 12;
+
+const char* float8_name(std::uint8_t code) {
+  switch (code) {
+    case 7:
+      return "float8_e3m4";
+    case 8:
+      return "float8_e4m3";
+    case 9:
+      return "float8_e4m3b11fnuz";
+    case kDLFloat8E4M3Fn:
+      return "float8_e4m3fn";
+    case 11:
+      return "float8_e4m3fnuz";
+    case kDLFloat8E5M2:
+      return "float8_e5m2";
+    case 13:
+      return "float8_e5m2fnuz";
+    case 14:
+      return "float8_e8m0fnu";
+  }
+  return nullptr;
+}
+
 std::string dtype_str(nb::dlpack::dtype dt) {
+  if (dt.bits == 8 && dt.lanes == 1 && float8_name(dt.code) != nullptr) {
+    return float8_name(dt.code);
+  }
   std::string base;
   switch (static_cast<nb::dlpack::dtype_code>(dt.code)) {
     case nb::dlpack::dtype_code::Int:
@@ -159,7 +190,10 @@ struct Tensor {
   std::vector<std::int64_t> strides;  // in elements
   nb::dlpack::dtype dt{};
   Device device;
-  bool bf16_bits = false;  // a 16-bit integer tensor tagged with pagedattn.bf16()
+  // The storage dtype a marked integer tensor holds: kBF16 for a 16-bit one marked with
+  // pagedattn.bf16(), kFP8E4M3 or kFP8E5M2 for an 8-bit one marked with pagedattn.fp8_e4m3() or
+  // pagedattn.fp8_e5m2() (NumPy has neither type).
+  std::optional<DType> marked;
 
   int ndim() const { return static_cast<int>(shape.size()); }
   std::int64_t numel() const {
@@ -177,18 +211,31 @@ struct Tensor {
     return os.str();
   }
 
-  // The storage dtype of a float tensor.
+  // The storage dtype of a float tensor. The fp8 formats are returned for any tensor, so that the
+  // library refuses them where they do not belong with its own error (q_dtype, src_dtype, ...).
   DType float_dtype() const {
-    if (bf16_bits) {
-      if (is(dt, nb::dlpack::dtype_code::UInt, 16) || is(dt, nb::dlpack::dtype_code::Int, 16)) {
-        return DType::kBF16;
+    if (marked) {
+      const int bits = pagedattn::is_fp8(*marked) ? 8 : 16;
+      if (is(dt, nb::dlpack::dtype_code::UInt, bits) || is(dt, nb::dlpack::dtype_code::Int, bits)) {
+        return *marked;
       }
       bad(ErrorCode::kInvalidArgument, name, ".dtype", dtype_str(dt),
-          "pagedattn.bf16() marks a 16-bit integer tensor holding bf16 bit patterns");
+          bits == 8 ? std::string("pagedattn.") + pagedattn::dtype_name(*marked) +
+                          "() marks an 8-bit integer tensor holding fp8 codes"
+                    : std::string("pagedattn.bf16() marks a 16-bit integer tensor holding bf16 "
+                                  "bit patterns"));
     }
     if (is(dt, nb::dlpack::dtype_code::Float, 32)) return DType::kF32;
     if (is(dt, nb::dlpack::dtype_code::Float, 16)) return DType::kF16;
     if (is(dt, nb::dlpack::dtype_code::Bfloat, 16)) return DType::kBF16;
+    if (dt.bits == 8 && dt.lanes == 1 && dt.code == kDLFloat8E4M3Fn) return DType::kFP8E4M3;
+    if (dt.bits == 8 && dt.lanes == 1 && dt.code == kDLFloat8E5M2) return DType::kFP8E5M2;
+    if (name == "k_cache" || name == "v_cache") {
+      bad(ErrorCode::kInvalidArgument, name, ".dtype", dtype_str(dt),
+          "expected float32, float16, bfloat16, float8_e4m3fn or float8_e5m2 (bf16 bits in a "
+          "uint16 tensor: wrap it with pagedattn.bf16(); fp8 codes in a uint8 tensor: with "
+          "pagedattn.fp8_e4m3() or pagedattn.fp8_e5m2())");
+    }
     bad(ErrorCode::kInvalidArgument, name, ".dtype", dtype_str(dt),
         "expected float32, float16 or bfloat16 (bf16 bits in a uint16 tensor: wrap it with "
         "pagedattn.bf16())");
@@ -330,10 +377,11 @@ bool import_described(nb::handle h, Tensor& t) {
 }
 
 // Imports a tensor without copying. Outputs must be writable.
-Tensor import_tensor(nb::handle h, const std::string& name, bool writable, bool bf16_bits) {
+Tensor import_tensor(nb::handle h, const std::string& name, bool writable,
+                     std::optional<DType> marked) {
   Tensor t;
   t.name = name;
-  t.bf16_bits = bf16_bits;
+  t.marked = marked;
   if (import_described(h, t)) return t;
   if (writable) {
     if (nb::try_cast(h, t.out, /*convert=*/false)) {
@@ -355,16 +403,31 @@ Tensor import_tensor(nb::handle h, const std::string& name, bool writable, bool 
       "...)");
 }
 
-bool tagged(const std::vector<std::string>& bf16, const char* name) {
-  return std::find(bf16.begin(), bf16.end(), name) != bf16.end();
+// The dtype `tags` gives the argument `name`: an entry "name" or "name:bf16" marks bf16 bits,
+// "name:fp8_e4m3" and "name:fp8_e5m2" fp8 codes (pagedattn.bf16() and the rest). An entry of
+// another form is an error naming `tags`.
+std::optional<DType> tagged(const std::vector<std::string>& tags, const char* name) {
+  const std::size_t n = std::char_traits<char>::length(name);
+  for (const std::string& tag : tags) {
+    if (tag.compare(0, n, name) != 0) continue;
+    if (tag.size() == n) return DType::kBF16;
+    if (tag[n] != ':') continue;
+    const std::string kind = tag.substr(n + 1);
+    if (kind == "bf16") return DType::kBF16;
+    if (kind == "fp8_e4m3") return DType::kFP8E4M3;
+    if (kind == "fp8_e5m2") return DType::kFP8E5M2;
+    bad(ErrorCode::kInvalidArgument, "tags", "", "'" + tag + "'",
+        "expected 'name', 'name:bf16', 'name:fp8_e4m3' or 'name:fp8_e5m2'");
+  }
+  return std::nullopt;
 }
 
-Tensor input(nb::handle h, const char* name, const std::vector<std::string>& bf16 = {}) {
-  return import_tensor(h, name, false, tagged(bf16, name));
+Tensor input(nb::handle h, const char* name, const std::vector<std::string>& tags = {}) {
+  return import_tensor(h, name, false, tagged(tags, name));
 }
 
-Tensor output(nb::handle h, const char* name, const std::vector<std::string>& bf16 = {}) {
-  return import_tensor(h, name, true, tagged(bf16, name));
+Tensor output(nb::handle h, const char* name, const std::vector<std::string>& tags = {}) {
+  return import_tensor(h, name, true, tagged(tags, name));
 }
 
 // The backend for tensors on `device`: "auto" follows the device (PAGEDATTN_BACKEND is not
@@ -502,12 +565,12 @@ struct DecodeCall {
 // row per query token, so the batch comes from context_lens instead of q. The caches' dimensions
 // are read in `layout`.
 DecodeCall decode_inputs(nb::handle q_h, nb::handle k_h, nb::handle v_h, nb::handle table_h,
-                         nb::handle lens_h, const std::vector<std::string>& bf16, bool query_tokens,
+                         nb::handle lens_h, const std::vector<std::string>& tags, bool query_tokens,
                          KvLayout layout) {
   DecodeCall c;
-  Tensor q = input(q_h, "q", bf16);
-  Tensor k = input(k_h, "k_cache", bf16);
-  Tensor v = input(v_h, "v_cache", bf16);
+  Tensor q = input(q_h, "q", tags);
+  Tensor k = input(k_h, "k_cache", tags);
+  Tensor v = input(v_h, "v_cache", tags);
   Tensor table = input(table_h, "block_table");
   Tensor lens = input(lens_h, "context_lens");
 
@@ -600,6 +663,52 @@ Tensor per_head_input(nb::handle h, const char* name, const Tensor& q, const Dev
   return t;
 }
 
+// The fp8 cache scales of a decode or a cache write: the per-tensor k_scale and v_scale, and the
+// per-kv-head arrays k_scales and v_scales (f32 [num_kv_heads], contiguous, on the caches'
+// device). Their values, and whether the cache is fp8 at all, the library checks: it names the
+// field (k_scale, k_scales[2]). A finite scale that f32 cannot hold (it would turn into inf or
+// 0) is refused here, with the value as given.
+struct KvScales {
+  Tensor k, v;  // the per-head arrays' imports, alive until the call returns
+
+  template <typename Args>
+  void set(Args& a, double k_scale, double v_scale, nb::handle k_h, nb::handle v_h,
+           const Tensor& cache, KvLayout layout) {
+    a.k_scale = to_f32(k_scale, "k_scale");
+    a.v_scale = to_f32(v_scale, "v_scale");
+    if (!k_h.is_none()) {
+      k = per_kv_head(k_h, "k_scales", cache, layout);
+      a.k_scales = static_cast<const float*>(k.data);
+    }
+    if (!v_h.is_none()) {
+      v = per_kv_head(v_h, "v_scales", cache, layout);
+      a.v_scales = static_cast<const float*>(v.data);
+    }
+  }
+
+  static float to_f32(double value, const char* name) {
+    const float f = static_cast<float>(value);
+    if (std::isfinite(value) && (!std::isfinite(f) || (value != 0 && f == 0))) {
+      std::ostringstream given, why;
+      given << value;
+      why << "outside the float32 range (a scale lies in [" << pagedattn::kMinKvScale << ", "
+          << pagedattn::kMaxKvScale << "])";
+      bad(ErrorCode::kInvalidArgument, name, "", given.str(), why.str());
+    }
+    return f;
+  }
+
+  static Tensor per_kv_head(nb::handle h, const char* name, const Tensor& cache, KvLayout layout) {
+    Tensor t = input(h, name);
+    t.require_ndim(1, "[num_kv_heads]");
+    t.require_dim(0, cache.shape[layout.heads_dim()], layout.kv_heads_ref());
+    t.require_float32();
+    t.require_contiguous();
+    t.require_device(cache.device, "k_cache");
+    return t;
+  }
+};
+
 // The largest query count of one sequence, max(q_indptr[b + 1] - q_indptr[b]), from q_indptr's
 // values: read in place from host memory, or copied from the device on the call's stream (after
 // the work queued before it, which may write q_indptr) and waited for. At least 1, as the
@@ -632,16 +741,18 @@ int max_q_len_of(const Tensor& q_indptr, int batch, std::uintptr_t stream) {
 void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle block_table,
             nb::handle context_lens, nb::handle out_h, nb::handle lse_h,
             std::optional<double> scale, const std::string& backend, std::uintptr_t stream,
-            nb::handle workspace_h, bool checked, const std::vector<std::string>& bf16,
+            nb::handle workspace_h, bool checked, const std::vector<std::string>& tags,
             int window_left, double logits_soft_cap, nb::handle alibi_h, nb::handle sinks_h,
-            nb::handle q_indptr_h, std::optional<int> max_q_len, const std::string& kv_layout) {
+            nb::handle q_indptr_h, std::optional<int> max_q_len, const std::string& kv_layout,
+            double k_scale, double v_scale, nb::handle k_scales_h, nb::handle v_scales_h) {
   const bool query_tokens = !q_indptr_h.is_none();
   if (!query_tokens && max_q_len) {
     bad(ErrorCode::kInvalidArgument, "max_q_len", "", std::to_string(*max_q_len),
         "given without q_indptr (max_q_len bounds the query tokens of multi-token queries)");
   }
-  DecodeCall c = decode_inputs(q, k_cache, v_cache, block_table, context_lens, bf16, query_tokens,
-                               parse_kv_layout(kv_layout));
+  const KvLayout layout = parse_kv_layout(kv_layout);
+  DecodeCall c =
+      decode_inputs(q, k_cache, v_cache, block_table, context_lens, tags, query_tokens, layout);
   auto& a = c.args;
   const Tensor& qt = c.keep[0];
   const char* rows = query_tokens ? "num_q_tokens, q.shape[0]" : "batch, q.shape[0]";
@@ -667,7 +778,7 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
     a.num_q_tokens = qt.dim_int(0);
   }
 
-  Tensor out = output(out_h, "out", bf16);
+  Tensor out = output(out_h, "out", tags);
   out.require_ndim(
       3, query_tokens ? "[num_q_tokens, num_heads, head_dim]" : "[batch, num_heads, head_dim]");
   for (int i = 0; i < 3; ++i) {
@@ -717,6 +828,8 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
     sinks = per_head_input(sinks_h, "sinks", qt, c.device);
     a.sinks = static_cast<const float*>(sinks.data);
   }
+  KvScales scales;
+  scales.set(a, k_scale, v_scale, k_scales_h, v_scales_h, c.keep[1], layout);
 
   pagedattn::DecodeOptions o;
   o.backend = pick_backend(backend, c.device, "q");
@@ -750,10 +863,10 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
 // `kv_layout` and its strides are not looked at.
 std::size_t workspace_size(nb::handle q, nb::handle k_cache, nb::handle block_table,
                            const std::string& backend, std::optional<int> max_q_len,
-                           const std::string& kv_layout) {
+                           const std::string& kv_layout, const std::vector<std::string>& tags) {
   const KvLayout layout = parse_kv_layout(kv_layout);
-  Tensor qt = input(q, "q");
-  Tensor k = input(k_cache, "k_cache");
+  Tensor qt = input(q, "q", tags);
+  Tensor k = input(k_cache, "k_cache", tags);
   Tensor table = input(block_table, "block_table");
   qt.require_ndim(
       3, max_q_len ? "[num_q_tokens, num_heads, head_dim]" : "[batch, num_heads, head_dim]");
@@ -766,6 +879,11 @@ std::size_t workspace_size(nb::handle q, nb::handle k_cache, nb::handle block_ta
   if (pick_backend(backend, qt.device, "q") != Backend::kCuda) return 0;
 
   pagedattn::DecodeArgs a;
+  // The kernel, and with it the split plan and the workspace, depends on q's and the cache's
+  // dtypes (the tensor-core path for 16-bit q and cache alike; fp8 caches have kernels of their
+  // own). out's dtype does not count: q's stands in for it.
+  a.q_dtype = a.out_dtype = qt.float_dtype();
+  a.k_dtype = a.v_dtype = k.float_dtype();
   a.batch = table.dim_int(0);
   a.num_heads = qt.dim_int(1);
   a.head_dim = qt.dim_int(2);
@@ -797,11 +915,11 @@ struct Cache {
   pagedattn::CacheStrides strides;
 };
 
-Cache cache_pair(nb::handle k_h, nb::handle v_h, const std::vector<std::string>& bf16,
+Cache cache_pair(nb::handle k_h, nb::handle v_h, const std::vector<std::string>& tags,
                  KvLayout layout) {
   Cache c;
-  c.k = output(k_h, "k_cache", bf16);
-  c.v = output(v_h, "v_cache", bf16);
+  c.k = output(k_h, "k_cache", tags);
+  c.v = output(v_h, "v_cache", tags);
   c.k.require_ndim(4, layout.dims());
   c.v.require_ndim(4, layout.dims());
   c.dtype = c.k.float_dtype();
@@ -823,12 +941,13 @@ Cache cache_pair(nb::handle k_h, nb::handle v_h, const std::vector<std::string>&
 
 void write_cache(nb::handle key_h, nb::handle value_h, nb::handle slots_h, nb::handle k_cache,
                  nb::handle v_cache, const std::string& backend, std::uintptr_t stream,
-                 bool checked, const std::vector<std::string>& bf16, const std::string& kv_layout) {
+                 bool checked, const std::vector<std::string>& tags, const std::string& kv_layout,
+                 double k_scale, double v_scale, nb::handle k_scales_h, nb::handle v_scales_h) {
   const KvLayout layout = parse_kv_layout(kv_layout);
-  Tensor key = input(key_h, "key", bf16);
-  Tensor value = input(value_h, "value", bf16);
+  Tensor key = input(key_h, "key", tags);
+  Tensor value = input(value_h, "value", tags);
   Tensor slots = input(slots_h, "slot_mapping");
-  Cache c = cache_pair(k_cache, v_cache, bf16, layout);
+  Cache c = cache_pair(k_cache, v_cache, tags, layout);
 
   key.require_ndim(3, "[num_tokens, num_kv_heads, head_dim]");
   value.require_ndim(3, "[num_tokens, num_kv_heads, head_dim]");
@@ -889,6 +1008,8 @@ void write_cache(nb::handle key_h, nb::handle value_h, nb::handle slots_h, nb::h
   a.k_cache = c.k.data;
   a.v_cache = c.v.data;
   a.cache_dtype = c.dtype;
+  KvScales scales;
+  scales.set(a, k_scale, v_scale, k_scales_h, v_scales_h, c.k, layout);
 
   pagedattn::CacheOpOptions o;
   o.backend = pick_backend(backend, c.k.device, "k_cache");
@@ -958,8 +1079,8 @@ std::vector<pagedattn::BlockCopy> read_pairs(nb::handle h) {
 
 void copy_blocks(nb::handle k_cache, nb::handle v_cache, nb::handle pairs_h,
                  const std::string& backend, std::uintptr_t stream,
-                 const std::vector<std::string>& bf16, const std::string& kv_layout) {
-  Cache c = cache_pair(k_cache, v_cache, bf16, parse_kv_layout(kv_layout));
+                 const std::vector<std::string>& tags, const std::string& kv_layout) {
+  Cache c = cache_pair(k_cache, v_cache, tags, parse_kv_layout(kv_layout));
   std::vector<pagedattn::BlockCopy> pairs = read_pairs(pairs_h);
   if (pairs.size() > static_cast<std::size_t>(INT_MAX)) {
     bad(ErrorCode::kInvalidArgument, "pairs", ".length", std::to_string(pairs.size()),
@@ -990,8 +1111,8 @@ void copy_blocks(nb::handle k_cache, nb::handle v_cache, nb::handle pairs_h,
 // shape), out [..., head_dim] and lse [...]; the rows are the elements of "...".
 void merge_states(nb::handle parts_h, nb::handle part_lse_h, nb::handle out_h, nb::handle lse_h,
                   const std::string& backend, std::uintptr_t stream,
-                  const std::vector<std::string>& bf16) {
-  Tensor parts = input(parts_h, "parts", bf16);
+                  const std::vector<std::string>& tags) {
+  Tensor parts = input(parts_h, "parts", tags);
   Tensor plse = input(part_lse_h, "part_lse");
   if (parts.ndim() < 2) {
     bad(ErrorCode::kInvalidArgument, "parts", ".shape", parts.shape_str(),
@@ -1013,7 +1134,7 @@ void merge_states(nb::handle parts_h, nb::handle part_lse_h, nb::handle out_h, n
     bad(ErrorCode::kInvalidArgument, "parts", ".shape", parts.shape_str(), "too many rows");
   }
 
-  Tensor out = output(out_h, "out", bf16);
+  Tensor out = output(out_h, "out", tags);
   if (out.ndim() != nd - 1) {
     bad(ErrorCode::kInvalidArgument, "out", ".shape", out.shape_str(),
         "expected parts.shape without the segment axis " + parts.shape_str());
@@ -1091,17 +1212,21 @@ NB_MODULE(_ext, m) {
 
   m.def("decode", &decode, "q"_a, "k_cache"_a, "v_cache"_a, "block_table"_a, "context_lens"_a,
         "out"_a, "lse"_a.none(), "scale"_a.none(), "backend"_a, "stream"_a, "workspace"_a.none(),
-        "checked"_a, "bf16"_a, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
+        "checked"_a, "tags"_a, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
         "alibi_slopes"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),
-        "q_indptr"_a.none() = nb::none(), "max_q_len"_a.none() = nb::none(), "kv_layout"_a = "HND");
+        "q_indptr"_a.none() = nb::none(), "max_q_len"_a.none() = nb::none(), "kv_layout"_a = "HND",
+        "k_scale"_a = 1.0, "v_scale"_a = 1.0, "k_scales"_a.none() = nb::none(),
+        "v_scales"_a.none() = nb::none());
   m.def("workspace_size", &workspace_size, "q"_a, "k_cache"_a, "block_table"_a, "backend"_a,
-        "max_q_len"_a.none() = nb::none(), "kv_layout"_a = "HND");
+        "max_q_len"_a.none() = nb::none(), "kv_layout"_a = "HND",
+        "tags"_a = std::vector<std::string>{});
   m.def("write_cache", &write_cache, "key"_a, "value"_a, "slot_mapping"_a, "k_cache"_a, "v_cache"_a,
-        "backend"_a, "stream"_a, "checked"_a, "bf16"_a, "kv_layout"_a = "HND");
+        "backend"_a, "stream"_a, "checked"_a, "tags"_a, "kv_layout"_a = "HND", "k_scale"_a = 1.0,
+        "v_scale"_a = 1.0, "k_scales"_a.none() = nb::none(), "v_scales"_a.none() = nb::none());
   m.def("copy_blocks", &copy_blocks, "k_cache"_a, "v_cache"_a, "pairs"_a, "backend"_a, "stream"_a,
-        "bf16"_a, "kv_layout"_a = "HND");
+        "tags"_a, "kv_layout"_a = "HND");
   m.def("merge_states", &merge_states, "parts"_a, "part_lse"_a, "out"_a, "lse"_a.none(),
-        "backend"_a, "stream"_a, "bf16"_a);
+        "backend"_a, "stream"_a, "tags"_a);
 
   m.def("cuda_available", []() {
     std::string why;

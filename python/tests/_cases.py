@@ -1,8 +1,11 @@
 """Random paged decode cases and a NumPy float64 reference, shared by the tests.
 
-Storage dtypes: "f32" (np.float32), "f16" (np.float16) and "bf16". NumPy has no bfloat16, so a
-bf16 tensor is a uint16 array of bf16 bit patterns here, passed as pagedattn.bf16(array); the
-conversions below round to nearest even like the library does.
+Storage dtypes: "f32" (np.float32), "f16" (np.float16) and "bf16", and for K and V caches the
+fp8 formats "fp8_e4m3" and "fp8_e5m2". NumPy has neither bfloat16 nor fp8, so a bf16 tensor is a
+uint16 array of bf16 bit patterns here, passed as pagedattn.bf16(array), and an fp8 one a uint8
+array of codes, passed as pagedattn.fp8_e4m3(array) or pagedattn.fp8_e5m2(array); the
+conversions below round to nearest even like the library does. The fp8 conversions come from
+256-entry tables of the codes' values, built from the formats' bit definitions.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import numpy as np
 import pagedattn
 
 DTYPES = ("f32", "f16", "bf16")
+FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
 
 # The error bound against the f64 reference, relative to max |out|: f32 arithmetic plus the
 # final rounding to the output dtype (half an ulp: 2^-11 for f16, 2^-8 for bf16), with headroom.
@@ -37,6 +41,62 @@ def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
     return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+# fp8 formats: (exponent bits, mantissa bits, exponent bias, whether the all-ones exponent holds
+# Inf and NaN as in IEEE: e5m2; e4m3 has no Inf and one NaN per sign, S.1111.111).
+_FP8_FORMATS = {"fp8_e4m3": (4, 3, 7, False), "fp8_e5m2": (5, 2, 15, True)}
+# The largest finite code of each format (sign bit clear): e4m3 448, e5m2 57344.
+FP8_MAX_CODE = {"fp8_e4m3": 0x7E, "fp8_e5m2": 0x7B}
+_FP8_TABLES: Dict[str, np.ndarray] = {}
+
+
+def fp8_values(dtype: str) -> np.ndarray:
+    """The values of the 256 codes of an fp8 format (float64, indexed by code), from the bit
+    definitions: sign, exponent, mantissa; subnormals at exponent 0."""
+    table = _FP8_TABLES.get(dtype)
+    if table is None:
+        exp_bits, man_bits, bias, ieee = _FP8_FORMATS[dtype]
+        top = (1 << exp_bits) - 1
+        values = []
+        for code in range(256):
+            e = (code >> man_bits) & top
+            m = code & ((1 << man_bits) - 1)
+            if ieee and e == top:
+                v = math.inf if m == 0 else math.nan
+            elif not ieee and e == top and m == (1 << man_bits) - 1:
+                v = math.nan
+            elif e == 0:
+                v = math.ldexp(m, 1 - bias - man_bits)
+            else:
+                v = math.ldexp((1 << man_bits) + m, e - bias - man_bits)
+            values.append(math.copysign(v, -1.0 if code & 0x80 else 1.0))
+        table = np.array(values, dtype=np.float64)
+        table.setflags(write=False)
+        _FP8_TABLES[dtype] = table
+    return table
+
+
+def fp8_quantize(y: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values -> fp8 codes (uint8) as the library stores them: the nearest finite code,
+    ties to the even code; beyond the largest finite value, that value (saturation); NaN ->
+    NaN; Inf -> Inf in e5m2 and NaN in e4m3 (which has no Inf). Signs kept (-0 -> 0x80)."""
+    y = np.asarray(y, dtype=np.float32).astype(np.float64)
+    top = FP8_MAX_CODE[dtype]
+    mags = fp8_values(dtype)[: top + 1]  # codes 0 .. top, increasing
+    a = np.abs(y)
+    finite = np.isfinite(a)
+    a_f = np.where(finite, a, 0.0)
+    hi = np.minimum(np.searchsorted(mags, a_f, side="left"), top)
+    lo = np.maximum(hi - 1, 0)
+    mid = (mags[lo] + mags[hi]) / 2  # exact: the codes have at most 3 mantissa bits
+    code = np.where(a_f < mid, lo, np.where(a_f > mid, hi, np.where(lo % 2 == 0, lo, hi)))
+    nan_code = 0x7F if dtype == "fp8_e4m3" else 0x7E
+    inf_code = 0x7F if dtype == "fp8_e4m3" else 0x7C
+    code = np.where(np.isnan(y), nan_code, code)
+    code = np.where(np.isinf(y), inf_code, code)
+    code = code | np.where(np.signbit(y), 0x80, 0)
+    return code.astype(np.uint8)
+
+
 def store(x: np.ndarray, dtype: str) -> np.ndarray:
     """Values rounded to the storage dtype, as the raw array the library reads."""
     if dtype == "f32":
@@ -45,27 +105,59 @@ def store(x: np.ndarray, dtype: str) -> np.ndarray:
         return np.asarray(x, dtype=np.float16)
     if dtype == "bf16":
         return f32_to_bf16_bits(x)
+    if dtype in _FP8_FORMATS:
+        return fp8_quantize(x, dtype)
     raise ValueError(dtype)
 
 
 def load(raw: np.ndarray, dtype: str) -> np.ndarray:
-    """The stored values as float64."""
+    """The stored values as float64 (for fp8, the codes' values, unscaled)."""
     if dtype == "bf16":
         return bf16_bits_to_f32(raw).astype(np.float64)
+    if dtype in _FP8_FORMATS:
+        return fp8_values(dtype)[np.asarray(raw, dtype=np.uint8)]
     return np.asarray(raw).astype(np.float64)
 
 
 def arg(raw: np.ndarray, dtype: str):
     """How a test passes a stored array to pagedattn."""
-    return pagedattn.bf16(raw) if dtype == "bf16" else raw
+    if dtype == "bf16":
+        return pagedattn.bf16(raw)
+    if dtype == "fp8_e4m3":
+        return pagedattn.fp8_e4m3(raw)
+    if dtype == "fp8_e5m2":
+        return pagedattn.fp8_e5m2(raw)
+    return raw
 
 
 def empty(shape, dtype: str) -> np.ndarray:
     """An output buffer of the storage dtype, filled with NaN (all-ones bits)."""
-    np_dtype = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}[dtype]
+    np_dtype = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16,
+                "fp8_e4m3": np.uint8, "fp8_e5m2": np.uint8}[dtype]
     out = np.empty(shape, dtype=np_dtype)
     out.view(np.uint8)[...] = 0xFF
     return out
+
+
+def per_head_scales(scale: float, scales: Optional[Sequence[float]], num_kv_heads: int
+                    ) -> np.ndarray:
+    """The scale of each kv head of an fp8 cache, in float32 as the library computes it:
+    scale * scales[h] (scales None: scale)."""
+    s = np.full(num_kv_heads, scale, dtype=np.float32)
+    if scales is not None:
+        s = s * np.asarray(scales, dtype=np.float32)
+    return s
+
+
+def quantize_heads(x: np.ndarray, dtype: str, head_scales: np.ndarray, head_axis: int = 1
+                   ) -> np.ndarray:
+    """What write_cache stores into an fp8 cache for float32 values x: fp8_quantize(x / s) per
+    kv head (the axis head_axis of x), the division in float32 as in the library."""
+    shape = [1] * np.ndim(x)
+    shape[head_axis] = len(head_scales)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        y = np.asarray(x, dtype=np.float32) / np.asarray(head_scales, np.float32).reshape(shape)
+    return fp8_quantize(y, dtype)
 
 
 @dataclass
@@ -79,6 +171,11 @@ class Case:
     kv_dtype: str
     block_size: int
     extras: Dict[str, object] = field(default_factory=dict)
+    # fp8 caches: a code c of kv head h means c * k_scale * k_scales[h] in K, alike in V.
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+    k_scales: Optional[np.ndarray] = None  # float32 [num_kv_heads]
+    v_scales: Optional[np.ndarray] = None
 
     @property
     def batch(self) -> int:
@@ -88,20 +185,53 @@ class Case:
         return (arg(self.q, self.q_dtype), arg(self.k, self.kv_dtype), arg(self.v, self.kv_dtype),
                 self.block_table, self.context_lens)
 
+    def scale_kwargs(self) -> Dict[str, object]:
+        """The fp8 scales as decode's (and write_cache's) keyword arguments; none when unset."""
+        kw: Dict[str, object] = {}
+        if self.k_scale != 1.0:
+            kw["k_scale"] = self.k_scale
+        if self.v_scale != 1.0:
+            kw["v_scale"] = self.v_scale
+        if self.k_scales is not None:
+            kw["k_scales"] = self.k_scales
+        if self.v_scales is not None:
+            kw["v_scales"] = self.v_scales
+        return kw
+
+    def kv_values(self):
+        """The caches' values as float64 [num_blocks, num_kv_heads, block_size, head_dim]: the
+        stored values, times the scales for fp8 (exactly, in float64)."""
+        k, v = load(self.k, self.kv_dtype), load(self.v, self.kv_dtype)
+        if self.kv_dtype in FP8_DTYPES:
+            kv_heads = k.shape[1]
+            for x, scale, scales in ((k, self.k_scale, self.k_scales),
+                                     (v, self.v_scale, self.v_scales)):
+                s = np.full(kv_heads, float(np.float32(scale)))
+                if scales is not None:
+                    s = s * np.asarray(scales, dtype=np.float32).astype(np.float64)
+                with np.errstate(invalid="ignore"):
+                    x *= s[None, :, None, None]
+        return k, v
+
     def reference(self, scale: Optional[float] = None, **variants):
         """The f64 reference of this case; ``variants`` as reference_decode takes them."""
-        return reference_decode(load(self.q, self.q_dtype), load(self.k, self.kv_dtype),
-                                load(self.v, self.kv_dtype), self.block_table, self.context_lens,
-                                scale, **variants)
+        k, v = self.kv_values()
+        return reference_decode(load(self.q, self.q_dtype), k, v, self.block_table,
+                                self.context_lens, scale, **variants)
 
 
 def make_case(rng: np.random.Generator, *, context_lens: Sequence[int], num_heads: int = 8,
               num_kv_heads: int = 2, head_dim: int = 64, block_size: int = 16,
               q_dtype: str = "f32", kv_dtype: str = "f32", spare_blocks: int = 5,
-              extra_width: int = 2, poison: bool = True) -> Case:
+              extra_width: int = 2, poison: bool = True, k_scale: float = 1.0,
+              v_scale: float = 1.0, k_scales: Optional[Sequence[float]] = None,
+              v_scales: Optional[Sequence[float]] = None) -> Case:
     """A fragmented paged case: every sequence's blocks are scattered over an oversized pool in
     random order, table entries past each context are -1 or garbage, and cache slots nobody
-    reads hold NaN (poison) so that reading one shows."""
+    reads hold NaN (poison) so that reading one shows. An fp8 cache holds the random values
+    as write_cache stores them with the given scales (x / scale, rounded); the scales are kept
+    in the case (Case.scale_kwargs) for the other dtypes too, which store the values as they
+    are."""
     lens = np.asarray(context_lens, dtype=np.int32)
     batch = len(lens)
     used = [math.ceil(int(n) / block_size) for n in lens]
@@ -126,8 +256,15 @@ def make_case(rng: np.random.Generator, *, context_lens: Sequence[int], num_head
         k.transpose(0, 2, 1, 3)[~readable] = np.nan  # [blocks, slots, kv heads, dim] view
         v.transpose(0, 2, 1, 3)[~readable] = np.nan
     q = rng.standard_normal((batch, num_heads, head_dim), dtype=np.float32)
-    return Case(store(q, q_dtype), store(k, kv_dtype), store(v, kv_dtype), table, lens, q_dtype,
-                kv_dtype, block_size)
+    k_scales = None if k_scales is None else np.asarray(k_scales, dtype=np.float32)
+    v_scales = None if v_scales is None else np.asarray(v_scales, dtype=np.float32)
+    if kv_dtype in FP8_DTYPES:
+        k_raw = quantize_heads(k, kv_dtype, per_head_scales(k_scale, k_scales, num_kv_heads))
+        v_raw = quantize_heads(v, kv_dtype, per_head_scales(v_scale, v_scales, num_kv_heads))
+    else:
+        k_raw, v_raw = store(k, kv_dtype), store(v, kv_dtype)
+    return Case(store(q, q_dtype), k_raw, v_raw, table, lens, q_dtype, kv_dtype, block_size,
+                k_scale=k_scale, v_scale=v_scale, k_scales=k_scales, v_scales=v_scales)
 
 
 def reference_decode(q, k, v, block_table, context_lens, scale: Optional[float] = None, *,

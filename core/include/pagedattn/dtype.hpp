@@ -211,6 +211,19 @@ PAGEDATTN_HOST_DEVICE fp8_e5m2_t from_float<fp8_e5m2_t>(float x) {
   return float_to_fp8_e5m2(x);
 }
 
+// The code an fp8 cache stores for value x under `scale` (the value x / scale, as from_float
+// rounds it). A finite x whose quotient overflows f32 is beyond every format's range, so it
+// saturates like any other finite value instead of becoming Inf (NaN in e4m3).
+template <typename Fp8>
+PAGEDATTN_HOST_DEVICE Fp8 quantize_scaled(float x, float scale) {
+  float q = x / scale;
+  const bool x_finite = (float_bits(x) & 0x7f800000u) != 0x7f800000u;
+  if (x_finite && (float_bits(q) & 0x7fffffffu) == 0x7f800000u) {
+    q = bits_float((float_bits(q) & 0x80000000u) | 0x7f7fffffu);  // +-FLT_MAX, same sign
+  }
+  return from_float<Fp8>(q);
+}
+
 // Runtime-typed element access, for code that is not templated on the dtype (reference, tests).
 inline float load_as_float(const void* base, DType t, std::size_t i) {
   switch (t) {
