@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_kernel.hpp"
 #include "pagedattn/cache_ops.hpp"
 #include "pagedattn/dtype.hpp"
 #include "pagedattn/reference.hpp"
@@ -157,6 +158,69 @@ TEST(Fp8, RandomValuesGoToTheNearestCode) {
       ASSERT_EQ(f.encode(x), nearest(f, x)) << x;
     }
   }
+}
+
+// Every code of each format through every CPU kernel the host has (their own fp8 widening: f16
+// conversions on AVX2 and AVX-512, element by element elsewhere): a context of one token has
+// weight 1, so out is exactly that token's V row. Codes 0-127 sit in sequence 0's row, 128-255
+// in sequence 1's; NaN codes must give NaN, e5m2's Inf codes Inf.
+TEST(Fp8CpuIsa, EveryCodeWidensExactly) {
+  int kernels = 0;
+  for (const char* isa : {"avx512bf16", "avx512", "avx2", "sse2", "neon"}) {
+    const detail::cpu::KernelFn fn = detail::cpu::kernel_for_isa(isa);
+    if (fn == nullptr) continue;
+    ++kernels;
+    for (const Format& f : kFormats) {
+      SCOPED_TRACE(std::string(isa) + " " + f.name);
+      testing::CaseSpec spec;
+      spec.batch = 2;
+      spec.num_heads = spec.num_kv_heads = 1;
+      spec.head_dim = 128;
+      spec.block_size = 16;
+      spec.context_lens = {1, 1};
+      spec.kv_dtype = std::string(f.name) == "e4m3" ? DType::kFP8E4M3 : DType::kFP8E5M2;
+      testing::HostCase c = testing::make_case(spec);
+      const DecodeArgs a = c.args();
+      const CacheLayout l = a.cache_layout();
+      for (int b = 0; b < 2; ++b) {
+        const std::int64_t row = l.offset(c.block_table[b * c.table_stride], 0, 0);
+        for (int d = 0; d < 128; ++d) {
+          c.k[row + d] = 0;  // logit 0
+          c.v[row + d] = static_cast<std::uint8_t>(b * 128 + d);
+        }
+      }
+      std::vector<float> q(128, 0.f);
+      detail::cpu::ItemContext ctx;
+      ctx.q_scaled = q.data();
+      ctx.k_cache = c.k.data();
+      ctx.v_cache = c.v.data();
+      ctx.kv_dtype = spec.kv_dtype;
+      ctx.layout = l;
+      ctx.table = BlockTableView{a.block_table, a.max_blocks_per_seq, a.table_stride()};
+      ctx.context_lens = a.context_lens;
+      ctx.num_heads = 1;
+      ctx.group_size = 1;
+      alignas(64) float scores[detail::cpu::kHeadTile * 256];
+      std::vector<float> q_buffer(128 + 16);
+      for (int b = 0; b < 2; ++b) {
+        float m = 0.f, lsum = 0.f;
+        std::vector<float> acc(128);
+        const WorkItem item{b, 0, 0, 0, 1};
+        fn(ctx, item, 1, &m, &lsum, acc.data(), detail::cpu::ItemScratch{scores, q_buffer.data()});
+        for (int d = 0; d < 128; ++d) {
+          const auto code = static_cast<std::uint8_t>(b * 128 + d);
+          const float want = f.decode(code);
+          const float got = acc[d] / lsum;
+          if (std::isnan(want)) {
+            EXPECT_TRUE(std::isnan(got)) << "code " << int(code) << " gave " << got;
+          } else {
+            EXPECT_EQ(got, want) << "code " << int(code);
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(kernels, 0);
 }
 
 // What fp8 storage costs in accuracy (docs/fp8.md quotes these runs): K and V drawn in f32,
