@@ -18,6 +18,7 @@
 #include "device_random.cuh"
 #include "median.hpp"
 #include "pagedattn/cache_layout.hpp"
+#include "pagedattn/dtype.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/cuda_check.hpp"
 #include "pagedattn/testing/device_memory.hpp"
@@ -59,10 +60,28 @@ __global__ void fill_normal(T* p, std::size_t n, std::uint64_t seed) {
   }
 }
 
+// An fp8 cache's codes: N(0, 1) values divided by the cache's scale, through the library's own
+// conversion (round to nearest even). A finite value never gives a NaN code: e4m3 saturates at
+// 448, e5m2 at 57344, far beyond the codes' spread of 2.
+template <typename T>
+__global__ void fill_normal_fp8(T* p, std::size_t n, std::uint64_t seed, float inv_scale) {
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    p[i] = from_float<T>(hashed_normal(seed, i) * inv_scale);
+  }
+}
+
+// n elements of dtype t from seed: N(0, 1) values (for fp8, their codes at kFp8KvScale).
 void fill(void* p, DType t, std::size_t n, std::uint64_t seed) {
   if (n == 0) return;
   const int grid = static_cast<int>(std::min<std::size_t>((n + 255) / 256, 132 * 32));
   switch (t) {
+    case DType::kFP8E4M3:
+      fill_normal_fp8<<<grid, 256>>>(static_cast<fp8_e4m3_t*>(p), n, seed, 1.f / kFp8KvScale);
+      break;
+    case DType::kFP8E5M2:
+      fill_normal_fp8<<<grid, 256>>>(static_cast<fp8_e5m2_t*>(p), n, seed, 1.f / kFp8KvScale);
+      break;
     case DType::kF32:
       fill_normal<<<grid, 256>>>(static_cast<float*>(p), n, seed);
       break;
@@ -151,8 +170,9 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
   const testing::KvGeometry geometry = testing::kv_geometry(options.layout, num_blocks, KV, BS, D);
   const std::size_t cache_elems = static_cast<std::size_t>(geometry.elements);
   const int kv_buffers = geometry.shared ? 1 : 2;
-  const std::size_t esz = dtype_size(dtype);
-  const double kv_set_bytes = static_cast<double>(kv_buffers) * cache_elems * esz;
+  const DType kv_dtype = options.kv_dtype.value_or(dtype);
+  const std::size_t esz = dtype_size(dtype), kv_esz = dtype_size(kv_dtype);
+  const double kv_set_bytes = static_cast<double>(kv_buffers) * cache_elems * kv_esz;
   // Enough sets that the rotation spans at least 4x a 60 MB L2 (the H200's), at most 16 sets
   // and at most half the free memory.
   std::size_t free_b = 0, total_b = 0;
@@ -183,8 +203,8 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
         testing::block_pool(num_blocks, !options.contiguous, rng), host_lens, BS, max_blocks);
     tables.push_back(host_table);
     InputSet set{DeviceBuffer(qo * esz),
-                 DeviceBuffer(cache_elems * esz),
-                 geometry.shared ? DeviceBuffer() : DeviceBuffer(cache_elems * esz),
+                 DeviceBuffer(cache_elems * kv_esz),
+                 geometry.shared ? DeviceBuffer() : DeviceBuffer(cache_elems * kv_esz),
                  DeviceBuffer(host_table.size() * 4),
                  DeviceBuffer(B * 4),
                  DeviceBuffer(qo * esz),
@@ -192,8 +212,8 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
                  DeviceBuffer(host_q_indptr.data(), host_q_indptr.size() * 4),
                  {}};
     fill(set.q.get(), dtype, qo, 3 * i + 1);
-    fill(set.k.get(), dtype, cache_elems, 3 * i + 2);
-    if (!geometry.shared) fill(set.v.get(), dtype, cache_elems, 3 * i + 3);
+    fill(set.k.get(), kv_dtype, cache_elems, 3 * i + 2);
+    if (!geometry.shared) fill(set.v.get(), kv_dtype, cache_elems, 3 * i + 3);
     check_cuda(cudaMemcpy(set.table.get(), host_table.data(), host_table.size() * 4,
                           cudaMemcpyHostToDevice),
                "cudaMemcpy(table)");
@@ -208,7 +228,9 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     a.num_blocks = num_blocks;
     a.max_blocks_per_seq = max_blocks;
     a.q = set.q.get();
-    a.q_dtype = a.k_dtype = a.v_dtype = a.out_dtype = dtype;
+    a.q_dtype = a.out_dtype = dtype;
+    a.k_dtype = a.v_dtype = kv_dtype;
+    if (is_fp8(kv_dtype)) a.k_scale = a.v_scale = kFp8KvScale;
     apply_layout(options.layout, geometry, set.k.get(), set.v.get(), a);
     a.block_table = static_cast<const std::int32_t*>(set.table.get());
     a.context_lens = static_cast<const std::int32_t*>(set.lens.get());
@@ -237,8 +259,8 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
   // when the cache fits comfortably in host memory; NaN otherwise.
   double rel_err = std::nan("");
   if (kv_set_bytes <= 3e9) {
-    std::vector<std::uint8_t> hq(qo * esz), hk(cache_elems * esz),
-        hv(geometry.shared ? 0 : cache_elems * esz), hout(qo * esz);
+    std::vector<std::uint8_t> hq(qo * esz), hk(cache_elems * kv_esz),
+        hv(geometry.shared ? 0 : cache_elems * kv_esz), hout(qo * esz);
     check_cuda(cudaMemcpy(hq.data(), in[0].q.get(), hq.size(), cudaMemcpyDeviceToHost), "copy q");
     check_cuda(cudaMemcpy(hk.data(), in[0].k.get(), hk.size(), cudaMemcpyDeviceToHost), "copy k");
     if (!hv.empty()) {

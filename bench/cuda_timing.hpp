@@ -3,12 +3,18 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "bench_variants.hpp"
 #include "pagedattn/pagedattn.hpp"
 #include "pagedattn/testing/kv_layouts.hpp"
 
 namespace pagedattn::bench {
+
+// The scale of an fp8 cache's K and V (DecodeArgs::k_scale, v_scale; no per-head scales): the
+// codes hold the values / 0.5, so the values themselves are N(0, 1) as in the other dtypes, the
+// codes N(0, 2), well inside both formats. Any scale in range costs a decode step the same.
+inline constexpr float kFp8KvScale = 0.5f;
 
 struct Shape {
   int batch, heads, kv_heads, head_dim, context, block_size;
@@ -33,6 +39,9 @@ struct CudaTimingOptions {
   Variants variants;  // applied to every step (their slopes and sinks copied to the device)
   // Where K and V live (kv_strides); kHnd is the default dense layout, kv_strides left 0.
   testing::KvLayout layout = testing::KvLayout::kHnd;
+  // The K/V cache dtype (--kv-dtype); unset: the dtype of q and out. An fp8 cache is scaled by
+  // kFp8KvScale.
+  std::optional<DType> kv_dtype;
 };
 
 struct Timing {
@@ -46,7 +55,7 @@ double cuda_read_ceiling_gbps();
 
 // Times decode on the CUDA backend for one shape (every sequence at `context` tokens, sequence 0
 // at long_first when set, each with q_len query tokens), with inputs rotated across more than the
-// L2 size.
+// L2 size. `dtype` is q's and out's, options.kv_dtype (when set) the caches'.
 Timing cuda_time_shape(const Shape& shape, DType dtype, const CudaTimingOptions& options);
 
 }  // namespace pagedattn::bench

@@ -42,6 +42,10 @@ void naive_rows(const DecodeArgs& a, int threads) {
     for (std::int64_t row = 0; row < rows; ++row) {
       const int token = static_cast<int>(row / H), h = static_cast<int>(row % H), kv = h / G;
       const int b = seq_of[token], L = len_of[token];
+      // An fp8 cache's codes times their kv head's scales (1 for the other dtypes): K's joins the
+      // logit scale, V's the output.
+      const float k_scale = a.k_scale * (a.k_scales != nullptr ? a.k_scales[kv] : 1.f);
+      const float v_scale = a.v_scale * (a.v_scales != nullptr ? a.v_scales[kv] : 1.f);
       for (int d = 0; d < D; ++d) q[d] = load_as_float(a.q, a.q_dtype, row * D + d);
       for (int d = 0; d < D; ++d) acc[d] = 0.f;
       float m = -INFINITY, l = 0.f;
@@ -57,7 +61,7 @@ void naive_rows(const DecodeArgs& a, int threads) {
           const T* k = k_cache + base + t * layout.token_stride;
           float dot = 0.f;
           for (int d = 0; d < D; ++d) dot += q[d] * to_float(k[d]);
-          s[t] = dot * scale;
+          s[t] = dot * scale * k_scale;
           if (cap > 0.f) s[t] = cap * std::tanh(s[t] / cap);
           s[t] += slope * static_cast<float>(blk * BS + t - (L - 1));
           m_new = std::max(m_new, s[t]);
@@ -83,7 +87,7 @@ void naive_rows(const DecodeArgs& a, int threads) {
       } else if (sink > -INFINITY) {
         l += std::exp(sink - m);
       }
-      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float inv = l > 0.f ? v_scale / l : 0.f;
       for (int d = 0; d < D; ++d) store_from_float(a.out, a.out_dtype, row * D + d, acc[d] * inv);
       if (a.lse) a.lse[row] = l > 0.f ? m + std::log(l) : -INFINITY;
     }
@@ -102,6 +106,12 @@ void naive_decode(const DecodeArgs& args, int threads) {
       break;
     case DType::kBF16:
       naive_rows<bf16_t>(args, threads);
+      break;
+    case DType::kFP8E4M3:
+      naive_rows<fp8_e4m3_t>(args, threads);
+      break;
+    case DType::kFP8E5M2:
+      naive_rows<fp8_e5m2_t>(args, threads);
       break;
   }
 }

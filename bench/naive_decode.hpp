@@ -8,8 +8,9 @@
 namespace pagedattn::bench {
 
 // Same contract as decode() (out and lse written for every row, the attention variants and
-// multi-token queries and the cache layout included), parallel over (query token, head) rows
-// with `threads` OpenMP threads. Arguments are assumed valid; q and out dense.
+// multi-token queries and the cache layout included, fp8 caches and their scales too), parallel
+// over (query token, head) rows with `threads` OpenMP threads. Arguments are assumed valid; q and
+// out dense.
 void naive_decode(const DecodeArgs& args, int threads);
 
 }  // namespace pagedattn::bench

@@ -6,6 +6,7 @@
 //                   [--iters N] [--min-time S] [--bw-mib N] [--no-naive] [--plain]
 //                   [--long-first TOKENS] [--window N] [--soft-cap X] [--alibi] [--sinks]
 //                   [--q-len N] [--layout hnd|nhd|combined_nhd]
+//                   [--kv-dtype f32|f16|bf16|fp8_e4m3|fp8_e5m2]
 //
 // Every flag is parsed strictly (cli/args.hpp) and every shape checked before anything is
 // measured; a bad one is a message naming the flag and the value, and exit status 2.
@@ -27,6 +28,10 @@
 // default dense [blocks][kv heads][block_size][head_dim] tensors; nhd, [blocks][block_size]
 // [kv heads][head_dim]; combined_nhd, one tensor holding each block's K then its V. The bytes a
 // step must read are the same K and V bytes in every layout, and so is GB/s's numerator.
+//
+// --kv-dtype stores the caches in another dtype than q and out (by default the same), fp8 among
+// them (scaled by kFp8KvScale, cuda_timing.hpp). GB/s and %readBW count the bytes of the caches'
+// own dtype: an fp8 step must read half the bytes of a bf16 one.
 #include <omp.h>
 #include <unistd.h>
 
@@ -38,6 +43,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -86,6 +92,10 @@ struct Options {
   std::size_t bw_mib = 2048;
   // --layout: where K and V live (kHnd: the default dense layout, kv_strides 0)
   testing::KvLayout layout = testing::KvLayout::kHnd;
+  // --kv-dtype: the caches' dtype; unset: each --dtype's own
+  std::optional<DType> kv_dtype;
+
+  DType kv_dtype_for(DType dtype) const { return kv_dtype.value_or(dtype); }
 };
 
 constexpr int kMaxTokens = 1 << 30;  // a context, a batch, a head count
@@ -139,9 +149,15 @@ void print_help(const char* prog) {
       "                     nhd, two tensors [blocks][block][kv heads][head_dim];\n"
       "                     combined_nhd, one tensor [blocks][2][block][kv heads][head_dim],\n"
       "                     each block's K then its V. GB/s counts the same K/V bytes in all\n"
+      "cache dtype:\n"
+      "  --kv-dtype T       the K and V caches' dtype: f32, f16, bf16, fp8_e4m3 or fp8_e5m2\n"
+      "                     (default: each --dtype's own; q and out keep --dtype). An fp8 cache\n"
+      "                     holds the values / %g (k_scale = v_scale = %g, no per-head scales).\n"
+      "                     GB/s and %%readBW count the cache's own bytes (the CSV's kv_dtype\n"
+      "                     column)\n"
       "  --help, -h         this text\n",
       prog, kMaxGroupSize, kMaxBlockSize, kMaxThreads, kMaxIters, kMaxSeconds, kMaxBwMib,
-      kMaxTokens, kMaxTokens, kMaxSoftCap, kMaxQLen);
+      kMaxTokens, kMaxTokens, kMaxSoftCap, kMaxQLen, bench::kFp8KvScale, bench::kFp8KvScale);
 }
 
 Shape parse_shape(const std::string& text) {
@@ -206,7 +222,8 @@ void validate_shape(const Shape& s, const std::string& text, const Options& o) {
       cli::bad_value("--q-len", std::to_string(o.q_len), why);
     }
   }
-  for (DType t : o.dtypes) {
+  for (DType q_dtype : o.dtypes) {
+    const DType t = o.kv_dtype_for(q_dtype);
     const double blocks =
         (s.batch - 1.0) * std::ceil(static_cast<double>(s.context) / s.block_size) +
         std::ceil(static_cast<double>(s.context_of(0)) / s.block_size);
@@ -270,6 +287,12 @@ Options parse(int argc, char** argv) {
       o.variants.sinks = true;
     } else if (args.is("--q-len")) {
       o.q_len = static_cast<int>(args.integer(1, kMaxQLen));
+    } else if (args.is("--kv-dtype")) {
+      o.kv_dtype = args.choice<DType>({{"f32", DType::kF32},
+                                       {"f16", DType::kF16},
+                                       {"bf16", DType::kBF16},
+                                       {"fp8_e4m3", DType::kFP8E4M3},
+                                       {"fp8_e5m2", DType::kFP8E5M2}});
     } else if (args.is("--layout")) {
       o.layout =
           args.choice<testing::KvLayout>({{"hnd", testing::KvLayout::kHnd},
@@ -312,7 +335,8 @@ double attended_tokens(const Shape& s, int window_left) {
   return (s.batch - 1) * attended(s.context) + attended(s.context_of(0));
 }
 
-// Bytes of K and V one decode step must read: every attended token, each kv head, once.
+// Bytes of K and V one decode step must read: every attended token, each kv head, once, in the
+// caches' dtype t.
 double kv_bytes(const Shape& s, DType t, int window_left) {
   return 2.0 * attended_tokens(s, window_left) * s.kv_heads * s.head_dim *
          static_cast<double>(dtype_size(t));
@@ -410,16 +434,19 @@ std::string variants_text(const bench::Variants& v) {
 void print_row(const Options& o, DType dtype, const Row& r) {
   const Shape& s = r.shape;
   const bench::Variants& v = o.variants;
+  const DType kv = o.kv_dtype_for(dtype);
   if (o.csv) {
-    std::printf("%s,%s,%d,%d,%d,%d,%d,%d,%.4f,%.2f,%.1f,%.3g,%d,%g,%d,%d,%d,%s\n",
+    std::printf("%s,%s,%d,%d,%d,%d,%d,%d,%.4f,%.2f,%.1f,%.3g,%d,%g,%d,%d,%d,%s,%s\n",
                 r.backend.c_str(), dtype_name(dtype), s.batch, s.heads, s.kv_heads, s.head_dim,
                 s.context, s.block_size, r.ms, r.gbps, r.pct, r.rel_err, v.window_left, v.soft_cap,
-                v.alibi ? 1 : 0, v.sinks ? 1 : 0, s.q_len, testing::kv_layout_name(o.layout));
+                v.alibi ? 1 : 0, v.sinks ? 1 : 0, s.q_len, testing::kv_layout_name(o.layout),
+                dtype_name(kv));
   } else {
-    std::printf("%-6s %-5s %4d %4d %4d %4d %7d %4d %5d %-12s %10.3f %8.2f %7.1f%% %10.3g  %s\n",
-                r.backend.c_str(), dtype_name(dtype), s.batch, s.heads, s.kv_heads, s.head_dim,
-                s.context, s.block_size, s.q_len, testing::kv_layout_name(o.layout), r.ms, r.gbps,
-                r.pct, r.rel_err, variants_text(v).c_str());
+    std::printf(
+        "%-6s %-5s %-8s %4d %4d %4d %4d %7d %4d %5d %-12s %10.3f %8.2f %7.1f%% %10.3g  %s\n",
+        r.backend.c_str(), dtype_name(dtype), dtype_name(kv), s.batch, s.heads, s.kv_heads,
+        s.head_dim, s.context, s.block_size, s.q_len, testing::kv_layout_name(o.layout), r.ms,
+        r.gbps, r.pct, r.rel_err, variants_text(v).c_str());
   }
   std::fflush(stdout);
 }
@@ -472,7 +499,9 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s) {
   spec.block_size = s.block_size;
   spec.context_lens.resize(s.batch);
   for (int b = 0; b < s.batch; ++b) spec.context_lens[b] = s.context_of(b);
-  spec.q_dtype = spec.kv_dtype = spec.out_dtype = dtype;
+  spec.q_dtype = spec.out_dtype = dtype;
+  spec.kv_dtype = o.kv_dtype_for(dtype);
+  if (is_fp8(spec.kv_dtype)) spec.k_scale = spec.v_scale = bench::kFp8KvScale;
   spec.fragmented = !o.contiguous;
   spec.seed = 20261129u + static_cast<std::uint64_t>(s.batch) * 131 + s.context;
   RotatingCase rc{testing::make_case(spec), {}, {}, {}, o.variants, {o.variants, s.heads}};
@@ -531,16 +560,16 @@ int run(int argc, char** argv) {
   if (o.csv) {
     std::printf(
         "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,"
-        "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len,layout\n");
+        "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len,layout,kv_dtype\n");
   } else {
-    std::printf("%-6s %-5s %4s %4s %4s %4s %7s %4s %5s %-12s %10s %8s %8s %10s  %s\n", "impl",
-                "dtype", "B", "H", "KV", "D", "ctx", "BS", "q_len", "layout", "ms", "GB/s",
+    std::printf("%-6s %-5s %-8s %4s %4s %4s %4s %7s %4s %5s %-12s %10s %8s %8s %10s  %s\n", "impl",
+                "dtype", "kv", "B", "H", "KV", "D", "ctx", "BS", "q_len", "layout", "ms", "GB/s",
                 "%readBW", "rel_err", "variants");
   }
   bool accurate = true;
   for (DType dtype : o.dtypes) {
     for (const Shape& s : o.shapes) {
-      const double bytes = kv_bytes(s, dtype, o.variants.window_left);
+      const double bytes = kv_bytes(s, o.kv_dtype_for(dtype), o.variants.window_left);
       auto row_for = [&](const std::string& name, double ms, double err) {
         const double gbps = bytes / (ms * 1e-3) / 1e9;
         return Row{name, s, ms, gbps, 100.0 * gbps / read_bw, err};
@@ -553,6 +582,7 @@ int run(int argc, char** argv) {
         co.min_iterations = std::max(o.iters, 50);
         co.variants = o.variants;
         co.layout = o.layout;
+        co.kv_dtype = o.kv_dtype_for(dtype);
         const bench::Timing t = bench::cuda_time_shape(s, dtype, co);
         const Row r = row_for("cuda", t.ms, t.rel_err);
         accurate = accurate && !(r.rel_err > tol);

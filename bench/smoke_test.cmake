@@ -1,7 +1,7 @@
 # Runs pagedattn-bench on tiny shapes and checks the CSV it prints (format and accuracy only).
 cmake_minimum_required(VERSION 3.25)  # the project's policies (script mode sets none)
 set(header_want "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,")
-string(APPEND header_want "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len,layout")
+string(APPEND header_want "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len,layout,kv_dtype")
 set(num "[0-9.eE+-]+")
 # Every run's common flags: the CSV, two threads, two timed runs, a short bandwidth pass.
 set(quick --csv --threads 2 --iters 2 --min-time 0 --bw-mib 64)
@@ -49,7 +49,7 @@ foreach(dtype f32 bf16)
   run_bench("--dtype ${dtype}" --dtype ${dtype} --shape 2,8,2,64,100,16 --shape 1,4,4,128,37,8)
   # (cpu, naive) x 2 shapes
   check_rows("--dtype ${dtype}" 4
-             "^(cpu|naive),${dtype},[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,${num},${num},${num},${num},${plain_tail},hnd$")
+             "^(cpu|naive),${dtype},[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,${num},${num},${num},${num},${plain_tail},hnd,${dtype}$")
   if(NOT err MATCHES "read bandwidth: ${num} GB/s")
     message(FATAL_ERROR "no read bandwidth line in:\n${err}")
   endif()
@@ -67,7 +67,7 @@ foreach(backend cpu naive)
   run_bench("--backend ${backend} and every variant" --backend ${backend} --dtype bf16
             --shape 3,8,2,64,100,16 --window 37 --soft-cap 2.5 --alibi --sinks)
   check_rows("--backend ${backend} and every variant" 0
-             "^${backend},bf16,3,8,2,64,100,16,${num},${num},${num},${num},37,2.5,1,1,1,hnd$")
+             "^${backend},bf16,3,8,2,64,100,16,${num},${num},${num},${num},37,2.5,1,1,1,hnd,bf16$")
 endforeach()
 
 # Multi-token queries (--q-len): 4 query tokens per sequence, on the CPU backend and the naive
@@ -80,7 +80,7 @@ foreach(backend cpu naive)
     run_bench("--backend ${backend} --q-len 4 ${extra}" --backend ${backend} --dtype bf16
               --shape 3,8,2,64,100,16 --q-len 4 ${extra_args})
     check_rows("--backend ${backend} --q-len 4 ${extra}" 0
-               "^${backend},bf16,3,8,2,64,100,16,${num},${num},${num},${num},-?[0-9]+,0,0,[01],4,hnd$")
+               "^${backend},bf16,3,8,2,64,100,16,${num},${num},${num},${num},-?[0-9]+,0,0,[01],4,hnd,bf16$")
   endforeach()
 endforeach()
 
@@ -93,13 +93,28 @@ foreach(layout nhd combined_nhd)
     run_bench("--backend ${backend} --layout ${layout}" --backend ${backend} --dtype bf16
               --shape 2,8,2,64,100,16 --shape 1,4,4,128,37,8 --layout ${layout})
     check_rows("--backend ${backend} --layout ${layout}" 0
-               "^${backend},bf16,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,${num},${num},${num},${num},${plain_tail},${layout}$")
+               "^${backend},bf16,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,${num},${num},${num},${num},${plain_tail},${layout},bf16$")
   endforeach()
 endforeach()
 run_bench("--layout nhd --q-len 3 --window 20" --dtype f16 --shape 3,8,2,64,100,16 --layout nhd
           --q-len 3 --window 20)
 check_rows("--layout nhd --q-len 3 --window 20" 2
-           "^(cpu|naive),f16,3,8,2,64,100,16,${num},${num},${num},${num},20,0,0,0,3,nhd$")
+           "^(cpu|naive),f16,3,8,2,64,100,16,${num},${num},${num},${num},20,0,0,0,3,nhd,f16$")
+
+# fp8 caches (--kv-dtype) read by a bf16 q and out: the CPU backend and the naive baseline (on
+# its own too, so its accuracy is fatal), the exit status carrying each against the f64 reference
+# of the same codes, and the kv_dtype column naming the cache's dtype while dtype stays bf16. Then
+# e5m2 under an f32 q and out, in one combined tensor, with multi-token queries and a window.
+foreach(backend cpu naive)
+  run_bench("--backend ${backend} --kv-dtype fp8_e4m3" --backend ${backend} --dtype bf16
+            --kv-dtype fp8_e4m3 --shape 2,8,2,64,100,16 --shape 1,4,4,128,37,8)
+  check_rows("--backend ${backend} --kv-dtype fp8_e4m3" 0
+             "^${backend},bf16,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,${num},${num},${num},${num},${plain_tail},hnd,fp8_e4m3$")
+endforeach()
+run_bench("--kv-dtype fp8_e5m2 --layout combined_nhd --q-len 3 --window 20" --dtype f32
+          --kv-dtype fp8_e5m2 --shape 3,8,2,64,100,16 --layout combined_nhd --q-len 3 --window 20)
+check_rows("--kv-dtype fp8_e5m2 --layout combined_nhd --q-len 3 --window 20" 2
+           "^(cpu|naive),f32,3,8,2,64,100,16,${num},${num},${num},${num},20,0,0,0,3,combined_nhd,fp8_e5m2$")
 
 # A layout the benchmark does not offer is refused before anything is measured, naming --layout.
 execute_process(COMMAND ${BENCH} ${quick} --shape 1,4,4,64,16 --layout padded_hnd

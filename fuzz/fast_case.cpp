@@ -102,9 +102,12 @@ int first_read_token(int L, int window_left, int q_len) {
 }
 
 testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left,
-                                 const std::vector<int>& q_lens) {
+                                 const std::vector<int>& q_lens, const std::vector<float>& k_scales,
+                                 const std::vector<float>& v_scales) {
   testing::HostCase c;
   c.spec = spec;
+  c.k_scales = k_scales;
+  c.v_scales = v_scales;
   Xoshiro rng(spec.seed);
   const int B = spec.batch, H = spec.num_heads, KV = spec.num_kv_heads, D = spec.head_dim,
             BS = spec.block_size;
@@ -168,6 +171,14 @@ testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left,
   for (int d = 0; d < D; ++d) {
     store_from_float(nan_row.data(), spec.kv_dtype, d, std::numeric_limits<float>::quiet_NaN());
   }
+  // What each kv head's values are multiplied by before they are stored: the inverse of its
+  // scales, exactly 1 for caches without any (so their contents do not change).
+  std::vector<float> k_mul(static_cast<std::size_t>(KV)), v_mul(static_cast<std::size_t>(KV));
+  for (int kv = 0; kv < KV; ++kv) {
+    const std::size_t i = static_cast<std::size_t>(kv);
+    k_mul[i] = 1.f / (spec.k_scale * (i < k_scales.size() ? k_scales[i] : 1.f));
+    v_mul[i] = 1.f / (spec.v_scale * (i < v_scales.size() ? v_scales[i] : 1.f));
+  }
   for (int blk = 0; blk < c.num_blocks; ++blk) {
     for (int kv = 0; kv < KV; ++kv) {
       for (int slot = 0; slot < BS; ++slot) {
@@ -177,9 +188,11 @@ testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left,
           std::copy(nan_row.begin(), nan_row.end(), c.v.begin() + base * bytes);
           continue;
         }
+        const float km = spec.magnitude * k_mul[static_cast<std::size_t>(kv)];
+        const float vm = v_mul[static_cast<std::size_t>(kv)];
         for (int d = 0; d < D; ++d) {
-          store_from_float(c.k.data(), spec.kv_dtype, base + d, spec.magnitude * rng.normal());
-          store_from_float(c.v.data(), spec.kv_dtype, base + d, rng.normal());
+          store_from_float(c.k.data(), spec.kv_dtype, base + d, km * rng.normal());
+          store_from_float(c.v.data(), spec.kv_dtype, base + d, vm * rng.normal());
         }
       }
     }

@@ -24,7 +24,13 @@ int first_read_token(int L, int window_left, int q_len);
 // q_indptr): q, out and lse get one row per query token, and what no query token reads is trapped
 // alike: the entries before the block of the earliest query's first attended token, and the
 // whole row of a sequence without query tokens.
+// k_scales, v_scales (fp8 caches; empty or num_kv_heads values each): the per-head scales, kept in
+// the case (HostCase::k_scales, v_scales). An fp8 cache stores each value divided by its scale
+// (spec.k_scale times the kv head's k_scales entry for K, likewise for V), so the values the
+// attention sees have the same spread as in any other cache.
 testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left = -1,
-                                 const std::vector<int>& q_lens = {});
+                                 const std::vector<int>& q_lens = {},
+                                 const std::vector<float>& k_scales = {},
+                                 const std::vector<float>& v_scales = {});
 
 }  // namespace pagedattn::fuzz

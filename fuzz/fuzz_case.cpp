@@ -70,11 +70,16 @@ const char* const kMalformationNames[] = {"none",
                                           "q-indptr-end",
                                           "max-q-len",
                                           "q-tokens-without-indptr",
-                                          "kv-strides"};
+                                          "kv-strides",
+                                          "fp8-value-dtype",
+                                          "bad-kv-scale",
+                                          "scale-on-plain-cache",
+                                          "bad-kv-head-scale"};
 static_assert(sizeof(kMalformationNames) / sizeof(kMalformationNames[0]) ==
               static_cast<std::size_t>(Malformation::kCount));
 
 const DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+const DType kFp8DTypes[] = {DType::kFP8E4M3, DType::kFP8E5M2};
 
 int draw_context(Rng& r, int bs, bool long_tail) {
   switch (r.uniform(0, 8)) {
@@ -320,10 +325,64 @@ void draw_layout(FuzzCase& c, Rng& r, const DrawOptions& options) {
       testing::KvLayout::kTokenKvNhd, testing::KvLayout::kPaddedHnd};
   c.kv_layout = r.pick(kOthers);
   if (c.kv_layout == testing::KvLayout::kPaddedHnd && r.chance(options.cuda ? 0.3 : 0.5)) {
-    // 8 elements and their multiples stay 16-byte multiples for every dtype; 4 and 12 for f32.
+    // 8 elements and their multiples stay 16-byte multiples for the 16-bit dtypes, 4 and 12 for
+    // f32 too, and 16 alone for fp8.
     static const int kPads[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24};
     c.kv_pad = r.pick(kPads);
   }
+}
+
+double log_uniform(Rng& r, double lo, double hi) {
+  return std::exp(std::log(lo) + r.real() * std::log(hi / lo));
+}
+
+// fp8 caches for a fifth of the cases (or when `force`, for the malformations that need one): K
+// and V in e4m3 or e5m2, q and out staying f32, f16 or bf16 as drawn. The codes hold the values
+// divided by the scales (make_fast_case), so the scales are drawn where the codes fit the format:
+// log-uniform over [1e-3, 1e3], narrowed so that the codes' spread (K: the magnitude / k_scale,
+// V: 1 / v_scale) lies in [1/8, 32] for e4m3 (3.5 sigma stays below its largest finite value,
+// 448) or [1/128, 512] for e5m2 (57344); a tenth of the scales are drawn over the whole range,
+// where codes saturate to the largest finite value or flush to subnormals and zero, as a real
+// cache's can. 30% of the cases add per-head scales, log-uniform over [0.5, 2] per kv head for K
+// and V alike. A snapped case keeps exact logits: its K scales are powers of two (k_scale such
+// that the codes' spread is 4 to 32, integers once snapped; per-head 0.5, 1 or 2).
+void draw_fp8(FuzzCase& c, Rng& r, bool force = false, bool force_per_head = false) {
+  if (!r.chance(0.2) && !force) return;
+  testing::CaseSpec& s = c.spec;
+  s.kv_dtype = r.pick(kFp8DTypes);
+  const bool e4m3 = s.kv_dtype == DType::kFP8E4M3;
+  const double lo = e4m3 ? 1.0 / 8 : 1.0 / 128, hi = e4m3 ? 32.0 : 512.0;
+  auto scale_for = [&](double spread) {
+    if (r.chance(0.1)) return static_cast<float>(log_uniform(r, 1e-3, 1e3));
+    const double a = std::max(1e-3, spread / hi), b = std::min(1e3, spread / lo);
+    return static_cast<float>(log_uniform(r, a, std::max(a, b)));
+  };
+  if (c.snap) {
+    const double m = std::max(static_cast<double>(s.magnitude), 1e-3);
+    const int e_lo = static_cast<int>(std::ceil(std::log2(m / 32)));
+    const int e_hi = static_cast<int>(std::floor(std::log2(m / 4)));
+    s.k_scale = std::ldexp(1.f, r.uniform(e_lo, std::max(e_lo, e_hi)));
+  } else {
+    s.k_scale = scale_for(s.magnitude);
+  }
+  s.v_scale = scale_for(1.0);
+  c.k_scales.clear();
+  c.v_scales.clear();
+  if (r.chance(0.3) || force_per_head) {
+    static const float kPow2[] = {0.5f, 1.f, 2.f};
+    for (int kv = 0; kv < s.num_kv_heads; ++kv) {
+      c.k_scales.push_back(c.snap ? r.pick(kPow2) : static_cast<float>(log_uniform(r, 0.5, 2)));
+      c.v_scales.push_back(static_cast<float>(log_uniform(r, 0.5, 2)));
+    }
+  }
+}
+
+// Back to a cache of `t` (not fp8), without scales.
+void drop_fp8(FuzzCase& c, DType t) {
+  c.spec.kv_dtype = t;
+  c.spec.k_scale = c.spec.v_scale = 1.f;
+  c.k_scales.clear();
+  c.v_scales.clear();
 }
 
 // The field require_cache_strides names for strides whose rows overlap, or null, by the rule it
@@ -505,7 +564,9 @@ bool keeps_buffer_sizes(Malformation m) {
          m == Malformation::kNonFiniteSlope || m == Malformation::kBadSink ||
          m == Malformation::kRowStride || m == Malformation::kQIndptrStart ||
          m == Malformation::kQIndptrDecreasing || m == Malformation::kQLenOverMax ||
-         m == Malformation::kQIndptrEnd || m == Malformation::kKvStrides;
+         m == Malformation::kQIndptrEnd || m == Malformation::kKvStrides ||
+         m == Malformation::kBadKvScale || m == Malformation::kScaleOnPlainCache ||
+         m == Malformation::kBadKvHeadScale;
 }
 
 namespace {
@@ -689,6 +750,10 @@ FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& o
   Rng layouts(
       splitmix64(splitmix64(seed ^ 0xa54ff53a5f1d36f1ull) ^ (index * 0x9e3779b97f4a7c15ull + 9)));
   draw_layout(c, layouts, options);
+  // And the fp8 caches, after the variants: a soft-cap sets the magnitude the scales aim at.
+  Rng fp8(
+      splitmix64(splitmix64(seed ^ 0x510e527fade682d1ull) ^ (index * 0x9e3779b97f4a7c15ull + 11)));
+  draw_fp8(c, fp8);
 
   if (r.chance(0.12)) {
     const int kinds = static_cast<int>(Malformation::kCount) - 1;
@@ -732,6 +797,13 @@ FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& o
       c.alibi_slopes = draw_slopes(variants, s.num_heads);
     }
     if (m == Malformation::kBadSink && c.sinks.empty()) c.sinks = draw_sinks(variants, s);
+    // A bad scale needs an fp8 cache (a bad per-head one its per-head scales); a scale on a
+    // cache that takes none, a plain cache.
+    if ((m == Malformation::kBadKvScale && !c.fp8()) ||
+        (m == Malformation::kBadKvHeadScale && (!c.fp8() || c.k_scales.empty()))) {
+      draw_fp8(c, fp8, true, m == Malformation::kBadKvHeadScale);
+    }
+    if (m == Malformation::kScaleOnPlainCache && c.fp8()) drop_fp8(c, fp8.pick(kDTypes));
   }
   return c;
 }
@@ -763,7 +835,18 @@ BuiltCase build_case(const FuzzCase& c) {
   } else if (!c.q_lens.empty()) {
     throw std::invalid_argument("q_lens without max_q_len");
   }
-  b.host = make_fast_case(spec, c.window_left, c.q_lens);
+  // Scales belong to fp8 caches, one per kv head where given (bad ones are malformations, planted
+  // in the arguments).
+  if (!is_fp8(spec.kv_dtype) &&
+      (spec.k_scale != 1.f || spec.v_scale != 1.f || c.per_head_scales())) {
+    throw std::invalid_argument("k_scale, v_scale, k_scales and v_scales need an fp8 cache");
+  }
+  for (const std::vector<float>* values : {&c.k_scales, &c.v_scales}) {
+    if (!values->empty() && static_cast<int>(values->size()) != spec.num_kv_heads) {
+      throw std::invalid_argument("per-head scales must list num_kv_heads values");
+    }
+  }
+  b.host = make_fast_case(spec, c.window_left, c.q_lens, c.k_scales, c.v_scales);
   testing::HostCase& h = b.host;
   // Each row's sequence and the context it attends as a query.
   const int B = spec.batch;
@@ -820,6 +903,8 @@ BuiltCase build_case(const FuzzCase& c) {
   }
   b.alibi_slopes = per_head(c.alibi_slopes, spec.num_heads);
   b.sinks = per_head(c.sinks, spec.num_heads);
+  b.k_scales = c.k_scales;
+  b.v_scales = c.v_scales;
 
   const std::uint64_t p = c.bad_param;
   auto not_applicable = [&] {
@@ -977,7 +1062,10 @@ BuiltCase build_case(const FuzzCase& c) {
       b.expected_argument = "block_table_stride";
       break;
     case Malformation::kDtypeMismatch:
-      a.v_dtype = kDTypes[(static_cast<int>(a.k_dtype) + 1 + p % 2) % 3];
+      // Another plain dtype, or for an fp8 cache now and then the other fp8 format.
+      a.v_dtype = is_fp8(a.k_dtype) && (p >> 8) % 3 == 0
+                      ? (a.k_dtype == DType::kFP8E4M3 ? DType::kFP8E5M2 : DType::kFP8E4M3)
+                      : kDTypes[(static_cast<int>(a.k_dtype) + 1 + p % 2) % 3];
       b.expected_code = ErrorCode::kUnsupported;
       b.expected_argument = "v_dtype";
       break;
@@ -1198,6 +1286,68 @@ BuiltCase build_case(const FuzzCase& c) {
       b.expected_argument = expected;
       break;
     }
+    case Malformation::kFp8ValueDtype: {
+      // fp8 stores K and V caches only: q or out in e4m3 or e5m2, whatever the cache.
+      const DType fp8 = (p >> 8) % 2 ? DType::kFP8E5M2 : DType::kFP8E4M3;
+      (p % 2 ? a.out_dtype : a.q_dtype) = fp8;
+      b.expected_code = ErrorCode::kUnsupported;
+      b.expected_argument = p % 2 ? "out_dtype" : "q_dtype";
+      break;
+    }
+    case Malformation::kBadKvScale: {
+      // Outside [kMinKvScale, kMaxKvScale]: zero of either sign, negative (the case's own
+      // scale negated among them), NaN, infinite, just past either bound, or the extremes.
+      if (!is_fp8(spec.kv_dtype)) not_applicable();
+      const bool v = p % 2;
+      const float own = v ? spec.v_scale : spec.k_scale;
+      const float values[] = {
+          0.f,   -0.f,  -1.f,     -own,      std::numeric_limits<float>::quiet_NaN(), kInf,
+          -kInf, 1e31f, 9.9e-31f, kMaxFloat, std::numeric_limits<float>::denorm_min()};
+      (v ? a.v_scale : a.k_scale) = values[(p >> 8) % (sizeof(values) / sizeof(values[0]))];
+      b.expected_argument = v ? "v_scale" : "k_scale";
+      break;
+    }
+    case Malformation::kScaleOnPlainCache: {
+      // A valid scale other than 1, or a per-head array (of ones: the array itself is refused),
+      // on a cache of f32, f16 or bf16.
+      if (is_fp8(spec.kv_dtype)) not_applicable();
+      const float values[] = {0.5f, 2.f, 0.99999994f, 1.00000012f, 1e-3f, kMinKvScale, kMaxKvScale};
+      const float x = values[(p >> 8) % (sizeof(values) / sizeof(values[0]))];
+      switch (p % 4) {
+        case 0:
+          a.k_scale = x, b.expected_argument = "k_scale";
+          break;
+        case 1:
+          a.v_scale = x, b.expected_argument = "v_scale";
+          break;
+        case 2:
+          b.k_scales.assign(static_cast<std::size_t>(spec.num_kv_heads), 1.f);
+          b.expected_argument = "k_scales";
+          break;
+        default:
+          b.v_scales.assign(static_cast<std::size_t>(spec.num_kv_heads), 1.f);
+          b.expected_argument = "v_scales";
+          break;
+      }
+      b.expected_code = ErrorCode::kUnsupported;
+      break;
+    }
+    case Malformation::kBadKvHeadScale: {
+      // One kv head's K or V scale (an array the case has) out of range; like the variants'
+      // values, read back from device memory by the CUDA backend in checked mode.
+      if (!is_fp8(spec.kv_dtype) || !c.per_head_scales() || spec.num_kv_heads <= 0) {
+        not_applicable();
+      }
+      const bool v = c.k_scales.empty() || (!c.v_scales.empty() && p % 2);
+      const int head = static_cast<int>((p >> 8) % spec.num_kv_heads);
+      const float values[] = {
+          0.f,   -0.f,     -1.f,       std::numeric_limits<float>::quiet_NaN(), kInf, -kInf,
+          1e31f, 9.9e-31f, -kMaxFloat, std::numeric_limits<float>::denorm_min()};
+      (v ? b.v_scales : b.k_scales)[static_cast<std::size_t>(head)] =
+          values[(p >> 16) % (sizeof(values) / sizeof(values[0]))];
+      b.expected_argument = seq_arg(v ? "v_scales" : "k_scales", head);
+      break;
+    }
     case Malformation::kCount:
       not_applicable();
   }
@@ -1209,7 +1359,8 @@ BuiltCase build_case(const FuzzCase& c) {
       c.bad == Malformation::kContextOverCapacity || c.bad == Malformation::kNegativeContext ||
       c.bad == Malformation::kNonFiniteSlope || c.bad == Malformation::kBadSink ||
       c.bad == Malformation::kQIndptrStart || c.bad == Malformation::kQIndptrDecreasing ||
-      c.bad == Malformation::kQLenOverMax || c.bad == Malformation::kQIndptrEnd;
+      c.bad == Malformation::kQLenOverMax || c.bad == Malformation::kQIndptrEnd ||
+      c.bad == Malformation::kBadKvHeadScale;
   if (const char* field =
           misaligned_stride(a.q_rows(), row, c.q_row_stride, spec.q_dtype, c.out_row_stride);
       field != nullptr && shapes_pass) {
@@ -1226,6 +1377,10 @@ BuiltCase build_case(const FuzzCase& c) {
   if (!b.sinks.empty()) b.sinks = per_head(b.sinks, a.num_heads);
   a.alibi_slopes = b.alibi_slopes.empty() ? nullptr : b.alibi_slopes.data();
   a.sinks = b.sinks.empty() ? nullptr : b.sinks.data();
+  if (!b.k_scales.empty()) b.k_scales = per_head(b.k_scales, a.num_kv_heads);
+  if (!b.v_scales.empty()) b.v_scales = per_head(b.v_scales, a.num_kv_heads);
+  a.k_scales = b.k_scales.empty() ? nullptr : b.k_scales.data();
+  a.v_scales = b.v_scales.empty() ? nullptr : b.v_scales.data();
   if (c.bad == Malformation::kIdOutOfRange || c.bad == Malformation::kContextOverCapacity ||
       c.bad == Malformation::kNegativeContext) {
     a.block_table = h.block_table.data();
@@ -1247,6 +1402,9 @@ std::string describe(const FuzzCase& c) {
   if (c.out_row_stride != 0) os << " out_stride=" << c.out_row_stride;
   if (!c.default_layout()) os << " layout=" << testing::kv_layout_name(c.kv_layout);
   if (c.kv_pad != 0) os << " kv_pad=" << c.kv_pad;
+  if (c.spec.k_scale != 1.f) os << " k_scale=" << c.spec.k_scale;
+  if (c.spec.v_scale != 1.f) os << " v_scale=" << c.spec.v_scale;
+  if (c.per_head_scales()) os << " per_head_scales";
   if (c.multi_token()) {
     os << " q_lens=[";
     for (std::size_t i = 0; i < c.q_lens.size(); ++i) os << (i ? "," : "") << c.q_lens[i];
@@ -1281,8 +1439,16 @@ std::string to_text(const FuzzCase& c) {
      << "out_row_stride " << c.out_row_stride << '\n'
      << "kv_layout " << testing::kv_layout_name(c.kv_layout) << '\n'
      << "kv_pad " << c.kv_pad << '\n'
-     << "max_q_len " << c.max_q_len << '\n'
-     << "q_lens";
+     << "k_scale " << s.k_scale << '\n'
+     << "v_scale " << s.v_scale << '\n';
+  // One value per kv head, or none (fp8 caches; the lines may be left out).
+  for (const auto& [key, values] :
+       {std::pair{"k_scales", &c.k_scales}, std::pair{"v_scales", &c.v_scales}}) {
+    os << key;
+    for (float x : *values) os << ' ' << x;
+    os << '\n';
+  }
+  os << "max_q_len " << c.max_q_len << '\n' << "q_lens";
   for (int n : c.q_lens) os << ' ' << n;
   os << '\n'
      << "spare_blocks " << s.spare_blocks << '\n'
@@ -1311,9 +1477,16 @@ std::string to_text(const FuzzCase& c) {
 
 namespace {
 
-DType parse_dtype(const std::string& t) {
+// `cache`: the K/V dtype, which may be fp8 too.
+DType parse_dtype(const std::string& t, bool cache) {
   for (DType d : kDTypes) {
     if (t == dtype_name(d)) return d;
+  }
+  for (DType d : kFp8DTypes) {
+    if (t != dtype_name(d)) continue;
+    if (cache) return d;
+    throw std::runtime_error("case file: dtype '" + t +
+                             "' is for kv_dtype only (fp8 stores K and V caches only)");
   }
   throw std::runtime_error("case file: unknown dtype '" + t + "'");
 }
@@ -1372,7 +1545,7 @@ FuzzCase from_text(const std::string& text) {
       if (!(ls >> word)) bad();
       (key == "q_dtype"    ? s.q_dtype
        : key == "kv_dtype" ? s.kv_dtype
-                           : s.out_dtype) = parse_dtype(word);
+                           : s.out_dtype) = parse_dtype(word, key == "kv_dtype");
     } else if (key == "q_row_stride" || key == "out_row_stride") {
       if (!(ls >> (key == "q_row_stride" ? c.q_row_stride : c.out_row_stride))) bad();
     } else if (key == "kv_layout") {
@@ -1387,6 +1560,16 @@ FuzzCase from_text(const std::string& text) {
       if (!found) bad();
     } else if (key == "kv_pad") {
       read_int(c.kv_pad);
+    } else if (key == "k_scale" || key == "v_scale") {
+      if (!(ls >> word) || !parse_float(word, key == "k_scale" ? s.k_scale : s.v_scale)) bad();
+    } else if (key == "k_scales" || key == "v_scales") {
+      std::vector<float>& values = key == "k_scales" ? c.k_scales : c.v_scales;
+      values.clear();
+      float x;
+      while (ls >> word) {
+        if (!parse_float(word, x)) bad();
+        values.push_back(x);
+      }
     } else if (key == "max_q_len") {
       read_int(c.max_q_len);
     } else if (key == "q_lens") {
@@ -1456,6 +1639,13 @@ FuzzCase from_text(const std::string& text) {
     if (!values->empty() && static_cast<int>(values->size()) != s.num_heads) {
       throw std::runtime_error(std::string("case file: ") + key +
                                " must list num_heads values, or none");
+    }
+  }
+  for (const auto& [key, values] :
+       {std::pair{"k_scales", &c.k_scales}, std::pair{"v_scales", &c.v_scales}}) {
+    if (!values->empty() && static_cast<int>(values->size()) != s.num_kv_heads) {
+      throw std::runtime_error(std::string("case file: ") + key +
+                               " must list num_kv_heads values, or none");
     }
   }
   return c;

@@ -1,8 +1,8 @@
 // One fuzz case: a random-case spec plus what the fuzzer adds on top of it (exact-logit snapping,
 // a custom scale, the CPU thread count, the attention variants, q and out row strides, multi-token
-// queries, the K/V cache layout, a planted malformation). Every case is a pure function of (seed,
-// index) and the draw options, and a case file holds the full description so a shrunk case replays
-// alone.
+// queries, the K/V cache layout, fp8 caches and their scales, a planted malformation). Every case
+// is a pure function of (seed, index) and the draw options, and a case file holds the full
+// description so a shrunk case replays alone.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +43,10 @@ enum class Malformation : int {
   kMaxQLen,               // max_q_len 0 or negative with q_indptr
   kQTokensWithoutIndptr,  // num_q_tokens (or max_q_len) set without q_indptr
   kKvStrides,             // kv_strides zero mixed with nonzero, negative, overlapping or too large
+  kFp8ValueDtype,         // q_dtype or out_dtype fp8 (fp8 stores K and V caches only)
+  kBadKvScale,            // k_scale or v_scale of an fp8 cache outside [kMinKvScale, kMaxKvScale]
+  kScaleOnPlainCache,     // a K/V scale other than 1, or a per-head array, on a non-fp8 cache
+  kBadKvHeadScale,        // one per-head scale (k_scales[h] or v_scales[h]) out of range
   kCount
 };
 const char* malformation_name(Malformation m);
@@ -86,6 +90,12 @@ struct FuzzCase {
   // takes and the CUDA backend refuses (cuda_misaligned_kv).
   testing::KvLayout kv_layout = testing::KvLayout::kHnd;
   int kv_pad = 0;
+  // fp8 caches (spec.kv_dtype kFP8E4M3 or kFP8E5M2) take their dequantization scales from
+  // spec.k_scale and spec.v_scale, and per kv head from k_scales and v_scales (empty: none; else
+  // num_kv_heads values each). The codes hold the case's values divided by the scales, so the
+  // values the attention sees have the usual spread. Other caches keep the scales at 1 and none
+  // per head (spec.per_head_scales is not used: make_fast_case takes the arrays themselves).
+  std::vector<float> k_scales, v_scales;
   Malformation bad = Malformation::kNone;
   std::uint64_t bad_param = 0;  // which sequence / entry / pointer / value the malformation uses
   // Where the case came from (informational once shrunk).
@@ -107,6 +117,8 @@ struct FuzzCase {
   // them two at a time); q is checked first. The CPU backend takes any stride.
   const char* cuda_misaligned_stride() const;
   bool default_layout() const { return kv_layout == testing::KvLayout::kHnd && kv_pad == 0; }
+  bool fp8() const { return is_fp8(spec.kv_dtype); }
+  bool per_head_scales() const { return !k_scales.empty() || !v_scales.empty(); }
   // The layout's geometry for this case's shapes and `num_blocks` blocks (kv_pad applied).
   testing::KvGeometry kv_geometry(int num_blocks) const;
   // The kv_strides field the CUDA backend refuses, or null: it reads cache rows in 16-byte
@@ -140,6 +152,9 @@ struct BuiltCase {
   // The host copies of the variants' per-head arrays args points at (at least num_heads values
   // for the arguments' num_heads, so a malformed head count never reads past them).
   std::vector<float> alibi_slopes, sinks;
+  // The same for the per-kv-head scales of an fp8 cache (at least num_kv_heads values for the
+  // arguments' num_kv_heads), empty where the case has none.
+  std::vector<float> k_scales, v_scales;
   // q and out as args points at them: host.q and host.out when dense, else rows of q_stride /
   // out_stride elements, each followed by its gap (the last one's too, so a write past the last
   // row shows): NaN in q, kOutGapByte in out.

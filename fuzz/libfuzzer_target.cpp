@@ -2,7 +2,8 @@
 // and -fsanitize=fuzzer,address,undefined by scripts/build_libfuzzer.sh).
 //
 // The input bytes choose every DecodeArgs field, valid or not (the attention variants, the q
-// and out row strides and multi-token queries included), then the contents of the context
+// and out row strides, multi-token queries and fp8 caches with their scales included), then the
+// contents of the context
 // lengths, the block table and the tensors. Buffers are allocated at exactly the sizes the declared
 // shapes imply, so AddressSanitizer reports any read or write outside them; with a window, the
 // table entries before it are as random as the rest (validation and the kernels must ignore them);
@@ -36,7 +37,10 @@ using pagedattn::DType;
   std::abort();
 }
 
-bool valid_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+// A dtype the buffers can be filled in (fp8 too: validation refuses it for q and out).
+bool valid_dtype(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || pagedattn::is_fp8(t);
+}
 std::size_t bytes_of(DType t) { return valid_dtype(t) ? pagedattn::dtype_size(t) : 4; }
 
 // A buffer of exactly n bytes (one byte when n is 0, so the pointer is not null).
@@ -205,6 +209,31 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   }
   a.q_indptr = with_indptr ? indptr.data() : nullptr;
+
+  // fp8 caches, after every earlier draw and none when the input runs out. The dtype draws above
+  // reach e4m3 (3) but not e5m2 (4), and widening their range would remap every existing input's
+  // dtypes: an odd fp8_kind turns every e4m3 field into e5m2 instead. fp8_kind 4-5: k_scale and
+  // v_scale drawn (K's 2^-8 to 1, so the logits stay as moderate as the rest; V's 2^-10 to 2^10);
+  // 6-7: the same with one of them invalid (0, -1, NaN, inf or 1e31). Scales on a cache that is not
+  // fp8 must be refused. Per-head scales: 0, 1 none; 2 valid (K in [1/4, 1], V in [1/4, 4), from
+  // the data); 3 valid but one invalid. Both arrays, or V's alone (v_scales_only, which also takes
+  // the bad value).
+  const int fp8_kind = in.ConsumeIntegralInRange<int>(0, 7);
+  if (fp8_kind % 2 == 1) {
+    for (DType* t : {&a.q_dtype, &a.k_dtype, &a.v_dtype, &a.out_dtype}) {
+      if (*t == DType::kFP8E4M3) *t = DType::kFP8E5M2;
+    }
+  }
+  if (fp8_kind >= 4) {
+    a.k_scale = std::exp2(in.ConsumeFloatingPointInRange<float>(-8.f, 0.f));
+    a.v_scale = std::exp2(in.ConsumeFloatingPointInRange<float>(-10.f, 10.f));
+  }
+  if (fp8_kind >= 6) {
+    const float bad[] = {0.f, -1.f, kNaN, kInf, 1e31f};
+    (in.ConsumeBool() ? a.v_scale : a.k_scale) = bad[in.ConsumeIntegralInRange<int>(0, 4)];
+  }
+  const int kv_scales_kind = in.ConsumeIntegralInRange<int>(0, 3);
+  const bool v_scales_only = in.ConsumeBool();
   // The rows of q, out and lse the arguments declare.
   const int rows = std::max(a.q_rows(), 0);
   // The stride the rows are laid out at: a refused one gets dense rows (nothing may be read).
@@ -234,6 +263,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // Exactly num_heads floats each (AddressSanitizer catches a read past them).
   Buffer slopes(product({a.num_heads}) * sizeof(float)),
       sinks(product({a.num_heads}) * sizeof(float));
+  // Exactly num_kv_heads floats each.
+  Buffer k_scales(product({a.num_kv_heads}) * sizeof(float)),
+      v_scales(product({a.num_kv_heads}) * sizeof(float));
 
   const long long capacity =
       static_cast<long long>(std::max(a.max_blocks_per_seq, 0)) * std::max(a.block_size, 0);
@@ -277,6 +309,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (heads > 0 && sinks_kind == 3) {
     sink[static_cast<std::size_t>(bad_head) % heads] = bad_head % 2 ? kInf : kNaN;
   }
+  const std::size_t kv_heads = k_scales.size / sizeof(float);
+  float* k_scale = reinterpret_cast<float*>(k_scales.data.get());
+  float* v_scale = reinterpret_cast<float*>(v_scales.data.get());
+  for (std::size_t h = 0; h < kv_heads; ++h) {
+    const int x = bytes.empty() ? static_cast<int>(h * 71 % 256) : bytes[(h + 31) % bytes.size()];
+    k_scale[h] = std::exp2(-x / 128.f);
+    v_scale[h] = std::exp2((x - 128) / 64.f);
+  }
+  if (kv_heads > 0 && kv_scales_kind == 3) {
+    const float bad[] = {0.f, -2.f, kNaN, kInf};
+    (v_scales_only ? v_scale : k_scale)[static_cast<std::size_t>(bad_head) % kv_heads] =
+        bad[bad_head % 4];
+  }
   std::memset(out.data.get(), 0xff, std::max<std::size_t>(out.size, 1));
   constexpr std::uint8_t kGapByte = 0xa5;
   const std::size_t out_bytes = bytes_of(a.out_dtype);
@@ -300,6 +345,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   a.lse = with_lse && null_pointer != 6 ? lse.data() : nullptr;
   a.alibi_slopes = slopes_kind >= 2 ? slope : nullptr;
   a.sinks = sinks_kind >= 2 ? sink : nullptr;
+  a.k_scales = kv_scales_kind >= 2 && !v_scales_only ? k_scale : nullptr;
+  a.v_scales = kv_scales_kind >= 2 ? v_scale : nullptr;
 
   const std::vector<std::uint8_t> out_before(out.data.get(), out.data.get() + out.size);
   pagedattn::detail::DecodeOptions options;

@@ -157,6 +157,8 @@ struct Counts {
   // the CUDA backend refuses (a kv_pad off its 16-byte multiples).
   long long layouts[std::size(pagedattn::testing::kAllKvLayouts)] = {};
   long long misaligned_kv = 0;
+  // Valid cases with an fp8 cache, per format, and those with per-head scales.
+  long long fp8_e4m3 = 0, fp8_e5m2 = 0, fp8_per_head = 0;
   long long failures = 0;
   double worst_ratio = 0;
 };
@@ -179,6 +181,9 @@ void count(Counts& n, const pf::FuzzCase& c, const pf::Outcome& o) {
     n.misaligned += c.cuda_misaligned_stride() != nullptr;
     if (!c.default_layout()) ++n.layouts[static_cast<std::size_t>(c.kv_layout)];
     n.misaligned_kv += c.cuda_misaligned_kv() != nullptr;
+    n.fp8_e4m3 += c.spec.kv_dtype == pagedattn::DType::kFP8E4M3;
+    n.fp8_e5m2 += c.spec.kv_dtype == pagedattn::DType::kFP8E5M2;
+    n.fp8_per_head += c.fp8() && c.per_head_scales();
     for (int L : c.spec.context_lens) {
       if (L > 256) {
         ++n.long_ctx;
@@ -203,12 +208,12 @@ std::string counts_text(const Counts& n, double elapsed) {
                 "%lld cases in %.1fs (%.0f/s): valid %lld (huge-logit %lld, split-length %lld, "
                 "batch 0 %lld; variants: window %lld, soft-cap %lld, alibi %lld, sinks %lld; "
                 "multi-token %lld; strided: q %lld, out %lld, misaligned for cuda %lld; "
-                "layouts: %s, misaligned for cuda %lld), malformed %lld; failures %lld; "
-                "worst err/tol %.3g",
+                "layouts: %s, misaligned for cuda %lld; fp8: e4m3 %lld, e5m2 %lld, per-head "
+                "scales %lld), malformed %lld; failures %lld; worst err/tol %.3g",
                 n.cases, elapsed, elapsed > 0 ? n.cases / elapsed : 0.0, n.valid, n.huge,
                 n.long_ctx, n.empty_batch, n.window, n.soft_cap, n.alibi, n.sinks, n.multi_token,
                 n.strided_q, n.strided_out, n.misaligned, layouts.c_str(), n.misaligned_kv,
-                n.malformed, n.failures, n.worst_ratio);
+                n.fp8_e4m3, n.fp8_e5m2, n.fp8_per_head, n.malformed, n.failures, n.worst_ratio);
   return buf;
 }
 

@@ -228,13 +228,24 @@ std::string where(const BuiltCase& bc, std::size_t i, int H, int D) {
   return os.str();
 }
 
+// The dequantization scales of kv head kv (fp8 caches; 1 for others): a code c of K means
+// c x k_scale_of(a, kv), of V c x v_scale_of(a, kv).
+double k_scale_of(const DecodeArgs& a, int kv) {
+  return static_cast<double>(a.k_scale) * (a.k_scales != nullptr ? a.k_scales[kv] : 1.f);
+}
+double v_scale_of(const DecodeArgs& a, int kv) {
+  return static_cast<double>(a.v_scale) * (a.v_scales != nullptr ? a.v_scales[kv] : 1.f);
+}
+
 // The f32 logit error bound of an inexact case: |fl(s_t) - s_t| <= c * u * scale * sum |q_d k_d|
 // with c = 2 sqrt(D) + 4 (probabilistic rounding-error growth of a D-term dot product, plus the
 // rounding of q * scale and of the logit itself). The soft-cap's derivative, sech^2(s / cap), is
 // at most 1 and falls with |s|, so a capped logit's error is at most that bound times sech^2 at
 // the point of [s - e, s + e] nearest 0 (mean value theorem): saturated logits keep almost none
 // of it. Returns the largest such error over every attended (row, h, t) and the largest |V| read
-// (each row, a query token, attends to its own context: BuiltCase::row_lens).
+// (each row, a query token, attends to its own context: BuiltCase::row_lens). An fp8 cache's K and
+// V count dequantized (the code times its kv head's scale), and its logits take two roundings
+// more: of k_scale x k_scales[h], and of that product folded into the logit scale.
 void logit_error_bound(const BuiltCase& bc, const DecodeArgs& a, double* logit_err,
                        double* max_abs_v) {
   const CacheLayout layout =
@@ -242,7 +253,8 @@ void logit_error_bound(const BuiltCase& bc, const DecodeArgs& a, double* logit_e
   const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
   const int D = a.head_dim, G = a.group_size();
   const double scale = a.effective_scale(), cap = a.logits_soft_cap;
-  const double c = (2 * std::sqrt(static_cast<double>(D)) + 4) * kU * scale;
+  const double c =
+      (2 * std::sqrt(static_cast<double>(D)) + 4 + (is_fp8(a.k_dtype) ? 2 : 0)) * kU * scale;
   double worst = 0, vmax = 0;
   // q widened once; each K row once per sequence, for every row (query token) that attends it.
   const std::int64_t row = static_cast<std::int64_t>(a.num_heads) * D;
@@ -262,9 +274,10 @@ void logit_error_bound(const BuiltCase& bc, const DecodeArgs& a, double* logit_e
       for (int kv = 0; kv < a.num_kv_heads; ++kv) {
         const std::int64_t base =
             layout.offset(table.block(b, t / a.block_size), kv, t % a.block_size);
+        const double ks = k_scale_of(a, kv), vs = v_scale_of(a, kv);
         for (int d = 0; d < D; ++d) {
-          k[d] = load_as_float(a.k_cache, a.k_dtype, base + d);
-          vmax = std::max<double>(vmax, std::fabs(load_as_float(a.v_cache, a.v_dtype, base + d)));
+          k[d] = load_as_float(a.k_cache, a.k_dtype, base + d) * ks;
+          vmax = std::max(vmax, std::fabs(load_as_float(a.v_cache, a.v_dtype, base + d) * vs));
         }
         for (int r = r0; r < r1; ++r) {
           const int L = bc.row_lens[r];
@@ -318,17 +331,28 @@ Tolerance tolerance_for(const FuzzCase& c, const BuiltCase& bc, const ReferenceR
   // ones aimed past their cap, a shrunk case that keeps snapped values with the default scale)
   // adds the f32 error bound of the dot products, which a soft-cap compresses
   // (logit_error_bound).
+  //
+  // An fp8 cache's K scale joins the logit scale (q x scale x k_scale x k_scales[h], in f32): its
+  // snapped logits stay exact when every such product is a power of two too (the fuzzer draws
+  // them so). Its dequantized K need not follow the magnitude (codes that saturate, or flush to
+  // the format's coarsest steps, under an extreme scale), so its logits always get the bound.
   double logit_ds = 0, vmax = 0;
   int exponent = 0;
-  const bool exact_logits =
-      backend == Backend::kCpu && c.snap && a.scale && std::frexp(*a.scale, &exponent) == 0.5f;
-  if (!exact_logits && c.spec.magnitude > 2.f) {
+  bool pow2_k_scales = true;
+  for (int kv = 0; kv < a.num_kv_heads; ++kv) {
+    pow2_k_scales = pow2_k_scales && std::frexp(k_scale_of(a, kv), &exponent) == 0.5;
+  }
+  const bool exact_logits = backend == Backend::kCpu && c.snap && a.scale &&
+                            std::frexp(*a.scale, &exponent) == 0.5f && pow2_k_scales;
+  if (!exact_logits && (c.spec.magnitude > 2.f || is_fp8(a.k_dtype))) {
     logit_error_bound(bc, a, &t.logit_err, &vmax);
     logit_ds = t.logit_err;
   } else {
     const CacheLayout layout =
         CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
-    vmax = max_abs_finite(a.v_cache, a.v_dtype, static_cast<std::size_t>(layout.elements()));
+    double vs = 0;  // the largest V scale of any kv head
+    for (int kv = 0; kv < a.num_kv_heads; ++kv) vs = std::max(vs, v_scale_of(a, kv));
+    vmax = vs * max_abs_finite(a.v_cache, a.v_dtype, static_cast<std::size_t>(layout.elements()));
   }
   // The soft-cap's own evaluation: at most a few ulp of the cap, whatever the logit, in either
   // backend's form (cap * tanh(s / cap) with a vector tanh; cap - 2 cap / (exp2(2 s2 / cap2) + 1)

@@ -22,6 +22,10 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
     for (std::vector<float>* values : {&n.alibi_slopes, &n.sinks}) {
       if (!values->empty()) values->resize(static_cast<std::size_t>(n.spec.num_heads));
     }
+    // And the per-head scales the kv head count.
+    for (std::vector<float>* values : {&n.k_scales, &n.v_scales}) {
+      if (!values->empty()) values->resize(static_cast<std::size_t>(n.spec.num_kv_heads));
+    }
     // Row strides follow the row length and keep their gaps, so that fewer heads or a smaller
     // head_dim leave the strides valid (and as aligned: every row is a multiple of 16 bytes).
     const std::int64_t new_row = static_cast<std::int64_t>(n.spec.num_heads) * n.spec.head_dim;
@@ -157,9 +161,25 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
   // Plainer dtypes, values and threads.
   if (s.q_dtype != DType::kF32)
     add([](testing::CaseSpec& t, FuzzCase&) { t.q_dtype = DType::kF32; });
+  // An fp8 cache becomes an f32 one without its scales (which a plain cache refuses): a valid
+  // case still, so a failure that survives it did not need fp8. Else the scales get plainer: no
+  // per-head ones, then k_scale and v_scale 1 (the cache stays fp8).
   if (s.kv_dtype != DType::kF32) {
-    add([](testing::CaseSpec& t, FuzzCase&) { t.kv_dtype = DType::kF32; });
+    add([](testing::CaseSpec& t, FuzzCase& n) {
+      t.kv_dtype = DType::kF32;
+      t.k_scale = t.v_scale = 1.f;
+      n.k_scales.clear();
+      n.v_scales.clear();
+    });
   }
+  if (c.per_head_scales()) {
+    add([](testing::CaseSpec&, FuzzCase& n) {
+      n.k_scales.clear();
+      n.v_scales.clear();
+    });
+  }
+  if (s.k_scale != 1.f) add([](testing::CaseSpec& t, FuzzCase&) { t.k_scale = 1.f; });
+  if (s.v_scale != 1.f) add([](testing::CaseSpec& t, FuzzCase&) { t.v_scale = 1.f; });
   if (s.out_dtype != DType::kF32) {
     add([](testing::CaseSpec& t, FuzzCase&) { t.out_dtype = DType::kF32; });
   }

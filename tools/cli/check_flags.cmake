@@ -73,8 +73,15 @@ expect_bad("--backend ''" "--backend = ''")
 if(CLI STREQUAL "pagedattn-bench")
   expect_help(--backend --dtype --shape --threads --csv --contiguous --iters --min-time --bw-mib
               --no-naive --plain --long-first --window --soft-cap --alibi --sinks --q-len --layout
-              --help)
+              --kv-dtype --help)
   expect_bad("--layout hdn" "--layout = 'hdn'")
+  expect_bad("--kv-dtype" "--kv-dtype" "needs a value")
+  expect_bad("--kv-dtype fp8" "--kv-dtype = 'fp8'"
+             "expected one of f32, f16, bf16, fp8_e4m3, fp8_e5m2")
+  expect_bad("--kv-dtype fp8_e4m3,fp8_e5m2" "--kv-dtype = 'fp8_e4m3,fp8_e5m2'" "expected one of")
+  expect_bad("--kv-dtype FP8_E4M3" "--kv-dtype = 'FP8_E4M3'" "expected one of")
+  expect_bad("--kv-dtype ''" "--kv-dtype = ''")
+  expect_bad("--dtype fp8_e4m3" "--dtype = 'fp8_e4m3'" "expected one of f32, f16, bf16")
   expect_bad("--shape 1,8,2,128,64,0" "--shape = '1,8,2,128,64,0'" "block_size = 0")
   expect_bad("--shape 1,8,2,128,0" "--shape = '1,8,2,128,0'" "context = 0")
   expect_bad("--shape 0,8,2,128,64" "--shape = '0,8,2,128,64'" "batch = 0")
