@@ -135,6 +135,7 @@ void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
     refuse_unsupported(args);
     if (args.batch > 0 && backend == Backend::kCpu) {
       validate_tables(args, args.context_lens, args.block_table);
+      validate_kv_scales(args, args.k_scales, args.v_scales);  // fp8 caches' per-head scales
     }
     if (backend == Backend::kCuda && args.batch > 0) {
       // Everything the CUDA decode would refuse, here, before the header exchange: a rank that

@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "pagedattn/context_parallel.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/random_case.hpp"
+#include "reference_check.hpp"
 
 namespace pagedattn {
 namespace {
@@ -279,6 +281,18 @@ TEST(Validation, PerHeadKvScalesAreChecked) {
   }
   EXPECT_EQ(c.out, before);
   EXPECT_THROW(reference_decode(c.args()), Error);
+  // context_parallel_decode checks them as decode does (and decodes a valid fp8 case).
+  auto group = make_local_group(1);
+  try {
+    context_parallel_decode(c.args(), *group[0], DecodeOptions{Backend::kCpu});
+    ADD_FAILURE() << "context_parallel_decode accepted a NaN k_scales[1]";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "k_scales[1]") << e.what();
+  }
+  EXPECT_EQ(c.out, before);
+  c.k_scales[1] = 1.5f;
+  context_parallel_decode(c.args(), *group[0], DecodeOptions{Backend::kCpu});
+  testing::expect_matches_reference(c);
 }
 
 }  // namespace
