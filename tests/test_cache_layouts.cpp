@@ -285,10 +285,11 @@ TEST(CacheLayoutValidation, CudaRefusesStridesOffSixteenBytes) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   testing::HostCase c = testing::make_case(layout_spec(DType::kBF16, 64, 2, 16));
   const testing::DeviceCase dev(c.args());
-  // 72 bf16 elements = 144 bytes: not a multiple of 16.
-  const BadStrides cases[] = {{{3 * 16 * 72, 16 * 72, 72}, "kv_strides.block"},
-                              {{3 * 16 * 64 + 8, 16 * 64, 64}, "kv_strides.block"},
-                              {{3 * 16 * 64, 16 * 64 + 8, 64}, "kv_strides.head"}};
+  // Layouts without overlaps, each with one stride off a multiple of 16 bytes (8 bf16 elements):
+  // token 68 (136 bytes), head 1028 (2056 bytes), block 3076 (6152 bytes).
+  const BadStrides cases[] = {{{3 * 16 * 68, 16 * 68, 68}, "kv_strides.token"},
+                              {{3088, 1028, 64}, "kv_strides.head"},
+                              {{3076, 1024, 64}, "kv_strides.block"}};
   for (const BadStrides& bad : cases) {
     DecodeArgs a = dev.args();
     a.kv_strides = bad.strides;
