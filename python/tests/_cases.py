@@ -152,11 +152,16 @@ def per_head_scales(scale: float, scales: Optional[Sequence[float]], num_kv_head
 def quantize_heads(x: np.ndarray, dtype: str, head_scales: np.ndarray, head_axis: int = 1
                    ) -> np.ndarray:
     """What write_cache stores into an fp8 cache for float32 values x: fp8_quantize(x / s) per
-    kv head (the axis head_axis of x), the division in float32 as in the library."""
+    kv head (the axis head_axis of x), the division in float32 as in the library, a finite x
+    whose quotient overflows saturating."""
     shape = [1] * np.ndim(x)
     shape[head_axis] = len(head_scales)
+    x = np.asarray(x, dtype=np.float32)
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-        y = np.asarray(x, dtype=np.float32) / np.asarray(head_scales, np.float32).reshape(shape)
+        y = x / np.asarray(head_scales, np.float32).reshape(shape)
+    # A finite x whose quotient overflows float32 saturates like any finite value.
+    big = np.finfo(np.float32).max
+    y = np.where(np.isfinite(x) & np.isinf(y), np.copysign(big, y), y).astype(np.float32)
     return fp8_quantize(y, dtype)
 
 

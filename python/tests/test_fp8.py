@@ -703,3 +703,21 @@ def test_cuda_errors():
     assert (e.argument, e.code) == ("k_scales[1]", "invalid_argument")
     e = err(k_scale=0.0)
     assert e.argument == "k_scale"
+
+
+@pytest.mark.parametrize("fmt", FP8_DTYPES)
+def test_write_cache_saturates_a_quotient_beyond_float32(fmt):
+    """A finite value over a tiny scale overflows float32 in the division; it still saturates to
+    the largest finite code of its sign, as every finite value beyond the range does."""
+    kv, d, bs = 1, 64, 4
+    key = np.zeros((1, kv, d), np.float32)
+    key[0, 0, :4] = [3e38, -3e38, 1.0, np.inf]
+    slots = np.array([0], np.int32)
+    k_cache = np.zeros((2, kv, bs, d), np.uint8)
+    v_cache = k_cache.copy()
+    pagedattn.write_cache(key, key, slots, arg(k_cache, fmt), arg(v_cache, fmt), k_scale=1e-3)
+    codes = k_cache[0, 0, 0, :4]
+    assert codes[0] == FP8_MAX_CODE[fmt] and codes[1] == 0x80 | FP8_MAX_CODE[fmt]
+    assert codes[2] == quantize_heads(np.array([[1.0]], np.float32), fmt, np.array([1e-3]))[0, 0]
+    # Inf is not finite: Inf in e5m2, NaN in e4m3 (which has no Inf).
+    assert codes[3] == (0x7C if fmt == "fp8_e5m2" else 0x7F)
