@@ -1441,13 +1441,14 @@ std::string to_text(const FuzzCase& c) {
      << "kv_pad " << c.kv_pad << '\n'
      << "k_scale " << s.k_scale << '\n'
      << "v_scale " << s.v_scale << '\n';
-  // One value per kv head, or none (fp8 caches; the lines may be left out).
-  for (const auto& [key, values] :
-       {std::pair{"k_scales", &c.k_scales}, std::pair{"v_scales", &c.v_scales}}) {
+  // A line of values (one per kv head or query head, or none: the line may be left out).
+  const auto list = [&os](const char* key, const std::vector<float>& values) {
     os << key;
-    for (float x : *values) os << ' ' << x;
+    for (float x : values) os << ' ' << x;
     os << '\n';
-  }
+  };
+  list("k_scales", c.k_scales);  // fp8 caches, per kv head
+  list("v_scales", c.v_scales);
   os << "max_q_len " << c.max_q_len << '\n' << "q_lens";
   for (int n : c.q_lens) os << ' ' << n;
   os << '\n'
@@ -1464,13 +1465,8 @@ std::string to_text(const FuzzCase& c) {
      << "threads " << c.threads << '\n'
      << "window_left " << c.window_left << '\n'
      << "logits_soft_cap " << c.soft_cap << '\n';
-  // One value per query head, or none (the line may be left out).
-  for (const auto& [key, values] :
-       {std::pair{"alibi_slopes", &c.alibi_slopes}, std::pair{"sinks", &c.sinks}}) {
-    os << key;
-    for (float x : *values) os << ' ' << x;
-    os << '\n';
-  }
+  list("alibi_slopes", c.alibi_slopes);  // per query head
+  list("sinks", c.sinks);
   os << "malformation " << malformation_name(c.bad) << ' ' << c.bad_param << '\n';
   return os.str();
 }
