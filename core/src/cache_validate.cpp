@@ -37,15 +37,7 @@ void validate_write_args(const CacheWriteArgs& a) {
   require_cache_strides(a.kv_strides, a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
   require_value_dtype("src_dtype", a.src_dtype);
   require_dtype("cache_dtype", a.cache_dtype);
-  require_kv_scale("k_scale", a.k_scale);
-  require_kv_scale("v_scale", a.v_scale);
-  if (!is_fp8(a.cache_dtype)) {
-    const char* why = "applies to fp8 caches only (cache_dtype fp8_e4m3 or fp8_e5m2)";
-    if (a.k_scale != 1.f) fail(ErrorCode::kUnsupported, "k_scale", a.k_scale, why);
-    if (a.v_scale != 1.f) fail(ErrorCode::kUnsupported, "v_scale", a.v_scale, why);
-    if (a.k_scales != nullptr) fail(ErrorCode::kUnsupported, "k_scales", "set", why);
-    if (a.v_scales != nullptr) fail(ErrorCode::kUnsupported, "v_scales", "set", why);
-  }
+  require_cache_scales("cache_dtype", a.cache_dtype, a.k_scale, a.v_scale, a.k_scales, a.v_scales);
   if (a.src_token_stride != 0 &&
       a.src_token_stride < static_cast<std::int64_t>(a.num_kv_heads) * a.head_dim) {
     std::ostringstream v;

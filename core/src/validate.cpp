@@ -95,6 +95,19 @@ void require_value_dtype(const char* name, DType t) {
   }
 }
 
+void require_cache_scales(const char* dtype_field, DType cache, float k_scale, float v_scale,
+                          const float* k_scales, const float* v_scales) {
+  require_kv_scale("k_scale", k_scale);
+  require_kv_scale("v_scale", v_scale);
+  if (is_fp8(cache)) return;
+  const std::string why =
+      std::string("applies to fp8 caches only (") + dtype_field + " fp8_e4m3 or fp8_e5m2)";
+  if (k_scale != 1.f) fail(ErrorCode::kUnsupported, "k_scale", k_scale, why);
+  if (v_scale != 1.f) fail(ErrorCode::kUnsupported, "v_scale", v_scale, why);
+  if (k_scales != nullptr) fail(ErrorCode::kUnsupported, "k_scales", "set", why);
+  if (v_scales != nullptr) fail(ErrorCode::kUnsupported, "v_scales", "set", why);
+}
+
 void require_kv_scale(const char* name, float v) {
   if (!(v >= kMinKvScale && v <= kMaxKvScale)) {
     std::ostringstream why;
@@ -292,15 +305,7 @@ void validate_shapes(const DecodeArgs& a, bool require_out) {
     fail(ErrorCode::kUnsupported, "v_dtype", dtype_name(a.v_dtype),
          std::string("must equal k_dtype (") + dtype_name(a.k_dtype) + ")");
   }
-  require_kv_scale("k_scale", a.k_scale);
-  require_kv_scale("v_scale", a.v_scale);
-  if (!is_fp8(a.k_dtype)) {
-    const char* why = "applies to fp8 caches only (k_dtype fp8_e4m3 or fp8_e5m2)";
-    if (a.k_scale != 1.f) fail(ErrorCode::kUnsupported, "k_scale", a.k_scale, why);
-    if (a.v_scale != 1.f) fail(ErrorCode::kUnsupported, "v_scale", a.v_scale, why);
-    if (a.k_scales != nullptr) fail(ErrorCode::kUnsupported, "k_scales", "set", why);
-    if (a.v_scales != nullptr) fail(ErrorCode::kUnsupported, "v_scales", "set", why);
-  }
+  require_cache_scales("k_dtype", a.k_dtype, a.k_scale, a.v_scale, a.k_scales, a.v_scales);
   if (a.scale && !std::isfinite(*a.scale)) {
     fail(ErrorCode::kInvalidArgument, "scale", *a.scale, "must be finite");
   }

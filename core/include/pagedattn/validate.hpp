@@ -17,6 +17,10 @@ void require_non_null(const char* name, const void* pointer);
 void require_dtype(const char* name, DType dtype);        // a DType value
 void require_value_dtype(const char* name, DType dtype);  // f32, f16 or bf16 (not fp8)
 void require_kv_scale(const char* name, float scale);     // in [kMinKvScale, kMaxKvScale]
+// The per-tensor scales in range, and every scale at its default (1, null) unless the cache
+// (dtype field `dtype_field`) is fp8.
+void require_cache_scales(const char* dtype_field, DType cache, float k_scale, float v_scale,
+                          const float* k_scales, const float* v_scales);
 void require_block_size(int block_size);                  // in [1, kMaxBlockSize]
 void require_head_dim(int head_dim);                      // one of kSupportedHeadDims
 void require_backend(const char* name, Backend backend);  // kAuto, kCpu or kCuda
