@@ -583,9 +583,11 @@ def test_torch_cpu_query_tokens(dtype):
         assert out.shape == args[0].shape
         check_out(from_torch(out, dtype), dtype, want_out)
         check_lse(lse.numpy(), want_lse)
-    # Without a variant, the all-PyTorch path passes q_indptr alone.
-    out = pagedattn.decode(*args, q_indptr=torch.from_numpy(t.q_indptr))
-    check_out(from_torch(out, dtype), dtype, t.reference()[0])
+    # Without a variant, the all-PyTorch path passes q_indptr alone (on a case whose blocks
+    # before the window are still there: without a window every token is read).
+    whole = TokensCase(np.random.default_rng(15), LENS, Q_LENS, q_dtype=dtype, kv_dtype=dtype)
+    out = pagedattn.decode(*tensors(whole), q_indptr=torch.from_numpy(whole.q_indptr))
+    check_out(from_torch(out, dtype), dtype, whole.reference()[0])
 
 
 @needs_torch
