@@ -189,7 +189,7 @@ TEST(Fp8CpuIsa, EveryCodeWidensExactly) {
           c.v[row + d] = static_cast<std::uint8_t>(b * 128 + d);
         }
       }
-      std::vector<float> q(128, 0.f);
+      std::vector<float> q(2 * 128, 0.f);  // [batch][heads][head_dim]: logits 0
       detail::cpu::ItemContext ctx;
       ctx.q_scaled = q.data();
       ctx.k_cache = c.k.data();
