@@ -420,41 +420,6 @@ const char* misaligned_kv(const CacheLayout& l, DType kv_dtype) {
   return nullptr;
 }
 
-// testing::store_kv over a geometry of the fuzzer's own (one with a kv_pad): the same copy, NaN
-// in every gap.
-testing::KvStorage store_kv_geometry(const testing::HostCase& h, testing::KvLayout layout,
-                                     const testing::KvGeometry& g) {
-  const testing::CaseSpec& s = h.spec;
-  testing::KvStorage st;
-  st.layout = layout;
-  st.geometry = g;
-  const std::size_t elem = dtype_size(s.kv_dtype);
-  const std::size_t n = static_cast<std::size_t>(g.elements);
-  st.k.assign(n * elem, 0);
-  for (std::size_t i = 0; i < n; ++i) {
-    store_from_float(st.k.data(), s.kv_dtype, i, std::numeric_limits<float>::quiet_NaN());
-  }
-  if (!g.shared) st.v = st.k;
-  std::uint8_t* v_base = g.shared ? st.k.data() + g.v_offset * elem : st.v.data();
-  const CacheLayout from =
-      CacheLayout::dense(h.num_blocks, s.num_kv_heads, s.block_size, s.head_dim);
-  const CacheLayout to =
-      CacheLayout::with_strides(h.num_blocks, s.num_kv_heads, s.block_size, s.head_dim, g.strides);
-  const std::size_t row = static_cast<std::size_t>(s.head_dim) * elem;
-  for (int b = 0; b < h.num_blocks; ++b) {
-    for (int kv = 0; kv < s.num_kv_heads; ++kv) {
-      for (int t = 0; t < s.block_size; ++t) {
-        const std::size_t src = static_cast<std::size_t>(from.offset(b, kv, t)) * elem;
-        const std::size_t dst = static_cast<std::size_t>(to.offset(b, kv, t)) * elem;
-        std::copy_n(h.k.begin() + static_cast<std::ptrdiff_t>(src), row,
-                    st.k.begin() + static_cast<std::ptrdiff_t>(dst));
-        std::copy_n(h.v.begin() + static_cast<std::ptrdiff_t>(src), row, v_base + dst);
-      }
-    }
-  }
-  return st;
-}
-
 // One sequence's query tokens: mostly 1-8, sometimes 0 (a sequence with nothing to decode this
 // step) or 9-16, occasionally up to 40.
 int draw_query_count(Rng& r) {
@@ -890,7 +855,7 @@ BuiltCase build_case(const FuzzCase& c) {
                                   " needs the padded_hnd layout and a value in [0, 4096]");
     }
     b.kv = c.kv_pad == 0 ? testing::store_kv(h, c.kv_layout)
-                         : store_kv_geometry(h, c.kv_layout, c.kv_geometry(h.num_blocks));
+                         : testing::store_kv(h, c.kv_layout, c.kv_geometry(h.num_blocks));
     b.kv.apply(a, b.kv.k.data(), b.kv.v.data());
   }
   if (c.scale != 0.f) a.scale = c.scale;

@@ -78,9 +78,15 @@ void KvStorage::apply(DecodeArgs& a, const void* base_k, const void* base_v) con
 
 KvStorage store_kv(const HostCase& c, KvLayout layout) {
   const CaseSpec& s = c.spec;
+  return store_kv(c, layout,
+                  kv_geometry(layout, c.num_blocks, s.num_kv_heads, s.block_size, s.head_dim));
+}
+
+KvStorage store_kv(const HostCase& c, KvLayout layout, const KvGeometry& geometry) {
+  const CaseSpec& s = c.spec;
   KvStorage st;
   st.layout = layout;
-  st.geometry = kv_geometry(layout, c.num_blocks, s.num_kv_heads, s.block_size, s.head_dim);
+  st.geometry = geometry;
   const std::size_t elem = dtype_size(s.kv_dtype);
   const std::size_t n = static_cast<std::size_t>(st.geometry.elements);
   const float nan = std::numeric_limits<float>::quiet_NaN();

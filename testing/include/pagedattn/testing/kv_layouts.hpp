@@ -49,5 +49,7 @@ struct KvStorage {
   void apply(DecodeArgs& args, const void* base_k, const void* base_v) const;
 };
 KvStorage store_kv(const HostCase& c, KvLayout layout);
+// The same with explicit geometry (a layout's strides with extra padding, as the fuzzer draws).
+KvStorage store_kv(const HostCase& c, KvLayout layout, const KvGeometry& geometry);
 
 }  // namespace pagedattn::testing
