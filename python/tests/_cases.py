@@ -15,8 +15,19 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+import pytest
 
 import pagedattn
+
+try:
+    import torch
+except ImportError:  # the NumPy tests run without it
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="needs PyTorch")
+needs_cuda = pytest.mark.skipif(
+    torch is None or not (torch.cuda.is_available() and pagedattn.cuda_available()[0]),
+    reason="needs PyTorch, a CUDA GPU and a pagedattn built with CUDA")
 
 DTYPES = ("f32", "f16", "bf16")
 FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
@@ -163,6 +174,40 @@ def quantize_heads(x: np.ndarray, dtype: str, head_scales: np.ndarray, head_axis
     big = np.finfo(np.float32).max
     y = np.where(np.isfinite(x) & np.isinf(y), np.copysign(big, y), y).astype(np.float32)
     return fp8_quantize(y, dtype)
+
+
+def to_torch(raw: np.ndarray, dtype: str, device="cpu"):
+    """A stored array as the torch tensor of that dtype (bf16 bits become torch.bfloat16)."""
+    if dtype == "bf16":
+        return torch.from_numpy(raw.view(np.int16).copy()).view(torch.bfloat16).to(device)
+    return torch.from_numpy(raw.copy()).to(device)
+
+
+def from_torch(t, dtype: str) -> np.ndarray:
+    """A torch tensor as the stored array (torch.bfloat16 becomes bf16 bits)."""
+    t = t.detach().cpu()
+    if dtype == "bf16":
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def case_tensors(c: "Case", device="cpu"):
+    """A case's decode arguments as torch tensors on device."""
+    return (to_torch(c.q, c.q_dtype, device), to_torch(c.k, c.kv_dtype, device),
+            to_torch(c.v, c.kv_dtype, device), torch.from_numpy(c.block_table).to(device),
+            torch.from_numpy(c.context_lens).to(device))
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """The ALiBi paper's slopes, 2^(-8 (h + 1) / H)."""
+    return (2.0 ** (-8.0 * (np.arange(num_heads) + 1) / num_heads)).astype(np.float32)
+
+
+def random_sinks(rng: np.random.Generator, num_heads: int) -> np.ndarray:
+    """Sink logits around the size of the logits, one head without a sink (-inf)."""
+    sinks = (2.0 * rng.standard_normal(num_heads)).astype(np.float32)
+    sinks[num_heads // 2] = -np.inf
+    return sinks
 
 
 @dataclass

@@ -16,17 +16,8 @@ import pytest
 
 import pagedattn
 from pagedattn import _ext
-from _cases import DTYPES, arg, check_lse, check_out, empty, load, make_case, store
-
-try:
-    import torch
-except ImportError:  # the NumPy tests run without it
-    torch = None
-
-needs_torch = pytest.mark.skipif(torch is None, reason="needs PyTorch")
-needs_cuda = pytest.mark.skipif(
-    torch is None or not (torch.cuda.is_available() and pagedattn.cuda_available()[0]),
-    reason="needs PyTorch, a CUDA GPU and a pagedattn built with CUDA")
+from _cases import (DTYPES, arg, check_lse, check_out, empty, load, make_case, needs_cuda,
+                    needs_torch, store, to_torch, torch)
 
 # (num_heads, num_kv_heads, head_dim, block_size)
 SHAPES = [(8, 2, 64, 16), (4, 4, 128, 8), (16, 1, 80, 32), (8, 8, 64, 1)]
@@ -461,12 +452,6 @@ def test_nhd_shape_errors_name_the_layout(case):
 # PyTorch
 
 
-def _torch(raw: np.ndarray, dtype: str, device: str):
-    if dtype == "bf16":
-        return torch.from_numpy(raw.view(np.int16).copy()).view(torch.bfloat16).to(device)
-    return torch.from_numpy(raw.copy()).to(device)
-
-
 def _torch_bits(t) -> bytes:
     return t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()
 
@@ -493,7 +478,7 @@ def _torch_layouts(k, v):
 def _check_torch_decode(dtype: str, device: str):
     c = make_case(np.random.default_rng(41), context_lens=LENS + [1000], num_heads=16,
                   num_kv_heads=4, head_dim=128, q_dtype=dtype, kv_dtype=dtype)
-    q, k, v = (_torch(x, dtype, device) for x in (c.q, c.k, c.v))
+    q, k, v = (to_torch(x, dtype, device) for x in (c.q, c.k, c.v))
     table = torch.from_numpy(c.block_table).to(device)
     lens = torch.from_numpy(c.context_lens).to(device)
     want_out, want_lse = pagedattn.decode(q, k, v, table, lens, return_lse=True)

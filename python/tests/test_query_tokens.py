@@ -16,19 +16,9 @@ import pytest
 import pagedattn
 from pagedattn import _ext
 
-from _cases import (arg, check_lse, check_out, empty, load, make_case, reference_decode,
-                    store)
-
-try:
-    import torch
-except ImportError:  # the NumPy tests run without it
-    torch = None
-
-needs_torch = pytest.mark.skipif(torch is None, reason="needs PyTorch")
-needs_cuda = pytest.mark.skipif(
-    torch is None or not (torch.cuda.is_available() and pagedattn.cuda_available()[0]),
-    reason="needs a CUDA GPU and a pagedattn built with CUDA")
-
+from _cases import (alibi_slopes, arg, check_lse, check_out, empty, from_torch, load,
+                    make_case, needs_cuda, needs_torch, random_sinks, reference_decode, store,
+                    to_torch, torch)
 
 # ----------------------------------------------------------------------------------------------
 # The oracle
@@ -126,16 +116,6 @@ class TokensCase:
         check_out(out, out_dtype, want_out)
         check_lse(lse, want_lse)
         return out, lse
-
-
-def alibi_slopes(num_heads: int) -> np.ndarray:
-    return (2.0 ** (-8.0 * (np.arange(num_heads) + 1) / num_heads)).astype(np.float32)
-
-
-def random_sinks(rng, num_heads: int) -> np.ndarray:
-    sinks = (2.0 * rng.standard_normal(num_heads)).astype(np.float32)
-    sinks[num_heads // 2] = -np.inf
-    return sinks
 
 
 def queries_first(L: int, n: int, window_left: int) -> int:
@@ -542,19 +522,6 @@ def test_table_entries_of_query_tokens_are_checked(case):
 
 # ----------------------------------------------------------------------------------------------
 # PyTorch on the CPU: the all-PyTorch path, and PyTorch tensors among others
-
-
-def to_torch(raw: np.ndarray, dtype: str, device="cpu"):
-    if dtype == "bf16":
-        return torch.from_numpy(raw.view(np.int16).copy()).view(torch.bfloat16).to(device)
-    return torch.from_numpy(raw.copy()).to(device)
-
-
-def from_torch(x, dtype: str) -> np.ndarray:
-    x = x.detach().cpu()
-    if dtype == "bf16":
-        return x.view(torch.int16).numpy().view(np.uint16)
-    return x.numpy()
 
 
 def tensors(t: TokensCase, device="cpu"):

@@ -12,17 +12,7 @@ import pytest
 
 import pagedattn
 from pagedattn import _ext
-from _cases import DTYPES, arg, empty, make_case
-
-try:
-    import torch
-except ImportError:
-    torch = None
-
-needs_torch = pytest.mark.skipif(torch is None, reason="needs PyTorch")
-needs_cuda = pytest.mark.skipif(
-    torch is None or not (torch.cuda.is_available() and pagedattn.cuda_available()[0]),
-    reason="needs PyTorch, a CUDA GPU and a pagedattn built with CUDA")
+from _cases import DTYPES, arg, empty, make_case, needs_cuda, needs_torch, to_torch, torch
 
 SENTINEL = 0xA5  # the byte out's buffer holds between the rows
 # (num_heads, num_kv_heads, head_dim)
@@ -212,12 +202,6 @@ def test_lse_stays_dense(case):
 # PyTorch
 
 
-def _to_torch(raw: np.ndarray, dtype: str, device: str = "cpu"):
-    if dtype == "bf16":
-        return torch.from_numpy(raw.view(np.int16).copy()).view(torch.bfloat16).to(device)
-    return torch.from_numpy(raw.copy()).to(device)
-
-
 def _torch_bits(t) -> bytes:
     t = t.detach().contiguous().cpu()
     return t.view(torch.uint8).numpy().tobytes()
@@ -231,9 +215,9 @@ def _torch_case(dtype: str, device: str, shape=(8, 2, 128)):
     c = make_case(np.random.default_rng(heads + dim), context_lens=LENS + [2000],
                   num_heads=heads, num_kv_heads=kv_heads, head_dim=dim, q_dtype=dtype,
                   kv_dtype=dtype)
-    q = _to_torch(c.q, dtype, device)
-    k = _to_torch(c.k, dtype, device)
-    v = _to_torch(c.v, dtype, device)
+    q = to_torch(c.q, dtype, device)
+    k = to_torch(c.k, dtype, device)
+    v = to_torch(c.v, dtype, device)
     table = torch.from_numpy(c.block_table).to(device)
     lens = torch.from_numpy(c.context_lens).to(device)
     return c, q, k, v, table, lens

@@ -4,35 +4,10 @@ import numpy as np
 import pytest
 
 import pagedattn
-from _cases import DTYPES, LSE_TOL, OUT_TOL, check_lse, check_out, load, make_case, store
+from _cases import (DTYPES, LSE_TOL, OUT_TOL, case_tensors, check_lse, check_out, from_torch,
+                    load, make_case, needs_cuda, store, to_torch)
 
 torch = pytest.importorskip("torch")
-
-needs_cuda = pytest.mark.skipif(
-    not (torch.cuda.is_available() and pagedattn.cuda_available()[0]),
-    reason="needs a CUDA GPU and a pagedattn built with CUDA")
-
-
-def to_torch(raw: np.ndarray, dtype: str, device="cpu"):
-    """A stored array as the torch tensor of that dtype (bf16 bits become torch.bfloat16)."""
-    if dtype == "bf16":
-        t = torch.from_numpy(raw.view(np.int16).copy()).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(raw.copy())
-    return t.to(device)
-
-
-def from_torch(t, dtype: str) -> np.ndarray:
-    t = t.detach().cpu()
-    if dtype == "bf16":
-        return t.view(torch.int16).numpy().view(np.uint16)
-    return t.numpy()
-
-
-def case_tensors(c, device="cpu"):
-    return (to_torch(c.q, c.q_dtype, device), to_torch(c.k, c.kv_dtype, device),
-            to_torch(c.v, c.kv_dtype, device), torch.from_numpy(c.block_table).to(device),
-            torch.from_numpy(c.context_lens).to(device))
 
 
 TORCH_DTYPE = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}

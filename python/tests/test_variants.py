@@ -13,30 +13,9 @@ import pytest
 import pagedattn
 from pagedattn import _ext
 
-from _cases import (arg, check_lse, check_out, empty, load, make_case, reference_decode,
-                    store)
-
-try:
-    import torch
-except ImportError:  # the NumPy tests run without it
-    torch = None
-
-needs_torch = pytest.mark.skipif(torch is None, reason="needs PyTorch")
-needs_cuda = pytest.mark.skipif(
-    torch is None or not (torch.cuda.is_available() and pagedattn.cuda_available()[0]),
-    reason="needs a CUDA GPU and a pagedattn built with CUDA")
-
-
-def alibi_slopes(num_heads: int) -> np.ndarray:
-    """The ALiBi paper's slopes, 2^(-8 (h + 1) / H)."""
-    return (2.0 ** (-8.0 * (np.arange(num_heads) + 1) / num_heads)).astype(np.float32)
-
-
-def random_sinks(rng: np.random.Generator, num_heads: int) -> np.ndarray:
-    """Sink logits around the size of the logits, one head without a sink (-inf)."""
-    sinks = (2.0 * rng.standard_normal(num_heads)).astype(np.float32)
-    sinks[num_heads // 2] = -np.inf
-    return sinks
+from _cases import (alibi_slopes, arg, case_tensors, check_lse, check_out, empty, from_torch,
+                    load, make_case, needs_cuda, needs_torch, random_sinks, reference_decode,
+                    store, torch)
 
 
 def first_attended(n: int, window_left: int) -> int:
@@ -334,25 +313,6 @@ def test_window_checks_only_the_table_entries_it_reads(case):
 
 # ----------------------------------------------------------------------------------------------
 # PyTorch on the CPU: the all-PyTorch path, and PyTorch tensors among others
-
-
-def to_torch(raw: np.ndarray, dtype: str, device="cpu"):
-    if dtype == "bf16":
-        return torch.from_numpy(raw.view(np.int16).copy()).view(torch.bfloat16).to(device)
-    return torch.from_numpy(raw.copy()).to(device)
-
-
-def from_torch(t, dtype: str) -> np.ndarray:
-    t = t.detach().cpu()
-    if dtype == "bf16":
-        return t.view(torch.int16).numpy().view(np.uint16)
-    return t.numpy()
-
-
-def case_tensors(c, device="cpu"):
-    return (to_torch(c.q, c.q_dtype, device), to_torch(c.k, c.kv_dtype, device),
-            to_torch(c.v, c.kv_dtype, device), torch.from_numpy(c.block_table).to(device),
-            torch.from_numpy(c.context_lens).to(device))
 
 
 @needs_torch
