@@ -59,7 +59,7 @@ inline void scores_tile(const float* q, int D, const T* k, std::int64_t ts, floa
   // token-outer order below leaves only R chains in flight per token.
   constexpr int kRegs = TileShape<Arch>::kRegs;
   if constexpr (P) {
-    // K in widened pairs (q is in the matching pair order): d steps of 2W.
+    // K widened two batches at a time (load_pair; q is in the matching order): d steps of 2W.
 #pragma GCC unroll 1
     for (int d = 0; d < D; d += 2 * W) {
 #pragma GCC unroll 16
@@ -103,7 +103,15 @@ inline void scores_tile(const float* q, int D, const T* k, std::int64_t ts, floa
     }
   }
   alignas(64) float sums[NR];
-  for (int i = 0; i < NR; i += W) RowSums<Arch>::of(acc + i).store_aligned(sums + i);
+  // K widened to its values / kScale (a power of two: exact) gives the logits / kScale.
+  constexpr float kScale = Widen<Arch>::template kScale<T>;
+  for (int i = 0; i < NR; i += W) {
+    if constexpr (kScale != 1.f) {
+      (RowSums<Arch>::of(acc + i) * B(kScale)).store_aligned(sums + i);
+    } else {
+      RowSums<Arch>::of(acc + i).store_aligned(sums + i);
+    }
+  }
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 16
@@ -502,6 +510,13 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
     }
   }
   pf.rest();
+  // V widened to its values / kScale: the weighted sums too (the softmax's rescaling and NaN do
+  // not depend on it).
+  constexpr float kScale = Widen<Arch>::template kScale<T>;
+  if constexpr (kScale != 1.f) {
+    const std::int64_t n = static_cast<std::int64_t>(heads) * D;
+    for (std::int64_t i = 0; i < n; ++i) acc[i] *= kScale;
+  }
 }
 
 // Pair order (see load_pair in widen.hpp): in every chunk of 2W elements, the even ones, then the
@@ -530,6 +545,8 @@ void from_pair_order(float* row, float* tmp, int D) {
 // bf16 q (c.q_bf16; AVX-512 BF16 and a bf16 cache only), otherwise on the scaled f32 q. Where the
 // set widens T in pairs, the accumulators run in pair order and are put back in order at the
 // end; the f32 q is copied into pair order too (into scratch.q: without it, the plain widening).
+// Where it widens T two batches at a time in order (fp8 on AVX2 and AVX-512), only head_dim must be
+// a multiple of 2W.
 template <class Arch, class T, bool DP = false>
 void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, float* l,
               float* acc, ItemScratch scratch) {
@@ -555,6 +572,13 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, 
     run_item<Arch, T, false>(c, it, kv_count, q, m, l, acc, scratch);
   } else {
     const float* q = c.q_scaled + q0;
+    if constexpr (Widen<Arch>::template kTwo<T>) {
+      // Two batches per widening, in order: q and the accumulators stay as they are.
+      if (D % (2 * W) == 0) {
+        run_item<Arch, T, true>(c, it, kv_count, q, m, l, acc, scratch);
+        return;
+      }
+    }
     if constexpr (Widen<Arch>::template kPairs<T>) {
       if (scratch.q != nullptr && D % (2 * W) == 0) {
         for (int h = 0; h < heads; ++h) {

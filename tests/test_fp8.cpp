@@ -16,6 +16,7 @@
 #include "cpu_kernel.hpp"
 #include "pagedattn/cache_ops.hpp"
 #include "pagedattn/dtype.hpp"
+#include "pagedattn/online_softmax.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "test_seed.hpp"
@@ -160,67 +161,242 @@ TEST(Fp8, RandomValuesGoToTheNearestCode) {
   }
 }
 
+// The CPU kernels this host runs, by their PAGEDATTN_CPU_ISA names.
+const char* const kCpuIsas[] = {"avx512bf16", "avx512", "avx2", "sse2", "neon"};
+
+// An ItemContext over case c's caches with q_scaled = q (one f32 row of head_dim per head).
+detail::cpu::ItemContext item_context(const testing::HostCase& c, const DecodeArgs& a,
+                                      const float* q) {
+  detail::cpu::ItemContext ctx;
+  ctx.q_scaled = q;
+  ctx.q_bf16 = a.q_dtype == DType::kBF16 ? static_cast<const bf16_t*>(a.q) : nullptr;
+  ctx.q_bf16_stride = a.q_stride();
+  ctx.scale = a.effective_scale();
+  ctx.k_cache = c.k.data();
+  ctx.v_cache = c.v.data();
+  ctx.kv_dtype = a.k_dtype;
+  ctx.layout = a.cache_layout();
+  ctx.table = BlockTableView{a.block_table, a.max_blocks_per_seq, a.table_stride()};
+  ctx.context_lens = a.context_lens;
+  ctx.num_heads = a.num_heads;
+  ctx.group_size = a.group_size();
+  return ctx;
+}
+
+// A case of one head and one token per sequence, every code of `f` once at least: code
+// (b * D + d) % 256 at dimension d of sequence b's row of `which` cache (the other cache and q
+// all zero), and the rest of each block (slots past the context) NaN codes, which no kernel may
+// read.
+struct CodeCase {
+  testing::HostCase c;
+  int batch;
+};
+CodeCase code_case(const Format& f, int D, bool in_k, DType q_dtype) {
+  testing::CaseSpec spec;
+  spec.batch = (256 + D - 1) / D;
+  spec.num_heads = spec.num_kv_heads = 1;
+  spec.head_dim = D;
+  spec.block_size = 16;
+  spec.context_lens.assign(spec.batch, 1);
+  spec.kv_dtype = std::string(f.name) == "e4m3" ? DType::kFP8E4M3 : DType::kFP8E5M2;
+  spec.q_dtype = q_dtype;
+  testing::HostCase c = testing::make_case(spec);
+  const DecodeArgs a = c.args();
+  const CacheLayout l = a.cache_layout();
+  for (int b = 0; b < spec.batch; ++b) {
+    for (int t = 0; t < spec.block_size; ++t) {
+      const std::int64_t row = l.offset(c.block_table[b * c.table_stride], 0, t);
+      for (int d = 0; d < D; ++d) {
+        const auto code = static_cast<std::uint8_t>((b * D + d) % 256);
+        const std::uint8_t nan = (d & 1) ? 0xff : 0x7f;  // both formats' NaN codes, both signs
+        c.k[row + d] = t > 0 ? nan : in_k ? code : 0;
+        c.v[row + d] = t > 0 ? nan : in_k ? 0 : code;
+      }
+    }
+  }
+  const std::size_t q_elems = static_cast<std::size_t>(spec.batch) * D;
+  for (std::size_t i = 0; i < q_elems; ++i) store_from_float(c.q.data(), q_dtype, i, 0.f);
+  return CodeCase{std::move(c), spec.batch};
+}
+
 // Every code of each format through every CPU kernel the host has (their own fp8 widening: f16
-// conversions on AVX2 and AVX-512, element by element elsewhere): a context of one token has
-// weight 1, so out is exactly that token's V row. Codes 0-127 sit in sequence 0's row, 128-255
-// in sequence 1's; NaN codes must give NaN, e5m2's Inf codes Inf.
+// conversions on AVX2 and AVX-512, one or two batches at a time, element by element elsewhere),
+// in V: a context of one token has weight 1, so out is exactly that token's V row; NaN codes must
+// give NaN, e5m2's Inf codes Inf. Head dims with whole pairs of batches (64, 128) and without
+// (80: the last batch alone), q f32 and bf16 (the kernels that take a bf16 q for Q.K see it).
 TEST(Fp8CpuIsa, EveryCodeWidensExactly) {
   int kernels = 0;
-  for (const char* isa : {"avx512bf16", "avx512", "avx2", "sse2", "neon"}) {
+  for (const char* isa : kCpuIsas) {
     const detail::cpu::KernelFn fn = detail::cpu::kernel_for_isa(isa);
     if (fn == nullptr) continue;
     ++kernels;
     for (const Format& f : kFormats) {
-      SCOPED_TRACE(std::string(isa) + " " + f.name);
-      testing::CaseSpec spec;
-      spec.batch = 2;
-      spec.num_heads = spec.num_kv_heads = 1;
-      spec.head_dim = 128;
-      spec.block_size = 16;
-      spec.context_lens = {1, 1};
-      spec.kv_dtype = std::string(f.name) == "e4m3" ? DType::kFP8E4M3 : DType::kFP8E5M2;
-      testing::HostCase c = testing::make_case(spec);
-      const DecodeArgs a = c.args();
-      const CacheLayout l = a.cache_layout();
-      for (int b = 0; b < 2; ++b) {
-        const std::int64_t row = l.offset(c.block_table[b * c.table_stride], 0, 0);
-        for (int d = 0; d < 128; ++d) {
-          c.k[row + d] = 0;  // logit 0
-          c.v[row + d] = static_cast<std::uint8_t>(b * 128 + d);
-        }
-      }
-      std::vector<float> q(2 * 128, 0.f);  // [batch][heads][head_dim]: logits 0
-      detail::cpu::ItemContext ctx;
-      ctx.q_scaled = q.data();
-      ctx.k_cache = c.k.data();
-      ctx.v_cache = c.v.data();
-      ctx.kv_dtype = spec.kv_dtype;
-      ctx.layout = l;
-      ctx.table = BlockTableView{a.block_table, a.max_blocks_per_seq, a.table_stride()};
-      ctx.context_lens = a.context_lens;
-      ctx.num_heads = 1;
-      ctx.group_size = 1;
-      alignas(64) float scores[detail::cpu::kHeadTile * 256];
-      std::vector<float> q_buffer(128 + 16);
-      for (int b = 0; b < 2; ++b) {
-        float m = 0.f, lsum = 0.f;
-        std::vector<float> acc(128);
-        const WorkItem item{b, 0, 0, 0, 1};
-        fn(ctx, item, 1, &m, &lsum, acc.data(), detail::cpu::ItemScratch{scores, q_buffer.data()});
-        for (int d = 0; d < 128; ++d) {
-          const auto code = static_cast<std::uint8_t>(b * 128 + d);
-          const float want = f.decode(code);
-          const float got = acc[d] / lsum;
-          if (std::isnan(want)) {
-            EXPECT_TRUE(std::isnan(got)) << "code " << int(code) << " gave " << got;
-          } else {
-            EXPECT_EQ(got, want) << "code " << int(code);
+      for (int D : {64, 80, 128}) {
+        for (DType q_dtype : {DType::kF32, DType::kBF16}) {
+          SCOPED_TRACE(std::string(isa) + " " + f.name + " D " + std::to_string(D) + " q " +
+                       dtype_name(q_dtype));
+          CodeCase cc = code_case(f, D, false, q_dtype);
+          const DecodeArgs a = cc.c.args();
+          std::vector<float> q(static_cast<std::size_t>(cc.batch) * D, 0.f);  // logits 0
+          const detail::cpu::ItemContext ctx = item_context(cc.c, a, q.data());
+          alignas(64) float scores[detail::cpu::kHeadTile * 256];
+          std::vector<float> q_buffer(D + 16);
+          for (int b = 0; b < cc.batch; ++b) {
+            float m = 0.f, lsum = 0.f;
+            std::vector<float> acc(D);
+            const WorkItem item{b, 0, 0, 0, 1};
+            fn(ctx, item, 1, &m, &lsum, acc.data(),
+               detail::cpu::ItemScratch{scores, q_buffer.data()});
+            for (int d = 0; d < D; ++d) {
+              const auto code = static_cast<std::uint8_t>((b * D + d) % 256);
+              const float want = f.decode(code);
+              const float got = acc[d] / lsum;
+              if (std::isnan(want)) {
+                EXPECT_TRUE(std::isnan(got)) << "code " << int(code) << " gave " << got;
+              } else {
+                EXPECT_EQ(got, want) << "code " << int(code);
+              }
+            }
           }
         }
       }
     }
   }
   EXPECT_GT(kernels, 0);
+}
+
+// The same in K: q all ones and one code per K row (the rest code 0, +0), so the one logit, the
+// state's m, is exactly the code's value; a NaN or Inf code makes the state NaN.
+TEST(Fp8CpuIsa, EveryCodeWidensExactlyInK) {
+  int kernels = 0;
+  for (const char* isa : kCpuIsas) {
+    const detail::cpu::KernelFn fn = detail::cpu::kernel_for_isa(isa);
+    if (fn == nullptr) continue;
+    ++kernels;
+    for (const Format& f : kFormats) {
+      for (int D : {64, 80, 128}) {
+        for (DType q_dtype : {DType::kF32, DType::kBF16}) {
+          SCOPED_TRACE(std::string(isa) + " " + f.name + " D " + std::to_string(D) + " q " +
+                       dtype_name(q_dtype));
+          CodeCase cc = code_case(f, D, true, q_dtype);
+          const int batch = cc.batch;
+          const std::size_t q_elems = static_cast<std::size_t>(batch) * D;
+          for (std::size_t i = 0; i < q_elems; ++i)
+            store_from_float(cc.c.q.data(), q_dtype, i, 1.f);
+          const DecodeArgs a = cc.c.args();
+          const CacheLayout l = a.cache_layout();
+          const std::vector<float> ones(q_elems, 1.f);
+          const detail::cpu::ItemContext ctx = item_context(cc.c, a, ones.data());
+          alignas(64) float scores[detail::cpu::kHeadTile * 256];
+          std::vector<float> q_buffer(D + 16);
+          std::vector<float> acc(D);
+          for (int code = 0; code < 256; ++code) {
+            // Sequence 0's row holds only this code (at dimension code % D), zeros elsewhere.
+            const std::int64_t row = l.offset(cc.c.block_table[0], 0, 0);
+            for (int d = 0; d < D; ++d) cc.c.k[row + d] = 0;
+            cc.c.k[row + code % D] = static_cast<std::uint8_t>(code);
+            float m = 0.f, lsum = 0.f;
+            const WorkItem item{0, 0, 0, 0, 1};
+            fn(ctx, item, 1, &m, &lsum, acc.data(),
+               detail::cpu::ItemScratch{scores, q_buffer.data()});
+            const float want = f.decode(static_cast<std::uint8_t>(code));
+            if (std::isnan(want) || std::isinf(want)) {
+              EXPECT_TRUE(std::isnan(m) && std::isnan(lsum)) << "code " << code << " gave " << m;
+            } else {
+              EXPECT_EQ(m, want) << "code " << code;
+              EXPECT_EQ(lsum, 1.f) << "code " << code;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(kernels, 0);
+}
+
+// Every CPU kernel the host has against the f64 reference on random fp8 caches, at every head
+// dim (whole pairs of batches or not), group sizes that leave partial head tiles, per-tensor and
+// per-head scales, q f32 and bf16; the case poisons every slot no sequence reads (NaN codes past
+// each context and in unused blocks). The kernel runs each sequence's kv heads as one task with
+// the q buffer, as the backend does, and the result is finished here the way the backend does it
+// (q x scale x K scale in, x V scale out).
+TEST(Fp8CpuIsa, EveryKernelMatchesTheReference) {
+  for (const char* isa : kCpuIsas) {
+    const detail::cpu::KernelFn fn = detail::cpu::kernel_for_isa(isa);
+    if (fn == nullptr) continue;
+    for (DType cache : {DType::kFP8E4M3, DType::kFP8E5M2}) {
+      for (int D : {64, 80, 96, 112, 128, 192, 256}) {
+        for (DType q_dtype : {DType::kF32, DType::kBF16}) {
+          const bool per_head = D % 64 != 0;
+          const int group = D == 128 ? 8 : D == 96 ? 3 : 5;
+          testing::CaseSpec spec;
+          spec.batch = 3;
+          spec.num_kv_heads = 2;
+          spec.num_heads = 2 * group;
+          spec.head_dim = D;
+          spec.block_size = D == 112 ? 7 : 16;
+          spec.context_lens = {45, 1, 130};
+          spec.spare_blocks = 3;
+          spec.q_dtype = q_dtype;
+          spec.out_dtype = DType::kF32;
+          spec.kv_dtype = cache;
+          spec.k_scale = 0.0625f;
+          spec.v_scale = 3.f;
+          spec.per_head_scales = per_head;
+          spec.seed = testing::seed_for_test();
+          testing::HostCase c = testing::make_case(spec);
+          const DecodeArgs a = c.args();
+          const int H = a.num_heads, G = a.group_size(), KV = a.num_kv_heads;
+          const auto k_scale = [&](int kv) {
+            return a.k_scales != nullptr ? a.k_scale * a.k_scales[kv] : a.k_scale;
+          };
+          const auto v_scale = [&](int kv) {
+            return a.v_scales != nullptr ? a.v_scale * a.v_scales[kv] : a.v_scale;
+          };
+          std::vector<float> q(static_cast<std::size_t>(a.batch) * H * D);
+          for (int b = 0; b < a.batch; ++b) {
+            for (int h = 0; h < H; ++h) {
+              for (int d = 0; d < D; ++d) {
+                const std::size_t i = (static_cast<std::size_t>(b) * H + h) * D + d;
+                q[i] = load_as_float(a.q, a.q_dtype, b * a.q_stride() + h * D + d) *
+                       (a.effective_scale() * k_scale(h / G));
+              }
+            }
+          }
+          const detail::cpu::ItemContext ctx = item_context(c, a, q.data());
+          alignas(64) float scores[detail::cpu::kHeadTile * 256];
+          std::vector<float> q_buffer(static_cast<std::size_t>(H) * D + 16);
+          std::vector<float> m(H), l(H), acc(static_cast<std::size_t>(H) * D);
+          const ReferenceResult ref = reference_decode(a);
+          double scale = 1e-30, err = 0, lse_err = 0;
+          bool finite = true;
+          for (int b = 0; b < a.batch; ++b) {
+            const WorkItem item{b, 0, 0, 0, blocks_for(a.context_lens[b], a.block_size)};
+            fn(ctx, item, KV, m.data(), l.data(), acc.data(),
+               detail::cpu::ItemScratch{scores, q_buffer.data()});
+            for (int h = 0; h < H; ++h) {
+              const std::size_t row = static_cast<std::size_t>(b) * H + h;
+              const SoftmaxState st{m[h], l[h]};
+              const float inv = st.inv_sum() * v_scale(h / G);
+              for (int d = 0; d < D; ++d) {
+                const double want = ref.out[row * D + d];
+                const float got = acc[static_cast<std::size_t>(h) * D + d] * inv;
+                finite = finite && std::isfinite(got);
+                scale = std::max(scale, std::fabs(want));
+                err = std::max(err, std::fabs(got - want));
+              }
+              lse_err = std::max(lse_err, std::fabs(st.lse() - ref.lse[row]));
+            }
+          }
+          SCOPED_TRACE(std::string(isa) + ": " + testing::describe(spec) + " " +
+                       testing::seed_note(spec.seed));
+          EXPECT_TRUE(finite);
+          EXPECT_LE(err / scale, testing::out_tolerance(DType::kF32));
+          EXPECT_LE(lse_err, testing::lse_tolerance());
+        }
+      }
+    }
+  }
 }
 
 // What fp8 storage costs in accuracy (docs/fp8.md quotes these runs): K and V drawn in f32,
