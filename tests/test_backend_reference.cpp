@@ -55,6 +55,33 @@ int ctx_len(Ctx c, int bs) {
 // Readable parameter values in test listings.
 void PrintTo(Ctx c, std::ostream* os) { *os << "ctx " << ctx_name(c); }
 
+// A grid row's case, the dtypes left to the caller: the length under test next to other lengths
+// in the same batch (L, 37, L, 0), each sequence's blocks scattered over a pool with spare blocks
+// and a padded table.
+testing::CaseSpec grid_spec(int num_heads, int num_kv_heads, int head_dim, int block_size,
+                            Ctx ctx) {
+  testing::CaseSpec spec;
+  spec.num_heads = num_heads;
+  spec.num_kv_heads = num_kv_heads;
+  spec.head_dim = head_dim;
+  spec.block_size = block_size;
+  const int L = ctx_len(ctx, block_size);
+  spec.context_lens = {L, 37, L, 0};
+  spec.batch = 4;
+  spec.spare_blocks = 5;
+  spec.table_padding = 2;
+  spec.seed = testing::seed_for_test();
+  return spec;
+}
+
+void run_and_check(const testing::CaseSpec& spec, Backend backend) {
+  testing::HostCase c = testing::make_case(spec);
+  DecodeOptions o;
+  o.backend = backend;
+  testing::run_decode(c, o);
+  testing::expect_matches_reference(c);
+}
+
 // group: query heads per kv head; 0 means every head on one kv head (MQA with 16 heads).
 using Param = std::tuple<Backend, DType, int /*head_dim*/, int /*block_size*/, int /*group*/, Ctx>;
 
@@ -63,25 +90,11 @@ class BackendReferenceTest : public ::testing::TestWithParam<Param> {};
 TEST_P(BackendReferenceTest, MatchesTheReference) {
   const auto [backend, dtype, head_dim, block_size, group, ctx] = GetParam();
   if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
-  testing::CaseSpec spec;
-  spec.num_kv_heads = group == 0 ? 1 : 2;
-  spec.num_heads = group == 0 ? 16 : 2 * group;
-  spec.head_dim = head_dim;
-  spec.block_size = block_size;
+  const bool mqa = group == 0;
+  testing::CaseSpec spec = grid_spec(mqa ? 16 : 2 * group, mqa ? 1 : 2, head_dim, block_size, ctx);
   spec.q_dtype = spec.kv_dtype = spec.out_dtype = dtype;
-  // The length under test, next to other lengths in the same batch (0 - 1 - L - 37 - L).
-  const int L = ctx_len(ctx, block_size);
-  spec.context_lens = {L, 37, L, 0};
-  spec.batch = 4;
-  spec.spare_blocks = 5;
-  spec.table_padding = 2;
   spec.table_stride_extra = 3;
-  spec.seed = testing::seed_for_test();
-  testing::HostCase c = testing::make_case(spec);
-  DecodeOptions o;
-  o.backend = backend;
-  testing::run_decode(c, o);
-  testing::expect_matches_reference(c);
+  run_and_check(spec, backend);
 }
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
@@ -125,27 +138,13 @@ class Fp8ReferenceTest : public ::testing::TestWithParam<Fp8Param> {};
 TEST_P(Fp8ReferenceTest, MatchesTheReference) {
   const auto [backend, cache, dtype, head_dim, block_size, group, ctx] = GetParam();
   if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
-  testing::CaseSpec spec;
-  spec.num_kv_heads = 2;
-  spec.num_heads = 2 * group;
-  spec.head_dim = head_dim;
-  spec.block_size = block_size;
+  testing::CaseSpec spec = grid_spec(2 * group, 2, head_dim, block_size, ctx);
   spec.q_dtype = spec.out_dtype = dtype;
   spec.kv_dtype = cache;
   spec.k_scale = 0.0625f;  // codes of 16 x the values
   spec.v_scale = 3.f;
   spec.per_head_scales = per_head_scales(ctx);
-  const int L = ctx_len(ctx, block_size);
-  spec.context_lens = {L, 37, L, 0};
-  spec.batch = 4;
-  spec.spare_blocks = 5;
-  spec.table_padding = 2;
-  spec.seed = testing::seed_for_test();
-  testing::HostCase c = testing::make_case(spec);
-  DecodeOptions o;
-  o.backend = backend;
-  testing::run_decode(c, o);
-  testing::expect_matches_reference(c);
+  run_and_check(spec, backend);
 }
 
 std::string fp8_param_name(const ::testing::TestParamInfo<Fp8Param>& info) {
