@@ -380,8 +380,11 @@ inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int
   using Shape = TileShape<Arch>;
   constexpr int W = Shape::W;
   constexpr int TT = Shape::tokens(R);
-  constexpr int RV = Shape::value_heads(R);
-  constexpr int DC = Shape::vectors(RV);
+  // fp8 V costs several instructions per widened batch: with 32 registers an 8-head tile (two
+  // vectors of head_dim per head, 16 accumulators) widens each V row once instead of twice.
+  constexpr bool kWideV = Widen<Arch>::template kTwo<T> && Shape::kRegs == 32 && R == 8;
+  constexpr int RV = kWideV ? 8 : Shape::value_heads(R);
+  constexpr int DC = kWideV ? 2 : Shape::vectors(RV);
   static_assert(R % RV == 0, "values tiles cover the scores tile");
   int t = 0;
   for (; t + TT <= n; t += TT) {
