@@ -382,7 +382,7 @@ inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int
   constexpr int TT = Shape::tokens(R);
   // fp8 V costs several instructions per widened batch: with 32 registers an 8-head tile (two
   // vectors of head_dim per head, 16 accumulators) widens each V row once instead of twice.
-  constexpr bool kWideV = Widen<Arch>::template kTwo<T> && Shape::kRegs == 32 && R == 8;
+  constexpr bool kWideV = is_fp8_type<T> && Shape::kRegs == 32 && R == 8;
   constexpr int RV = kWideV ? 8 : Shape::value_heads(R);
   constexpr int DC = kWideV ? 2 : Shape::vectors(RV);
   static_assert(R % RV == 0, "values tiles cover the scores tile");
@@ -548,8 +548,8 @@ void from_pair_order(float* row, float* tmp, int D) {
 // bf16 q (c.q_bf16; AVX-512 BF16 and a bf16 cache only), otherwise on the scaled f32 q. Where the
 // set widens T in pairs, the accumulators run in pair order and are put back in order at the
 // end; the f32 q is copied into pair order too (into scratch.q: without it, the plain widening).
-// Where it widens T two batches at a time in order (fp8 on AVX2 and AVX-512), only head_dim must be
-// a multiple of 2W.
+// Where it widens T two batches at a time in order (e4m3 on AVX2 and AVX-512), only head_dim must
+// be a multiple of 2W.
 template <class Arch, class T, bool DP = false>
 void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, float* l,
               float* acc, ItemScratch scratch) {
