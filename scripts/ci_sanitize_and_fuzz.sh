@@ -11,7 +11,8 @@
 #   FUZZ_SEED        fuzz seed                         (default: derived from the commit, so a
 #                                                      rerun replays and each commit fuzzes anew)
 #   FUZZ_OUT         where a failing, shrunk case is saved (default fuzz-failures)
-#   JOBS             build parallelism                 (default 2)
+#   JOBS             build and test parallelism        (default 2)
+#   TEST_SHARDS      processes the unit tests run in   (default 11; 0: one per test)
 #   SKIP_SANITIZE=1 / SKIP_FUZZ=1 run one half only.
 set -euo pipefail
 
@@ -20,6 +21,7 @@ cd "$root"
 release="${1:-${PAGEDATTN_RELEASE_BUILD:-}}"
 asan="${ASAN_BUILD_DIR:-build-asan}"
 jobs="${JOBS:-2}"
+shards="${TEST_SHARDS:-11}"
 seconds="${FUZZ_SECONDS:-120}"
 out="${FUZZ_OUT:-fuzz-failures}"
 t0=$SECONDS
@@ -27,10 +29,33 @@ status=0
 
 phase() { echo "=== $* ($((SECONDS - t0)) s)"; }
 
+# The GoogleTest tests that failed in the ctest entries that failed, from ctest's log: each
+# "[  FAILED  ]" test, and as "[ ABORTED  ]" the test a process died in (a sanitizer report
+# aborts the whole shard).
+failed_tests() {
+  awk '
+    /^[0-9]+\/[0-9]+ Testing: / { printf "%s", found; found = ""; run = ""; next }
+    /^\[ RUN      \] / { run = substr($0, 14); next }
+    /^\[       OK \] |^\[  SKIPPED \] / { run = ""; next }
+    /^\[  FAILED  \] / {
+      run = ""
+      if ($0 !~ /listed below:$/) { sub(/ \([0-9]+ ms\)$/, ""); found = found $0 "\n" }
+      next
+    }
+    /^<end of output>$/ { if (run != "") found = found "[ ABORTED  ] " run "\n"; run = ""; next }
+    /^Test Passed\.$/ { found = "" }
+    END { printf "%s", found }
+  ' "$1" | sort -u
+}
+
 if [[ "${SKIP_SANITIZE:-0}" != 1 ]]; then
   phase "sanitizer build: configure $asan"
   san="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+  # The unit tests as a few sharded processes, not one per test: an instrumented process takes
+  # longer to start than most tests take to run. GoogleTest deals the tests out round-robin; a
+  # prime count keeps each shard from drawing the same rows of every parameter grid.
   cmake -S . -B "$asan" -DPAGEDATTN_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DPAGEDATTN_TEST_SHARDS="$shards" \
     -DPAGEDATTN_BUILD_TESTS=ON -DPAGEDATTN_BUILD_FUZZ=ON -DPAGEDATTN_BUILD_BENCH=OFF \
     -DPAGEDATTN_BUILD_TOOLS=OFF -DPAGEDATTN_INSTALL=OFF \
     -DCMAKE_CXX_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san" -DCMAKE_SHARED_LINKER_FLAGS="$san"
@@ -42,9 +67,13 @@ if [[ "${SKIP_SANITIZE:-0}" != 1 ]]; then
     phase "sanitizer build: ctest"
     export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:strict_string_checks=1}"
     export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-    # The fuzzer's clean run and planted-bug tests run under the sanitizers too.
-    if ! ctest --test-dir "$asan" --output-on-failure -j "$jobs"; then
-      echo "ci_sanitize_and_fuzz: tests failed under ASan/UBSan" >&2
+    # The fuzzer's clean run and planted-bug tests run under the sanitizers too. A failing
+    # shard's log is long: ctest keeps its start and its end (where a sanitizer report and
+    # GoogleTest's list of failed tests are), and the failed tests are listed once more below.
+    if ! ctest --test-dir "$asan" --output-on-failure -j "$jobs" \
+      --test-output-truncation middle; then
+      echo "ci_sanitize_and_fuzz: tests failed under ASan/UBSan:" >&2
+      failed_tests "$asan/Testing/Temporary/LastTest.log" >&2 || true
       status=1
     fi
   fi
