@@ -27,9 +27,6 @@ struct WriteScales {
   const float* v_per_head;
 };
 
-template <typename Dst>
-constexpr bool kFp8 = std::is_same_v<Dst, fp8_e4m3_t> || std::is_same_v<Dst, fp8_e5m2_t>;
-
 template <typename Src, typename Dst>
 __global__ void write_kernel(const Src* __restrict__ key, const Src* __restrict__ value,
                              std::int64_t src_stride, const std::int32_t* __restrict__ slots,
@@ -47,9 +44,9 @@ __global__ void write_kernel(const Src* __restrict__ key, const Src* __restrict_
     const int d = i % layout.head_dim;
     const std::int64_t src = t * src_stride + i;
     const std::int64_t dst = layout.offset(block, h, offset) + d;
-    if constexpr (kFp8<Dst>) {
-      const float ks = scales.k_per_head ? scales.k * scales.k_per_head[h] : scales.k;
-      const float vs = scales.v_per_head ? scales.v * scales.v_per_head[h] : scales.v;
+    if constexpr (is_fp8_type<Dst>) {
+      const float ks = head_scale(scales.k, scales.k_per_head, h);
+      const float vs = head_scale(scales.v, scales.v_per_head, h);
       k_cache[dst] = quantize_scaled<Dst>(to_float(key[src]), ks);
       v_cache[dst] = quantize_scaled<Dst>(to_float(value[src]), vs);
     } else {

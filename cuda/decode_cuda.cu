@@ -41,7 +41,11 @@ constexpr int kMaxSplitsPerSeq = 1024;
 // The tensor cores for every group size of a 16-bit cache, even MHA (one of the 16 M rows used):
 // the MMAs cost little next to the copies, and on the H200 the CUDA-core path reached 92% of the
 // read ceiling at group 1, 74% at group 2 and 56% at group 3, the tensor cores 96%, 93%, 88%.
+// An fp8 cache takes them too when q is f16 or bf16 (exact in f16, the fragments' type) and the
+// head dim is a multiple of 32 (fp8_frags.cuh); with an f32 q it stays on the CUDA cores.
 bool use_mma(const DecodeArgs& a) {
+  const bool q16 = a.q_dtype == DType::kF16 || a.q_dtype == DType::kBF16;
+  if (is_fp8(a.k_dtype)) return q16 && a.head_dim % 32 == 0;
   return (a.k_dtype == DType::kF16 || a.k_dtype == DType::kBF16) && a.q_dtype == a.k_dtype;
 }
 
@@ -80,7 +84,7 @@ int split_ctas_per_sm(const DecodeArgs& a) {
       break;
     case DType::kFP8E4M3:
     case DType::kFP8E5M2:
-      n = split_ctas_per_sm_fp8(a.head_dim, a.k_dtype == DType::kFP8E5M2);
+      n = split_ctas_per_sm_fp8(a.head_dim, a.k_dtype == DType::kFP8E5M2, mma);
       break;
   }
   if (n <= 0) {
@@ -322,11 +326,12 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   p.alibi = a.alibi_slopes;
   p.logit_variant = cap > 0.f || a.alibi_slopes != nullptr;
   p.sinks = a.sinks;
-  // P rounded to the cache dtype (relative error 2^-9 for bf16, 2^-12 for f16) stays below the
-  // rounding of a bf16 out (2^-9 of |out|) and of an f16 out from an f16 cache, so hi alone
-  // serves there; an f32 out, or an f16 out from a bf16 cache, takes hi + lo.
-  p.p_lo =
-      !(a.out_dtype == DType::kBF16 || (a.out_dtype == DType::kF16 && a.k_dtype == DType::kF16));
+  // P rounded to the fragments' dtype (relative error 2^-9 for bf16, 2^-12 for f16, which fp8
+  // caches use) stays below the rounding of a bf16 out (2^-9 of |out|) and of an f16 out from an
+  // f16 or fp8 cache, so hi alone serves there; an f32 out, or an f16 out from a bf16 cache,
+  // takes hi + lo.
+  const bool p_f16 = a.k_dtype == DType::kF16 || is_fp8(a.k_dtype);
+  p.p_lo = !(a.out_dtype == DType::kBF16 || (a.out_dtype == DType::kF16 && p_f16));
   p.q_indptr = a.q_indptr;
   p.q_rows = a.q_rows();
   p.max_q = a.q_len_bound();
@@ -357,7 +362,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
         break;
       case DType::kFP8E4M3:
       case DType::kFP8E5M2:
-        launched = launch_split_fp8(p, a.head_dim, a.k_dtype == DType::kFP8E5M2, grid, stream);
+        launched = launch_split_fp8(p, a.head_dim, a.k_dtype == DType::kFP8E5M2, mma, grid, stream);
         break;
       case DType::kBF16:
         launched = launch_split_bf16(p, a.head_dim, mma, grid, stream);

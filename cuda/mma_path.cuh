@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "fp8_frags.cuh"
 #include "kv_pipeline.cuh"
 #include "logit_variants.cuh"
 #include "pagedattn/online_softmax.hpp"
@@ -23,16 +24,23 @@ namespace pagedattn::detail::cuda {
 
 template <typename T, int D>
 struct MmaCfg {
+  // fp8 caches keep fp8 tiles and widen the fragments to f16 (fp8_frags.cuh).
+  static constexpr bool kFp8 = is_fp8_type<T>;
+  using MmaT = typename std::conditional<kFp8, __half, T>::type;
   static constexpr int TT = 64;  // 4 slices of 16 tokens
   static constexpr int ROW = RowGeom<T, D>::kRowBytes;
   static constexpr int TILE = 2 * TT * ROW;
   static constexpr int STAGES = stages_for_tile(TILE);
-  // Q fragments live in registers up to D = 128; larger head dims read them from shared memory.
-  static constexpr bool kQInSmem = D > 128;
+  // Q fragments live in registers up to D = 128 for 16-bit caches; larger head dims read them
+  // from shared memory, as rows in the tile layout (ldmatrix). The fp8 path keeps its converted
+  // fragments there at every head dim (16 bytes per lane, k-step and row tile): its widening
+  // needs registers of its own.
+  static constexpr bool kQInSmem = kFp8 || D > 128;
   static constexpr int QROWS = kMmaRowsPerCta;  // up to 4 row tiles of 16
   static constexpr int SCRATCH = kWarps * 16 * (D + 2) * 4;
   static constexpr int STAGE_AREA = STAGES * TILE > SCRATCH ? STAGES* TILE : SCRATCH;
-  static constexpr int QBYTES = kQInSmem ? QROWS * ROW : 0;
+  static constexpr int QBYTES =
+      !kQInSmem ? 0 : (kFp8 ? QROWS / 16 * (D / 16) * 32 * 16 : QROWS * ROW);
   using Pipe = KvPipeline<T, D, TT, STAGES>;
   static constexpr int SMEM = STAGE_AREA + QBYTES + Pipe::kIndexBytes + kSmemAlign;
 };
@@ -44,7 +52,7 @@ template <typename T, int D, bool kMulti>
 __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& item,
                                          typename MmaCfg<T, D>::Pipe& pipe, char* smem) {
   using Cfg = MmaCfg<T, D>;
-  using Op = MmaOp<T>;
+  using Op = MmaOp<typename Cfg::MmaT>;
   constexpr int STAGES = Cfg::STAGES;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int R = item.rows;
@@ -62,7 +70,25 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   // Q of the rows (same dtype as the cache, so exact), rows past the CTA's zero.
   constexpr int kQK = MmaCfg<T, D>::kQInSmem ? 1 : D / 16;
   std::uint32_t qf[kQK][4];
-  if constexpr (MmaCfg<T, D>::kQInSmem) {
+  // The logit factor of rows g and g + 8: scale * log2(e), for fp8 also the K scale and the
+  // power of two a bf16 q was scaled by (fp8_q_fragments).
+  float logit_fac[2] = {p.scale_log2, p.scale_log2};
+  // Where the fp8 path keeps k-step kk of the warp's row tile, with Q in shared memory.
+  auto q_frag_at = [&](int kk) { return sQ + ((wh * (D / 16) + kk) * 32 + lane) * 16; };
+  if constexpr (Cfg::kFp8) {
+    fp8_q_fragments<D>(p, qr, q4, head_scale(p.k_scale, p.k_scales, item.kv), logit_fac,
+                       [&](int kk, const std::uint32_t(&a)[4]) {
+                         if constexpr (Cfg::kQInSmem) {
+                           if (wt == 0) {
+                             *reinterpret_cast<uint4*>(q_frag_at(kk)) =
+                                 make_uint4(a[0], a[1], a[2], a[3]);
+                           }
+                         } else {
+#pragma unroll
+                           for (int r = 0; r < 4; ++r) qf[kk][r] = a[r];
+                         }
+                       });
+  } else if constexpr (MmaCfg<T, D>::kQInSmem) {
     constexpr int CH = RowGeom<T, D>::kChunks;
     for (int idx = tid; idx < WH * 16 * CH; idx += kThreads) {
       const int r = idx / CH, c = idx - r * CH;
@@ -139,19 +165,45 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
         for (int e = 0; e < 4; ++e) s[n][e] = s_odd[n][e] = 0.f;
       }
       const char* k_slice = kS + sl * 16 * Cfg::ROW;
+      if constexpr (Cfg::kFp8) {
+        // One ldmatrix: tokens 0-7 and 8-15 of chunks 2 j and 2 j + 1, i.e. k-steps 2 j, 2 j + 1.
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        std::uint32_t bk[4];
-        ldmatrix_x4(bk, k_slice + k_at[kk % 4] + (kk / 4) * 128);
-        float(&acc)[2][4] = kk % 2 == 0 ? s : s_odd;
-        if constexpr (MmaCfg<T, D>::kQInSmem) {
-          std::uint32_t a[4];
-          ldmatrix_x4(a, sQ + Geo::offset(wh * 16 + a_row, 2 * kk + a_half));
-          Op::mma(acc[0], a, bk[0], bk[1]);
-          Op::mma(acc[1], a, bk[2], bk[3]);
-        } else {
-          Op::mma(acc[0], qf[kk], bk[0], bk[1]);
-          Op::mma(acc[1], qf[kk], bk[2], bk[3]);
+        for (int j = 0; j < D / 32; ++j) {
+          std::uint32_t raw[4];
+          ldmatrix_x4(raw, k_slice + k_at[j % 4] + (j / 4) * 128);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int kk = 2 * j + h;
+            std::uint32_t bk[4];
+            fp8_k_regs<T>(raw[h], bk[0], bk[1]);
+            fp8_k_regs<T>(raw[2 + h], bk[2], bk[3]);
+            float(&acc)[2][4] = h == 0 ? s : s_odd;
+            if constexpr (MmaCfg<T, D>::kQInSmem) {
+              const uint4 av = *reinterpret_cast<const uint4*>(q_frag_at(kk));
+              const std::uint32_t a[4] = {av.x, av.y, av.z, av.w};
+              Op::mma(acc[0], a, bk[0], bk[1]);
+              Op::mma(acc[1], a, bk[2], bk[3]);
+            } else {
+              Op::mma(acc[0], qf[kk], bk[0], bk[1]);
+              Op::mma(acc[1], qf[kk], bk[2], bk[3]);
+            }
+          }
+        }
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          std::uint32_t bk[4];
+          ldmatrix_x4(bk, k_slice + k_at[kk % 4] + (kk / 4) * 128);
+          float(&acc)[2][4] = kk % 2 == 0 ? s : s_odd;
+          if constexpr (MmaCfg<T, D>::kQInSmem) {
+            std::uint32_t a[4];
+            ldmatrix_x4(a, sQ + Geo::offset(wh * 16 + a_row, 2 * kk + a_half));
+            Op::mma(acc[0], a, bk[0], bk[1]);
+            Op::mma(acc[1], a, bk[2], bk[3]);
+          } else {
+            Op::mma(acc[0], qf[kk], bk[0], bk[1]);
+            Op::mma(acc[1], qf[kk], bk[2], bk[3]);
+          }
         }
       }
 #pragma unroll
@@ -190,7 +242,7 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
       for (int n = 0; n < 2; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[n][e] *= p.scale_log2;
+          s[n][e] *= logit_fac[e >> 1];
           bad[e >> 1] = fmaf((keep >> (n * 4 + e)) & 1u ? s[n][e] : 0.f, 0.f, bad[e >> 1]);
         }
       }
@@ -274,24 +326,45 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
         }
       }
       const char* v_slice = vS + sl * 16 * Cfg::ROW;
+      // Calls f(n, b) for the slice's V fragments two n-tiles at a time: b[0], b[1] the B
+      // registers of n-tile n (tokens 0-7, 8-15), b[2], b[3] those of n-tile n + 1. 16-bit
+      // tiles: n-tiles 2 dp, 2 dp + 1 are dims 16 dp .. 16 dp + 15. fp8 tiles: an ldmatrix
+      // covers chunks 2 j and 2 j + 1, each giving the n-tiles of its even and odd dims.
+      auto for_v_tiles = [&](auto&& f) {
+        if constexpr (Cfg::kFp8) {
+#pragma unroll
+          for (int j = 0; j < D / 32; ++j) {
+            std::uint32_t raw[4];  // chunk 2 j: tokens 0-7, 8-15; chunk 2 j + 1: the same
+            ldmatrix_x4_trans(raw, v_slice + v_at[j % 4] + (j / 4) * 128);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              std::uint32_t b[4];
+              fp8_v_regs<T>(raw[2 * h], b[0], b[2]);
+              fp8_v_regs<T>(raw[2 * h + 1], b[1], b[3]);
+              f(4 * j + 2 * h, b);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int dp = 0; dp < D / 16; ++dp) {
+            std::uint32_t b[4];
+            ldmatrix_x4_trans(b, v_slice + v_at[dp % 4] + (dp / 4) * 128);
+            f(2 * dp, b);
+          }
+        }
+      };
       if (!disagree && p.p_lo) {
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          std::uint32_t bv[4];
-          ldmatrix_x4_trans(bv, v_slice + v_at[dp % 4] + (dp / 4) * 128);
-          Op::mma(o[2 * dp], ph, bv[0], bv[1]);
-          Op::mma(o[2 * dp + 1], ph, bv[2], bv[3]);
-          Op::mma(o[2 * dp], pl, bv[0], bv[1]);
-          Op::mma(o[2 * dp + 1], pl, bv[2], bv[3]);
-        }
+        for_v_tiles([&](int n, const std::uint32_t(&b)[4]) {
+          Op::mma(o[n], ph, b[0], b[1]);
+          Op::mma(o[n + 1], ph, b[2], b[3]);
+          Op::mma(o[n], pl, b[0], b[1]);
+          Op::mma(o[n + 1], pl, b[2], b[3]);
+        });
       } else if (!disagree) {
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          std::uint32_t bv[4];
-          ldmatrix_x4_trans(bv, v_slice + v_at[dp % 4] + (dp / 4) * 128);
-          Op::mma(o[2 * dp], ph, bv[0], bv[1]);
-          Op::mma(o[2 * dp + 1], ph, bv[2], bv[3]);
-        }
+        for_v_tiles([&](int n, const std::uint32_t(&b)[4]) {
+          Op::mma(o[n], ph, b[0], b[1]);
+          Op::mma(o[n + 1], ph, b[2], b[3]);
+        });
       } else {
         // A token one row attends to and another does not (a weight of 0 there) must not bring
         // a non-finite value of V into the second row: 0 x NaN is NaN. So V's non-finite values
@@ -304,29 +377,27 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
           att[r] = ((keep >> bit) & 1u ? Op::kOne : 0u) |
                    ((keep >> (bit + 1)) & 1u ? Op::kOne << 16 : 0u);
         }
+        for_v_tiles([&](int n, const std::uint32_t(&b_in)[4]) {
+          std::uint32_t b[4] = {b_in[0], b_in[1], b_in[2], b_in[3]}, nf[4];
 #pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          std::uint32_t bv[4], nf[4];
-          ldmatrix_x4_trans(bv, v_slice + v_at[dp % 4] + (dp / 4) * 128);
-#pragma unroll
-          for (int j = 0; j < 4; ++j) nf[j] = take_non_finite<Op>(bv[j]);
+          for (int j = 0; j < 4; ++j) nf[j] = take_non_finite<Op>(b[j]);
           float hit[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
           Op::mma(hit[0], att, nf[0], nf[1]);
           Op::mma(hit[1], att, nf[2], nf[3]);
-          Op::mma(o[2 * dp], ph, bv[0], bv[1]);
-          Op::mma(o[2 * dp + 1], ph, bv[2], bv[3]);
+          Op::mma(o[n], ph, b[0], b[1]);
+          Op::mma(o[n + 1], ph, b[2], b[3]);
           if (p.p_lo) {
-            Op::mma(o[2 * dp], pl, bv[0], bv[1]);
-            Op::mma(o[2 * dp + 1], pl, bv[2], bv[3]);
+            Op::mma(o[n], pl, b[0], b[1]);
+            Op::mma(o[n + 1], pl, b[2], b[3]);
           }
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              if (hit[h][e] > 0.f) o[2 * dp + h][e] = NAN;
+              if (hit[h][e] > 0.f) o[n + h][e] = NAN;
             }
           }
-        }
+        });
       }
     }
     pipe.end(it, next_id);
@@ -349,16 +420,30 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   // stall samples, 128 x 256 tokens).
   float* scratch = reinterpret_cast<float*>(smem);
   constexpr int SROW = D + 2;
+  const float vs = Cfg::kFp8 ? head_scale(p.v_scale, p.v_scales, item.kv) : 1.f;
   {
     float* base = scratch + ((wh * WT + wt) * 16) * SROW;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float* row = base + (g + 8 * r) * SROW;
       if (q4 == 0) *reinterpret_cast<float2*>(row + D) = make_float2(st[r].m, st[r].l);
+      if constexpr (Cfg::kFp8) {
+        // n-tiles 2 c and 2 c + 1 hold dims 16 c + 4 q4 .. + 3 (fp8_out_dim); V's scale joins
+        // the sum here: sum p (code x v_scale) = v_scale x sum p code.
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        *reinterpret_cast<float2*>(row + n * 8 + 2 * q4) =
-            make_float2(o[n][2 * r], o[n][2 * r + 1]);
+        for (int c = 0; c < D / 16; ++c) {
+          const int d = fp8_out_dim(2 * c, 0, q4);
+          *reinterpret_cast<float2*>(row + d) =
+              make_float2(o[2 * c][2 * r] * vs, o[2 * c + 1][2 * r] * vs);
+          *reinterpret_cast<float2*>(row + d + 2) =
+              make_float2(o[2 * c][2 * r + 1] * vs, o[2 * c + 1][2 * r + 1] * vs);
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          *reinterpret_cast<float2*>(row + n * 8 + 2 * q4) =
+              make_float2(o[n][2 * r], o[n][2 * r + 1]);
+        }
       }
     }
   }

@@ -29,11 +29,6 @@ __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float
 __device__ __forceinline__ float to_f(fp8_e4m3_t x) { return fp8_e4m3_to_float(x); }
 __device__ __forceinline__ float to_f(fp8_e5m2_t x) { return fp8_e5m2_to_float(x); }
 
-// The dequantization scale of kv head kv (fp8 caches; 1 otherwise).
-__device__ __forceinline__ float kv_scale(float scale, const float* per_head, int kv) {
-  return per_head != nullptr ? scale * __ldg(per_head + kv) : scale;
-}
-
 __device__ __forceinline__ float load_q(const void* q, int dtype, std::int64_t i) {
   if (dtype == 0) return static_cast<const float*>(q)[i];
   if (dtype == 1) return __half2float(static_cast<const __half*>(q)[i]);
@@ -65,7 +60,7 @@ __device__ __forceinline__ void load_slice(const char* tile, int r, int l16, flo
     const int byte = l16 * kBytes + i * kAlign;
     w[i] = *reinterpret_cast<const W*>(tile + RowGeom<T, D>::offset(r, byte / 16) + byte % 16);
   }
-  if constexpr (std::is_same_v<T, fp8_e4m3_t> || std::is_same_v<T, fp8_e5m2_t>) {
+  if constexpr (is_fp8_type<T>) {
     // Two codes at a time through f16 (exact; one instruction on sm_89 and later).
     constexpr __nv_fp8_interpretation_t kKind =
         std::is_same_v<T, fp8_e4m3_t> ? __NV_E4M3 : __NV_E5M2;
@@ -123,7 +118,7 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& i
 #pragma unroll
   for (int h = 0; h < HW; ++h) qr[h] = query_row<kMulti>(p, item, h_first + h);
   // q . (code x k_scale) = (q x k_scale) . code: an fp8 cache's K scale joins the logit scale.
-  const float q_scale = p.scale_log2 * kv_scale(p.k_scale, p.k_scales, item.kv);
+  const float q_scale = p.scale_log2 * head_scale(p.k_scale, p.k_scales, item.kv);
   float q[HW][E];
 #pragma unroll
   for (int h = 0; h < HW; ++h) {
@@ -247,7 +242,7 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& i
     }
     // sum p (code x v_scale) = v_scale x sum p code: an fp8 cache's V scale, on the weighted sum
     // (partial or final; the combine merges scaled partials).
-    const float vs = kv_scale(p.v_scale, p.v_scales, item.kv);
+    const float vs = head_scale(p.v_scale, p.v_scales, item.kv);
 #pragma unroll
     for (int h = 0; h < HW; ++h) {
       if (h >= nh) break;

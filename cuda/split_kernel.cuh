@@ -172,15 +172,15 @@ bool with_head_dim(int head_dim, F&& f) {
   }
 }
 
-// The kernels of one cache dtype T. kCanMma instantiates the tensor-core variant too (f16/bf16),
-// taken when `mma` is set. Each split_<dtype>.cu instantiates these once, so the dtypes compile
-// in parallel.
+// The kernels of one cache dtype T. kCanMma instantiates the tensor-core variant too (f16/bf16,
+// and fp8 at head dims that are multiples of 32), taken when `mma` is set. Each split_<dtype>.cu
+// instantiates these once, so the dtypes compile in parallel.
 template <typename T, bool kCanMma>
 bool launch_split_for_dtype(const SplitParams& p, int head_dim, bool mma, int grid,
                             cudaStream_t stream) {
   return with_head_dim(head_dim, [&](auto dim) {
     constexpr int D = decltype(dim)::value;
-    if constexpr (kCanMma) {
+    if constexpr (kCanMma && kMmaHeadDim<T, D>) {
       if (mma) return launch_split_typed<T, D, true>(p, grid, stream);
     }
     launch_split_typed<T, D, false>(p, grid, stream);
@@ -192,7 +192,7 @@ int split_ctas_per_sm_for_dtype(int head_dim, bool mma) {
   int n = 0;
   with_head_dim(head_dim, [&](auto dim) {
     constexpr int D = decltype(dim)::value;
-    if constexpr (kCanMma) {
+    if constexpr (kCanMma && kMmaHeadDim<T, D>) {
       if (mma) {
         n = prepare_split_typed<T, D, true>();
         return;

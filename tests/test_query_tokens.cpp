@@ -205,6 +205,15 @@ class DeviceQueryCase {
       sinks_ = DeviceBuffer(host.sinks, head_bytes);
       args_.sinks = sinks_.as<const float>();
     }
+    const std::size_t kv_head_bytes = static_cast<std::size_t>(host.num_kv_heads) * sizeof(float);
+    if (host.k_scales) {
+      k_scales_ = DeviceBuffer(host.k_scales, kv_head_bytes);
+      args_.k_scales = k_scales_.as<const float>();
+    }
+    if (host.v_scales) {
+      v_scales_ = DeviceBuffer(host.v_scales, kv_head_bytes);
+      args_.v_scales = v_scales_.as<const float>();
+    }
   }
   explicit DeviceQueryCase(QueryCase& qc, const Variants& v = {})
       : DeviceQueryCase(with_variants(qc.args(), v), qc.c.q.size(), qc.c.out.size(),
@@ -223,7 +232,8 @@ class DeviceQueryCase {
   }
 
  private:
-  testing::DeviceBuffer q_, k_, v_, table_, lens_, indptr_, out_, lse_, slopes_, sinks_;
+  testing::DeviceBuffer q_, k_, v_, table_, lens_, indptr_, out_, lse_, slopes_, sinks_, k_scales_,
+      v_scales_;
   DecodeArgs args_;
   std::size_t out_bytes_ = 0, lse_bytes_ = 0;
 };
@@ -326,12 +336,14 @@ void expect_rows_identical(const QueryCase& got, const QueryCase& want, int r0, 
 struct GridParam {
   Backend backend;
   VariantKind kind;
-  DType dtype;
+  DType dtype;  // q, out and, unless `cache` says otherwise, the caches
   GridShape shape;
+  DType cache = DType::kF32;  // an fp8 cache (scaled codes) when is_fp8
 };
 void PrintTo(const GridParam& p, std::ostream* os) {
   *os << backend_name(p.backend) << " " << kind_name(p.kind) << " " << dtype_name(p.dtype) << " d"
       << p.shape.head_dim << " bs" << p.shape.block_size << " g" << p.shape.group;
+  if (is_fp8(p.cache)) *os << " cache " << dtype_name(p.cache);
 }
 
 class QueryTokenReference : public ::testing::TestWithParam<GridParam> {};
@@ -363,6 +375,12 @@ TEST_P(QueryTokenReference, MatchesTheReference) {
   }
   // Logits of order 9 (magnitude 3): large enough for a cap of 5 or 30 to bend them.
   if (p.kind == VariantKind::kSoftCap || p.kind == VariantKind::kAll) spec.magnitude = 3.f;
+  if (is_fp8(p.cache)) {
+    spec.kv_dtype = p.cache;
+    spec.k_scale = 0.0625f;
+    spec.v_scale = 3.f;
+    spec.per_head_scales = true;
+  }
   const QueryCase clean = make_query_case(spec, q_lens, p.kind == VariantKind::kAll ? 3 : 0);
   const int H = spec.num_heads;
 
@@ -415,6 +433,17 @@ std::vector<GridParam> grid_params() {
     }
     for (VariantKind k : {VariantKind::kPlain, VariantKind::kAll})
       v.push_back({b, k, DType::kBF16, {256, 16, 64}});
+    // fp8 caches with f16 and bf16 q (the tensor cores on the GPU at head dims 64, 96, 128 and
+    // 256; 80 takes the CUDA cores), plain and with every variant.
+    for (DType cache : {DType::kFP8E4M3, DType::kFP8E5M2}) {
+      for (VariantKind k : {VariantKind::kPlain, VariantKind::kAll}) {
+        v.push_back({b, k, DType::kBF16, {128, 16, 8}, cache});
+        v.push_back({b, k, DType::kF16, {64, 16, 4}, cache});
+      }
+      v.push_back({b, VariantKind::kAll, DType::kBF16, {96, 7, 16}, cache});
+      v.push_back({b, VariantKind::kAll, DType::kF16, {80, 16, 4}, cache});
+      v.push_back({b, VariantKind::kPlain, DType::kBF16, {256, 16, 64}, cache});
+    }
   }
   return v;
 }
@@ -426,7 +455,8 @@ INSTANTIATE_TEST_SUITE_P(Grid, QueryTokenReference, ::testing::ValuesIn(grid_par
                                   "_" + dtype_name(p.dtype) + "_d" +
                                   std::to_string(p.shape.head_dim) + "_bs" +
                                   std::to_string(p.shape.block_size) + "_g" +
-                                  std::to_string(p.shape.group);
+                                  std::to_string(p.shape.group) +
+                                  (is_fp8(p.cache) ? std::string("_") + dtype_name(p.cache) : "");
                          });
 
 // ---- Row by row: each query token is a one-token decode of its own context. ----

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "pagedattn/host_device.hpp"
 
@@ -146,6 +147,8 @@ struct fp8_e4m3_t {
 struct fp8_e5m2_t {
   std::uint8_t bits;
 };
+template <typename T>
+constexpr bool is_fp8_type = std::is_same_v<T, fp8_e4m3_t> || std::is_same_v<T, fp8_e5m2_t>;
 
 PAGEDATTN_HOST_DEVICE float fp8_e4m3_to_float(fp8_e4m3_t c) {
   const std::uint32_t sign = static_cast<std::uint32_t>(c.bits & 0x80u) << 24;
@@ -222,6 +225,12 @@ PAGEDATTN_HOST_DEVICE Fp8 quantize_scaled(float x, float scale) {
     q = bits_float((float_bits(q) & 0x80000000u) | 0x7f7fffffu);  // +-FLT_MAX, same sign
   }
   return from_float<Fp8>(q);
+}
+
+// The dequantization scale of kv head h of an fp8 cache: the per-tensor scale times the head's
+// own, when there are per-head scales (per_head may be null).
+PAGEDATTN_HOST_DEVICE float head_scale(float scale, const float* per_head, int h) {
+  return per_head != nullptr ? scale * per_head[h] : scale;
 }
 
 // Runtime-typed element access, for code that is not templated on the dtype (reference, tests).
