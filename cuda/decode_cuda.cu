@@ -187,7 +187,10 @@ std::size_t workspace_size(const DecodeArgs& a) {
   return workspace_layout(a, max_total_splits(a, plan_options(a))).total;
 }
 
-void check_launch(const DecodeArgs& a, const pagedattn::DecodeOptions& options) {
+namespace {
+
+// check_launch, returning the layout in row units, which decode uses.
+RowUnits checked_units(const DecodeArgs& a, const pagedattn::DecodeOptions& options) {
   require_aligned("q", a.q);
   require_aligned("k_cache", a.k_cache);
   require_aligned("v_cache", a.v_cache);
@@ -213,7 +216,8 @@ void check_launch(const DecodeArgs& a, const pagedattn::DecodeOptions& options) 
          "must be aligned to two elements (" + std::to_string(pair_bytes) +
              " bytes) for the CUDA backend");
   }
-  row_units(a);          // the layout in 32-bit row units, or an error naming the field at fault
+  // The layout in 32-bit row units, or an error naming the field at fault.
+  const RowUnits units = row_units(a);
   split_ctas_per_sm(a);  // a kernel that does not fit on this device: an error naming head_dim
   if (options.cuda_checked) {
     // Read the device tables back and validate them exactly as the CPU path does.
@@ -266,11 +270,18 @@ void check_launch(const DecodeArgs& a, const pagedattn::DecodeOptions& options) 
     validate_kv_scales(a, a.k_scales ? k_scales.data() : nullptr,
                        a.v_scales ? v_scales.data() : nullptr);
   }
+  return units;
+}
+
+}  // namespace
+
+void check_launch(const DecodeArgs& a, const pagedattn::DecodeOptions& options) {
+  checked_units(a, options);
 }
 
 void decode(const DecodeArgs& a, const DecodeOptions& options) {
   if (a.batch == 0) return;
-  check_launch(a, options);
+  const RowUnits units = checked_units(a, options);
   cudaStream_t stream = static_cast<cudaStream_t>(options.cuda_stream);
   // The grid and the workspace depend on shapes only, sized for the split plan; single_split
   // needs fewer splits, so the same grid and workspace serve it.
@@ -309,7 +320,6 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   p.max_blocks = a.max_blocks_per_seq;
   p.table_stride = a.table_stride();
   p.block_div = FastDiv::make(static_cast<std::uint32_t>(a.block_size));
-  const RowUnits units = row_units(a);
   p.block_units = units.block_units;
   p.token_units = units.token_units;
   p.row_unit = units.row_unit;
