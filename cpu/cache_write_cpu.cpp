@@ -53,8 +53,8 @@ void write_typed(const CacheWriteArgs& a, const CacheOpOptions& o) {
     for (int h = 0; h < a.num_kv_heads; ++h) {
       const std::int64_t src = t * stride + static_cast<std::int64_t>(h) * a.head_dim;
       const std::int64_t dst = layout.offset(block, h, offset);
-      const float ks = a.k_scales != nullptr ? a.k_scale * a.k_scales[h] : a.k_scale;
-      const float vs = a.v_scales != nullptr ? a.v_scale * a.v_scales[h] : a.v_scale;
+      const float ks = head_scale(a.k_scale, a.k_scales, h);
+      const float vs = head_scale(a.v_scale, a.v_scales, h);
       convert_row(key + src, k_cache + dst, a.head_dim, ks);
       convert_row(value + src, v_cache + dst, a.head_dim, vs);
     }

@@ -176,14 +176,6 @@ CallerState& caller_state() {
   return s;
 }
 
-// The dequantization scales of kv head kv (1 for caches other than fp8, which take none).
-float k_scale_of(const DecodeArgs& a, int kv) {
-  return a.k_scales != nullptr ? a.k_scale * a.k_scales[kv] : a.k_scale;
-}
-float v_scale_of(const DecodeArgs& a, int kv) {
-  return a.v_scales != nullptr ? a.v_scale * a.v_scales[kv] : a.v_scale;
-}
-
 // out[0, D) = src[0, D) * inv in the output dtype.
 void store_row(void* out, DType t, std::int64_t offset, const float* src, float inv, int D) {
   switch (t) {
@@ -286,7 +278,7 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
     float* dst = q_scaled + b * row;
     const std::int64_t src = b * a.q_stride();
     for (int h = 0; h < H; ++h) {
-      const float s = scale * k_scale_of(a, h / G);
+      const float s = scale * head_scale(a.k_scale, a.k_scales, h / G);
       for (int d = 0; d < D; ++d) {
         const std::int64_t i = static_cast<std::int64_t>(h) * D + d;
         dst[i] = load_as_float(a.q, a.q_dtype, src + i) * s;
@@ -384,7 +376,7 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
       const bool nan = std::isnan(state.l);
       // An fp8 cache's V scale: sum p (code x v_scale) = v_scale x sum p code.
       store_row(a.out, a.out_dtype, b * a.out_stride() + static_cast<std::int64_t>(h) * D, acc,
-                nan ? NAN : state.inv_sum() * fa * v_scale_of(a, h / G), D);
+                nan ? NAN : state.inv_sum() * fa * head_scale(a.v_scale, a.v_scales, h / G), D);
       if (a.lse) a.lse[row] = nan ? NAN : state.lse();
     }
   };
