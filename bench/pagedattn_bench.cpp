@@ -36,7 +36,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -90,6 +89,8 @@ struct Options {
   double min_time = 0.5;     // seconds of timed runs at least
   double max_time = 10.0;    // stop after this many seconds (at least 3 runs)
   std::size_t bw_mib = 2048;
+  bench::Clock clock = bench::Clock::kWall;  // --clock: what the CPU rows and bandwidth time
+  bool threads_given = false;
   // --layout: where K and V live (kHnd: the default dense layout, kv_strides 0)
   testing::KvLayout layout = testing::KvLayout::kHnd;
   // --kv-dtype: the caches' dtype; unset: each --dtype's own
@@ -125,6 +126,9 @@ void print_help(const char* prog) {
       "  --min-time S       seconds of timed runs at least, 0 to %g (default 0.5)\n"
       "  --bw-mib N         MiB streamed per read-bandwidth pass, 1 to %lld (default 2048)\n"
       "  --no-naive         skip the naive baseline on the cpu backend\n"
+      "  --clock C          CPU timing: wall (default) or thread-cpu, the calling thread's\n"
+      "                     CPU time for the decode rows and the read bandwidth alike (needs\n"
+      "                     --threads 1: comparable figures on a host shared with other work)\n"
       "  --plain            CUDA: time plain launches (default: CUDA-graph replays)\n"
       "  --long-first T     sequence 0 of each shape holds T tokens (1 to %d), the others CTX\n"
       "                     (a skewed batch; the context column shows CTX)\n"
@@ -255,6 +259,7 @@ Options parse(int argc, char** argv) {
       o.shapes.push_back(parse_shape(o.shape_texts.back()));
     } else if (args.is("--threads")) {
       o.threads = static_cast<int>(args.integer(1, kMaxThreads));
+      o.threads_given = true;
     } else if (args.is("--csv")) {
       o.csv = true;
     } else if (args.is("--contiguous")) {
@@ -267,6 +272,9 @@ Options parse(int argc, char** argv) {
       o.min_time = args.number(0, kMaxSeconds);
     } else if (args.is("--bw-mib")) {
       o.bw_mib = static_cast<std::size_t>(args.integer(1, kMaxBwMib));
+    } else if (args.is("--clock")) {
+      o.clock = args.choice<bench::Clock>(
+          {{"wall", bench::Clock::kWall}, {"thread-cpu", bench::Clock::kThreadCpu}});
     } else if (args.is("--plain")) {
       o.plain = true;
     } else if (args.is("--long-first")) {
@@ -317,6 +325,16 @@ Options parse(int argc, char** argv) {
     o.shapes[i].q_len = o.q_len;
     validate_shape(o.shapes[i], o.shape_texts[i], o);
   }
+  if (o.clock == bench::Clock::kThreadCpu) {
+    // The calling thread's CPU time counts only the work done on it: one thread, on the CPU.
+    if (o.backend == "cuda") {
+      cli::bad_value("--clock", "thread-cpu", "times CPU work only, not --backend cuda");
+    }
+    if (!o.threads_given || o.threads != 1) {
+      cli::bad_value("--clock", "thread-cpu",
+                     "needs --threads 1 (only the calling thread's CPU time is counted)");
+    }
+  }
   if (o.threads == 0) o.threads = omp_get_max_threads();
   o.max_time = std::max(o.max_time, o.min_time);
   return o;
@@ -342,18 +360,18 @@ double kv_bytes(const Shape& s, DType t, int window_left) {
          static_cast<double>(dtype_size(t));
 }
 
-// Median wall time (ms) of fn(i) for i = 0, 1, ... after `warmup` untimed calls.
+// Median time (ms) of fn(i) on `clock` for i = 0, 1, ... after `warmup` untimed calls; min_time
+// and max_time bound the runs in wall seconds.
 double median_ms(const std::function<void(int)>& fn, int warmup, int min_iters, double min_time,
-                 double max_time) {
+                 double max_time, bench::Clock clock) {
   for (int i = 0; i < warmup; ++i) fn(i);
   std::vector<double> ms;
-  const auto start = std::chrono::steady_clock::now();
+  const double start = bench::seconds_now(bench::Clock::kWall);
   for (int i = warmup;; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = bench::seconds_now(clock);
     fn(i);
-    const auto t1 = std::chrono::steady_clock::now();
-    ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    const double total = std::chrono::duration<double>(t1 - start).count();
+    ms.push_back(1e3 * (bench::seconds_now(clock) - t0));
+    const double total = bench::seconds_now(bench::Clock::kWall) - start;
     const int n = static_cast<int>(ms.size());
     if ((n >= min_iters && total >= min_time) || (n >= 3 && total >= max_time)) break;
   }
@@ -552,9 +570,10 @@ int run(int argc, char** argv) {
     read_bw = bench::cuda_read_ceiling_gbps();
     std::fprintf(info, "GPU read bandwidth: %.1f GB/s\n", read_bw);
   } else {
-    read_bw = bench::measure_read_bandwidth_gbps(o.bw_mib << 20, o.threads);
-    std::fprintf(info, "read bandwidth: %.2f GB/s (%d threads, %zu MiB streamed per pass)\n",
-                 read_bw, o.threads, o.bw_mib);
+    read_bw = bench::measure_read_bandwidth_gbps(o.bw_mib << 20, o.threads, 5, o.clock);
+    std::fprintf(info, "read bandwidth: %.2f GB/s (%d threads, %zu MiB streamed per pass%s)\n",
+                 read_bw, o.threads, o.bw_mib,
+                 o.clock == bench::Clock::kThreadCpu ? ", thread CPU time" : "");
   }
   std::fflush(info);
   if (o.csv) {
@@ -598,7 +617,7 @@ int run(int argc, char** argv) {
         decode(rc.args(0), opt);
         const double err = rel_err_vs_reference(rc.args(0));
         ours_ms = median_ms([&](int i) { decode(rc.args(i), opt); }, std::max(2, rc.copies()),
-                            o.iters, o.min_time, o.max_time);
+                            o.iters, o.min_time, o.max_time, o.clock);
         const Row r = row_for("cpu", ours_ms, err);
         accurate = accurate && !(r.rel_err > tol);
         print_row(o, dtype, r);
@@ -608,7 +627,7 @@ int run(int argc, char** argv) {
         const double err = rel_err_vs_reference(rc.args(0));
         const double naive_ms =
             median_ms([&](int i) { bench::naive_decode(rc.args(i), o.threads); }, 1,
-                      o.backend == "naive" ? o.iters : 3, 0.0, o.max_time);
+                      o.backend == "naive" ? o.iters : 3, 0.0, o.max_time, o.clock);
         const Row r = row_for("naive", naive_ms, err);
         // The baseline is what a user would write first, not the library: its f32 sums over a
         // quarter-million tokens may drift past the tolerance. Reported, and fatal only when

@@ -93,7 +93,7 @@ std::uint64_t sum_sse2(const char* p, std::size_t bytes) {
 
 }  // namespace
 
-double measure_read_bandwidth_gbps(std::size_t bytes, int threads, int repeats) {
+double measure_read_bandwidth_gbps(std::size_t bytes, int threads, int repeats, Clock clock) {
   constexpr std::size_t kPage = 4096;
   bytes = std::max<std::size_t>(bytes / (kPage * threads), 1) * kPage * threads;
   char* buf = static_cast<char*>(std::aligned_alloc(kPage, bytes));
@@ -117,11 +117,11 @@ double measure_read_bandwidth_gbps(std::size_t bytes, int threads, int repeats) 
   for (int k = 0; k < num_kernels; ++k) {
     const SumFn sum = kernels[k];
     for (int r = 0; r < repeats + 1; ++r) {  // the first pass warms up and is not counted
-      const auto t0 = std::chrono::steady_clock::now();
+      const double t0 = seconds_now(clock);
       std::uint64_t total = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : total)
       total += sum(buf + omp_get_thread_num() * part, part);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double s = seconds_now(clock) - t0;
       sink = sink + total;
       if (r > 0) best = std::max(best, static_cast<double>(bytes) / s / 1e9);
     }

@@ -6,11 +6,15 @@
 
 #include <cstddef>
 
+#include "bench_clock.hpp"
+
 namespace pagedattn::bench {
 
 // Best of `repeats` timed passes per kernel over a `bytes` buffer (first touched by the same
-// threads), in GB/s (1e9 bytes per second).
-double measure_read_bandwidth_gbps(std::size_t bytes, int threads, int repeats = 5);
+// threads), in GB/s (1e9 bytes per second), timed on `clock` (the thread-CPU clock only with one
+// thread, which runs on the caller).
+double measure_read_bandwidth_gbps(std::size_t bytes, int threads, int repeats = 5,
+                                   Clock clock = Clock::kWall);
 
 // Bytes of the last-level cache, or a conservative guess when the system does not say.
 std::size_t last_level_cache_bytes();

@@ -60,6 +60,13 @@ endforeach()
 run_bench("--long-first" --dtype bf16 --shape 4,8,2,64,40,16 --long-first 700)
 check_rows("--long-first" 2 "^(cpu|naive),bf16,4,8,2,64,40,16,")  # cpu + naive
 
+# One thread timed on its own CPU clock: the same rows, and the bandwidth line says so.
+run_bench("--clock thread-cpu" --dtype bf16 --shape 2,8,2,64,100,16 --threads 1 --clock thread-cpu)
+check_rows("--clock thread-cpu" 2 "^(cpu|naive),bf16,2,8,2,64,100,16,${num},${num},${num},")
+if(NOT err MATCHES "read bandwidth: [0-9.]+ GB/s \\(1 threads, [0-9]+ MiB streamed per pass, thread CPU time\\)")
+  message(FATAL_ERROR "--clock thread-cpu: unexpected bandwidth line: ${err}")
+endif()
+
 # Every attention variant at once, on the CPU backend and the naive baseline: the exit status
 # carries both against the f64 reference (the naive one fatal only as --backend naive, so it runs
 # on its own too), and the variant columns say what was on.

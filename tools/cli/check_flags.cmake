@@ -72,8 +72,13 @@ expect_bad("--backend ''" "--backend = ''")
 
 if(CLI STREQUAL "pagedattn-bench")
   expect_help(--backend --dtype --shape --threads --csv --contiguous --iters --min-time --bw-mib
-              --no-naive --plain --long-first --window --soft-cap --alibi --sinks --q-len --layout
-              --kv-dtype --help)
+              --no-naive --clock --plain --long-first --window --soft-cap --alibi --sinks --q-len
+              --layout --kv-dtype --help)
+  expect_bad("--clock cpu" "--clock = 'cpu'" "expected one of wall, thread-cpu")
+  expect_bad("--clock thread-cpu" "--clock = 'thread-cpu'" "needs --threads 1")
+  expect_bad("--clock thread-cpu --threads 2" "--clock = 'thread-cpu'" "needs --threads 1")
+  expect_bad("--clock thread-cpu --threads 1 --backend cuda" "--clock = 'thread-cpu'"
+             "not --backend cuda")
   expect_bad("--layout hdn" "--layout = 'hdn'")
   expect_bad("--kv-dtype" "--kv-dtype" "needs a value")
   expect_bad("--kv-dtype fp8" "--kv-dtype = 'fp8'"
