@@ -219,45 +219,22 @@ CodeCase code_case(const Format& f, int D, bool in_k, DType q_dtype) {
   return CodeCase{std::move(c), spec.batch};
 }
 
-// Every code of each format through every CPU kernel the host has (their own fp8 widening: f16
-// conversions on AVX2 and AVX-512, one or two batches at a time, element by element elsewhere),
-// in V: a context of one token has weight 1, so out is exactly that token's V row; NaN codes must
-// give NaN, e5m2's Inf codes Inf. Head dims with whole pairs of batches (64, 128) and without
-// (80: the last batch alone), q f32 and bf16 (the kernels that take a bf16 q for Q.K see it).
-TEST(Fp8CpuIsa, EveryCodeWidensExactly) {
+// Calls f(fn, format, D, q_dtype) for every CPU kernel the host has, both formats, head dims with
+// whole pairs of batches (64, 128) and without (80: the last batch alone), and q f32 and bf16 (the
+// kernels that take a bf16 q for Q.K see it), under a trace naming them; expects a kernel at all.
+template <typename F>
+void for_each_kernel_and_format(F&& f) {
   int kernels = 0;
   for (const char* isa : kCpuIsas) {
     const detail::cpu::KernelFn fn = detail::cpu::kernel_for_isa(isa);
     if (fn == nullptr) continue;
     ++kernels;
-    for (const Format& f : kFormats) {
+    for (const Format& format : kFormats) {
       for (int D : {64, 80, 128}) {
         for (DType q_dtype : {DType::kF32, DType::kBF16}) {
-          SCOPED_TRACE(std::string(isa) + " " + f.name + " D " + std::to_string(D) + " q " +
+          SCOPED_TRACE(std::string(isa) + " " + format.name + " D " + std::to_string(D) + " q " +
                        dtype_name(q_dtype));
-          CodeCase cc = code_case(f, D, false, q_dtype);
-          const DecodeArgs a = cc.c.args();
-          std::vector<float> q(static_cast<std::size_t>(cc.batch) * D, 0.f);  // logits 0
-          const detail::cpu::ItemContext ctx = item_context(cc.c, a, q.data());
-          alignas(64) float scores[detail::cpu::kHeadTile * 256];
-          std::vector<float> q_buffer(D + 16);
-          for (int b = 0; b < cc.batch; ++b) {
-            float m = 0.f, lsum = 0.f;
-            std::vector<float> acc(D);
-            const WorkItem item{b, 0, 0, 0, 1};
-            fn(ctx, item, 1, &m, &lsum, acc.data(),
-               detail::cpu::ItemScratch{scores, q_buffer.data()});
-            for (int d = 0; d < D; ++d) {
-              const auto code = static_cast<std::uint8_t>((b * D + d) % 256);
-              const float want = f.decode(code);
-              const float got = acc[d] / lsum;
-              if (std::isnan(want)) {
-                EXPECT_TRUE(std::isnan(got)) << "code " << int(code) << " gave " << got;
-              } else {
-                EXPECT_EQ(got, want) << "code " << int(code);
-              }
-            }
-          }
+          f(fn, format, D, q_dtype);
         }
       }
     }
@@ -265,53 +242,69 @@ TEST(Fp8CpuIsa, EveryCodeWidensExactly) {
   EXPECT_GT(kernels, 0);
 }
 
-// The same in K: q all ones and one code per K row (the rest code 0, +0), so the one logit, the
-// state's m, is exactly the code's value; a NaN or Inf code makes the state NaN.
-TEST(Fp8CpuIsa, EveryCodeWidensExactlyInK) {
-  int kernels = 0;
-  for (const char* isa : kCpuIsas) {
-    const detail::cpu::KernelFn fn = detail::cpu::kernel_for_isa(isa);
-    if (fn == nullptr) continue;
-    ++kernels;
-    for (const Format& f : kFormats) {
-      for (int D : {64, 80, 128}) {
-        for (DType q_dtype : {DType::kF32, DType::kBF16}) {
-          SCOPED_TRACE(std::string(isa) + " " + f.name + " D " + std::to_string(D) + " q " +
-                       dtype_name(q_dtype));
-          CodeCase cc = code_case(f, D, true, q_dtype);
-          const int batch = cc.batch;
-          const std::size_t q_elems = static_cast<std::size_t>(batch) * D;
-          for (std::size_t i = 0; i < q_elems; ++i)
-            store_from_float(cc.c.q.data(), q_dtype, i, 1.f);
-          const DecodeArgs a = cc.c.args();
-          const CacheLayout l = a.cache_layout();
-          const std::vector<float> ones(q_elems, 1.f);
-          const detail::cpu::ItemContext ctx = item_context(cc.c, a, ones.data());
-          alignas(64) float scores[detail::cpu::kHeadTile * 256];
-          std::vector<float> q_buffer(D + 16);
-          std::vector<float> acc(D);
-          for (int code = 0; code < 256; ++code) {
-            // Sequence 0's row holds only this code (at dimension code % D), zeros elsewhere.
-            const std::int64_t row = l.offset(cc.c.block_table[0], 0, 0);
-            for (int d = 0; d < D; ++d) cc.c.k[row + d] = 0;
-            cc.c.k[row + code % D] = static_cast<std::uint8_t>(code);
-            float m = 0.f, lsum = 0.f;
-            const WorkItem item{0, 0, 0, 0, 1};
-            fn(ctx, item, 1, &m, &lsum, acc.data(),
-               detail::cpu::ItemScratch{scores, q_buffer.data()});
-            const float want = f.decode(static_cast<std::uint8_t>(code));
-            if (std::isnan(want) || std::isinf(want)) {
-              EXPECT_TRUE(std::isnan(m) && std::isnan(lsum)) << "code " << code << " gave " << m;
-            } else {
-              EXPECT_EQ(m, want) << "code " << code;
-              EXPECT_EQ(lsum, 1.f) << "code " << code;
-            }
-          }
+// Every code of each format through every CPU kernel the host has (their own fp8 widening: f16
+// conversions on AVX2 and AVX-512, one or two batches at a time, element by element elsewhere),
+// in V: a context of one token has weight 1, so out is exactly that token's V row; NaN codes must
+// give NaN, e5m2's Inf codes Inf.
+TEST(Fp8CpuIsa, EveryCodeWidensExactly) {
+  for_each_kernel_and_format([](detail::cpu::KernelFn fn, const Format& f, int D, DType q_dtype) {
+    CodeCase cc = code_case(f, D, false, q_dtype);
+    const DecodeArgs a = cc.c.args();
+    std::vector<float> q(static_cast<std::size_t>(cc.batch) * D, 0.f);  // logits 0
+    const detail::cpu::ItemContext ctx = item_context(cc.c, a, q.data());
+    alignas(64) float scores[detail::cpu::kHeadTile * 256];
+    std::vector<float> q_buffer(D + 16);
+    for (int b = 0; b < cc.batch; ++b) {
+      float m = 0.f, lsum = 0.f;
+      std::vector<float> acc(D);
+      const WorkItem item{b, 0, 0, 0, 1};
+      fn(ctx, item, 1, &m, &lsum, acc.data(), detail::cpu::ItemScratch{scores, q_buffer.data()});
+      for (int d = 0; d < D; ++d) {
+        const auto code = static_cast<std::uint8_t>((b * D + d) % 256);
+        const float want = f.decode(code);
+        const float got = acc[d] / lsum;
+        if (std::isnan(want)) {
+          EXPECT_TRUE(std::isnan(got)) << "code " << int(code) << " gave " << got;
+        } else {
+          EXPECT_EQ(got, want) << "code " << int(code);
         }
       }
     }
-  }
-  EXPECT_GT(kernels, 0);
+  });
+}
+
+// The same in K: q all ones and one code per K row (the rest code 0, +0), so the one logit, the
+// state's m, is exactly the code's value; a NaN or Inf code makes the state NaN.
+TEST(Fp8CpuIsa, EveryCodeWidensExactlyInK) {
+  for_each_kernel_and_format([](detail::cpu::KernelFn fn, const Format& f, int D, DType q_dtype) {
+    CodeCase cc = code_case(f, D, true, q_dtype);
+    const int batch = cc.batch;
+    const std::size_t q_elems = static_cast<std::size_t>(batch) * D;
+    for (std::size_t i = 0; i < q_elems; ++i) store_from_float(cc.c.q.data(), q_dtype, i, 1.f);
+    const DecodeArgs a = cc.c.args();
+    const CacheLayout l = a.cache_layout();
+    const std::vector<float> ones(q_elems, 1.f);
+    const detail::cpu::ItemContext ctx = item_context(cc.c, a, ones.data());
+    alignas(64) float scores[detail::cpu::kHeadTile * 256];
+    std::vector<float> q_buffer(D + 16);
+    std::vector<float> acc(D);
+    for (int code = 0; code < 256; ++code) {
+      // Sequence 0's row holds only this code (at dimension code % D), zeros elsewhere.
+      const std::int64_t row = l.offset(cc.c.block_table[0], 0, 0);
+      for (int d = 0; d < D; ++d) cc.c.k[row + d] = 0;
+      cc.c.k[row + code % D] = static_cast<std::uint8_t>(code);
+      float m = 0.f, lsum = 0.f;
+      const WorkItem item{0, 0, 0, 0, 1};
+      fn(ctx, item, 1, &m, &lsum, acc.data(), detail::cpu::ItemScratch{scores, q_buffer.data()});
+      const float want = f.decode(static_cast<std::uint8_t>(code));
+      if (std::isnan(want) || std::isinf(want)) {
+        EXPECT_TRUE(std::isnan(m) && std::isnan(lsum)) << "code " << code << " gave " << m;
+      } else {
+        EXPECT_EQ(m, want) << "code " << code;
+        EXPECT_EQ(lsum, 1.f) << "code " << code;
+      }
+    }
+  });
 }
 
 // Every CPU kernel the host has against the f64 reference on random fp8 caches, at every head
