@@ -90,7 +90,6 @@ struct Options {
   double max_time = 10.0;    // stop after this many seconds (at least 3 runs)
   std::size_t bw_mib = 2048;
   bench::Clock clock = bench::Clock::kWall;  // --clock: what the CPU rows and bandwidth time
-  bool threads_given = false;
   // --layout: where K and V live (kHnd: the default dense layout, kv_strides 0)
   testing::KvLayout layout = testing::KvLayout::kHnd;
   // --kv-dtype: the caches' dtype; unset: each --dtype's own
@@ -259,7 +258,6 @@ Options parse(int argc, char** argv) {
       o.shapes.push_back(parse_shape(o.shape_texts.back()));
     } else if (args.is("--threads")) {
       o.threads = static_cast<int>(args.integer(1, kMaxThreads));
-      o.threads_given = true;
     } else if (args.is("--csv")) {
       o.csv = true;
     } else if (args.is("--contiguous")) {
@@ -330,7 +328,7 @@ Options parse(int argc, char** argv) {
     if (o.backend == "cuda") {
       cli::bad_value("--clock", "thread-cpu", "times CPU work only, not --backend cuda");
     }
-    if (!o.threads_given || o.threads != 1) {
+    if (o.threads != 1) {  // 0: not given
       cli::bad_value("--clock", "thread-cpu",
                      "needs --threads 1 (only the calling thread's CPU time is counted)");
     }
