@@ -66,28 +66,79 @@ int row_chunks(const DecodeArgs& a) {
   return static_cast<int>((rows + rows_per_cta(a) - 1) / rows_per_cta(a));
 }
 
-// Split CTAs of this call's kernel that fit on one SM (from the occupancy calculator, cached).
-// None fit when the kernel needs more shared memory per block than the device allows (head dims
-// 192 and 256 on sm_86 / sm_89, which have 99 KB): an error naming head_dim, before any launch.
-int split_ctas_per_sm(const DecodeArgs& a) {
-  const bool mma = use_mma(a);
-  int n = 0;
+// CTAs of one build of this call's split kernel that fit on one SM (from the occupancy
+// calculator, cached; 0 when none fits).
+int ctas_per_sm_of(const DecodeArgs& a, bool mma, bool dense) {
   switch (a.k_dtype) {
     case DType::kF32:
-      n = split_ctas_per_sm_f32(a.head_dim);
-      break;
+      return split_ctas_per_sm_f32(a.head_dim);
     case DType::kF16:
-      n = split_ctas_per_sm_f16(a.head_dim, mma);
-      break;
+      return split_ctas_per_sm_f16(a.head_dim, mma);
     case DType::kBF16:
-      n = split_ctas_per_sm_bf16(a.head_dim, mma);
-      break;
+      return split_ctas_per_sm_bf16(a.head_dim, mma);
     case DType::kFP8E4M3:
     case DType::kFP8E5M2:
-      n = split_ctas_per_sm_fp8(a.head_dim, a.k_dtype == DType::kFP8E5M2, mma);
-      break;
+      return split_ctas_per_sm_fp8(a.head_dim, a.k_dtype == DType::kFP8E5M2, mma, dense);
   }
-  if (n <= 0) {
+  return 0;
+}
+
+// How this call's items fill the slots (SMs x CTAs per SM) of a build, with every sequence as
+// long as its table allows: the even-waves rule (choose_chunk_blocks) cuts each (sequence, kv
+// head) into slots / pairs equal items, at most one per kMinChunkTokens.
+struct WaveFill {
+  double waves;  // items / slots
+  double fill;   // the share of the slot time of the whole waves that items use
+};
+WaveFill wave_fill(const DecodeArgs& a, int ctas_per_sm) {
+  const std::int64_t slots =
+      std::max<std::int64_t>(1, std::int64_t{current_device().sms} * ctas_per_sm / row_chunks(a));
+  const std::int64_t pairs = std::max<std::int64_t>(1, std::int64_t{a.batch} * a.num_kv_heads);
+  const std::int64_t min_chunk = blocks_for(kMinChunkTokens, a.block_size);
+  const std::int64_t most =
+      std::max<std::int64_t>(1, (a.max_blocks_per_seq + min_chunk - 1) / min_chunk);
+  const std::int64_t items = pairs * std::min(most, std::max<std::int64_t>(1, slots / pairs));
+  const std::int64_t waves = (items + slots - 1) / slots;
+  return {static_cast<double>(items) / static_cast<double>(slots),
+          static_cast<double>(items) / static_cast<double>(waves * slots)};
+}
+
+// The dense build is taken when its items make two waves or more (a partial last wave is then a
+// small share of the time), or when its fill is at most kDenseFillSlack below the other build's.
+// On the H200 (fp8 e4m3 and e5m2, D = 128) it was 3-17% faster where that holds: one sequence of
+// 131072 tokens, 8 x 32768 (fill 0.97 with both builds), 128 x 1024 and 4096 and MHA 32 x 4096
+// (2.6 waves), though 6% (2 us) slower on one sequence of 32768 tokens, where the combine of its
+// 392 splits instead of 264 shows; and 3-35% slower where the rule does not hold: 32 x 4096 and
+// 16384 (256 (sequence, kv head) items for 396 slots, fill 0.65 against 0.97), 64 x 4096 at 8
+// kv heads (1.3 waves). At D = 64
+// its four CTAs per SM took 32 x 16384 from 39% to 61% of the read ceiling (docs/performance.md).
+constexpr double kDenseFillSlack = 0.1;
+bool dense_pays(const DecodeArgs& a, int plain_ctas, int dense_ctas) {
+  const WaveFill dense = wave_fill(a, dense_ctas);
+  return dense.waves >= 2.0 || dense.fill >= wave_fill(a, plain_ctas).fill - kDenseFillSlack;
+}
+
+// The build of the split kernel this call runs and its CTAs per SM, decided by shapes only (a
+// captured graph keeps its kernel for any later context lengths). A kernel that does not fit on
+// the device is an error naming head_dim (head dims 192 and 256 on sm_86 / sm_89, 99 KB of
+// shared memory per block).
+struct SplitKernel {
+  bool mma = false;
+  bool dense = false;  // the build for more CTAs per SM (kDenseMinCtas in split_kernel.cuh)
+  int ctas_per_sm = 0;
+};
+SplitKernel split_kernel_for(const DecodeArgs& a) {
+  SplitKernel k;
+  k.mma = use_mma(a);
+  k.ctas_per_sm = ctas_per_sm_of(a, k.mma, false);
+  if (k.ctas_per_sm > 0 && k.mma && is_fp8(a.k_dtype)) {
+    const int dense = ctas_per_sm_of(a, true, true);
+    if (dense > k.ctas_per_sm && dense_pays(a, k.ctas_per_sm, dense)) {
+      k.dense = true;
+      k.ctas_per_sm = dense;
+    }
+  }
+  if (k.ctas_per_sm <= 0) {
     cudaGetLastError();  // the failed attribute call's error is reported here, not later
     const DeviceInfo& d = current_device();
     int optin = 0;
@@ -98,7 +149,7 @@ int split_ctas_per_sm(const DecodeArgs& a) {
              std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor) + ") allows, " +
              std::to_string(optin) + " bytes");
   }
-  return n;
+  return k;
 }
 
 // The plan's options for this call's shapes: the parallelism is whole waves of the split
@@ -106,7 +157,8 @@ int split_ctas_per_sm(const DecodeArgs& a) {
 // CTAs).
 PlanOptions plan_options(const DecodeArgs& a) {
   PlanOptions o;
-  o.parallelism = std::max(1, current_device().sms * split_ctas_per_sm(a) * kWaves / row_chunks(a));
+  o.parallelism =
+      std::max(1, current_device().sms * split_kernel_for(a).ctas_per_sm * kWaves / row_chunks(a));
   o.min_chunk_tokens = kMinChunkTokens;
   o.even_waves = true;
   o.max_splits_per_seq = kMaxSplitsPerSeq;
@@ -187,6 +239,8 @@ std::size_t workspace_size(const DecodeArgs& a) {
   return workspace_layout(a, max_total_splits(a, plan_options(a))).total;
 }
 
+bool uses_dense_build(const DecodeArgs& a) { return split_kernel_for(a).dense; }
+
 namespace {
 
 // check_launch, returning the layout in row units, which decode uses.
@@ -218,7 +272,7 @@ RowUnits checked_units(const DecodeArgs& a, const pagedattn::DecodeOptions& opti
   }
   // The layout in 32-bit row units, or an error naming the field at fault.
   const RowUnits units = row_units(a);
-  split_ctas_per_sm(a);  // a kernel that does not fit on this device: an error naming head_dim
+  split_kernel_for(a);  // a kernel that does not fit on this device: an error naming head_dim
   if (options.cuda_checked) {
     // Read the device tables back and validate them exactly as the CPU path does.
     cudaStream_t stream = static_cast<cudaStream_t>(options.cuda_stream);
@@ -355,7 +409,8 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   p.lse = a.lse;
   p.pdl = current_device().pdl;
 
-  const bool mma = use_mma(a);
+  const SplitKernel kernel = split_kernel_for(a);
+  const bool mma = kernel.mma;
   if (splits > 0) {
     const std::int64_t grid64 = splits * a.num_kv_heads * p.row_chunks;
     if (grid64 > INT32_MAX) {
@@ -372,7 +427,8 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
         break;
       case DType::kFP8E4M3:
       case DType::kFP8E5M2:
-        launched = launch_split_fp8(p, a.head_dim, a.k_dtype == DType::kFP8E5M2, mma, grid, stream);
+        launched = launch_split_fp8(p, a.head_dim, a.k_dtype == DType::kFP8E5M2, mma, kernel.dense,
+                                    grid, stream);
         break;
       case DType::kBF16:
         launched = launch_split_bf16(p, a.head_dim, mma, grid, stream);

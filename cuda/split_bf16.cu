@@ -6,11 +6,11 @@ namespace pagedattn::detail::cuda {
 
 bool launch_split_bf16(const SplitParams& p, int head_dim, bool mma, int grid,
                        cudaStream_t stream) {
-  return launch_split_for_dtype<__nv_bfloat16, true>(p, head_dim, mma, grid, stream);
+  return launch_split_for_dtype<__nv_bfloat16, true>(p, head_dim, mma, false, grid, stream);
 }
 
 int split_ctas_per_sm_bf16(int head_dim, bool mma) {
-  return split_ctas_per_sm_for_dtype<__nv_bfloat16, true>(head_dim, mma);
+  return split_ctas_per_sm_for_dtype<__nv_bfloat16, true>(head_dim, mma, false);
 }
 
 }  // namespace pagedattn::detail::cuda

@@ -5,11 +5,11 @@
 namespace pagedattn::detail::cuda {
 
 bool launch_split_f16(const SplitParams& p, int head_dim, bool mma, int grid, cudaStream_t stream) {
-  return launch_split_for_dtype<__half, true>(p, head_dim, mma, grid, stream);
+  return launch_split_for_dtype<__half, true>(p, head_dim, mma, false, grid, stream);
 }
 
 int split_ctas_per_sm_f16(int head_dim, bool mma) {
-  return split_ctas_per_sm_for_dtype<__half, true>(head_dim, mma);
+  return split_ctas_per_sm_for_dtype<__half, true>(head_dim, mma, false);
 }
 
 }  // namespace pagedattn::detail::cuda

@@ -28,7 +28,7 @@
 namespace pagedattn::detail::cuda {
 
 template <typename T, int D, bool kMma>
-__global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
+__device__ __forceinline__ void split_cta(const SplitParams& p) {
   using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
   using Pipe = typename Cfg::Pipe;
   constexpr int TT = Cfg::TT;
@@ -101,10 +101,30 @@ __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
   }
 }
 
+// The kernel with the compiler's own register budget (kMinCtas = 0), or one compiled to leave
+// room for kMinCtas CTAs per SM (__launch_bounds__' second argument caps the registers per
+// thread at what that many CTAs allow).
+template <typename T, int D, bool kMma>
+__global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
+  split_cta<T, D, kMma>(p);
+}
+template <typename T, int D, bool kMma, int kMinCtas>
+__global__ void __launch_bounds__(kThreads, kMinCtas) split_kernel_min_ctas(SplitParams p) {
+  split_cta<T, D, kMma>(p);
+}
+template <typename T, int D, bool kMma, int kMinCtas>
+constexpr auto split_kernel_fn() {
+  if constexpr (kMinCtas == 0) {
+    return &split_kernel<T, D, kMma>;
+  } else {
+    return &split_kernel_min_ctas<T, D, kMma, kMinCtas>;
+  }
+}
+
 // Once per device and kernel: raise the dynamic shared-memory limit (a per-device attribute)
 // and read the kernel's occupancy. Returns CTAs per SM, or 0 when the kernel cannot run on this
 // device (the attribute could not be set, or no CTA fits): decode reports that before launching.
-template <typename T, int D, bool kMma>
+template <typename T, int D, bool kMma, int kMinCtas>
 int prepare_split_typed() {
   using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
   constexpr int kMaxDevices = 64;
@@ -116,13 +136,14 @@ int prepare_split_typed() {
     const int known = slot->load(std::memory_order_relaxed);
     if (known > 0) return known;
   }
-  if (cudaFuncSetAttribute(split_kernel<T, D, kMma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           Cfg::SMEM) != cudaSuccess) {
+  constexpr auto kernel = split_kernel_fn<T, D, kMma, kMinCtas>();
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM) !=
+      cudaSuccess) {
     return 0;
   }
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, split_kernel<T, D, kMma>, kThreads,
-                                                    Cfg::SMEM) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, Cfg::SMEM) !=
+      cudaSuccess) {
     cudaGetLastError();  // clear it: the estimate falls back to one CTA per SM
     n = 1;
   }
@@ -131,10 +152,10 @@ int prepare_split_typed() {
   return n;
 }
 
-template <typename T, int D, bool kMma>
+template <typename T, int D, bool kMma, int kMinCtas>
 void launch_split_typed(const SplitParams& p, int grid, cudaStream_t stream) {
   using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
-  prepare_split_typed<T, D, kMma>();
+  prepare_split_typed<T, D, kMma, kMinCtas>();
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(kThreads);
@@ -145,7 +166,7 @@ void launch_split_typed(const SplitParams& p, int grid, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = p.pdl ? 1 : 0;
-  cudaLaunchKernelEx(&cfg, split_kernel<T, D, kMma>, p);  // checked by the caller
+  cudaLaunchKernelEx(&cfg, split_kernel_fn<T, D, kMma, kMinCtas>(), p);  // checked by the caller
 }
 
 // Calls f(std::integral_constant<int, D>) for the compile-time head_dim D and returns true, or
@@ -172,33 +193,58 @@ bool with_head_dim(int head_dim, F&& f) {
   }
 }
 
+// CTAs per SM that the dense build of a kernel is compiled for (0: there is none). The fp8
+// tensor-core kernel's widening needs registers that the compiler's own budget spends freely
+// (170 at D = 128 for e4m3, 252 for e5m2, 158 at D = 64): two CTAs per SM at D = 128, three at
+// D = 64. Built for one more CTA per SM (168 and 128 registers, a few dozen bytes of spills),
+// it reads faster when the plan has items for the extra slots (decode_cuda.cu picks the build
+// per call). Head dim 96 fits three CTAs with the compiler's budget already; 192 and 256 spill
+// hundreds of bytes at 168 registers and lose.
+template <typename T, int D>
+constexpr int kDenseMinCtas = is_fp8_type<T> ? (D == 64 ? 4 : (D == 128 ? 3 : 0)) : 0;
+
+template <typename T, int D, typename F>
+void with_build(bool dense, F&& f) {
+  if constexpr (kDenseMinCtas < T, D >> 0) {
+    if (dense) return f(std::integral_constant<int, kDenseMinCtas<T, D>>{});
+  }
+  f(std::integral_constant<int, 0>{});
+}
+
 // The kernels of one cache dtype T. kCanMma instantiates the tensor-core variant too (f16/bf16,
-// and fp8 at head dims that are multiples of 32), taken when `mma` is set. Each split_<dtype>.cu
-// instantiates these once, so the dtypes compile in parallel.
+// and fp8 at head dims that are multiples of 32), taken when `mma` is set; `dense` takes its dense
+// build where there is one (kDenseMinCtas). Each split_<dtype>.cu instantiates these once, so the
+// dtypes compile in parallel.
 template <typename T, bool kCanMma>
-bool launch_split_for_dtype(const SplitParams& p, int head_dim, bool mma, int grid,
+bool launch_split_for_dtype(const SplitParams& p, int head_dim, bool mma, bool dense, int grid,
                             cudaStream_t stream) {
   return with_head_dim(head_dim, [&](auto dim) {
     constexpr int D = decltype(dim)::value;
     if constexpr (kCanMma && kMmaHeadDim<T, D>) {
-      if (mma) return launch_split_typed<T, D, true>(p, grid, stream);
+      if (mma) {
+        with_build<T, D>(dense, [&](auto m) {
+          launch_split_typed<T, D, true, decltype(m)::value>(p, grid, stream);
+        });
+        return;
+      }
     }
-    launch_split_typed<T, D, false>(p, grid, stream);
+    launch_split_typed<T, D, false, 0>(p, grid, stream);
   });
 }
 
 template <typename T, bool kCanMma>
-int split_ctas_per_sm_for_dtype(int head_dim, bool mma) {
+int split_ctas_per_sm_for_dtype(int head_dim, bool mma, bool dense) {
   int n = 0;
   with_head_dim(head_dim, [&](auto dim) {
     constexpr int D = decltype(dim)::value;
     if constexpr (kCanMma && kMmaHeadDim<T, D>) {
       if (mma) {
-        n = prepare_split_typed<T, D, true>();
+        with_build<T, D>(
+            dense, [&](auto m) { n = prepare_split_typed<T, D, true, decltype(m)::value>(); });
         return;
       }
     }
-    n = prepare_split_typed<T, D, false>();
+    n = prepare_split_typed<T, D, false, 0>();
   });
   return n;
 }

@@ -97,9 +97,11 @@ bool launch_split_bf16(const SplitParams& p, int head_dim, bool mma, int grid, c
 int split_ctas_per_sm_f32(int head_dim);
 int split_ctas_per_sm_f16(int head_dim, bool mma);
 int split_ctas_per_sm_bf16(int head_dim, bool mma);
-// fp8 caches (`e5m2` picks the format; `mma` the tensor cores, see use_mma in decode_cuda.cu).
-bool launch_split_fp8(const SplitParams& p, int head_dim, bool e5m2, bool mma, int grid,
+// fp8 caches (`e5m2` picks the format; `mma` the tensor cores, see use_mma in decode_cuda.cu;
+// `dense` the tensor-core kernel's build for more CTAs per SM where there is one: see
+// kDenseMinCtas in split_kernel.cuh and split_kernel_for in decode_cuda.cu).
+bool launch_split_fp8(const SplitParams& p, int head_dim, bool e5m2, bool mma, bool dense, int grid,
                       cudaStream_t stream);
-int split_ctas_per_sm_fp8(int head_dim, bool e5m2, bool mma);
+int split_ctas_per_sm_fp8(int head_dim, bool e5m2, bool mma, bool dense);
 
 }  // namespace pagedattn::detail::cuda

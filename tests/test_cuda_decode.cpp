@@ -10,10 +10,12 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "pagedattn/detail/backends.hpp"
 #include "pagedattn/testing/device_case.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "reference_check.hpp"
@@ -196,6 +198,46 @@ TEST(CudaDecode, SingleSplit) {
 }
 
 #ifdef PAGEDATTN_TEST_HAS_CUDA_RUNTIME
+
+// The fp8 tensor-core kernels at head dims 64 and 128 have a dense build (more CTAs per SM),
+// which decode takes from the shapes (split_kernel_for in cuda/decode_cuda.cu): few (sequence,
+// kv head) pairs take it, about as many pairs as the device has slots the plain build. Batches
+// of growing size until each build has run once, for each format and head dim, against the
+// reference; on Hopper, where the dense build fits more CTAs per SM, both must have run.
+TEST(CudaDecode, Fp8KernelBuilds) {
+  SKIP_WITHOUT_CUDA();
+  int device = 0;
+  cudaDeviceProp prop{};
+  testing::check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  testing::check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  std::mt19937 rng(static_cast<std::uint32_t>(test_seed()));
+  for (DType cache : {DType::kFP8E4M3, DType::kFP8E5M2}) {
+    for (int d : {64, 128}) {
+      bool ran[2] = {false, false};  // plain, dense
+      for (int batch : {1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128}) {
+        std::vector<int> lens(batch);
+        for (int& l : lens) l = static_cast<int>(rng() % 600);
+        testing::CaseSpec s = spec_for(DType::kBF16, 32, 8, d, 16, lens);
+        s.kv_dtype = cache;
+        s.k_scale = 0.25f;
+        s.v_scale = 2.f;
+        testing::HostCase c = testing::make_case(s);
+        const bool dense = detail::cuda::uses_dense_build(c.args());
+        if (ran[dense]) continue;
+        ran[dense] = true;
+        SCOPED_TRACE(std::string(dtype_name(cache)) + " d" + std::to_string(d) + " batch " +
+                     std::to_string(batch) + (dense ? " dense" : " plain") + " build");
+        testing::run_decode(c, cuda_options());
+        expect_matches_reference(c);
+        if (ran[0] && ran[1]) break;
+      }
+      EXPECT_TRUE(ran[0]) << dtype_name(cache) << " d" << d << ": the plain build never ran";
+      if (prop.major == 9) {
+        EXPECT_TRUE(ran[1]) << dtype_name(cache) << " d" << d << ": the dense build never ran";
+      }
+    }
+  }
+}
 
 using testing::check_cuda;
 using testing::DeviceBuffer;

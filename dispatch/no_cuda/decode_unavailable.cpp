@@ -20,6 +20,8 @@ void decode(const DecodeArgs&, const DecodeOptions&) { unavailable(); }
 
 void check_launch(const DecodeArgs&, const pagedattn::DecodeOptions&) { unavailable(); }
 
+bool uses_dense_build(const DecodeArgs&) { unavailable(); }
+
 std::shared_ptr<void> stream_scratch(std::size_t, void*) { unavailable(); }
 
 void copy_and_wait(void*, const void*, std::size_t, void*) { unavailable(); }

@@ -48,6 +48,9 @@ void decode(const DecodeArgs& args, const DecodeOptions& options);
 void check_launch(const DecodeArgs& args, const pagedattn::DecodeOptions& options);
 // Device workspace bytes decode needs for these shapes (see pagedattn::cuda_workspace_size).
 std::size_t workspace_size(const DecodeArgs& args);
+// Whether decode runs the dense build of the split kernel for these shapes (more CTAs per SM:
+// fp8 tensor-core kernels, cuda/split_kernel.cuh), so the tests can check both builds.
+bool uses_dense_build(const DecodeArgs& args);
 // `bytes` of device memory from the library's stream-ordered pool on the current device, given
 // back on `stream` (a cudaStream_t) when the last owner lets go: uses enqueued meanwhile finish
 // first.
