@@ -34,10 +34,12 @@ struct IsaChoice {
 };
 
 // The instruction sets of this processor family, best first: each one's kernel, name (the
-// PAGEDATTN_CPU_ISA value) and whether this CPU runs it.
+// PAGEDATTN_CPU_ISA value), whether this CPU runs it, and whether auto takes it where it runs
+// (null: always).
 struct IsaEntry {
   IsaChoice choice;
   bool (*supported)();
+  bool (*auto_picks)() = nullptr;
 };
 bool always() { return true; }
 
@@ -56,15 +58,28 @@ bool has_avx512bf16() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   return has_avx512() && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
 }
+// An AMD processor of family 26 (Zen 5) or later: CPUID leaf 0's vendor string, leaf 1's family
+// (base family 15 plus the extended family).
+bool is_amd_zen5_or_later() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool amd = ebx == 0x68747541u && edx == 0x69746e65u && ecx == 0x444d4163u;  // AuthenticAMD
+  if (!amd || !__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+  const unsigned base = (eax >> 8) & 0xf, ext = (eax >> 20) & 0xff;
+  return (base == 0xf ? base + ext : base) >= 26;
+}
+// Where vdpbf16ps pays for Q.K (docs/cpu.md): on Zen 5 the bf16 kernel ran 5-14% faster in cache
+// with it than with the widening FMA path; on the Intel Xeon measured, 10-13% slower at groups 4
+// and 8. Elsewhere it runs when named.
+bool auto_picks_avx512bf16() { return has_avx512bf16() && is_amd_zen5_or_later(); }
 #endif
-// avx512bf16 comes after avx512, so auto never picks it (every CPU with it has AVX-512): its
-// vdpbf16ps Q.K measured slower than the widening FMA path (docs/cpu.md); it runs when named.
-const IsaEntry kIsas[] = {{{&kernel_for<xsimd::avx512bw>, "avx512"}, &has_avx512},
+const IsaEntry kIsas[] = {
 #if PAGEDATTN_CPU_AVX512BF16
-                          {{&item_kernel_avx512bf16, "avx512bf16"}, &has_avx512bf16},
+    {{&item_kernel_avx512bf16, "avx512bf16"}, &has_avx512bf16, &auto_picks_avx512bf16},
 #endif
-                          {{&kernel_for<xsimd::fma3<xsimd::avx2>>, "avx2"}, &has_avx2},
-                          {{&kernel_for<xsimd::sse2>, "sse2"}, &always}};
+    {{&kernel_for<xsimd::avx512bw>, "avx512"}, &has_avx512},
+    {{&kernel_for<xsimd::fma3<xsimd::avx2>>, "avx2"}, &has_avx2},
+    {{&kernel_for<xsimd::sse2>, "sse2"}, &always}};
 #elif PAGEDATTN_CPU_ARM64
 const IsaEntry kIsas[] = {{{&kernel_for<xsimd::neon64>, "neon"}, &always}};
 #endif
@@ -76,10 +91,12 @@ IsaChoice choose_isa() {
   const char* env = std::getenv("PAGEDATTN_CPU_ISA");
   const std::string want = env ? env : "";
   std::string names = "auto";
+  const bool pick_best = want.empty() || want == "auto";
   for (const IsaEntry& e : kIsas) {
-    if (want.empty() || want == "auto" || want == e.choice.name) {
-      if (e.supported()) return e.choice;
-      if (!want.empty() && want != "auto") {
+    if (pick_best || want == e.choice.name) {
+      const bool runs = e.supported() && (!pick_best || e.auto_picks == nullptr || e.auto_picks());
+      if (runs) return e.choice;
+      if (!pick_best) {
         fail(ErrorCode::kBackendUnavailable, "PAGEDATTN_CPU_ISA", "'" + want + "'",
              "not supported by this CPU");
       }
