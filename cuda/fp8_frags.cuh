@@ -13,7 +13,7 @@
 //  - V (O += P V, transposed ldmatrix): lane (g, q4) gets dims 2 g and 2 g + 1 of tokens 2 q4 and
 //    2 q4 + 1 (bytes: token a dim 2g, a 2g+1, b 2g, b 2g+1). Bytes 0 and 2 are the B register of
 //    output column g for dim 2 g, bytes 1 and 3 for dim 2 g + 1: each 16-code chunk feeds two
-//    n-tiles of 8 columns, one of its even dims and one of its odd dims (fp8_out_dim).
+//    n-tiles of 8 columns, one of its even dims and one of its odd dims (fp8_chunk_dim).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -63,12 +63,11 @@ __device__ __forceinline__ void fp8_v_regs(std::uint32_t x, std::uint32_t& even,
   odd = fp8_pair<T, 1, 3>(x);
 }
 
-// The head dim of accumulator element (n-tile n, column pair element e & 1) of lane quad q4 in
-// the fp8 path: n-tile 2 c holds chunk c's even dims, 2 c + 1 its odd ones, so the lane's two
-// columns of n-tiles 2 c and 2 c + 1 are dims 16 c + 4 q4 .. + 3.
-__device__ __forceinline__ int fp8_out_dim(int n, int e, int q4) {
-  return 16 * (n >> 1) + 4 * q4 + (n & 1) + 2 * (e & 1);
-}
+// The accumulator columns of lane quad q4 for 16-code chunk c in the fp8 path: n-tile 2 c holds
+// the chunk's even dims, 2 c + 1 its odd ones, so the lane's column pair (element e = 0, 1) of
+// n-tile 2 c + h is dim 16 c + 4 q4 + h + 2 e. Returns the first of those four dims,
+// 16 c + 4 q4: n-tile 2 c's pair goes to it and + 2, n-tile 2 c + 1's to + 1 and + 3.
+__device__ __forceinline__ int fp8_chunk_dim(int c, int q4) { return 16 * c + 4 * q4; }
 
 // q's A fragments for the fp8 path, in f16 with K's k order (above): k-step kk's a0 / a1 are
 // elements 16 kk + 4 q4 + {0, 1} of rows g / g + 8, a2 / a3 elements + {2, 3}. An f16 q goes in

@@ -428,11 +428,11 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
       float* row = base + (g + 8 * r) * SROW;
       if (q4 == 0) *reinterpret_cast<float2*>(row + D) = make_float2(st[r].m, st[r].l);
       if constexpr (Cfg::kFp8) {
-        // n-tiles 2 c and 2 c + 1 hold dims 16 c + 4 q4 .. + 3 (fp8_out_dim); V's scale joins
+        // n-tiles 2 c and 2 c + 1 hold dims 16 c + 4 q4 .. + 3 (fp8_chunk_dim); V's scale joins
         // the sum here: sum p (code x v_scale) = v_scale x sum p code.
 #pragma unroll
         for (int c = 0; c < D / 16; ++c) {
-          const int d = fp8_out_dim(2 * c, 0, q4);
+          const int d = fp8_chunk_dim(c, q4);
           *reinterpret_cast<float2*>(row + d) =
               make_float2(o[2 * c][2 * r] * vs, o[2 * c + 1][2 * r] * vs);
           *reinterpret_cast<float2*>(row + d + 2) =

@@ -189,31 +189,13 @@ class DeviceQueryCase {
     args_.block_table = table_.as<const std::int32_t>();
     args_.context_lens = lens_.as<const std::int32_t>();
     args_.out = out_.get();
-    if (host.q_indptr) {
-      indptr_ = DeviceBuffer(host.q_indptr, (host.batch + 1) * sizeof(std::int32_t));
-      args_.q_indptr = indptr_.as<const std::int32_t>();
-    }
-    if (host.lse) {
-      lse_ = DeviceBuffer(host.lse, lse_bytes_);
-      args_.lse = lse_.as<float>();
-    }
-    if (host.alibi_slopes) {
-      slopes_ = DeviceBuffer(host.alibi_slopes, head_bytes);
-      args_.alibi_slopes = slopes_.as<const float>();
-    }
-    if (host.sinks) {
-      sinks_ = DeviceBuffer(host.sinks, head_bytes);
-      args_.sinks = sinks_.as<const float>();
-    }
     const std::size_t kv_head_bytes = static_cast<std::size_t>(host.num_kv_heads) * sizeof(float);
-    if (host.k_scales) {
-      k_scales_ = DeviceBuffer(host.k_scales, kv_head_bytes);
-      args_.k_scales = k_scales_.as<const float>();
-    }
-    if (host.v_scales) {
-      v_scales_ = DeviceBuffer(host.v_scales, kv_head_bytes);
-      args_.v_scales = v_scales_.as<const float>();
-    }
+    to_device(args_.q_indptr, (host.batch + 1) * sizeof(std::int32_t), indptr_);
+    to_device(args_.lse, lse_bytes_, lse_);
+    to_device(args_.alibi_slopes, head_bytes, slopes_);
+    to_device(args_.sinks, head_bytes, sinks_);
+    to_device(args_.k_scales, kv_head_bytes, k_scales_);
+    to_device(args_.v_scales, kv_head_bytes, v_scales_);
   }
   explicit DeviceQueryCase(QueryCase& qc, const Variants& v = {})
       : DeviceQueryCase(with_variants(qc.args(), v), qc.c.q.size(), qc.c.out.size(),
@@ -232,6 +214,15 @@ class DeviceQueryCase {
   }
 
  private:
+  // An optional array of the args (null when absent): a device copy of its `bytes` in `buf`,
+  // the field pointed at it.
+  template <typename T>
+  static void to_device(T*& field, std::size_t bytes, testing::DeviceBuffer& buf) {
+    if (field == nullptr) return;
+    buf = testing::DeviceBuffer(field, bytes);
+    field = buf.as<T>();
+  }
+
   testing::DeviceBuffer q_, k_, v_, table_, lens_, indptr_, out_, lse_, slopes_, sinks_, k_scales_,
       v_scales_;
   DecodeArgs args_;
