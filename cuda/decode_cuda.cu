@@ -30,7 +30,7 @@ namespace {
 // round trips), so items must stay large: on the H200 one wave beat two on the single long
 // sequences (B = 1, 32768 tokens: 61% of the read ceiling against 48%) and matched it elsewhere
 // but for D = 64 (docs/cuda.md). Whole waves matter: the planner keeps a few long sequences'
-// items within them (choose_chunk_blocks).
+// items within them (choose_chunk_blocks). The dense fp8 build may plan two (split_kernel_for).
 constexpr int kWaves = 1;
 // A split covers at least this many tokens: amortizes each CTA's fixed start and keeps the
 // combine cheap, while a single 4096-token sequence still spreads over 128 CTAs at 8 kv heads
@@ -83,24 +83,29 @@ int ctas_per_sm_of(const DecodeArgs& a, bool mma, bool dense) {
   return 0;
 }
 
-// How this call's items fill the slots (SMs x CTAs per SM) of a build, with every sequence as
-// long as its table allows: the even-waves rule (choose_chunk_blocks) cuts each (sequence, kv
-// head) into slots / pairs equal items, at most one per kMinChunkTokens.
+// How this call's items fill the slots (SMs x CTAs per SM) of a build when the plan aims at
+// `plan_waves` waves of them, with every sequence as long as its table allows: the even-waves
+// rule (choose_chunk_blocks) cuts each (sequence, kv head) into plan_waves x slots / pairs equal
+// items, at most one per kMinChunkTokens.
 struct WaveFill {
-  double waves;  // items / slots
-  double fill;   // the share of the slot time of the whole waves that items use
+  double waves;              // items / slots
+  double fill;               // the share of the slot time of the whole waves that items use
+  std::int64_t item_tokens;  // tokens per item
 };
-WaveFill wave_fill(const DecodeArgs& a, int ctas_per_sm) {
+WaveFill wave_fill(const DecodeArgs& a, int ctas_per_sm, int plan_waves) {
   const std::int64_t slots =
       std::max<std::int64_t>(1, std::int64_t{current_device().sms} * ctas_per_sm / row_chunks(a));
   const std::int64_t pairs = std::max<std::int64_t>(1, std::int64_t{a.batch} * a.num_kv_heads);
   const std::int64_t min_chunk = blocks_for(kMinChunkTokens, a.block_size);
   const std::int64_t most =
       std::max<std::int64_t>(1, (a.max_blocks_per_seq + min_chunk - 1) / min_chunk);
-  const std::int64_t items = pairs * std::min(most, std::max<std::int64_t>(1, slots / pairs));
+  const std::int64_t per_pair =
+      std::min(most, std::max<std::int64_t>(1, plan_waves * slots / pairs));
+  const std::int64_t items = pairs * per_pair;
   const std::int64_t waves = (items + slots - 1) / slots;
   return {static_cast<double>(items) / static_cast<double>(slots),
-          static_cast<double>(items) / static_cast<double>(waves * slots)};
+          static_cast<double>(items) / static_cast<double>(waves * slots),
+          std::int64_t{a.max_blocks_per_seq} * a.block_size / per_pair};
 }
 
 // The dense build is taken when its items make two waves or more (a partial last wave is then a
@@ -109,23 +114,36 @@ WaveFill wave_fill(const DecodeArgs& a, int ctas_per_sm) {
 // 131072 tokens, 8 x 32768 (fill 0.97 with both builds), 128 x 1024 and 4096 and MHA 32 x 4096
 // (2.6 waves), though 6% (2 us) slower on one sequence of 32768 tokens, where the combine of its
 // 392 splits instead of 264 shows; and 3-35% slower where the rule does not hold: 32 x 4096 and
-// 16384 (256 (sequence, kv head) items for 396 slots, fill 0.65 against 0.97), 64 x 4096 at 8
-// kv heads (1.3 waves). At D = 64
-// its four CTAs per SM took 32 x 16384 from 39% to 61% of the read ceiling (docs/performance.md).
+// 16384 (256 (sequence, kv head) items for 396 slots, fill 0.65 against 0.97), 64 x 4096 at 8 kv
+// heads (1.3 waves). At D = 64 its four CTAs per SM took 32 x 16384 from 39% to 61% of the read
+// ceiling (docs/performance.md).
 constexpr double kDenseFillSlack = 0.1;
 bool dense_pays(const DecodeArgs& a, int plain_ctas, int dense_ctas) {
-  const WaveFill dense = wave_fill(a, dense_ctas);
-  return dense.waves >= 2.0 || dense.fill >= wave_fill(a, plain_ctas).fill - kDenseFillSlack;
+  const WaveFill dense = wave_fill(a, dense_ctas, 1);
+  return dense.waves >= 2.0 || dense.fill >= wave_fill(a, plain_ctas, 1).fill - kDenseFillSlack;
 }
 
-// The build of the split kernel this call runs and its CTAs per SM, decided by shapes only (a
-// captured graph keeps its kernel for any later context lengths). A kernel that does not fit on
-// the device is an error naming head_dim (head dims 192 and 256 on sm_86 / sm_89, 99 KB of
-// shared memory per block).
+// Where one wave of the dense build leaves slots empty, a plan of two waves of it can fill them:
+// taken when it fills at least kTwoWaveFill of them with items of at least kTwoWaveItemTokens
+// tokens. On the H200, 32 x 16384 (fp8, D = 128: 768 items of 5461 tokens for 2 x 396 slots) went
+// from 328.1 us on the plain build to 310.5 us (72% -> 76% of the read ceiling); 32 x 4096 (items
+// of 1365 tokens) was 6% slower that way than on the plain build (docs/performance.md).
+constexpr double kTwoWaveFill = 0.9;
+constexpr std::int64_t kTwoWaveItemTokens = 4096;
+bool two_dense_waves_pay(const DecodeArgs& a, int dense_ctas) {
+  const WaveFill two = wave_fill(a, dense_ctas, 2);
+  return two.fill >= kTwoWaveFill && two.item_tokens >= kTwoWaveItemTokens;
+}
+
+// The build of the split kernel this call runs, its CTAs per SM and the waves its plan aims at,
+// decided by shapes only (a captured graph keeps them for any later context lengths). A kernel
+// that does not fit on the device is an error naming head_dim (head dims 192 and 256 on sm_86 /
+// sm_89, 99 KB of shared memory per block).
 struct SplitKernel {
   bool mma = false;
   bool dense = false;  // the build for more CTAs per SM (kDenseMinCtas in split_kernel.cuh)
   int ctas_per_sm = 0;
+  int waves = kWaves;
 };
 SplitKernel split_kernel_for(const DecodeArgs& a) {
   SplitKernel k;
@@ -133,9 +151,14 @@ SplitKernel split_kernel_for(const DecodeArgs& a) {
   k.ctas_per_sm = ctas_per_sm_of(a, k.mma, false);
   if (k.ctas_per_sm > 0 && k.mma && is_fp8(a.k_dtype)) {
     const int dense = ctas_per_sm_of(a, true, true);
-    if (dense > k.ctas_per_sm && dense_pays(a, k.ctas_per_sm, dense)) {
-      k.dense = true;
-      k.ctas_per_sm = dense;
+    if (dense > k.ctas_per_sm) {
+      if (dense_pays(a, k.ctas_per_sm, dense)) {
+        k.dense = true;
+      } else if (two_dense_waves_pay(a, dense)) {
+        k.dense = true;
+        k.waves = 2;
+      }
+      if (k.dense) k.ctas_per_sm = dense;
     }
   }
   if (k.ctas_per_sm <= 0) {
@@ -157,8 +180,8 @@ SplitKernel split_kernel_for(const DecodeArgs& a) {
 // CTAs).
 PlanOptions plan_options(const DecodeArgs& a) {
   PlanOptions o;
-  o.parallelism =
-      std::max(1, current_device().sms * split_kernel_for(a).ctas_per_sm * kWaves / row_chunks(a));
+  const SplitKernel k = split_kernel_for(a);
+  o.parallelism = std::max(1, current_device().sms * k.ctas_per_sm * k.waves / row_chunks(a));
   o.min_chunk_tokens = kMinChunkTokens;
   o.even_waves = true;
   o.max_splits_per_seq = kMaxSplitsPerSeq;
@@ -239,7 +262,10 @@ std::size_t workspace_size(const DecodeArgs& a) {
   return workspace_layout(a, max_total_splits(a, plan_options(a))).total;
 }
 
-bool uses_dense_build(const DecodeArgs& a) { return split_kernel_for(a).dense; }
+SplitChoice split_choice(const DecodeArgs& a) {
+  const SplitKernel k = split_kernel_for(a);
+  return {k.dense, k.waves};
+}
 
 namespace {
 

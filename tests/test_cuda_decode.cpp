@@ -201,9 +201,12 @@ TEST(CudaDecode, SingleSplit) {
 
 // The fp8 tensor-core kernels at head dims 64 and 128 have a dense build (more CTAs per SM),
 // which decode takes from the shapes (split_kernel_for in cuda/decode_cuda.cu): few (sequence,
-// kv head) pairs take it, about as many pairs as the device has slots the plain build. Batches
-// of growing size until each build has run once, for each format and head dim, against the
-// reference; on Hopper, where the dense build fits more CTAs per SM, both must have run.
+// kv head) pairs take it, about as many pairs as the device has slots the plain build, and long
+// tables with a few more pairs the dense build planned over two waves. Batches of growing size,
+// short tables and then long ones (the choice reads the table's capacity; the contexts stay
+// short), until each choice has run once, for each format and head dim, against the reference.
+// On Hopper, where the dense build fits more CTAs per SM, the dense build must have run; on a
+// 132-SM Hopper GPU (H100 SXM, H200) the two-wave plan at D = 128 too.
 TEST(CudaDecode, Fp8KernelBuilds) {
   SKIP_WITHOUT_CUDA();
   int device = 0;
@@ -213,27 +216,35 @@ TEST(CudaDecode, Fp8KernelBuilds) {
   std::mt19937 rng(static_cast<std::uint32_t>(test_seed()));
   for (DType cache : {DType::kFP8E4M3, DType::kFP8E5M2}) {
     for (int d : {64, 128}) {
-      bool ran[2] = {false, false};  // plain, dense
-      for (int batch : {1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128}) {
-        std::vector<int> lens(batch);
-        for (int& l : lens) l = static_cast<int>(rng() % 600);
-        testing::CaseSpec s = spec_for(DType::kBF16, 32, 8, d, 16, lens);
-        s.kv_dtype = cache;
-        s.k_scale = 0.25f;
-        s.v_scale = 2.f;
-        testing::HostCase c = testing::make_case(s);
-        const bool dense = detail::cuda::uses_dense_build(c.args());
-        if (ran[dense]) continue;
-        ran[dense] = true;
-        SCOPED_TRACE(std::string(dtype_name(cache)) + " d" + std::to_string(d) + " batch " +
-                     std::to_string(batch) + (dense ? " dense" : " plain") + " build");
-        testing::run_decode(c, cuda_options());
-        expect_matches_reference(c);
-        if (ran[0] && ran[1]) break;
+      bool ran[3] = {false, false, false};  // plain, dense, dense over two waves
+      for (int table_padding : {2, 1100}) {
+        for (int batch : {1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128}) {
+          std::vector<int> lens(batch);
+          for (int& l : lens) l = static_cast<int>(rng() % 600);
+          testing::CaseSpec s = spec_for(DType::kBF16, 32, 8, d, 16, lens);
+          s.kv_dtype = cache;
+          s.k_scale = 0.25f;
+          s.v_scale = 2.f;
+          s.table_padding = table_padding;
+          testing::HostCase c = testing::make_case(s);
+          const detail::cuda::SplitChoice choice = detail::cuda::split_choice(c.args());
+          const int kind = !choice.dense ? 0 : choice.waves == 1 ? 1 : 2;
+          ASSERT_TRUE(choice.waves == 1 || (choice.dense && choice.waves == 2));
+          if (ran[kind]) continue;
+          ran[kind] = true;
+          SCOPED_TRACE(std::string(dtype_name(cache)) + " d" + std::to_string(d) + " batch " +
+                       std::to_string(batch) + ", a table of " +
+                       std::to_string(c.max_blocks_per_seq) + " blocks, choice " +
+                       std::to_string(kind));
+          testing::run_decode(c, cuda_options());
+          expect_matches_reference(c);
+        }
       }
-      EXPECT_TRUE(ran[0]) << dtype_name(cache) << " d" << d << ": the plain build never ran";
-      if (prop.major == 9) {
-        EXPECT_TRUE(ran[1]) << dtype_name(cache) << " d" << d << ": the dense build never ran";
+      const std::string what = std::string(dtype_name(cache)) + " d" + std::to_string(d);
+      EXPECT_TRUE(ran[0]) << what << ": the plain build never ran";
+      if (prop.major == 9) EXPECT_TRUE(ran[1]) << what << ": the dense build never ran";
+      if (prop.major == 9 && prop.multiProcessorCount == 132 && d == 128) {
+        EXPECT_TRUE(ran[2]) << what << ": the dense build over two waves never ran";
       }
     }
   }

@@ -20,7 +20,7 @@ void decode(const DecodeArgs&, const DecodeOptions&) { unavailable(); }
 
 void check_launch(const DecodeArgs&, const pagedattn::DecodeOptions&) { unavailable(); }
 
-bool uses_dense_build(const DecodeArgs&) { unavailable(); }
+SplitChoice split_choice(const DecodeArgs&) { unavailable(); }
 
 std::shared_ptr<void> stream_scratch(std::size_t, void*) { unavailable(); }
 

@@ -48,9 +48,14 @@ void decode(const DecodeArgs& args, const DecodeOptions& options);
 void check_launch(const DecodeArgs& args, const pagedattn::DecodeOptions& options);
 // Device workspace bytes decode needs for these shapes (see pagedattn::cuda_workspace_size).
 std::size_t workspace_size(const DecodeArgs& args);
-// Whether decode runs the dense build of the split kernel for these shapes (more CTAs per SM:
-// fp8 tensor-core kernels, cuda/split_kernel.cuh), so the tests can check both builds.
-bool uses_dense_build(const DecodeArgs& args);
+// The split kernel's build decode runs for these shapes (dense: more CTAs per SM, fp8
+// tensor-core kernels, cuda/split_kernel.cuh) and the waves of it its plan aims at
+// (cuda/decode_cuda.cu, split_kernel_for), so the tests can check each choice.
+struct SplitChoice {
+  bool dense = false;
+  int waves = 1;
+};
+SplitChoice split_choice(const DecodeArgs& args);
 // `bytes` of device memory from the library's stream-ordered pool on the current device, given
 // back on `stream` (a cudaStream_t) when the last owner lets go: uses enqueued meanwhile finish
 // first.
