@@ -26,10 +26,16 @@
 namespace pagedattn::detail::cpu {
 namespace {
 
-// (block, kv head) units ahead to prefetch (see run_item). Fragmented tables defeat the hardware
-// prefetcher at every block boundary; two units ahead covers the memory latency at one unit's
-// compute time.
-constexpr int kPrefetchUnits = 2;
+// (block, kv head) units ahead to prefetch (see run_item), by the unit's K and V bytes.
+// Fragmented tables defeat the hardware prefetcher at every block boundary; two units ahead
+// covers the memory latency at one unit's compute time. Units of more than 8 KB (f32 at head dim
+// 128 and block 16: 16 KB) go one ahead: two of them and the current one fill a 48 KB L1 and
+// evict each other, and one ahead read f32 9-10% faster on one thread of an AMD Zen 5 host,
+// while 8 KB bf16 units read 6-16% faster two ahead (docs/performance.md).
+constexpr std::int64_t kTwoAheadMaxUnitBytes = 8 * 1024;
+inline int prefetch_units(std::int64_t unit_bytes) {
+  return unit_bytes > kTwoAheadMaxUnitBytes ? 1 : 2;
+}
 
 template <class Arch>
 struct TileShape {
@@ -435,13 +441,14 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
   std::fill(acc, acc + static_cast<std::int64_t>(heads) * D, 0.f);
 
   // The item's (block, kv head) units in compute order: unit u is kv head kv_first + u % kv_count
-  // of logical block block_begin + u / kv_count, its valid rows of K and of V. Units
-  // [0, kPrefetchUnits) are prefetched at once (nothing to overlap with yet); then, while unit u
-  // is computed, unit u + kPrefetchUnits is prefetched in pieces. A short distance in units
+  // of logical block block_begin + u / kv_count, its valid rows of K and of V. Units [0, ahead)
+  // are prefetched at once (nothing to overlap with yet); then, while unit u is computed, unit
+  // u + ahead is prefetched in pieces. A short distance in units
   // keeps the prefetched lines in L1 until they are used; the hardware prefetcher follows the
   // contiguous stretch of several kv heads beyond it. Never past the item: table entries past
   // the context may be garbage.
   const int units = (it.block_end - it.block_begin) * kv_count;
+  const int ahead = prefetch_units(2 * static_cast<std::int64_t>(BS) * D * sizeof(T));
   auto start_unit = [&](PacedPrefetch& p, int u, int pieces) {
     if (u >= units) {
       p.start(nullptr, nullptr, 0, 0, 0, 1);
@@ -454,7 +461,7 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
             pieces);
   };
   PacedPrefetch pf;
-  for (int u = 0; u < std::min(units, kPrefetchUnits); ++u) {
+  for (int u = 0; u < std::min(units, ahead); ++u) {
     start_unit(pf, u, 1);
     pf.rest();
   }
@@ -469,7 +476,7 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
     var.first_pos = blk * BS + skip - (L - 1);
     for (int i = 0; i < kv_count; ++i) {
       pf.rest();
-      start_unit(pf, (blk - it.block_begin) * kv_count + i + kPrefetchUnits, kPrefetchPieces);
+      start_unit(pf, (blk - it.block_begin) * kv_count + i + ahead, kPrefetchPieces);
       const int kv = kv_first + i;
       const std::int64_t base = c.layout.offset(id, kv, skip);
       const T* kb = k_cache + base;
