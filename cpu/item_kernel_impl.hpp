@@ -30,8 +30,8 @@ namespace {
 // Fragmented tables defeat the hardware prefetcher at every block boundary; two units ahead
 // covers the memory latency at one unit's compute time. Units of more than 8 KB (f32 at head dim
 // 128 and block 16: 16 KB) go one ahead: two of them and the current one fill a 48 KB L1 and
-// evict each other, and one ahead read f32 9-10% faster on one thread of an AMD Zen 5 host,
-// while 8 KB bf16 units read 6-16% faster two ahead (docs/performance.md).
+// evict each other, and one ahead read f32 2-21% faster (median 7%) on one thread of an AMD Zen 5
+// host, while 8 KB bf16 units read 6-16% faster two ahead (docs/performance.md).
 constexpr std::int64_t kTwoAheadMaxUnitBytes = 8 * 1024;
 inline int prefetch_units(std::int64_t unit_bytes) {
   return unit_bytes > kTwoAheadMaxUnitBytes ? 1 : 2;
