@@ -205,7 +205,7 @@ constexpr int kDenseMinCtas = is_fp8_type<T> ? (D == 64 ? 4 : (D == 128 ? 3 : 0)
 
 template <typename T, int D, typename F>
 void with_build(bool dense, F&& f) {
-  if constexpr (kDenseMinCtas < T, D >> 0) {
+  if constexpr ((kDenseMinCtas<T, D>) > 0) {
     if (dense) return f(std::integral_constant<int, kDenseMinCtas<T, D>>{});
   }
   f(std::integral_constant<int, 0>{});
