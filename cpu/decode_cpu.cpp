@@ -59,7 +59,10 @@ bool has_avx512bf16() {
   return has_avx512() && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
 }
 // An AMD processor of family 26 (Zen 5) or later: CPUID leaf 0's vendor string, leaf 1's family
-// (base family 15 plus the extended family).
+// (base family 15 plus the extended family). Where auto takes avx512bf16 (docs/cpu.md): on Zen 5
+// vdpbf16ps ran the bf16 kernel 3-5% faster in cache at group 1 and 10-17% at groups 4 and 8 than
+// the widening FMA path; on the Intel Xeon measured, 10-13% slower at groups 4 and 8. Elsewhere
+// it runs when named.
 bool is_amd_zen5_or_later() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
@@ -68,14 +71,10 @@ bool is_amd_zen5_or_later() {
   const unsigned base = (eax >> 8) & 0xf, ext = (eax >> 20) & 0xff;
   return (base == 0xf ? base + ext : base) >= 26;
 }
-// Where vdpbf16ps pays for Q.K (docs/cpu.md): on Zen 5 the bf16 kernel ran 5-14% faster in cache
-// with it than with the widening FMA path; on the Intel Xeon measured, 10-13% slower at groups 4
-// and 8. Elsewhere it runs when named.
-bool auto_picks_avx512bf16() { return has_avx512bf16() && is_amd_zen5_or_later(); }
 #endif
 const IsaEntry kIsas[] = {
 #if PAGEDATTN_CPU_AVX512BF16
-    {{&item_kernel_avx512bf16, "avx512bf16"}, &has_avx512bf16, &auto_picks_avx512bf16},
+    {{&item_kernel_avx512bf16, "avx512bf16"}, &has_avx512bf16, &is_amd_zen5_or_later},
 #endif
     {{&kernel_for<xsimd::avx512bw>, "avx512"}, &has_avx512},
     {{&kernel_for<xsimd::fma3<xsimd::avx2>>, "avx2"}, &has_avx2},

@@ -443,10 +443,9 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
   // The item's (block, kv head) units in compute order: unit u is kv head kv_first + u % kv_count
   // of logical block block_begin + u / kv_count, its valid rows of K and of V. Units [0, ahead)
   // are prefetched at once (nothing to overlap with yet); then, while unit u is computed, unit
-  // u + ahead is prefetched in pieces. A short distance in units
-  // keeps the prefetched lines in L1 until they are used; the hardware prefetcher follows the
-  // contiguous stretch of several kv heads beyond it. Never past the item: table entries past
-  // the context may be garbage.
+  // u + ahead is prefetched in pieces. A short distance in units keeps the prefetched lines in L1
+  // until they are used; the hardware prefetcher follows the contiguous stretch of several kv
+  // heads beyond it. Never past the item: table entries past the context may be garbage.
   const int units = (it.block_end - it.block_begin) * kv_count;
   const int ahead = prefetch_units(2 * static_cast<std::int64_t>(BS) * D * sizeof(T));
   auto start_unit = [&](PacedPrefetch& p, int u, int pieces) {

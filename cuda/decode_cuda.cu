@@ -175,12 +175,11 @@ SplitKernel split_kernel_for(const DecodeArgs& a) {
   return k;
 }
 
-// The plan's options for this call's shapes: the parallelism is whole waves of the split
-// kernel's resident CTAs over the device's SMs, counted in work items (an item may take several
-// CTAs).
-PlanOptions plan_options(const DecodeArgs& a) {
+// The plan's options for this call's shapes and split kernel k (split_kernel_for): the
+// parallelism is whole waves of the kernel's resident CTAs over the device's SMs, counted in work
+// items (an item may take several CTAs).
+PlanOptions plan_options(const DecodeArgs& a, const SplitKernel& k) {
   PlanOptions o;
-  const SplitKernel k = split_kernel_for(a);
   o.parallelism = std::max(1, current_device().sms * k.ctas_per_sm * k.waves / row_chunks(a));
   o.min_chunk_tokens = kMinChunkTokens;
   o.even_waves = true;
@@ -259,7 +258,7 @@ void require_aligned(const char* name, const void* ptr) {
 bool available(std::string* why) { return device_usable(why); }
 
 std::size_t workspace_size(const DecodeArgs& a) {
-  return workspace_layout(a, max_total_splits(a, plan_options(a))).total;
+  return workspace_layout(a, max_total_splits(a, plan_options(a, split_kernel_for(a)))).total;
 }
 
 SplitChoice split_choice(const DecodeArgs& a) {
@@ -365,7 +364,8 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   cudaStream_t stream = static_cast<cudaStream_t>(options.cuda_stream);
   // The grid and the workspace depend on shapes only, sized for the split plan; single_split
   // needs fewer splits, so the same grid and workspace serve it.
-  PlanOptions plan = plan_options(a);
+  const SplitKernel kernel = split_kernel_for(a);
+  PlanOptions plan = plan_options(a, kernel);
   const std::int64_t splits = max_total_splits(a, plan);
   plan.single_split = options.single_split;
   const Layout lay = workspace_layout(a, splits);
@@ -435,7 +435,6 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   p.lse = a.lse;
   p.pdl = current_device().pdl;
 
-  const SplitKernel kernel = split_kernel_for(a);
   const bool mma = kernel.mma;
   if (splits > 0) {
     const std::int64_t grid64 = splits * a.num_kv_heads * p.row_chunks;
