@@ -391,7 +391,6 @@ Tolerance tolerance_for(const FuzzCase& c, const BuiltCase& bc, const ReferenceR
       // log2(e) (or s - m after a scaled dot), each rounded at |s| u, so every weight carries a
       // relative error up to about 8 u |m|, with |m| <= |lse| + ln(n) over the n terms of the
       // softmax (a sink is one more, which the same rounding reaches).
-      const double sink = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
       double ds = 8 * kU * (std::fabs(lse) + std::log1p(attended + (a.sinks ? 1.0 : 0.0)));
       ds += logit_ds;
       // An ALiBi bias slope * (t - (L - 1)) is exact up to f32 rounding: of the slope (converted
@@ -402,14 +401,15 @@ Tolerance tolerance_for(const FuzzCase& c, const BuiltCase& bc, const ReferenceR
             4 * kU * std::fabs(static_cast<double>(a.alibi_slopes[h])) * std::max(attended - 1, 0);
       }
       // A logit error ds moves every normalized softmax weight by at most a factor
-      // exp(+-2 ds); the tokens' weights sum to 1 - p_sink (p_sink = exp(sink - lse), the
-      // sink's share, exact in the reference), so out moves by at most
-      // (exp(2 ds) - 1) (1 - p_sink) max|V| and lse by ds. A sink that takes everything leaves
-      // the tokens no share, and its lse (up to f32's largest value) no meaningful ds to
-      // exponentiate; past 2 ds = 1, |out| <= max|V| on both sides is the better bound.
-      const double tokens_share = -std::expm1(sink - lse);
+      // exp(+-2 ds); the tokens' weights sum to their share of the softmax (1 - the sink's,
+      // which the reference computes from the tokens' own weights: 1 - exp(sink - lse) would
+      // round to 0 where the sink takes all but 1e-16 of it, and with it the bound, while out
+      // is tokens_share x V, far above the absolute floor), so out moves by at most
+      // (exp(2 ds) - 1) tokens_share max|V|, and by at most 2 max|V| whatever ds (|out| <=
+      // max|V| on both sides); lse moves by ds.
+      const double tokens_share = ref.tokens_share[row];
       if (tokens_share > 0) {
-        t.out_abs[row] += (2 * ds < 1 ? std::expm1(2 * ds) * tokens_share : 2.0) * vmax;
+        t.out_abs[row] += std::min(std::expm1(2 * ds) * tokens_share, 2.0) * vmax;
       }
       // lse is stored in f32, whose own rounding at |lse| ~ 1e4 (half an ulp, u |lse|) exceeds the
       // policy's fixed part.

@@ -60,6 +60,27 @@ TEST(Reference, MatchesAHandComputedSoftmax) {
   EXPECT_EQ(r.out[0], 0.0);
 }
 
+// tokens_share: the tokens' part of the softmax, 1 without a sink, 1 / (1 + e^(sink - s)) for
+// equal logits s, and exact where the sink takes all but e^-60 of it (1 - exp(sink - lse) is 0
+// in f64 there).
+TEST(Reference, TokensShareKeepsItsPrecisionUnderADominantSink) {
+  Tiny c;
+  for (int t = 0; t < 3; ++t) c.key(t, 0) = 1.f;  // head 0: logits 1, 1, 1; head 1: 0, 0, 0
+  c.q[0] = 1.f;
+  const ReferenceResult plain = reference_decode(c.args());
+  EXPECT_EQ(plain.tokens_share[0], 1.0);
+  EXPECT_EQ(plain.tokens_share[1], 1.0);
+
+  const float sinks[2] = {1.f, 60.f};
+  DecodeArgs a = c.args();
+  a.sinks = sinks;
+  const ReferenceResult r = reference_decode(a);
+  EXPECT_NEAR(r.tokens_share[0], 3 / (3 + 1.0), 1e-15);  // sink logit equal to the tokens'
+  const double tiny = 3 * std::exp(-60.0) / (1 + 3 * std::exp(-60.0));
+  EXPECT_NEAR(r.tokens_share[1], tiny, 1e-15 * tiny);
+  EXPECT_EQ(-std::expm1(sinks[1] - r.lse[1]), 0.0);  // what the share replaces
+}
+
 TEST(Reference, EmptyContextGivesZeroAndMinusInfinity) {
   Tiny c;
   c.lens[0] = 0;
@@ -68,6 +89,7 @@ TEST(Reference, EmptyContextGivesZeroAndMinusInfinity) {
   for (double o : r.out) EXPECT_EQ(o, 0.0);
   EXPECT_EQ(r.lse[0], -INFINITY);
   EXPECT_EQ(r.lse[1], -INFINITY);
+  EXPECT_EQ(r.tokens_share[0], 0.0);
 }
 
 TEST(Reference, DefaultScaleIsInverseSqrtHeadDim) {

@@ -29,6 +29,7 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
   ReferenceResult r;
   r.out.assign(static_cast<std::size_t>(rows) * H * D, 0.0);
   r.lse.assign(static_cast<std::size_t>(rows) * H, -std::numeric_limits<double>::infinity());
+  r.tokens_share.assign(static_cast<std::size_t>(rows) * H, 0.0);
 
   const double cap = a.logits_soft_cap;
   const double no_sink = -std::numeric_limits<double>::infinity();
@@ -79,6 +80,7 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
             // value that looks valid.
             std::fill(out, out + D, std::numeric_limits<double>::quiet_NaN());
             r.lse[at] = std::numeric_limits<double>::quiet_NaN();
+            r.tokens_share[at] = std::numeric_limits<double>::quiet_NaN();
             continue;
           }
           Eigen::VectorXd s = scale * (K * q);  // logits
@@ -93,6 +95,7 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
           const Eigen::VectorXd o = V.transpose() * p / l;
           for (int d = 0; d < D; ++d) out[d] = o(d);
           r.lse[at] = m + std::log(l);
+          r.tokens_share[at] = p.sum() / l;
         }
       }
     }

@@ -12,6 +12,10 @@ namespace pagedattn {
 struct ReferenceResult {
   std::vector<double> out;  // [rows][num_heads][head_dim] (rows: DecodeArgs::q_rows())
   std::vector<double> lse;  // [rows][num_heads]; -inf for an empty context
+  // [rows][num_heads]: the attended tokens' share of the softmax, 1 - the sink's (1 without a
+  // sink, 0 for an empty context). Computed from the tokens' own weights, so it keeps its
+  // precision where the sink takes nearly everything (1 - exp(sink - lse) rounds to 0 there).
+  std::vector<double> tokens_share;
 };
 
 // Validates like decode() and computes in double from the stored (rounded) inputs. A head whose q,
