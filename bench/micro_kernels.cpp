@@ -14,7 +14,8 @@ namespace {
 
 using pagedattn::DType;
 
-// One decode step whose K/V (256 KB to 1 MB) fits in L2/L3: the CPU kernel's compute rate.
+// One decode step whose K/V (128 KB to 1 MB) fits in L2/L3: the CPU kernel's compute rate. An
+// fp8 cache is read by a bf16 q into a bf16 out (the serving case), with scales of 0.5.
 void BM_CpuDecodeInCache(benchmark::State& state) {
   const DType dtype = static_cast<DType>(state.range(0));
   const int group = static_cast<int>(state.range(1));
@@ -25,7 +26,9 @@ void BM_CpuDecodeInCache(benchmark::State& state) {
   spec.head_dim = 128;
   spec.block_size = 16;
   spec.context_lens = {512};
-  spec.q_dtype = spec.kv_dtype = spec.out_dtype = dtype;
+  spec.kv_dtype = dtype;
+  spec.q_dtype = spec.out_dtype = pagedattn::is_fp8(dtype) ? DType::kBF16 : dtype;
+  if (pagedattn::is_fp8(dtype)) spec.k_scale = spec.v_scale = 0.5f;
   spec.poison = false;
   pagedattn::testing::HostCase c = pagedattn::testing::make_case(spec);
   pagedattn::DecodeOptions o;
@@ -43,7 +46,8 @@ void BM_CpuDecodeInCache(benchmark::State& state) {
 }
 BENCHMARK(BM_CpuDecodeInCache)
     ->ArgsProduct({{static_cast<int>(DType::kF32), static_cast<int>(DType::kF16),
-                    static_cast<int>(DType::kBF16)},
+                    static_cast<int>(DType::kBF16), static_cast<int>(DType::kFP8E4M3),
+                    static_cast<int>(DType::kFP8E5M2)},
                    {1, 4, 8}});
 
 // Merging two partial states of head_dim 128: the combine's inner step.

@@ -31,6 +31,9 @@ struct ItemContext {
   const bf16_t* q_bf16 = nullptr;  // the caller's q: rows of q_bf16_stride elements, or null
   std::int64_t q_bf16_stride = 0;
   float scale = 1.f;
+  // An fp8 cache's K scales (DecodeArgs::k_scale, k_scales), for the bf16 q's dot products.
+  float k_scale = 1.f;
+  const float* k_scales = nullptr;
   const void* k_cache;
   const void* v_cache;
   DType kv_dtype;

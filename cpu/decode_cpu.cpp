@@ -53,10 +53,15 @@ bool has_f16c() {
 bool has_avx512() { return xsimd::available_architectures().avx512bw && has_f16c(); }
 bool has_avx2() { return xsimd::available_architectures().fma3_avx2 && has_f16c(); }
 #if PAGEDATTN_CPU_AVX512BF16
-// AVX512_BF16: CPUID leaf 7, sub-leaf 1, EAX bit 5 (vdpbf16ps), on top of AVX-512.
+// AVX512_BF16 (CPUID leaf 7, sub-leaf 1, EAX bit 5: vdpbf16ps) and AVX512_VBMI (leaf 7,
+// sub-leaf 0, ECX bit 1: vpermi2b, the fp8 table), on top of AVX-512. Every processor with the
+// first but Cooper Lake has the second.
 bool has_avx512bf16() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return has_avx512() && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
+  if (!has_avx512() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || (ecx & 2u) == 0) {
+    return false;
+  }
+  return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
 }
 // An AMD processor of family 26 (Zen 5) or later: CPUID leaf 0's vendor string, leaf 1's family
 // (base family 15 plus the extended family). Where auto takes avx512bf16 (docs/cpu.md): on Zen 5
@@ -312,6 +317,8 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
   ctx.q_bf16 = a.q_dtype == DType::kBF16 ? static_cast<const bf16_t*>(a.q) : nullptr;
   ctx.q_bf16_stride = a.q_stride();
   ctx.scale = scale;
+  ctx.k_scale = a.k_scale;
+  ctx.k_scales = a.k_scales;
   ctx.k_cache = a.k_cache;
   ctx.v_cache = a.v_cache;
   ctx.kv_dtype = a.k_dtype;

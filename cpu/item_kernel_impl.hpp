@@ -65,17 +65,21 @@ inline void scores_tile(const float* q, int D, const T* k, std::int64_t ts, floa
   // token-outer order below leaves only R chains in flight per token.
   constexpr int kRegs = TileShape<Arch>::kRegs;
   if constexpr (P) {
-    // K widened two batches at a time (load_pair; q is in the matching order): d steps of 2W.
+    // K widened NG batches at a time (load_group; q is in the matching order): d steps of NG W.
+    constexpr int NG = kGroupBatches<Arch, T>;
 #pragma GCC unroll 1
-    for (int d = 0; d < D; d += 2 * W) {
+    for (int d = 0; d < D; d += NG * W) {
 #pragma GCC unroll 16
       for (int j = 0; j < TT; ++j) {
-        B ka, kb;
-        load_pair<Arch>(k + j * ts + d, ka, kb);
+        B kx[NG];
+        load_group<Arch>(k + j * ts + d, kx);
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
-          acc[r * TT + j] = xsimd::fma(B::load_unaligned(q + r * D + d), ka, acc[r * TT + j]);
-          acc[r * TT + j] = xsimd::fma(B::load_unaligned(q + r * D + d + W), kb, acc[r * TT + j]);
+#pragma GCC unroll 4
+          for (int g = 0; g < NG; ++g) {
+            acc[r * TT + j] =
+                xsimd::fma(B::load_unaligned(q + r * D + d + g * W), kx[g], acc[r * TT + j]);
+          }
         }
       }
     }
@@ -180,6 +184,68 @@ inline void scores_tile_dp(const bf16_t* q, int D, const bf16_t* k, std::int64_t
 }
 #endif
 
+#if defined(__AVX512BF16__) && defined(__AVX512VBMI__)
+// The same for an fp8 K through the bf16 table (Widen<avx512bw>::load_bf16_words), q in bf16
+// word order (word_dim; copied so by run_item): every code is exact in bf16, so the products
+// are as exact as for a bf16 cache. K reads as value / kScale, which the scale takes back. D is a
+// multiple of 64.
+template <int R, int TT, class T>
+inline void scores_tile_dp_fp8(const bf16_t* q, int D, const T* k, std::int64_t ts, float* s,
+                               int ss, float scale) {
+  using B = fbatch<xsimd::avx512bw>;
+  using Wd = Widen<xsimd::avx512bw>;
+  constexpr int N = R * TT;
+  constexpr int NR = (N + 15) / 16 * 16;
+  __m512 acc[NR];
+#pragma GCC unroll 16
+  for (int i = 0; i < NR; ++i) acc[i] = _mm512_setzero_ps();
+  const typename Wd::TableRegs tab = Wd::TableRegs::template of<T>();
+  // q's two words of a 64-element step in registers when they fit next to the accumulators, the
+  // table and the K words (up to 4 heads), else read at each product.
+  constexpr bool kQRegs = 2 * R + N + 6 <= 32;
+#pragma GCC unroll 1
+  for (int d = 0; d < D; d += 64) {
+    __m512bh qq[kQRegs ? 2 * R : 1];
+    if constexpr (kQRegs) {
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        qq[2 * r] = (__m512bh)_mm512_loadu_si512(q + r * D + d);
+        qq[2 * r + 1] = (__m512bh)_mm512_loadu_si512(q + r * D + d + 32);
+      }
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < TT; ++j) {
+      __m512i w0, w1;
+      Wd::load_bf16_words(k + j * ts + d, tab, w0, w1);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        if constexpr (kQRegs) {
+          acc[r * TT + j] = _mm512_dpbf16_ps(acc[r * TT + j], qq[2 * r], (__m512bh)w0);
+          acc[r * TT + j] = _mm512_dpbf16_ps(acc[r * TT + j], qq[2 * r + 1], (__m512bh)w1);
+        } else {
+          acc[r * TT + j] = _mm512_dpbf16_ps(
+              acc[r * TT + j], (__m512bh)_mm512_loadu_si512(q + r * D + d), (__m512bh)w0);
+          acc[r * TT + j] = _mm512_dpbf16_ps(
+              acc[r * TT + j], (__m512bh)_mm512_loadu_si512(q + r * D + d + 32), (__m512bh)w1);
+        }
+      }
+    }
+  }
+  alignas(64) float sums[NR];
+  const B vscale(scale * Wd::kScale<T>);
+  for (int i = 0; i < NR; i += 16) {
+    B rows[16];
+    for (int x = 0; x < 16; ++x) rows[x] = acc[i + x];
+    (RowSums<xsimd::avx512bw>::of(rows) * vscale).store_aligned(sums + i);
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int j = 0; j < TT; ++j) s[r * ss + j] = sums[r * TT + j];
+  }
+}
+#endif
+
 // acc_r[d0, d0 + DC * W) += sum_{t < n} p[r * ps + t] * v_t[d0, d0 + DC * W) for r < R.
 template <class Arch, int R, int DC, bool P, class T>
 inline void values_tile(const float* p, int ps, const T* v, std::int64_t ts, int n, float* acc,
@@ -195,10 +261,19 @@ inline void values_tile(const float* p, int ps, const T* v, std::int64_t ts, int
 #pragma GCC unroll 2
   for (int t = 0; t < n; ++t) {
     B vv[DC];
-    if constexpr (P) {
-      static_assert(DC % 2 == 0, "pairs of vectors");
+    if constexpr (P && kGroupBatches<Arch, T> == 2) {
 #pragma GCC unroll 16
       for (int c = 0; c < DC; c += 2) load_pair<Arch>(v + t * ts + d0 + c * W, vv[c], vv[c + 1]);
+    } else if constexpr (P) {
+      constexpr int NG = kGroupBatches<Arch, T>;
+      static_assert(DC % NG == 0, "whole groups of vectors");
+#pragma GCC unroll 16
+      for (int c = 0; c < DC; c += NG) {
+        B x[NG];
+        load_group<Arch>(v + t * ts + d0 + c * W, x);
+#pragma GCC unroll 4
+        for (int g = 0; g < NG; ++g) vv[c + g] = x[g];
+      }
     } else {
 #pragma GCC unroll 16
       for (int c = 0; c < DC; ++c) vv[c] = Widen<Arch>::load(v + t * ts + d0 + c * W);
@@ -277,7 +352,10 @@ inline void softmax_tile(float* s, int ss, int n, float* m, float* l, float* acc
 // Prefetches one later block (its K and V rows) a few cache lines at a time, interleaved with
 // the compute of the current block. Issuing a whole block's lines at once fills the core's miss
 // buffers, and the burst then stalls the kernel until memory catches up: compute and memory
-// time add up instead of overlapping. It changes its own state, so GCC keeps the calls.
+// time add up instead of overlapping. It changes its own state, so GCC keeps the calls. Forced
+// inline: where a translation unit grew (the AVX-512 BF16 kernel with the fp8 table path) GCC
+// stopped inlining advance(), and a one-thread bf16 decode streaming from memory took 2.2x as long
+// (8 x 32 x 8 x 2048 tokens on Zen 5: 6.6 against 3.0 ms), though it ran as fast in cache.
 struct PacedPrefetch {
   const char* k = nullptr;
   const char* v = nullptr;
@@ -313,12 +391,12 @@ struct PacedPrefetch {
     step = std::max<std::int64_t>(1, (total + pieces - 1) / pieces);
   }
   // The next piece (step lines of K and of V).
-  inline void piece() { advance(std::min(done + step, total)); }
+  __attribute__((always_inline)) void piece() { advance(std::min(done + step, total)); }
   // Whatever is left.
-  inline void rest() { advance(total); }
+  __attribute__((always_inline)) void rest() { advance(total); }
 
  private:
-  inline void advance(std::int64_t end) {
+  __attribute__((always_inline)) void advance(std::int64_t end) {
     for (; done < end; ++done) {
       const std::int64_t at = row_off + static_cast<std::int64_t>(col) * 64;
       __builtin_prefetch(k + at, 0, 3);
@@ -342,8 +420,17 @@ inline void scores_of(const QT* q, int D, const T* k, std::int64_t ts, float* s,
                       float scale) {
   if constexpr (std::is_same_v<QT, bf16_t>) {
 #if defined(__AVX512BF16__)
-    static_assert(std::is_same_v<Arch, xsimd::avx512bw> && std::is_same_v<T, bf16_t>);
-    scores_tile_dp<R, TT>(q, D, k, ts, s, ss, scale);
+    static_assert(std::is_same_v<Arch, xsimd::avx512bw>);
+    if constexpr (std::is_same_v<T, bf16_t>) {
+      scores_tile_dp<R, TT>(q, D, k, ts, s, ss, scale);
+    } else {
+#if defined(__AVX512VBMI__)
+      static_assert(is_fp8_type<T> && P, "fp8 dot products through the table, in word order");
+      scores_tile_dp_fp8<R, TT>(q, D, k, ts, s, ss, scale);
+#else
+      static_assert(std::is_same_v<T, bf16_t>, "fp8 dot products need AVX-512 VBMI");
+#endif
+    }
 #else
     static_assert(!std::is_same_v<QT, bf16_t>, "bf16 dot products need AVX-512 BF16");
 #endif
@@ -386,9 +473,11 @@ inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int
   using Shape = TileShape<Arch>;
   constexpr int W = Shape::W;
   constexpr int TT = Shape::tokens(R);
-  // fp8 V costs several instructions per widened batch: with 32 registers an 8-head tile (two
-  // vectors of head_dim per head, 16 accumulators) widens each V row once instead of twice.
-  constexpr bool kWideV = is_fp8_type<T> && Shape::kRegs == 32 && R == 8;
+  // fp8 V through f16 costs several instructions per widened batch: with 32 registers an 8-head
+  // tile (two vectors of head_dim per head, 16 accumulators) widens each V row once instead of
+  // twice. Quads (the table, about half the instructions) need four vectors per tile.
+  constexpr bool kQuadV = P && kGroupBatches<Arch, T> == 4;
+  constexpr bool kWideV = is_fp8_type<T> && Shape::kRegs == 32 && R == 8 && !kQuadV;
   constexpr int RV = kWideV ? 8 : Shape::value_heads(R);
   constexpr int DC = kWideV ? 2 : Shape::vectors(RV);
   static_assert(R % RV == 0, "values tiles cover the scores tile");
@@ -408,8 +497,9 @@ inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int
       pf.piece();
       values_tile<Arch, RV, DC, P>(p, ss, v, ts, n, a, D, d);
     }
-    if constexpr (P) {  // D is a multiple of 2W here
-      for (; d < D; d += 2 * W) values_tile<Arch, RV, 2, P>(p, ss, v, ts, n, a, D, d);
+    if constexpr (P) {  // D is a multiple of NG W here
+      constexpr int NG = kGroupBatches<Arch, T>;
+      for (; d < D; d += NG * W) values_tile<Arch, RV, NG, P>(p, ss, v, ts, n, a, D, d);
     } else {
       for (; d < D; d += W) values_tile<Arch, RV, 1, P>(p, ss, v, ts, n, a, D, d);
     }
@@ -477,6 +567,10 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
       pf.rest();
       start_unit(pf, (blk - it.block_begin) * kv_count + i + ahead, kPrefetchPieces);
       const int kv = kv_first + i;
+      // The factor of the dot products of a raw bf16 q (q_scaled has it in): an fp8 cache's K
+      // scale joins the softmax scale.
+      const float logit_scale =
+          is_fp8_type<T> ? c.scale * head_scale(c.k_scale, c.k_scales, kv) : c.scale;
       const std::int64_t base = c.layout.offset(id, kv, skip);
       const T* kb = k_cache + base;
       const T* vb = v_cache + base;
@@ -494,24 +588,24 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
         if (c.alibi_slopes != nullptr) var.slopes = c.alibi_slopes + kv * G + g;
         switch (R) {
           case 8:
-            block_tile<Arch, 8, P>(qg, kb, vb, ts, n, D, c.scale, var, s, ss, mi + g, li + g, ag,
-                                   pf);
+            block_tile<Arch, 8, P>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g, li + g,
+                                   ag, pf);
             break;
           case 4:
-            block_tile<Arch, 4, P>(qg, kb, vb, ts, n, D, c.scale, var, s, ss, mi + g, li + g, ag,
-                                   pf);
+            block_tile<Arch, 4, P>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g, li + g,
+                                   ag, pf);
             break;
           case 3:
-            block_tile<Arch, 3, P>(qg, kb, vb, ts, n, D, c.scale, var, s, ss, mi + g, li + g, ag,
-                                   pf);
+            block_tile<Arch, 3, P>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g, li + g,
+                                   ag, pf);
             break;
           case 2:
-            block_tile<Arch, 2, P>(qg, kb, vb, ts, n, D, c.scale, var, s, ss, mi + g, li + g, ag,
-                                   pf);
+            block_tile<Arch, 2, P>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g, li + g,
+                                   ag, pf);
             break;
           default:
-            block_tile<Arch, 1, P>(qg, kb, vb, ts, n, D, c.scale, var, s, ss, mi + g, li + g, ag,
-                                   pf);
+            block_tile<Arch, 1, P>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g, li + g,
+                                   ag, pf);
             break;
         }
         g += R;
@@ -525,6 +619,32 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
   if constexpr (kScale != 1.f) {
     const std::int64_t n = static_cast<std::int64_t>(heads) * D;
     for (std::int64_t i = 0; i < n; ++i) acc[i] *= kScale;
+  }
+}
+
+// Quad order (quad_dim in widen.hpp) and bf16 word order (word_dim), per chunk of 64 elements:
+// q is copied into them, the accumulators run in quad order and are put back at the end.
+template <class X>
+void to_quad_order(const X* in, X* out, int D) {
+  for (int c = 0; c < D; c += 64) {
+    for (int m = 0; m < 4; ++m) {
+      for (int k = 0; k < 16; ++k) out[c + 16 * m + k] = in[c + quad_dim(m, k)];
+    }
+  }
+}
+inline void to_word_order(const bf16_t* in, bf16_t* out, int D) {
+  for (int c = 0; c < D; c += 64) {
+    for (int w = 0; w < 2; ++w) {
+      for (int n = 0; n < 32; ++n) out[c + 32 * w + n] = in[c + word_dim(w, n)];
+    }
+  }
+}
+inline void from_quad_order(float* row, float* tmp, int D) {
+  for (int c = 0; c < D; c += 64) {
+    for (int m = 0; m < 4; ++m) {
+      for (int k = 0; k < 16; ++k) tmp[quad_dim(m, k)] = row[c + 16 * m + k];
+    }
+    std::copy(tmp, tmp + 64, row + c);
   }
 }
 
@@ -551,11 +671,12 @@ void from_pair_order(float* row, float* tmp, int D) {
 }
 
 // One task: the item's blocks for kv_count kv heads. DP: Q.K as bf16 dot products on the raw
-// bf16 q (c.q_bf16; AVX-512 BF16 and a bf16 cache only), otherwise on the scaled f32 q. Where the
-// set widens T in pairs, the accumulators run in pair order and are put back in order at the
-// end; the f32 q is copied into pair order too (into scratch.q: without it, the plain widening).
-// Where it widens T two batches at a time in order (e4m3 on AVX2 and AVX-512), only head_dim must
-// be a multiple of 2W.
+// bf16 q (c.q_bf16; AVX-512 BF16 with a bf16 cache, or an fp8 one through the table of AVX-512
+// VBMI), otherwise on the scaled f32 q. Where the set widens T in pairs or quads, the
+// accumulators run in pair or quad order and are put back in order at the end; the f32 q is
+// copied into that order too (into scratch.q: without it, the plain widening), the bf16 q of fp8
+// dot products into word order. Where it widens T two batches at a time in order (e4m3 on AVX2
+// and AVX-512 without VBMI), only head_dim must be a multiple of 2W.
 template <class Arch, class T, bool DP = false>
 void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, float* l,
               float* acc, ItemScratch scratch) {
@@ -569,18 +690,46 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, 
     for (int h = 0; h < heads; ++h)
       from_pair_order<W>(acc + static_cast<std::int64_t>(h) * D, tmp, D);
   };
+  // Quads: 4W = 64 elements per widening, so head_dim a multiple of 64 (64, 128, 192, 256).
+  const bool quads = Widen<Arch>::template kQuads<T> && scratch.q != nullptr && D % (4 * W) == 0;
+  const auto from_quads = [&] {
+    alignas(64) float tmp[64];
+    for (int h = 0; h < heads; ++h) from_quad_order(acc + static_cast<std::int64_t>(h) * D, tmp, D);
+  };
   if constexpr (DP) {
     const bf16_t* q = c.q_bf16 + it.seq * c.q_bf16_stride + head0;
-    if constexpr (Widen<Arch>::template kPairs<T>) {
-      if (D % (2 * W) == 0) {
-        run_item<Arch, T, true>(c, it, kv_count, q, m, l, acc, scratch);
-        from_pairs();
+    if constexpr (is_fp8_type<T>) {
+      // Through the table only (quads); else the f32 q against the widening.
+      if (!quads) return run_item<Arch, T, false>(c, it, kv_count, m, l, acc, scratch);
+      bf16_t* qw = reinterpret_cast<bf16_t*>(scratch.q);
+      for (int h = 0; h < heads; ++h) {
+        to_word_order(q + static_cast<std::int64_t>(h) * D, qw + static_cast<std::int64_t>(h) * D,
+                      D);
+      }
+      run_item<Arch, T, true>(c, it, kv_count, static_cast<const bf16_t*>(qw), m, l, acc, scratch);
+      from_quads();
+    } else {
+      if constexpr (Widen<Arch>::template kPairs<T>) {
+        if (D % (2 * W) == 0) {
+          run_item<Arch, T, true>(c, it, kv_count, q, m, l, acc, scratch);
+          from_pairs();
+          return;
+        }
+      }
+      run_item<Arch, T, false>(c, it, kv_count, q, m, l, acc, scratch);
+    }
+  } else {
+    const float* q = c.q_scaled + q0;
+    if constexpr (Widen<Arch>::template kQuads<T>) {
+      if (quads) {
+        for (int h = 0; h < heads; ++h) {
+          to_quad_order(q + static_cast<std::int64_t>(h) * D, scratch.q + h * D, D);
+        }
+        run_item<Arch, T, true>(c, it, kv_count, scratch.q, m, l, acc, scratch);
+        from_quads();
         return;
       }
     }
-    run_item<Arch, T, false>(c, it, kv_count, q, m, l, acc, scratch);
-  } else {
-    const float* q = c.q_scaled + q0;
     if constexpr (Widen<Arch>::template kTwo<T>) {
       // Two batches per widening, in order: q and the accumulators stay as they are.
       if (D % (2 * W) == 0) {

@@ -164,7 +164,9 @@ TEST(Fp8, RandomValuesGoToTheNearestCode) {
 // The CPU kernels this host runs, by their PAGEDATTN_CPU_ISA names.
 const char* const kCpuIsas[] = {"avx512bf16", "avx512", "avx2", "sse2", "neon"};
 
-// An ItemContext over case c's caches with q_scaled = q (one f32 row of head_dim per head).
+// An ItemContext over case c's caches with q_scaled = q (one f32 row of head_dim per head: q
+// times the scale and its kv head's K scale, which the kernels that take a bf16 q apply
+// themselves).
 detail::cpu::ItemContext item_context(const testing::HostCase& c, const DecodeArgs& a,
                                       const float* q) {
   detail::cpu::ItemContext ctx;
@@ -172,6 +174,8 @@ detail::cpu::ItemContext item_context(const testing::HostCase& c, const DecodeAr
   ctx.q_bf16 = a.q_dtype == DType::kBF16 ? static_cast<const bf16_t*>(a.q) : nullptr;
   ctx.q_bf16_stride = a.q_stride();
   ctx.scale = a.effective_scale();
+  ctx.k_scale = a.k_scale;
+  ctx.k_scales = a.k_scales;
   ctx.k_cache = c.k.data();
   ctx.v_cache = c.v.data();
   ctx.kv_dtype = a.k_dtype;
@@ -284,7 +288,8 @@ TEST(Fp8CpuIsa, EveryCodeWidensExactlyInK) {
     const DecodeArgs a = cc.c.args();
     const CacheLayout l = a.cache_layout();
     const std::vector<float> ones(q_elems, 1.f);
-    const detail::cpu::ItemContext ctx = item_context(cc.c, a, ones.data());
+    detail::cpu::ItemContext ctx = item_context(cc.c, a, ones.data());
+    ctx.scale = 1.f;  // q_scaled is q itself (and K's scale 1): the logit is the code's value
     alignas(64) float scores[detail::cpu::kHeadTile * 256];
     std::vector<float> q_buffer(D + 16);
     std::vector<float> acc(D);
