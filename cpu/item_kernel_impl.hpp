@@ -622,16 +622,9 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
   }
 }
 
-// Quad order (quad_dim in widen.hpp) and bf16 word order (word_dim), per chunk of 64 elements:
-// q is copied into them, the accumulators run in quad order and are put back at the end.
-template <class X>
-void to_quad_order(const X* in, X* out, int D) {
-  for (int c = 0; c < D; c += 64) {
-    for (int m = 0; m < 4; ++m) {
-      for (int k = 0; k < 16; ++k) out[c + 16 * m + k] = in[c + quad_dim(m, k)];
-    }
-  }
-}
+// bf16 word order (word_dim in widen.hpp) and quad order (quad_dim), per chunk of 64 elements: a
+// bf16 q is copied into the first, the accumulators run in the second and are put back at the
+// end.
 inline void to_word_order(const bf16_t* in, bf16_t* out, int D) {
   for (int c = 0; c < D; c += 64) {
     for (int w = 0; w < 2; ++w) {
@@ -672,9 +665,9 @@ void from_pair_order(float* row, float* tmp, int D) {
 
 // One task: the item's blocks for kv_count kv heads. DP: Q.K as bf16 dot products on the raw
 // bf16 q (c.q_bf16; AVX-512 BF16 with a bf16 cache, or an fp8 one through the table of AVX-512
-// VBMI), otherwise on the scaled f32 q. Where the set widens T in pairs or quads, the
+// VBMI, in quads), otherwise on the scaled f32 q. Where the set widens T in pairs or quads, the
 // accumulators run in pair or quad order and are put back in order at the end; the f32 q is
-// copied into that order too (into scratch.q: without it, the plain widening), the bf16 q of fp8
+// copied into pair order too (into scratch.q: without it, the plain widening), the bf16 q of fp8
 // dot products into word order. Where it widens T two batches at a time in order (e4m3 on AVX2
 // and AVX-512 without VBMI), only head_dim must be a multiple of 2W.
 template <class Arch, class T, bool DP = false>
@@ -699,8 +692,9 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, 
   if constexpr (DP) {
     const bf16_t* q = c.q_bf16 + it.seq * c.q_bf16_stride + head0;
     if constexpr (is_fp8_type<T>) {
-      // Through the table only (quads); else the f32 q against the widening.
-      if (!quads) return run_item<Arch, T, false>(c, it, kv_count, m, l, acc, scratch);
+      // Through the table at head dims that are multiples of 64 (with the q buffer); else the
+      // AVX-512 kernel (isa_avx512.cpp: the f16 widening, e4m3 two batches at a time).
+      if (!quads) return ItemKernel{}(Arch{}, c, it, kv_count, m, l, acc, scratch);
       bf16_t* qw = reinterpret_cast<bf16_t*>(scratch.q);
       for (int h = 0; h < heads; ++h) {
         to_word_order(q + static_cast<std::int64_t>(h) * D, qw + static_cast<std::int64_t>(h) * D,
@@ -720,16 +714,6 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, 
     }
   } else {
     const float* q = c.q_scaled + q0;
-    if constexpr (Widen<Arch>::template kQuads<T>) {
-      if (quads) {
-        for (int h = 0; h < heads; ++h) {
-          to_quad_order(q + static_cast<std::int64_t>(h) * D, scratch.q + h * D, D);
-        }
-        run_item<Arch, T, true>(c, it, kv_count, scratch.q, m, l, acc, scratch);
-        from_quads();
-        return;
-      }
-    }
     if constexpr (Widen<Arch>::template kTwo<T>) {
       // Two batches per widening, in order: q and the accumulators stay as they are.
       if (D % (2 * W) == 0) {

@@ -30,8 +30,8 @@ using fbatch = xsimd::batch<float, Arch>;
 // match (see PairOrder). Where the set widens T two batches at a time in order (kTwo<T>, with
 // load_two: e4m3 on AVX2 and AVX-512, one widening to 16 bits and one f16 fix-up for 2W codes),
 // nothing is permuted. Where it widens T four batches at a time (kQuads<T>, with load_quad: fp8
-// through a table on AVX-512 VBMI), they come in quad order (quad_dim), which q and the
-// accumulators follow as for pairs.
+// through a table on AVX-512 VBMI, for the V side of a bf16 q's dot products), they come in quad
+// order (quad_dim), which the accumulators follow as for pairs.
 // Portable widening: element by element into an aligned buffer (the fp8 formats where the set
 // has no vector path for them).
 template <class Arch, class T>
