@@ -130,6 +130,26 @@ inline void scores_tile(const float* q, int D, const T* k, std::int64_t ts, floa
 }
 
 #if defined(__AVX512BF16__)
+// s[r * ss + j] = factor * (the lane sum of acc[r * TT + j]) for r < R, j < TT: the epilogue of
+// the bf16 dot-product tiles below (forced inline: it was their own code).
+template <int R, int TT, int NR>
+__attribute__((always_inline)) inline void store_dot_sums(const __m512 (&acc)[NR], float factor,
+                                                          float* s, int ss) {
+  using B = fbatch<xsimd::avx512bw>;
+  alignas(64) float sums[NR];
+  const B vfactor(factor);
+  for (int i = 0; i < NR; i += 16) {
+    B rows[16];
+    for (int x = 0; x < 16; ++x) rows[x] = acc[i + x];
+    (RowSums<xsimd::avx512bw>::of(rows) * vfactor).store_aligned(sums + i);
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int j = 0; j < TT; ++j) s[r * ss + j] = sums[r * TT + j];
+  }
+}
+
 // s[r * ss + j] = scale * dot(q_r, k_j) for r < R, j < TT, on raw bf16 q and K: vdpbf16ps adds
 // the two exact f32 products of each pair of elements to an f32 lane (odd element first, then
 // even, each rounded to nearest even, denormals flushed), 32 elements per instruction and no
@@ -138,7 +158,6 @@ inline void scores_tile(const float* q, int D, const T* k, std::int64_t ts, floa
 template <int R, int TT>
 inline void scores_tile_dp(const bf16_t* q, int D, const bf16_t* k, std::int64_t ts, float* s,
                            int ss, float scale) {
-  using B = fbatch<xsimd::avx512bw>;
   constexpr int N = R * TT;
   constexpr int NR = (N + 15) / 16 * 16;
   __m512 acc[NR];
@@ -169,18 +188,7 @@ inline void scores_tile_dp(const bf16_t* q, int D, const bf16_t* k, std::int64_t
       for (int r = 0; r < R; ++r) acc[r * TT + j] = _mm512_dpbf16_ps(acc[r * TT + j], qq[r], kk);
     }
   }
-  alignas(64) float sums[NR];
-  const B vscale(scale);
-  for (int i = 0; i < NR; i += 16) {
-    B rows[16];
-    for (int x = 0; x < 16; ++x) rows[x] = acc[i + x];
-    (RowSums<xsimd::avx512bw>::of(rows) * vscale).store_aligned(sums + i);
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 16
-    for (int j = 0; j < TT; ++j) s[r * ss + j] = sums[r * TT + j];
-  }
+  store_dot_sums<R, TT>(acc, scale, s, ss);
 }
 #endif
 
@@ -192,7 +200,6 @@ inline void scores_tile_dp(const bf16_t* q, int D, const bf16_t* k, std::int64_t
 template <int R, int TT, class T>
 inline void scores_tile_dp_fp8(const bf16_t* q, int D, const T* k, std::int64_t ts, float* s,
                                int ss, float scale) {
-  using B = fbatch<xsimd::avx512bw>;
   using Wd = Widen<xsimd::avx512bw>;
   constexpr int N = R * TT;
   constexpr int NR = (N + 15) / 16 * 16;
@@ -231,18 +238,7 @@ inline void scores_tile_dp_fp8(const bf16_t* q, int D, const T* k, std::int64_t 
       }
     }
   }
-  alignas(64) float sums[NR];
-  const B vscale(scale * Wd::kScale<T>);
-  for (int i = 0; i < NR; i += 16) {
-    B rows[16];
-    for (int x = 0; x < 16; ++x) rows[x] = acc[i + x];
-    (RowSums<xsimd::avx512bw>::of(rows) * vscale).store_aligned(sums + i);
-  }
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 16
-    for (int j = 0; j < TT; ++j) s[r * ss + j] = sums[r * TT + j];
-  }
+  store_dot_sums<R, TT>(acc, scale * Wd::kScale<T>, s, ss);
 }
 #endif
 
