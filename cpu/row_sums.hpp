@@ -24,25 +24,25 @@ struct RowSums {
 };
 
 #if XSIMD_WITH_AVX512BW
-template <>
-struct RowSums<xsimd::avx512bw> {
-  // A transposing tree in registers: each level pairs two vectors, puts their halves side by
-  // side with two shuffles and adds, so the number of vectors and of partial sums per row halve
-  // together (16 rows x 16 partials -> 8 x (2 rows x 8) -> 4 x (4 x 4) -> 2 x (8 x 2) -> 16 x 1):
-  // 30 shuffles and 15 adds, then one permute puts the sums in row order.
+// A transposing tree in registers: each level pairs two vectors, puts their halves side by side
+// with two shuffles and combines them (Op: add or max), so the number of vectors and of partial
+// results per row halve together (16 rows x 16 partials -> 8 x (2 rows x 8) -> 4 x (4 x 4) -> 2 x
+// (8 x 2) -> 16 x 1): 30 shuffles and 15 Ops, then one permute puts the results in row order.
+template <class Op>
+struct RowTree512 {
   template <int kLevel>
   static __m512 pair(__m512 a, __m512 b) {
     if constexpr (kLevel == 0) {  // 256-bit halves: [a.lo, b.lo] + [a.hi, b.hi]
-      return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+      return Op::apply(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
     } else if constexpr (kLevel == 1) {  // 128-bit lanes: [a0, a2, b0, b2] + [a1, a3, b1, b3]
-      return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+      return Op::apply(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
     } else if constexpr (kLevel == 2) {  // 64-bit halves of each 128-bit lane
-      return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
+      return Op::apply(_mm512_shuffle_ps(a, b, 0x44), _mm512_shuffle_ps(a, b, 0xEE));
     } else {  // even and odd elements of each 128-bit lane
-      return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+      return Op::apply(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
     }
   }
-  static xsimd::batch<float, xsimd::avx512bw> of(const xsimd::batch<float, xsimd::avx512bw>* rows) {
+  __attribute__((always_inline)) static __m512 of(const __m512* rows) {
     __m512 v[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; ++i) v[i] = pair<0>(rows[2 * i], rows[2 * i + 1]);
@@ -54,6 +54,24 @@ struct RowSums<xsimd::avx512bw> {
     // Lane 4 * L + p now holds row 4 * p + L.
     const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     return _mm512_permutexvar_ps(order, v[0]);
+  }
+};
+struct AddOp512 {
+  static __m512 apply(__m512 a, __m512 b) { return _mm512_add_ps(a, b); }
+};
+// The larger of a and b, b where either is NaN (vmaxps): callers keep NaN out of the rows.
+struct MaxOp512 {
+  static __m512 apply(__m512 a, __m512 b) { return _mm512_max_ps(a, b); }
+};
+
+// xsimd::haddp's AVX-512 version in xsimd 8.1 is wrong (above); this one is the tree.
+template <>
+struct RowSums<xsimd::avx512bw> {
+  static xsimd::batch<float, xsimd::avx512bw> of(const xsimd::batch<float, xsimd::avx512bw>* rows) {
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) r[i] = rows[i];
+    return RowTree512<AddOp512>::of(r);
   }
 };
 #endif
