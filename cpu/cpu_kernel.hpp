@@ -34,6 +34,10 @@ struct ItemContext {
   // An fp8 cache's K scales (DecodeArgs::k_scale, k_scales), for the bf16 q's dot products.
   float k_scale = 1.f;
   const float* k_scales = nullptr;
+  // The weights may enter P.V rounded to bf16 (the out dtype is bf16, whose final rounding is as
+  // coarse): the AVX-512 BF16 kernel then multiplies P.V of a bf16 cache with vdpbf16ps, as the
+  // CUDA tensor-core path does.
+  bool bf16_weights = false;
   const void* k_cache;
   const void* v_cache;
   DType kv_dtype;

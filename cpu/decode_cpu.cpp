@@ -319,6 +319,7 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
   ctx.scale = scale;
   ctx.k_scale = a.k_scale;
   ctx.k_scales = a.k_scales;
+  ctx.bf16_weights = a.out_dtype == DType::kBF16;
   ctx.k_cache = a.k_cache;
   ctx.v_cache = a.v_cache;
   ctx.kv_dtype = a.k_dtype;

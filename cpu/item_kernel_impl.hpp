@@ -9,12 +9,15 @@
 //                                            when the block raises the running max m_r
 //   values  acc_r  += sum_t p[r][t] * v_t    R heads x DC vectors of acc held in registers over
 //                                            the block; each V row widened once per tile
+//                                            (or, with a bf16 out on AVX-512 BF16: weights
+//                                            rounded to bf16, two tokens per vdpbf16ps)
 // The next physical blocks are prefetched while the current one is computed. Nothing allocates.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "cpu_kernel.hpp"
@@ -383,6 +386,98 @@ inline void softmax_heads_512(float* s, int ss, int n, float* m, float* l, float
 }
 #endif
 
+#if defined(__AVX512BF16__)
+// values_tile with the weights rounded to bf16 (ItemContext::bf16_weights), for a bf16 cache or
+// an fp8 one through the bf16 table: vdpbf16ps multiplies two tokens at once. The bf16 words of V
+// rows t and t + 1 are interleaved (vpunpcklwd / vpunpckhwd), each head's weights (p_t, p_t+1)
+// are one broadcast 32-bit pair, and one instruction adds p_t v_t[d] + p_t+1 v_t+1[d] for 16 head
+// dims: half the products of the f32 path, and no widening to f32. The accumulators run in
+// token-pair order (from_token_pair_order puts them back): output vector 2 w + h of a chunk, lane
+// j, holds word 8 (j / 4) + 4 h + j % 4 of the chunk's w-th word vector (a bf16 cache: 32
+// elements per chunk, one word vector; fp8: 64 codes per chunk in two, word_dim). An odd last
+// token is paired with zeros (its successor's row is not read: past the context it may hold
+// anything).
+template <int R, int DC, class T>
+inline void values_tile_dp(const bf16_t* p, int ps, const T* v, std::int64_t ts, int n, float* acc,
+                           int D, int d0) {
+  constexpr bool kFp8 = is_fp8_type<T>;
+  constexpr int kChunk = kFp8 ? 4 : 2;  // output vectors per chunk of words
+  static_assert(DC % kChunk == 0, "whole chunks");
+  __m512 a[R * DC];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int c = 0; c < DC; ++c) a[r * DC + c] = _mm512_loadu_ps(acc + r * D + d0 + c * 16);
+  }
+#if defined(__AVX512VBMI__)
+  using Wd = Widen<xsimd::avx512bw>;
+  [[maybe_unused]] typename Wd::TableRegs tab{};
+  if constexpr (kFp8) tab = Wd::TableRegs::template of<T>();
+#else
+  static_assert(!kFp8, "fp8 through the table needs AVX-512 VBMI");
+#endif
+  const auto step = [&](int t, bool pair) __attribute__((always_inline)) {
+    __m512i vv[DC];
+#pragma GCC unroll 16
+    for (int c = 0; c < DC; c += kChunk) {
+      const T* row = v + t * ts + d0 + c * 16;
+      if constexpr (kFp8) {
+#if defined(__AVX512VBMI__)
+        __m512i x0[2], x1[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+        Wd::load_bf16_words(row, tab, x0[0], x0[1]);
+        if (pair) Wd::load_bf16_words(row + ts, tab, x1[0], x1[1]);
+#pragma GCC unroll 2
+        for (int w = 0; w < 2; ++w) {
+          vv[c + 2 * w] = _mm512_unpacklo_epi16(x0[w], x1[w]);
+          vv[c + 2 * w + 1] = _mm512_unpackhi_epi16(x0[w], x1[w]);
+        }
+#endif
+      } else {
+        const __m512i x0 = _mm512_loadu_si512(row);
+        const __m512i x1 = pair ? _mm512_loadu_si512(row + ts) : _mm512_setzero_si512();
+        vv[c] = _mm512_unpacklo_epi16(x0, x1);
+        vv[c + 1] = _mm512_unpackhi_epi16(x0, x1);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      std::uint32_t w;  // p_t in the low half, p_t+1 (0 past the block's tokens) in the high
+      std::memcpy(&w, p + r * ps + t, sizeof(w));
+      const __m512bh pp = (__m512bh)_mm512_set1_epi32(static_cast<int>(w));
+#pragma GCC unroll 16
+      for (int c = 0; c < DC; ++c) {
+        a[r * DC + c] = _mm512_dpbf16_ps(a[r * DC + c], pp, (__m512bh)vv[c]);
+      }
+    }
+  };
+  int t = 0;
+#pragma GCC unroll 1
+  for (; t + 2 <= n; t += 2) step(t, true);
+  if (t < n) step(t, false);
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int c = 0; c < DC; ++c) _mm512_storeu_ps(acc + r * D + d0 + c * 16, a[r * DC + c]);
+  }
+}
+
+// The weights of R heads rounded to bf16 in place: row r's first nw floats become nw bf16 values
+// at its start (each 16 floats are read before the 32 bytes they share are written).
+template <int R>
+inline void weights_to_bf16(float* s, int ss, int n) {
+  const int nw = (n + 15) / 16 * 16;
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    float* sr = s + r * ss;
+    for (int t = 0; t < nw; t += 16) {
+      const __m256bh b = _mm512_cvtneps_pbh(_mm512_load_ps(sr + t));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<bf16_t*>(sr) + t),
+                          (__m256i)b);
+    }
+  }
+}
+#endif
+
 // Folds one block's n logits per head (s[r * ss + t], t < n) into the states of R heads. On
 // return s holds the weights p = exp(s - m_new), zero from n up to the next multiple of W. The
 // state update (rescale_to, add) is SoftmaxState's; only the vector max and exp are done here
@@ -564,7 +659,7 @@ inline void transform_logits(float* s, int ss, int n, const BlockLogits& v) {
 }
 
 // One block of n tokens (k, v: its first slot) for R query heads starting at q.
-template <class Arch, int R, bool P, class T, class QT>
+template <class Arch, int R, bool P, bool PW, class T, class QT>
 inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int n, int D,
                        float scale, const BlockLogits& var, float* s, int ss, float* m, float* l,
                        float* acc, PacedPrefetch& pf) {
@@ -587,6 +682,27 @@ inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int
   for (; t < n; ++t) scores_of<Arch, R, 1, P>(q, D, k + t * ts, ts, s + t, ss, scale);
   if (var.active()) transform_logits<Arch, R>(s, ss, n, var);
   softmax_tile<Arch, R>(s, ss, n, m, l, acc, D);
+#if defined(__AVX512BF16__)
+  if constexpr (PW) {
+    static_assert((std::is_same_v<T, bf16_t> || kQuadV) && P, "bf16 words of V");
+    weights_to_bf16<R>(s, ss, n);
+    for (int r = 0; r < R; r += RV) {
+      const bf16_t* p = reinterpret_cast<const bf16_t*>(s + r * ss);
+      float* a = acc + static_cast<std::int64_t>(r) * D;
+      int d = 0;
+      for (; d + DC * W <= D; d += DC * W) {
+        pf.piece();
+        values_tile_dp<RV, DC>(p, 2 * ss, v, ts, n, a, D, d);
+      }
+      // The rest by chunks: 32 elements of a bf16 cache (D a multiple of 32), 64 fp8 codes.
+      constexpr int kChunk = is_fp8_type<T> ? 4 : 2;
+      for (; d < D; d += kChunk * W) values_tile_dp<RV, kChunk>(p, 2 * ss, v, ts, n, a, D, d);
+    }
+    return;
+  }
+#else
+  static_assert(!PW, "bf16 weights need AVX-512 BF16");
+#endif
   for (int r = 0; r < R; r += RV) {
     const float* p = s + r * ss;
     float* a = acc + static_cast<std::int64_t>(r) * D;
@@ -609,7 +725,7 @@ inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int
 // range in turn: in the [block][kv head][slot][dim] layout this walks one contiguous stretch of
 // K and of V per block (kv_count x 4 KB for bf16, D = 128, block 16) instead of one 4 KB piece
 // per kv head at a random place, which the memory system serves much faster.
-template <class Arch, class T, bool P, class QT>
+template <class Arch, class T, bool P, bool PW = false, class QT>
 void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* q_heads, float* m,
               float* l, float* acc, ItemScratch scratch) {
   const int D = c.layout.head_dim, BS = c.layout.block_size, G = c.group_size;
@@ -686,24 +802,24 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
         if (c.alibi_slopes != nullptr) var.slopes = c.alibi_slopes + kv * G + g;
         switch (R) {
           case 8:
-            block_tile<Arch, 8, P>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g, li + g,
-                                   ag, pf);
+            block_tile<Arch, 8, P, PW>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g,
+                                       li + g, ag, pf);
             break;
           case 4:
-            block_tile<Arch, 4, P>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g, li + g,
-                                   ag, pf);
+            block_tile<Arch, 4, P, PW>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g,
+                                       li + g, ag, pf);
             break;
           case 3:
-            block_tile<Arch, 3, P>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g, li + g,
-                                   ag, pf);
+            block_tile<Arch, 3, P, PW>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g,
+                                       li + g, ag, pf);
             break;
           case 2:
-            block_tile<Arch, 2, P>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g, li + g,
-                                   ag, pf);
+            block_tile<Arch, 2, P, PW>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g,
+                                       li + g, ag, pf);
             break;
           default:
-            block_tile<Arch, 1, P>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g, li + g,
-                                   ag, pf);
+            block_tile<Arch, 1, P, PW>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g,
+                                       li + g, ag, pf);
             break;
         }
         g += R;
@@ -761,6 +877,24 @@ void from_pair_order(float* row, float* tmp, int D) {
   }
 }
 
+// Token-pair order (values_tile_dp): output vector 2 w + h of a chunk, lane j, holds word
+// 8 (j / 4) + 4 h + j % 4 of word vector w: element 32 w + that word of a bf16 cache's chunk (32
+// elements each, so w = 0), word_dim(w, that word) of an fp8 chunk (64 codes).
+template <bool kFp8>
+void from_token_pair_order(float* row, float* tmp, int D) {
+  constexpr int kChunk = kFp8 ? 64 : 32;
+  for (int c = 0; c < D; c += kChunk) {
+    for (int o = 0; o < kChunk / 16; ++o) {
+      const int w = o / 2, h = o % 2;
+      for (int j = 0; j < 16; ++j) {
+        const int word = 8 * (j / 4) + 4 * h + j % 4;
+        tmp[kFp8 ? word_dim(w, word) : 32 * w + word] = row[c + 16 * o + j];
+      }
+    }
+    std::copy(tmp, tmp + kChunk, row + c);
+  }
+}
+
 // One task: the item's blocks for kv_count kv heads. DP: Q.K as bf16 dot products on the raw
 // bf16 q (c.q_bf16; AVX-512 BF16 with a bf16 cache, or an fp8 one through the table of AVX-512
 // VBMI, in quads), otherwise on the scaled f32 q. Where the set widens T in pairs or quads, the
@@ -798,9 +932,27 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, 
         to_word_order(q + static_cast<std::int64_t>(h) * D, qw + static_cast<std::int64_t>(h) * D,
                       D);
       }
+      if (c.bf16_weights) {  // P.V on vdpbf16ps too (a bf16 out)
+        run_item<Arch, T, true, true>(c, it, kv_count, static_cast<const bf16_t*>(qw), m, l, acc,
+                                      scratch);
+        alignas(64) float tmp[64];
+        for (int h = 0; h < heads; ++h)
+          from_token_pair_order<true>(acc + static_cast<std::int64_t>(h) * D, tmp, D);
+        return;
+      }
       run_item<Arch, T, true>(c, it, kv_count, static_cast<const bf16_t*>(qw), m, l, acc, scratch);
       from_quads();
     } else {
+#if defined(__AVX512BF16__)
+      // P.V on vdpbf16ps too where the weights may be rounded to bf16 (a bf16 out).
+      if (c.bf16_weights && D % 32 == 0) {
+        run_item<Arch, T, true, true>(c, it, kv_count, q, m, l, acc, scratch);
+        alignas(64) float tmp[32];
+        for (int h = 0; h < heads; ++h)
+          from_token_pair_order<false>(acc + static_cast<std::int64_t>(h) * D, tmp, D);
+        return;
+      }
+#endif
       if constexpr (Widen<Arch>::template kPairs<T>) {
         if (D % (2 * W) == 0) {
           run_item<Arch, T, true>(c, it, kv_count, q, m, l, acc, scratch);
