@@ -488,7 +488,9 @@ inline void softmax_tile(float* s, int ss, int n, float* m, float* l, float* acc
   constexpr int W = static_cast<int>(B::size);
   const int nw = (n + W - 1) / W * W;
 #if XSIMD_WITH_AVX512BW
-  if constexpr (std::is_same_v<Arch, xsimd::avx512bw>) {
+  // From 4 heads on: the trees cost as much for one head as for 16 (about 90 instructions),
+  // which one head's two lane reductions below (about 20) do not.
+  if constexpr (std::is_same_v<Arch, xsimd::avx512bw> && R >= 4) {
     softmax_heads_512<R>(s, ss, n, m, l, acc, D);
     return;
   }
