@@ -291,6 +291,29 @@ inline void values_tile(const float* p, int ps, const T* v, std::int64_t ts, int
   }
 }
 
+// One head's weights for a block under its state: acc (ar, D floats) rescaled by alpha where
+// the max grew, s[t] = exp(s[t] - shift) for t < nw (0 for the -inf padding). Returns their
+// vector sum.
+template <class Arch>
+inline fbatch<Arch> weigh_block(float* sr, int nw, float* ar, int D, float alpha, float shift) {
+  using B = fbatch<Arch>;
+  constexpr int W = static_cast<int>(B::size);
+  if (alpha != 1.f) {  // the max grew: rescale what was accumulated under the old one
+    const B va(alpha);
+    for (int d = 0; d < D; d += W) (B::load_unaligned(ar + d) * va).store_unaligned(ar + d);
+  }
+  const B vs(shift);
+  B vsum(0.f);
+  for (int t = 0; t < nw; t += W) {
+    const B x = B::load_aligned(sr + t);
+    // exp(-inf) is 0 in xsimd, but select keeps the padding exact whatever the library does.
+    const B p = xsimd::select(x == B(-INFINITY), B(0.f), xsimd::exp(x - vs));
+    p.store_aligned(sr + t);
+    vsum += p;
+  }
+  return vsum;
+}
+
 #if XSIMD_WITH_AVX512BW
 // softmax_tile on AVX-512, the R heads side by side: each head's largest logit and weight sum
 // come out of one transposing tree for all of them (RowTree512), and the states move as one
@@ -361,21 +384,7 @@ inline void softmax_heads_512(float* s, int ss, int n, float* m, float* l, float
       for (int t = 0; t < nw; t += W) _mm512_store_ps(sr + t, _mm512_setzero_ps());
       continue;
     }
-    if (alphas[r] != 1.f) {  // the max grew: rescale what was accumulated under the old one
-      const B va(alphas[r]);
-      float* ar = acc + r * D;
-      for (int d = 0; d < D; d += W) (B::load_unaligned(ar + d) * va).store_unaligned(ar + d);
-    }
-    const B vs(shifts[r]);
-    B vsum(0.f);
-    for (int t = 0; t < nw; t += W) {
-      const B x = B::load_aligned(sr + t);
-      // exp(-inf) is 0 in xsimd, but select keeps the padding exact whatever the library does.
-      const B p = xsimd::select(x == B(-INFINITY), B(0.f), xsimd::exp(x - vs));
-      p.store_aligned(sr + t);
-      vsum += p;
-    }
-    rows[r] = vsum;
+    rows[r] = weigh_block<xsimd::avx512bw>(sr, nw, acc + r * D, D, alphas[r], shifts[r]);
   }
   vl = _mm512_add_ps(vl, RowTree512<AddOp512>::of(rows));
   _mm512_mask_storeu_ps(m, lanes, vm);
@@ -524,20 +533,7 @@ inline void softmax_tile(float* s, int ss, int n, float* m, float* l, float* acc
       for (int t = 0; t < nw; ++t) sr[t] = 0.f;
       continue;
     }
-    if (alpha != 1.f) {  // the max grew: rescale what was accumulated under the old one
-      const B va(alpha);
-      float* ar = acc + r * D;
-      for (int d = 0; d < D; d += W) (B::load_unaligned(ar + d) * va).store_unaligned(ar + d);
-    }
-    const B vm(st.shift());
-    B vsum(0.f);
-    for (int t = 0; t < nw; t += W) {
-      const B x = B::load_aligned(sr + t);
-      // exp(-inf) is 0 in xsimd, but select keeps the padding exact whatever the library does.
-      const B p = xsimd::select(x == B(-INFINITY), B(0.f), xsimd::exp(x - vm));
-      p.store_aligned(sr + t);
-      vsum += p;
-    }
+    const B vsum = weigh_block<Arch>(sr, nw, acc + r * D, D, alpha, st.shift());
     st.add(LaneReduce<Arch>::sum(vsum));
     m[r] = st.m;
     l[r] = st.l;
