@@ -4,7 +4,9 @@
 //
 // The reference reads the same rounded inputs, so the error is f32 arithmetic (about 1e-6 of the
 // output scale) plus the final rounding to the output dtype: half an ulp, 2^-11 of |out| for f16
-// and 2^-8 for bf16, doubled for headroom.
+// and 2^-8 for bf16, doubled for headroom. With a bf16 out the CUDA tensor cores and the CPU's
+// AVX-512 BF16 kernel also round the softmax weights to bf16 for P.V (2^-9 of each weight, the
+// errors of many tokens averaging out), inside the same bf16 bound.
 #pragma once
 
 #include "pagedattn/dtype.hpp"
