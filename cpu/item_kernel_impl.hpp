@@ -142,9 +142,7 @@ __attribute__((always_inline)) inline void store_dot_sums(const __m512 (&acc)[NR
   alignas(64) float sums[NR];
   const B vfactor(factor);
   for (int i = 0; i < NR; i += 16) {
-    B rows[16];
-    for (int x = 0; x < 16; ++x) rows[x] = acc[i + x];
-    (RowSums<xsimd::avx512bw>::of(rows) * vfactor).store_aligned(sums + i);
+    (B(RowTree512<AddOp512>::of(acc + i)) * vfactor).store_aligned(sums + i);
   }
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
@@ -919,6 +917,13 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, 
     alignas(64) float tmp[64];
     for (int h = 0; h < heads; ++h) from_quad_order(acc + static_cast<std::int64_t>(h) * D, tmp, D);
   };
+  // After P.V on bf16 weights (values_tile_dp): 32-element chunks of a bf16 cache, 64 of fp8.
+  const auto from_token_pairs = [&] {
+    alignas(64) float tmp[64];
+    for (int h = 0; h < heads; ++h) {
+      from_token_pair_order<is_fp8_type<T>>(acc + static_cast<std::int64_t>(h) * D, tmp, D);
+    }
+  };
   if constexpr (DP) {
     const bf16_t* q = c.q_bf16 + it.seq * c.q_bf16_stride + head0;
     if constexpr (is_fp8_type<T>) {
@@ -933,9 +938,7 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, 
       if (c.bf16_weights) {  // P.V on vdpbf16ps too (a bf16 out)
         run_item<Arch, T, true, true>(c, it, kv_count, static_cast<const bf16_t*>(qw), m, l, acc,
                                       scratch);
-        alignas(64) float tmp[64];
-        for (int h = 0; h < heads; ++h)
-          from_token_pair_order<true>(acc + static_cast<std::int64_t>(h) * D, tmp, D);
+        from_token_pairs();
         return;
       }
       run_item<Arch, T, true>(c, it, kv_count, static_cast<const bf16_t*>(qw), m, l, acc, scratch);
@@ -945,9 +948,7 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, 
       // P.V on vdpbf16ps too where the weights may be rounded to bf16 (a bf16 out).
       if (c.bf16_weights && D % 32 == 0) {
         run_item<Arch, T, true, true>(c, it, kv_count, q, m, l, acc, scratch);
-        alignas(64) float tmp[32];
-        for (int h = 0; h < heads; ++h)
-          from_token_pair_order<false>(acc + static_cast<std::int64_t>(h) * D, tmp, D);
+        from_token_pairs();
         return;
       }
 #endif
