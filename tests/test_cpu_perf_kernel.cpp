@@ -46,10 +46,12 @@ using testing::expect_matches_reference;
 // in f32 and compares with the f64 reference. all_kv_heads: one call per sequence covering every
 // kv head block by block, with the q buffer that lets the kernel widen bf16 in pairs (the path
 // the backend takes); otherwise one call per (sequence, kv head) without it. fn: run this kernel
-// (kernel_for_isa) instead of Arch's ItemKernel.
+// (kernel_for_isa) instead of Arch's ItemKernel. bf16_weights: the weights may be rounded to bf16
+// for P.V (the backend's setting for a bf16 out), compared at the bf16 out tolerance.
 template <class Arch>
 void check_kernel_on(Arch, const char* name, const testing::CaseSpec& spec,
-                     bool all_kv_heads = false, detail::cpu::KernelFn fn = nullptr) {
+                     bool all_kv_heads = false, detail::cpu::KernelFn fn = nullptr,
+                     bool bf16_weights = false) {
   testing::HostCase c = testing::make_case(spec);
   const DecodeArgs a = c.args();
   const int H = a.num_heads, D = a.head_dim, G = a.group_size();
@@ -70,6 +72,7 @@ void check_kernel_on(Arch, const char* name, const testing::CaseSpec& spec,
   ctx.context_lens = a.context_lens;
   ctx.num_heads = H;
   ctx.group_size = G;
+  ctx.bf16_weights = bf16_weights;
   alignas(64) float scores[detail::cpu::kHeadTile * 256];
   const int KV = a.num_kv_heads;
   std::vector<float> m(KV * G), l(KV * G), acc(static_cast<std::size_t>(KV) * G * D);
@@ -118,9 +121,9 @@ void check_kernel_on(Arch, const char* name, const testing::CaseSpec& spec,
       }
     }
   }
-  SCOPED_TRACE(std::string(name) + ": " + testing::describe(spec) + " " +
-               testing::seed_note(spec.seed));
-  EXPECT_LE(err / scale, testing::out_tolerance(DType::kF32));
+  SCOPED_TRACE(std::string(name) + (bf16_weights ? " bf16 weights: " : ": ") +
+               testing::describe(spec) + " " + testing::seed_note(spec.seed));
+  EXPECT_LE(err / scale, testing::out_tolerance(bf16_weights ? DType::kBF16 : DType::kF32));
   EXPECT_LE(lse_err, testing::lse_tolerance());
 }
 
@@ -136,6 +139,8 @@ void check_every_kernel(const testing::CaseSpec& spec, bool all_kv_heads = false
   // Q.K as bf16 dot products where the CPU has AVX-512 BF16 (bf16 q and cache; else avx512).
   if (const detail::cpu::KernelFn fn = detail::cpu::kernel_for_isa("avx512bf16")) {
     check_kernel_on(xsimd::avx512bw{}, "avx512bf16", spec, all_kv_heads, fn);
+    // And P.V on vdpbf16ps, as for a bf16 out (only the bf16 q and cache take it).
+    check_kernel_on(xsimd::avx512bw{}, "avx512bf16", spec, all_kv_heads, fn, true);
   }
 #elif PAGEDATTN_CPU_ARM64
   check_kernel_on(xsimd::neon64{}, "neon", spec, all_kv_heads);

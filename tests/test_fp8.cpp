@@ -249,16 +249,20 @@ void for_each_kernel_and_format(F&& f) {
 // Every code of each format through every CPU kernel the host has (their own fp8 widening: f16
 // conversions on AVX2 and AVX-512, one or two batches at a time, element by element elsewhere),
 // in V: a context of one token has weight 1, so out is exactly that token's V row; NaN codes must
-// give NaN, e5m2's Inf codes Inf.
+// give NaN, e5m2's Inf codes Inf. Also with the weights rounded to bf16 (a bf16 out: the
+// avx512bf16 kernel's P.V on vdpbf16ps, the one token paired with zeros), where 1 stays exact.
 TEST(Fp8CpuIsa, EveryCodeWidensExactly) {
   for_each_kernel_and_format([](detail::cpu::KernelFn fn, const Format& f, int D, DType q_dtype) {
     CodeCase cc = code_case(f, D, false, q_dtype);
     const DecodeArgs a = cc.c.args();
     std::vector<float> q(static_cast<std::size_t>(cc.batch) * D, 0.f);  // logits 0
-    const detail::cpu::ItemContext ctx = item_context(cc.c, a, q.data());
+    detail::cpu::ItemContext ctx = item_context(cc.c, a, q.data());
     alignas(64) float scores[detail::cpu::kHeadTile * 256];
     std::vector<float> q_buffer(D + 16);
-    for (int b = 0; b < cc.batch; ++b) {
+    for (int i = 0; i < 2 * cc.batch; ++i) {
+      const int b = i % cc.batch;
+      ctx.bf16_weights = i >= cc.batch;
+      SCOPED_TRACE(ctx.bf16_weights ? "bf16 weights" : "f32 weights");
       float m = 0.f, lsum = 0.f;
       std::vector<float> acc(D);
       const WorkItem item{b, 0, 0, 0, 1};
@@ -361,36 +365,42 @@ TEST(Fp8CpuIsa, EveryKernelMatchesTheReference) {
               }
             }
           }
-          const detail::cpu::ItemContext ctx = item_context(c, a, q.data());
-          alignas(64) float scores[detail::cpu::kHeadTile * 256];
-          std::vector<float> q_buffer(static_cast<std::size_t>(H) * D + 16);
-          std::vector<float> m(H), l(H), acc(static_cast<std::size_t>(H) * D);
-          const ReferenceResult ref = reference_decode(a);
-          double scale = 1e-30, err = 0, lse_err = 0;
-          bool finite = true;
-          for (int b = 0; b < a.batch; ++b) {
-            const WorkItem item{b, 0, 0, 0, blocks_for(a.context_lens[b], a.block_size)};
-            fn(ctx, item, KV, m.data(), l.data(), acc.data(),
-               detail::cpu::ItemScratch{scores, q_buffer.data()});
-            for (int h = 0; h < H; ++h) {
-              const std::size_t row = static_cast<std::size_t>(b) * H + h;
-              const SoftmaxState st{m[h], l[h]};
-              const float inv = st.inv_sum() * v_scale(h / G);
-              for (int d = 0; d < D; ++d) {
-                const double want = ref.out[row * D + d];
-                const float got = acc[static_cast<std::size_t>(h) * D + d] * inv;
-                finite = finite && std::isfinite(got);
-                scale = std::max(scale, std::fabs(want));
-                err = std::max(err, std::fabs(got - want));
+          // And with the weights rounded to bf16 for P.V (the backend's setting for a bf16 out;
+          // the avx512bf16 kernel's vdpbf16ps path for a bf16 q), at the bf16 out tolerance.
+          for (bool bf16_weights : {false, true}) {
+            detail::cpu::ItemContext ctx = item_context(c, a, q.data());
+            ctx.bf16_weights = bf16_weights;
+            alignas(64) float scores[detail::cpu::kHeadTile * 256];
+            std::vector<float> q_buffer(static_cast<std::size_t>(H) * D + 16);
+            std::vector<float> m(H), l(H), acc(static_cast<std::size_t>(H) * D);
+            const ReferenceResult ref = reference_decode(a);
+            double scale = 1e-30, err = 0, lse_err = 0;
+            bool finite = true;
+            for (int b = 0; b < a.batch; ++b) {
+              const WorkItem item{b, 0, 0, 0, blocks_for(a.context_lens[b], a.block_size)};
+              fn(ctx, item, KV, m.data(), l.data(), acc.data(),
+                 detail::cpu::ItemScratch{scores, q_buffer.data()});
+              for (int h = 0; h < H; ++h) {
+                const std::size_t row = static_cast<std::size_t>(b) * H + h;
+                const SoftmaxState st{m[h], l[h]};
+                const float inv = st.inv_sum() * v_scale(h / G);
+                for (int d = 0; d < D; ++d) {
+                  const double want = ref.out[row * D + d];
+                  const float got = acc[static_cast<std::size_t>(h) * D + d] * inv;
+                  finite = finite && std::isfinite(got);
+                  scale = std::max(scale, std::fabs(want));
+                  err = std::max(err, std::fabs(got - want));
+                }
+                lse_err = std::max(lse_err, std::fabs(st.lse() - ref.lse[row]));
               }
-              lse_err = std::max(lse_err, std::fabs(st.lse() - ref.lse[row]));
             }
+            SCOPED_TRACE(std::string(isa) + (bf16_weights ? " bf16 weights: " : ": ") +
+                         testing::describe(spec) + " " + testing::seed_note(spec.seed));
+            EXPECT_TRUE(finite);
+            EXPECT_LE(err / scale,
+                      testing::out_tolerance(bf16_weights ? DType::kBF16 : DType::kF32));
+            EXPECT_LE(lse_err, testing::lse_tolerance());
           }
-          SCOPED_TRACE(std::string(isa) + ": " + testing::describe(spec) + " " +
-                       testing::seed_note(spec.seed));
-          EXPECT_TRUE(finite);
-          EXPECT_LE(err / scale, testing::out_tolerance(DType::kF32));
-          EXPECT_LE(lse_err, testing::lse_tolerance());
         }
       }
     }
