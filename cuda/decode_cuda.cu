@@ -66,19 +66,30 @@ int row_chunks(const DecodeArgs& a) {
   return static_cast<int>((rows + rows_per_cta(a) - 1) / rows_per_cta(a));
 }
 
+// Whether a tensor-core call takes the wide build (SplitBuild::wide): with several query tokens
+// and more than 16 rows per CTA (query tokens x group), where a warp takes 2 or 4 slices of each
+// tile. On the H200 (bf16, D = 128) it took q_len 8 at group 4 and q_len 4 at group 8 from 68-74%
+// and 66% of the read ceiling to 79-91% and 81%; with 16 rows or fewer a warp has one slice per
+// tile and the plain build runs.
+bool use_wide(const DecodeArgs& a, bool mma) {
+  const std::int64_t rows = static_cast<std::int64_t>(a.group_size()) * a.q_len_bound();
+  return mma && a.q_len_bound() > 1 && std::min<std::int64_t>(rows, rows_per_cta(a)) > 16 &&
+         a.head_dim <= kWideMaxHeadDim;
+}
+
 // CTAs of one build of this call's split kernel that fit on one SM (from the occupancy
 // calculator, cached; 0 when none fits).
-int ctas_per_sm_of(const DecodeArgs& a, bool mma, bool dense) {
+int ctas_per_sm_of(const DecodeArgs& a, SplitBuild b) {
   switch (a.k_dtype) {
     case DType::kF32:
       return split_ctas_per_sm_f32(a.head_dim);
     case DType::kF16:
-      return split_ctas_per_sm_f16(a.head_dim, mma);
+      return split_ctas_per_sm_f16(a.head_dim, b);
     case DType::kBF16:
-      return split_ctas_per_sm_bf16(a.head_dim, mma);
+      return split_ctas_per_sm_bf16(a.head_dim, b);
     case DType::kFP8E4M3:
     case DType::kFP8E5M2:
-      return split_ctas_per_sm_fp8(a.head_dim, a.k_dtype == DType::kFP8E5M2, mma, dense);
+      return split_ctas_per_sm_fp8(a.head_dim, a.k_dtype == DType::kFP8E5M2, b);
   }
   return 0;
 }
@@ -140,25 +151,27 @@ bool two_dense_waves_pay(const DecodeArgs& a, int dense_ctas) {
 // that does not fit on the device is an error naming head_dim (head dims 192 and 256 on sm_86 /
 // sm_89, 99 KB of shared memory per block).
 struct SplitKernel {
-  bool mma = false;
-  bool dense = false;  // the build for more CTAs per SM (kDenseMinCtas in split_kernel.cuh)
+  SplitBuild build;
   int ctas_per_sm = 0;
   int waves = kWaves;
 };
 SplitKernel split_kernel_for(const DecodeArgs& a) {
   SplitKernel k;
-  k.mma = use_mma(a);
-  k.ctas_per_sm = ctas_per_sm_of(a, k.mma, false);
-  if (k.ctas_per_sm > 0 && k.mma && is_fp8(a.k_dtype)) {
-    const int dense = ctas_per_sm_of(a, true, true);
+  k.build.mma = use_mma(a);
+  k.build.wide = use_wide(a, k.build.mma);
+  k.ctas_per_sm = ctas_per_sm_of(a, k.build);
+  if (k.ctas_per_sm > 0 && k.build.mma && !k.build.wide && is_fp8(a.k_dtype)) {
+    SplitBuild dense_build = k.build;
+    dense_build.dense = true;
+    const int dense = ctas_per_sm_of(a, dense_build);
     if (dense > k.ctas_per_sm) {
       if (dense_pays(a, k.ctas_per_sm, dense)) {
-        k.dense = true;
+        k.build.dense = true;
       } else if (two_dense_waves_pay(a, dense)) {
-        k.dense = true;
+        k.build.dense = true;
         k.waves = 2;
       }
-      if (k.dense) k.ctas_per_sm = dense;
+      if (k.build.dense) k.ctas_per_sm = dense;
     }
   }
   if (k.ctas_per_sm <= 0) {
@@ -263,7 +276,7 @@ std::size_t workspace_size(const DecodeArgs& a) {
 
 SplitChoice split_choice(const DecodeArgs& a) {
   const SplitKernel k = split_kernel_for(a);
-  return {k.dense, k.waves};
+  return {k.build.dense, k.waves};
 }
 
 namespace {
@@ -435,7 +448,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   p.lse = a.lse;
   p.pdl = current_device().pdl;
 
-  const bool mma = kernel.mma;
+  const SplitBuild build = kernel.build;
   if (splits > 0) {
     const std::int64_t grid64 = splits * a.num_kv_heads * p.row_chunks;
     if (grid64 > INT32_MAX) {
@@ -448,15 +461,15 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
         launched = launch_split_f32(p, a.head_dim, grid, stream);
         break;
       case DType::kF16:
-        launched = launch_split_f16(p, a.head_dim, mma, grid, stream);
+        launched = launch_split_f16(p, a.head_dim, build, grid, stream);
         break;
       case DType::kFP8E4M3:
       case DType::kFP8E5M2:
-        launched = launch_split_fp8(p, a.head_dim, a.k_dtype == DType::kFP8E5M2, mma, kernel.dense,
-                                    grid, stream);
+        launched =
+            launch_split_fp8(p, a.head_dim, a.k_dtype == DType::kFP8E5M2, build, grid, stream);
         break;
       case DType::kBF16:
-        launched = launch_split_bf16(p, a.head_dim, mma, grid, stream);
+        launched = launch_split_bf16(p, a.head_dim, build, grid, stream);
         break;
     }
     if (!launched) {

@@ -47,8 +47,9 @@ struct MmaCfg {
 
 // kMulti: the item's sequence has several query tokens (item.n_q > 1). One-token decode runs the
 // kMulti = false instance, where the per-row masks and the row arithmetic fold away: with them a
-// 4096-token step took 8% longer on the H200.
-template <typename T, int D, bool kMulti>
+// 4096-token step took 8% longer on the H200. kFold (with kMulti, in the wide build): a warp that
+// takes 2 or 4 slices of a full tile folds them with one softmax step (fold below).
+template <typename T, int D, bool kMulti, bool kFold>
 __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& item,
                                          typename MmaCfg<T, D>::Pipe& pipe, char* smem) {
   using Cfg = MmaCfg<T, D>;
@@ -155,10 +156,11 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
     const char* kS = pipe.k(stage);
     const char* vS = pipe.v(stage);
     const unsigned* tile_mask = pipe.mask(it);
-    for (int sl = wt; sl * 16 < rows; sl += WT) {
-      // S = Q K^T over D / 16 k-steps, into two accumulator sets (even and odd steps) so the
-      // dependent MMA chains are half as long; summed after.
-      float s[2][4], s_odd[2][4];
+    const int tile_t0 = pipe.tok_begin + it * Cfg::TT;  // the tile's first token
+    // S = Q K^T of slice sl over D / 16 k-steps, into two accumulator sets (even and odd steps)
+    // so the dependent MMA chains are half as long; summed after.
+    auto scores = [&](int sl, float(&s)[2][4]) {
+      float s_odd[2][4];
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
 #pragma unroll
@@ -211,33 +213,15 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[n][e] += s_odd[n][e];
       }
-      // With several query tokens the rows disagree on the slice's last tokens (causal) and, with
-      // a window, on its first ones: there (uniform) each element gets its row's verdict, bit
-      // n * 4 + e of `keep`.
-      const int t0 = pipe.tok_begin + it * Cfg::TT + sl * 16;  // the slice's first token
-      unsigned keep = 0xffu;
-      const bool disagree =
-          kMulti && rows_disagree(t0, t0 + 15, pipe.last_pos, item.n_q, p.plan.window_left);
-      if (disagree) {
-        keep = 0u;
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int t = t0 + n * 8 + 2 * q4 + (e & 1);
-            keep |= static_cast<unsigned>(
-                        row_attends(t, pipe.last_pos, qr[e >> 1].back, p.plan.window_left))
-                    << (n * 4 + e);
-          }
-        }
-      }
-      // Scale, note non-finite logits of attended tokens (x * 0 is 0 for finite x, NaN
-      // otherwise; rows that are not read are zero-filled, so they add 0 unless q itself is not
-      // finite), mask the rows the slice's 16 mask bits exclude (warp-uniform: only partial or
-      // skipped tiles) and the tokens a row does not attend to, row max (rows g and g + 8; a quad
-      // shares a row).
+    };
+    // Scale slice sl's logits, note non-finite logits of attended tokens (x * 0 is 0 for finite
+    // x, NaN otherwise; rows that are not read are zero-filled, so they add 0 unless q itself is
+    // not finite), apply the soft-cap and ALiBi, mask the rows the slice's 16 mask bits exclude
+    // (warp-uniform: only partial or skipped tiles) and the tokens a row does not attend to
+    // (`keep`, bit n * 4 + e for element (n, e)).
+    auto logits = [&](int sl, float(&s)[2][4], unsigned keep) {
+      const int t0 = tile_t0 + sl * 16;  // the slice's first token
       const unsigned bits = (tile_mask[sl >> 1] >> ((sl & 1) * 16)) & 0xffffu;
-      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
 #pragma unroll
@@ -275,42 +259,9 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
           }
         }
       }
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
-      }
-      float alpha[2], shift[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        alpha[r] = st[r].rescale_to(mx[r]);
-        shift[r] = st[r].shift();
-      }
-      float ps[2] = {0.f, 0.f};
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[n][e] = exp2f(s[n][e] - shift[e >> 1]);
-          ps[e >> 1] += s[n][e];
-        }
-      }
-      st[0].add(ps[0]);
-      st[1].add(ps[1]);
-      // Rescale the accumulator only when some row's max grew (alpha is exactly 1 otherwise):
-      // after the first tiles of a split the max rarely moves.
-      if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-          o[n][0] *= alpha[0];
-          o[n][1] *= alpha[0];
-          o[n][2] *= alpha[1];
-          o[n][3] *= alpha[1];
-        }
-      }
-      // P as the A operand: hi and lo parts (lo only with p.p_lo).
+    };
+    // O += P V for slice sl, P as the A operand in hi and lo parts (lo only with p.p_lo).
+    auto values = [&](int sl, const float(&s)[2][4], bool disagree, unsigned keep) {
       std::uint32_t ph[4], pl[4] = {0u, 0u, 0u, 0u};
       {
         const float* src[4] = {&s[0][0], &s[0][2], &s[1][0], &s[1][2]};
@@ -399,7 +350,101 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
           }
         });
       }
+    };
+    // Folds NS slices of the tile, sl0, sl0 + WT, ..., into the warp's states with one row max,
+    // one rescale of the accumulator and one pass of exponentials for all of them: with more
+    // than 16 rows a warp takes 2 or 4 slices of each tile, and folding them one by one made
+    // each wait on the previous one's softmax (a chain the few warps per SM could not hide).
+    // NS = 1 is the slice-by-slice fold: there, with several query tokens, the rows may disagree
+    // on the slice's last tokens (causal) and, with a window, on its first ones (uniform); then
+    // each element gets its row's verdict, bit n * 4 + e of `keep`. The wide fold (NS > 1) is
+    // taken only on tiles where the rows agree.
+    auto fold = [&](auto ns, int sl0) {
+      constexpr int NS = decltype(ns)::value;
+      float s[NS][2][4];
+#pragma unroll
+      for (int j = 0; j < NS; ++j) scores(sl0 + j * WT, s[j]);
+      const int t0 = tile_t0 + sl0 * 16;  // the (first) slice's first token
+      unsigned keep = 0xffu;
+      const bool disagree = NS == 1 && kMulti &&
+                            rows_disagree(t0, t0 + 15, pipe.last_pos, item.n_q, p.plan.window_left);
+      if (disagree) {
+        keep = 0u;
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int t = t0 + n * 8 + 2 * q4 + (e & 1);
+            keep |= static_cast<unsigned>(
+                        row_attends(t, pipe.last_pos, qr[e >> 1].back, p.plan.window_left))
+                    << (n * 4 + e);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < NS; ++j) logits(sl0 + j * WT, s[j], keep);
+      // Row max (rows g and g + 8; a quad shares a row).
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < NS; ++j) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][n][e]);
+        }
+      }
+      float alpha[2], shift[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        alpha[r] = st[r].rescale_to(mx[r]);
+        shift[r] = st[r].shift();
+      }
+      float ps[2] = {0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < NS; ++j) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[j][n][e] = exp2f(s[j][n][e] - shift[e >> 1]);
+            ps[e >> 1] += s[j][n][e];
+          }
+        }
+      }
+      st[0].add(ps[0]);
+      st[1].add(ps[1]);
+      // Rescale the accumulator only when some row's max grew (alpha is exactly 1 otherwise):
+      // after the first tiles of a split the max rarely moves.
+      if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          o[n][0] *= alpha[0];
+          o[n][1] *= alpha[0];
+          o[n][2] *= alpha[1];
+          o[n][3] *= alpha[1];
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < NS; ++j) values(sl0 + j * WT, s[j], disagree, keep);
+    };
+    // A full tile on which the rows agree, with 2 or 4 slices per warp: one fold of them all.
+    // (The wide build only: see split_kernel in split_kernel.cuh.)
+    if constexpr (kMulti && kFold) {
+      if (WT < kWarps && rows == Cfg::TT &&
+          !rows_disagree(tile_t0, tile_t0 + Cfg::TT - 1, pipe.last_pos, item.n_q,
+                         p.plan.window_left)) {
+        if (WT == 1) {
+          fold(std::integral_constant<int, 4>{}, 0);
+        } else {
+          fold(std::integral_constant<int, 2>{}, wt);
+        }
+        pipe.end(it, next_id);
+        continue;
+      }
     }
+    for (int sl = wt; sl * 16 < rows; sl += WT) fold(std::integral_constant<int, 1>{}, sl);
     pipe.end(it, next_id);
   }
   pipe.drain();  // the stage area becomes the merge scratch

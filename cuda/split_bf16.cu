@@ -4,13 +4,13 @@
 
 namespace pagedattn::detail::cuda {
 
-bool launch_split_bf16(const SplitParams& p, int head_dim, bool mma, int grid,
+bool launch_split_bf16(const SplitParams& p, int head_dim, SplitBuild b, int grid,
                        cudaStream_t stream) {
-  return launch_split_for_dtype<__nv_bfloat16, true>(p, head_dim, mma, false, grid, stream);
+  return launch_split_for_dtype<__nv_bfloat16, true>(p, head_dim, b, grid, stream);
 }
 
-int split_ctas_per_sm_bf16(int head_dim, bool mma) {
-  return split_ctas_per_sm_for_dtype<__nv_bfloat16, true>(head_dim, mma, false);
+int split_ctas_per_sm_bf16(int head_dim, SplitBuild b) {
+  return split_ctas_per_sm_for_dtype<__nv_bfloat16, true>(head_dim, b);
 }
 
 }  // namespace pagedattn::detail::cuda

@@ -4,12 +4,13 @@
 
 namespace pagedattn::detail::cuda {
 
-bool launch_split_f16(const SplitParams& p, int head_dim, bool mma, int grid, cudaStream_t stream) {
-  return launch_split_for_dtype<__half, true>(p, head_dim, mma, false, grid, stream);
+bool launch_split_f16(const SplitParams& p, int head_dim, SplitBuild b, int grid,
+                      cudaStream_t stream) {
+  return launch_split_for_dtype<__half, true>(p, head_dim, b, grid, stream);
 }
 
-int split_ctas_per_sm_f16(int head_dim, bool mma) {
-  return split_ctas_per_sm_for_dtype<__half, true>(head_dim, mma, false);
+int split_ctas_per_sm_f16(int head_dim, SplitBuild b) {
+  return split_ctas_per_sm_for_dtype<__half, true>(head_dim, b);
 }
 
 }  // namespace pagedattn::detail::cuda

@@ -4,11 +4,11 @@
 namespace pagedattn::detail::cuda {
 
 bool launch_split_f32(const SplitParams& p, int head_dim, int grid, cudaStream_t stream) {
-  return launch_split_for_dtype<float, false>(p, head_dim, false, false, grid, stream);
+  return launch_split_for_dtype<float, false>(p, head_dim, SplitBuild{}, grid, stream);
 }
 
 int split_ctas_per_sm_f32(int head_dim) {
-  return split_ctas_per_sm_for_dtype<float, false>(head_dim, false, false);
+  return split_ctas_per_sm_for_dtype<float, false>(head_dim, SplitBuild{});
 }
 
 }  // namespace pagedattn::detail::cuda

@@ -7,15 +7,15 @@
 
 namespace pagedattn::detail::cuda {
 
-bool launch_split_fp8(const SplitParams& p, int head_dim, bool e5m2, bool mma, bool dense, int grid,
+bool launch_split_fp8(const SplitParams& p, int head_dim, bool e5m2, SplitBuild b, int grid,
                       cudaStream_t stream) {
-  return e5m2 ? launch_split_for_dtype<fp8_e5m2_t, true>(p, head_dim, mma, dense, grid, stream)
-              : launch_split_for_dtype<fp8_e4m3_t, true>(p, head_dim, mma, dense, grid, stream);
+  return e5m2 ? launch_split_for_dtype<fp8_e5m2_t, true>(p, head_dim, b, grid, stream)
+              : launch_split_for_dtype<fp8_e4m3_t, true>(p, head_dim, b, grid, stream);
 }
 
-int split_ctas_per_sm_fp8(int head_dim, bool e5m2, bool mma, bool dense) {
-  return e5m2 ? split_ctas_per_sm_for_dtype<fp8_e5m2_t, true>(head_dim, mma, dense)
-              : split_ctas_per_sm_for_dtype<fp8_e4m3_t, true>(head_dim, mma, dense);
+int split_ctas_per_sm_fp8(int head_dim, bool e5m2, SplitBuild b) {
+  return e5m2 ? split_ctas_per_sm_for_dtype<fp8_e5m2_t, true>(head_dim, b)
+              : split_ctas_per_sm_for_dtype<fp8_e4m3_t, true>(head_dim, b);
 }
 
 }  // namespace pagedattn::detail::cuda

@@ -27,7 +27,9 @@
 
 namespace pagedattn::detail::cuda {
 
-template <typename T, int D, bool kMma>
+// kWide: the wide build (tensor cores, several query tokens; SplitBuild::wide), where every
+// sequence's rows take the multi-token path with several slices per warp folded at once.
+template <typename T, int D, bool kMma, bool kWide>
 __device__ __forceinline__ void split_cta(const SplitParams& p) {
   using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
   using Pipe = typename Cfg::Pipe;
@@ -86,11 +88,13 @@ __device__ __forceinline__ void split_cta(const SplitParams& p) {
   pipe.tok_end = min(blk_end * p.block_size, len);
   pipe.last_pos = len - 1;
   pipe.ntiles = (pipe.tok_end - pipe.tok_begin + TT - 1) / TT;
-  if constexpr (kMma) {
+  if constexpr (kMma && kWide) {
+    mma_item<T, D, true, true>(p, item, pipe, smem);
+  } else if constexpr (kMma) {
     if (item.n_q > 1) {
-      mma_item<T, D, true>(p, item, pipe, smem);
+      mma_item<T, D, true, false>(p, item, pipe, smem);
     } else {
-      mma_item<T, D, false>(p, item, pipe, smem);
+      mma_item<T, D, false, false>(p, item, pipe, smem);
     }
   } else {
     if (item.n_q > 1) {
@@ -103,19 +107,23 @@ __device__ __forceinline__ void split_cta(const SplitParams& p) {
 
 // The kernel with the compiler's own register budget (kMinCtas = 0), or one compiled to leave
 // room for kMinCtas CTAs per SM (__launch_bounds__' second argument caps the registers per
-// thread at what that many CTAs allow).
-template <typename T, int D, bool kMma>
+// thread at what that many CTAs allow). The wide build is a kernel of its own: its fold of
+// several slices needs registers that, in one kernel with the other paths, raised the
+// one-token path's budget too (bf16 at head dim 64 from 128 to 168, fp8 e4m3 at 128 from 170 to
+// 221), costing CTAs per SM.
+template <typename T, int D, bool kMma, bool kWide>
 __global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
-  split_cta<T, D, kMma>(p);
+  split_cta<T, D, kMma, kWide>(p);
 }
 template <typename T, int D, bool kMma, int kMinCtas>
 __global__ void __launch_bounds__(kThreads, kMinCtas) split_kernel_min_ctas(SplitParams p) {
-  split_cta<T, D, kMma>(p);
+  split_cta<T, D, kMma, false>(p);
 }
-template <typename T, int D, bool kMma, int kMinCtas>
+template <typename T, int D, bool kMma, int kMinCtas, bool kWide>
 constexpr auto split_kernel_fn() {
+  static_assert(kMinCtas == 0 || !kWide, "the wide build has no dense variant");
   if constexpr (kMinCtas == 0) {
-    return &split_kernel<T, D, kMma>;
+    return &split_kernel<T, D, kMma, kWide>;
   } else {
     return &split_kernel_min_ctas<T, D, kMma, kMinCtas>;
   }
@@ -124,7 +132,7 @@ constexpr auto split_kernel_fn() {
 // Once per device and kernel: raise the dynamic shared-memory limit (a per-device attribute)
 // and read the kernel's occupancy. Returns CTAs per SM, or 0 when the kernel cannot run on this
 // device (the attribute could not be set, or no CTA fits): decode reports that before launching.
-template <typename T, int D, bool kMma, int kMinCtas>
+template <typename T, int D, bool kMma, int kMinCtas, bool kWide>
 int prepare_split_typed() {
   using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
   constexpr int kMaxDevices = 64;
@@ -136,7 +144,7 @@ int prepare_split_typed() {
     const int known = slot->load(std::memory_order_relaxed);
     if (known > 0) return known;
   }
-  constexpr auto kernel = split_kernel_fn<T, D, kMma, kMinCtas>();
+  constexpr auto kernel = split_kernel_fn<T, D, kMma, kMinCtas, kWide>();
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM) !=
       cudaSuccess) {
     return 0;
@@ -152,10 +160,10 @@ int prepare_split_typed() {
   return n;
 }
 
-template <typename T, int D, bool kMma, int kMinCtas>
+template <typename T, int D, bool kMma, int kMinCtas, bool kWide>
 void launch_split_typed(const SplitParams& p, int grid, cudaStream_t stream) {
   using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
-  prepare_split_typed<T, D, kMma, kMinCtas>();
+  prepare_split_typed<T, D, kMma, kMinCtas, kWide>();
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(kThreads);
@@ -166,7 +174,8 @@ void launch_split_typed(const SplitParams& p, int grid, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = p.pdl ? 1 : 0;
-  cudaLaunchKernelEx(&cfg, split_kernel_fn<T, D, kMma, kMinCtas>(), p);  // checked by the caller
+  // Its error is checked by the caller.
+  cudaLaunchKernelEx(&cfg, split_kernel_fn<T, D, kMma, kMinCtas, kWide>(), p);
 }
 
 // Calls f(std::integral_constant<int, D>) for the compile-time head_dim D and returns true, or
@@ -203,48 +212,58 @@ bool with_head_dim(int head_dim, F&& f) {
 template <typename T, int D>
 constexpr int kDenseMinCtas = is_fp8_type<T> ? (D == 64 ? 4 : (D == 128 ? 3 : 0)) : 0;
 
-template <typename T, int D, typename F>
-void with_build(bool dense, F&& f) {
-  if constexpr ((kDenseMinCtas<T, D>) > 0) {
-    if (dense) return f(std::integral_constant<int, kDenseMinCtas<T, D>>{});
+// Calls f(bool_constant<kMma>, integral_constant<int, kMinCtas>, bool_constant<kWide>) for
+// build b of the kernel of cache dtype T at head dim D: the CUDA cores (kMma false: f32 caches,
+// kCanMma false, and head dims without a tensor-core kernel), the wide build where b asks for it
+// and there is one (up to kWideMaxHeadDim), the dense build where b asks for it and there is one
+// (kDenseMinCtas), else the plain tensor-core build. launch_split_for_dtype and
+// split_ctas_per_sm_for_dtype go through it alike, so the planner counts the CTAs of the kernel
+// that runs.
+template <typename T, bool kCanMma, int D, typename F>
+void with_split_build(SplitBuild b, F&& f) {
+  using std::bool_constant;
+  using std::integral_constant;
+  if constexpr (kCanMma && kMmaHeadDim<T, D>) {
+    if (b.mma) {
+      if constexpr (D <= kWideMaxHeadDim) {
+        if (b.wide) {
+          return f(bool_constant<true>{}, integral_constant<int, 0>{}, bool_constant<true>{});
+        }
+      }
+      if constexpr ((kDenseMinCtas<T, D>) > 0) {
+        if (b.dense) {
+          return f(bool_constant<true>{}, integral_constant<int, kDenseMinCtas<T, D>>{},
+                   bool_constant<false>{});
+        }
+      }
+      return f(bool_constant<true>{}, integral_constant<int, 0>{}, bool_constant<false>{});
+    }
   }
-  f(std::integral_constant<int, 0>{});
+  f(bool_constant<false>{}, integral_constant<int, 0>{}, bool_constant<false>{});
 }
 
-// The kernels of one cache dtype T. kCanMma instantiates the tensor-core variant too (f16/bf16,
-// and fp8 at head dims that are multiples of 32), taken when `mma` is set; `dense` takes its dense
-// build where there is one (kDenseMinCtas). Each split_<dtype>.cu instantiates these once, so the
-// dtypes compile in parallel.
+// The kernels of one cache dtype T (kCanMma: the tensor-core variant exists too: f16/bf16, and
+// fp8 at head dims that are multiples of 32). Each split_<dtype>.cu instantiates these once, so
+// the dtypes compile in parallel.
 template <typename T, bool kCanMma>
-bool launch_split_for_dtype(const SplitParams& p, int head_dim, bool mma, bool dense, int grid,
+bool launch_split_for_dtype(const SplitParams& p, int head_dim, SplitBuild b, int grid,
                             cudaStream_t stream) {
   return with_head_dim(head_dim, [&](auto dim) {
-    constexpr int D = decltype(dim)::value;
-    if constexpr (kCanMma && kMmaHeadDim<T, D>) {
-      if (mma) {
-        with_build<T, D>(dense, [&](auto m) {
-          launch_split_typed<T, D, true, decltype(m)::value>(p, grid, stream);
-        });
-        return;
-      }
-    }
-    launch_split_typed<T, D, false, 0>(p, grid, stream);
+    with_split_build<T, kCanMma, decltype(dim)::value>(b, [&](auto mma, auto min_ctas, auto wide) {
+      launch_split_typed<T, decltype(dim)::value, decltype(mma)::value, decltype(min_ctas)::value,
+                         decltype(wide)::value>(p, grid, stream);
+    });
   });
 }
 
 template <typename T, bool kCanMma>
-int split_ctas_per_sm_for_dtype(int head_dim, bool mma, bool dense) {
+int split_ctas_per_sm_for_dtype(int head_dim, SplitBuild b) {
   int n = 0;
   with_head_dim(head_dim, [&](auto dim) {
-    constexpr int D = decltype(dim)::value;
-    if constexpr (kCanMma && kMmaHeadDim<T, D>) {
-      if (mma) {
-        with_build<T, D>(
-            dense, [&](auto m) { n = prepare_split_typed<T, D, true, decltype(m)::value>(); });
-        return;
-      }
-    }
-    n = prepare_split_typed<T, D, false, 0>();
+    with_split_build<T, kCanMma, decltype(dim)::value>(b, [&](auto mma, auto min_ctas, auto wide) {
+      n = prepare_split_typed<T, decltype(dim)::value, decltype(mma)::value,
+                              decltype(min_ctas)::value, decltype(wide)::value>();
+    });
   });
   return n;
 }

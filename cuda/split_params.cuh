@@ -88,20 +88,31 @@ struct CtaItem {
   bool finish;             // the sequence's only split: write out and lse, no partial state
 };
 
+// Which build of a cache dtype's split kernel a call runs (split_kernel_for in decode_cuda.cu).
+struct SplitBuild {
+  bool mma = false;    // the tensor cores (use_mma in decode_cuda.cu); otherwise the CUDA cores
+  bool dense = false;  // fp8: the build for more CTAs per SM (kDenseMinCtas in split_kernel.cuh)
+  bool wide = false;   // multi-token rows: the build whose warps fold several slices at once
+};
+// The wide build (mma_path.cuh: a warp folds the 2 or 4 token slices of a tile it takes with one
+// softmax step) is built for head dims up to this; larger ones keep their accumulators in fewer
+// free registers and run the slice-by-slice fold.
+constexpr int kWideMaxHeadDim = 128;
+
 // Per cache dtype (defined in split_<dtype>.cu): launch the split kernel (false when no kernel was
 // built for the head dim: the caller reports it), or report how many of its CTAs fit on one SM
 // (the planner sizes its waves with it; 0 without a kernel). f32 has no tensor-core variant.
 bool launch_split_f32(const SplitParams& p, int head_dim, int grid, cudaStream_t stream);
-bool launch_split_f16(const SplitParams& p, int head_dim, bool mma, int grid, cudaStream_t stream);
-bool launch_split_bf16(const SplitParams& p, int head_dim, bool mma, int grid, cudaStream_t stream);
-int split_ctas_per_sm_f32(int head_dim);
-int split_ctas_per_sm_f16(int head_dim, bool mma);
-int split_ctas_per_sm_bf16(int head_dim, bool mma);
-// fp8 caches (`e5m2` picks the format; `mma` the tensor cores, see use_mma in decode_cuda.cu;
-// `dense` the tensor-core kernel's build for more CTAs per SM where there is one: see
-// kDenseMinCtas in split_kernel.cuh and split_kernel_for in decode_cuda.cu).
-bool launch_split_fp8(const SplitParams& p, int head_dim, bool e5m2, bool mma, bool dense, int grid,
+bool launch_split_f16(const SplitParams& p, int head_dim, SplitBuild b, int grid,
                       cudaStream_t stream);
-int split_ctas_per_sm_fp8(int head_dim, bool e5m2, bool mma, bool dense);
+bool launch_split_bf16(const SplitParams& p, int head_dim, SplitBuild b, int grid,
+                       cudaStream_t stream);
+int split_ctas_per_sm_f32(int head_dim);
+int split_ctas_per_sm_f16(int head_dim, SplitBuild b);
+int split_ctas_per_sm_bf16(int head_dim, SplitBuild b);
+// fp8 caches (`e5m2` picks the format).
+bool launch_split_fp8(const SplitParams& p, int head_dim, bool e5m2, SplitBuild b, int grid,
+                      cudaStream_t stream);
+int split_ctas_per_sm_fp8(int head_dim, bool e5m2, SplitBuild b);
 
 }  // namespace pagedattn::detail::cuda

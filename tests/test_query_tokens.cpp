@@ -339,24 +339,10 @@ void PrintTo(const GridParam& p, std::ostream* os) {
 
 class QueryTokenReference : public ::testing::TestWithParam<GridParam> {};
 
-TEST_P(QueryTokenReference, MatchesTheReference) {
-  const GridParam& p = GetParam();
-  if (p.backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
+// One call of the grid test: the sequences (context length, query tokens) of `seqs` in one batch,
+// for each variant configuration of p.kind, against the reference.
+void check_query_grid(const GridParam& p, const std::vector<std::pair<int, int>>& seqs) {
   const int BS = p.shape.block_size;
-  // (context length, query tokens): every query before the context (P < 0), a query of the
-  // whole context, some queries before it, a context ending at a block boundary, queries
-  // crossing one, a sequence without queries between others, 16 and 33 queries, and a context of
-  // a few thousand tokens split into several work items: on the smaller groups, in the bf16 rows
-  // of the plain call, the window and all variants, and the f32 rows of the plain call (it makes a
-  // row slow).
-  std::vector<std::pair<int, int>> seqs = {{0, 2}, {1, 1},   {3, 4},          {BS, 2}, {BS + 1, 8},
-                                           {5, 0}, {37, 16}, {2 * BS + 3, 1}, {45, 33}};
-  const bool long_context =
-      p.shape.group <= 8 && ((p.dtype == DType::kBF16 &&
-                              (p.kind == VariantKind::kPlain || p.kind == VariantKind::kWindow ||
-                               p.kind == VariantKind::kAll)) ||
-                             (p.dtype == DType::kF32 && p.kind == VariantKind::kPlain));
-  if (long_context) seqs.insert(seqs.begin() + 2, {2100, 4});
   std::vector<int> lens, q_lens;
   for (const auto& [L, n] : seqs) lens.push_back(L), q_lens.push_back(n);
   testing::CaseSpec spec = variant_spec(p.dtype, p.shape.head_dim, BS, p.shape.group, lens);
@@ -407,6 +393,36 @@ TEST_P(QueryTokenReference, MatchesTheReference) {
     poison_unread(qc, v.window_left);
     run_query_decode(qc, v, p.backend);
     expect_matches(qc, ref, describe(v));
+  }
+}
+
+TEST_P(QueryTokenReference, MatchesTheReference) {
+  const GridParam& p = GetParam();
+  if (p.backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const int BS = p.shape.block_size;
+  // (context length, query tokens): every query before the context (P < 0), a query of the
+  // whole context, some queries before it, a context ending at a block boundary, queries
+  // crossing one, a sequence without queries between others, 16 and 33 queries, and a context of
+  // a few thousand tokens split into several work items and one of 1000 tokens with 8 queries
+  // (32 or 64 rows per kv head at groups 4 and 8: the CUDA kernel's warps then fold 2 or 4
+  // slices of a tile at once): on the smaller groups, in the bf16 rows of the plain call, the
+  // window and all variants, and the f32 rows of the plain call (it makes a row slow).
+  std::vector<std::pair<int, int>> seqs = {{0, 2}, {1, 1},   {3, 4},          {BS, 2}, {BS + 1, 8},
+                                           {5, 0}, {37, 16}, {2 * BS + 3, 1}, {45, 33}};
+  const bool long_context =
+      p.shape.group <= 8 && ((p.dtype == DType::kBF16 &&
+                              (p.kind == VariantKind::kPlain || p.kind == VariantKind::kWindow ||
+                               p.kind == VariantKind::kAll)) ||
+                             (p.dtype == DType::kF32 && p.kind == VariantKind::kPlain));
+  if (long_context) seqs.insert(seqs.begin() + 2, {{2100, 4}, {1000, 8}});
+  check_query_grid(p, seqs);
+  // On the GPU more than 16 rows per kv head (query tokens x group) take the wide build of the
+  // tensor-core kernel, as every call above does: the same sequences with at most 16 / group
+  // query tokens each run the plain build.
+  if (p.backend == Backend::kCuda) {
+    for (auto& [L, n] : seqs) n = std::min(n, std::max(1, 16 / p.shape.group));
+    SCOPED_TRACE("at most 16 rows per kv head");
+    check_query_grid(p, seqs);
   }
 }
 
