@@ -90,6 +90,7 @@ struct Options {
   double max_time = 10.0;    // stop after this many seconds (at least 3 runs)
   std::size_t bw_mib = 2048;
   bench::Clock clock = bench::Clock::kWall;  // --clock: what the CPU rows and bandwidth time
+  bool limits = false;  // --limits: each CPU row's compute bound beside the read bandwidth
   // --layout: where K and V live (kHnd: the default dense layout, kv_strides 0)
   testing::KvLayout layout = testing::KvLayout::kHnd;
   // --kv-dtype: the caches' dtype; unset: each --dtype's own
@@ -131,6 +132,11 @@ void print_help(const char* prog) {
       "  --plain            CUDA: time plain launches (default: CUDA-graph replays)\n"
       "  --long-first T     sequence 0 of each shape holds T tokens (1 to %d), the others CTX\n"
       "                     (a skewed batch; the context column shows CTX)\n"
+      "  --limits           cpu: also time each shape's work on one thread with its K and V in\n"
+      "                     cache (one kv head, 256 KiB of K/V), and report what bounds the row:\n"
+      "                     that compute rate times --threads, or the read bandwidth, whichever\n"
+      "                     is lower, and the row's share of it (the CSV's compute_gbps,\n"
+      "                     pct_bound and bound columns)\n"
       "attention variants, on every row (the CSV's window, soft_cap, alibi and sinks columns\n"
       "and the table's variants column say which were on; see docs/variants.md):\n"
       "  --window N         sliding window: attend only to the last N + 1 tokens of each\n"
@@ -275,6 +281,8 @@ Options parse(int argc, char** argv) {
           {{"wall", bench::Clock::kWall}, {"thread-cpu", bench::Clock::kThreadCpu}});
     } else if (args.is("--plain")) {
       o.plain = true;
+    } else if (args.is("--limits")) {
+      o.limits = true;
     } else if (args.is("--long-first")) {
       o.long_first = static_cast<int>(args.integer(1, kMaxTokens));
     } else if (args.is("--window")) {
@@ -322,6 +330,9 @@ Options parse(int argc, char** argv) {
     o.shapes[i].long_first = o.long_first;
     o.shapes[i].q_len = o.q_len;
     validate_shape(o.shapes[i], o.shape_texts[i], o);
+  }
+  if (o.limits && o.backend != "cpu") {
+    cli::bad_value("--backend", o.backend, "--limits bounds CPU rows only (--backend cpu)");
   }
   if (o.clock == bench::Clock::kThreadCpu) {
     // The calling thread's CPU time counts only the work done on it: one thread, on the CPU.
@@ -429,7 +440,13 @@ struct Row {
   std::string backend;
   Shape shape;
   double ms, gbps, pct, rel_err;
+  double compute_gbps = 0;  // --limits: the compute bound (0: not measured)
+  double read_gbps = 0;     // the read bandwidth of the run
 };
+
+// --limits: the lower of the compute bound and the read bandwidth, and which one it is.
+double bound_gbps(const Row& r) { return std::min(r.compute_gbps, r.read_gbps); }
+const char* bound_name(const Row& r) { return r.compute_gbps < r.read_gbps ? "compute" : "read"; }
 
 // The variants column of the printed table: "-" for plain attention.
 std::string variants_text(const bench::Variants& v) {
@@ -451,18 +468,32 @@ void print_row(const Options& o, DType dtype, const Row& r) {
   const Shape& s = r.shape;
   const bench::Variants& v = o.variants;
   const DType kv = o.kv_dtype_for(dtype);
+  const bool limits = o.limits && r.compute_gbps > 0;
   if (o.csv) {
-    std::printf("%s,%s,%d,%d,%d,%d,%d,%d,%.4f,%.2f,%.1f,%.3g,%d,%g,%d,%d,%d,%s,%s\n",
+    std::printf("%s,%s,%d,%d,%d,%d,%d,%d,%.4f,%.2f,%.1f,%.3g,%d,%g,%d,%d,%d,%s,%s",
                 r.backend.c_str(), dtype_name(dtype), s.batch, s.heads, s.kv_heads, s.head_dim,
                 s.context, s.block_size, r.ms, r.gbps, r.pct, r.rel_err, v.window_left, v.soft_cap,
                 v.alibi ? 1 : 0, v.sinks ? 1 : 0, s.q_len, testing::kv_layout_name(o.layout),
                 dtype_name(kv));
+    if (limits) {
+      std::printf(",%.2f,%.1f,%s", r.compute_gbps, 100.0 * r.gbps / bound_gbps(r), bound_name(r));
+    } else if (o.limits) {
+      std::printf(",,,");
+    }
+    std::printf("\n");
   } else {
     std::printf(
         "%-6s %-5s %-8s %4d %4d %4d %4d %7d %4d %5d %-12s %10.3f %8.2f %7.1f%% %10.3g  %s\n",
         r.backend.c_str(), dtype_name(dtype), dtype_name(kv), s.batch, s.heads, s.kv_heads,
         s.head_dim, s.context, s.block_size, s.q_len, testing::kv_layout_name(o.layout), r.ms,
         r.gbps, r.pct, r.rel_err, variants_text(v).c_str());
+    if (limits) {
+      std::printf(
+          "       bound: %s, %.2f GB/s (compute %.2f = %d threads x %.2f in cache; read "
+          "%.2f): %.1f%% of it\n",
+          bound_name(r), bound_gbps(r), r.compute_gbps, o.threads, r.compute_gbps / o.threads,
+          r.read_gbps, 100.0 * r.gbps / bound_gbps(r));
+    }
   }
   std::fflush(stdout);
 }
@@ -506,7 +537,7 @@ struct RotatingCase {
   }
 };
 
-RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s) {
+RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s, bool rotate = true) {
   testing::CaseSpec spec;
   spec.batch = s.batch;
   spec.num_heads = s.heads;
@@ -543,7 +574,7 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s) {
   const double cache_bytes = rc.laid.empty()
                                  ? static_cast<double>(rc.base.k.size() + rc.base.v.size())
                                  : static_cast<double>(rc.laid[0].k.size() + rc.laid[0].v.size());
-  const double want = 4.0 * static_cast<double>(bench::last_level_cache_bytes());
+  const double want = rotate ? 4.0 * static_cast<double>(bench::last_level_cache_bytes()) : 0.0;
   const int copies = std::min(64, static_cast<int>(std::ceil(want / std::max(cache_bytes, 1.0))));
   for (int c = 1; c < copies; ++c) {
     if (!rc.laid.empty()) {
@@ -554,6 +585,31 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s) {
     }
   }
   return rc;
+}
+
+// One thread's decode rate on shape s's work with K and V in cache (K/V GB/s): the same dtypes,
+// head dim, group, block size, query tokens, layout and variants, one sequence of one kv head
+// whose K and V fill kInCacheBytes, decoded again and again from the same memory. Each thread of
+// a call runs items of its own, so --threads times this rate is what the shape could reach with
+// unlimited read bandwidth: its compute bound.
+double in_cache_gbps(const Options& o, DType dtype, const Shape& s) {
+  constexpr double kInCacheBytes = 256.0 * 1024;
+  const DType kv = o.kv_dtype_for(dtype);
+  Shape c = s;
+  c.batch = 1;
+  c.heads = s.heads / s.kv_heads;
+  c.kv_heads = 1;
+  c.long_first = 0;
+  const double token_bytes = 2.0 * s.head_dim * static_cast<double>(dtype_size(kv));
+  const int tokens = static_cast<int>(kInCacheBytes / token_bytes) / s.block_size * s.block_size;
+  c.context = std::max({tokens, s.block_size, s.q_len});
+  RotatingCase rc = make_rotating_case(o, dtype, c, false);
+  DecodeOptions opt;
+  opt.backend = Backend::kCpu;
+  opt.num_threads = 1;
+  const DecodeArgs a = rc.args(0);
+  const double ms = median_ms([&](int) { decode(a, opt); }, 5, 50, 0.2, 2.0, o.clock);
+  return kv_bytes(c, kv, o.variants.window_left) / (ms * 1e-3) / 1e9;
 }
 
 int run(int argc, char** argv) {
@@ -577,7 +633,8 @@ int run(int argc, char** argv) {
   if (o.csv) {
     std::printf(
         "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,"
-        "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len,layout,kv_dtype\n");
+        "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len,layout,kv_dtype%s\n",
+        o.limits ? ",compute_gbps,pct_bound,bound" : "");
   } else {
     std::printf("%-6s %-5s %-8s %4s %4s %4s %4s %7s %4s %5s %-12s %10s %8s %8s %10s  %s\n", "impl",
                 "dtype", "kv", "B", "H", "KV", "D", "ctx", "BS", "q_len", "layout", "ms", "GB/s",
@@ -616,7 +673,11 @@ int run(int argc, char** argv) {
         const double err = rel_err_vs_reference(rc.args(0));
         ours_ms = median_ms([&](int i) { decode(rc.args(i), opt); }, std::max(2, rc.copies()),
                             o.iters, o.min_time, o.max_time, o.clock);
-        const Row r = row_for("cpu", ours_ms, err);
+        Row r = row_for("cpu", ours_ms, err);
+        if (o.limits) {
+          r.compute_gbps = o.threads * in_cache_gbps(o, dtype, s);
+          r.read_gbps = read_bw;
+        }
         accurate = accurate && !(r.rel_err > tol);
         print_row(o, dtype, r);
       }
