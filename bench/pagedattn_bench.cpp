@@ -135,8 +135,9 @@ void print_help(const char* prog) {
       "  --limits           cpu: also time each shape's work on one thread with its K and V in\n"
       "                     cache (one kv head, 256 KiB of K/V), and report what bounds the row:\n"
       "                     that compute rate times --threads, or the read bandwidth, whichever\n"
-      "                     is lower, and the row's share of it (the CSV's compute_gbps,\n"
-      "                     pct_bound and bound columns)\n"
+      "                     is lower, and the row's share of it; and the pattern read: the\n"
+      "                     shape's K/V read in decode's order with no arithmetic (the CSV's\n"
+      "                     compute_gbps, pattern_gbps, pct_bound and bound columns)\n"
       "attention variants, on every row (the CSV's window, soft_cap, alibi and sinks columns\n"
       "and the table's variants column say which were on; see docs/variants.md):\n"
       "  --window N         sliding window: attend only to the last N + 1 tokens of each\n"
@@ -441,6 +442,7 @@ struct Row {
   Shape shape;
   double ms, gbps, pct, rel_err;
   double compute_gbps = 0;  // --limits: the compute bound (0: not measured)
+  double pattern_gbps = 0;  // --limits: the pattern read (pattern_read_gbps)
   double read_gbps = 0;     // the read bandwidth of the run
 };
 
@@ -476,9 +478,10 @@ void print_row(const Options& o, DType dtype, const Row& r) {
                 v.alibi ? 1 : 0, v.sinks ? 1 : 0, s.q_len, testing::kv_layout_name(o.layout),
                 dtype_name(kv));
     if (limits) {
-      std::printf(",%.2f,%.1f,%s", r.compute_gbps, 100.0 * r.gbps / bound_gbps(r), bound_name(r));
+      std::printf(",%.2f,%.2f,%.1f,%s", r.compute_gbps, r.pattern_gbps,
+                  100.0 * r.gbps / bound_gbps(r), bound_name(r));
     } else if (o.limits) {
-      std::printf(",,,");
+      std::printf(",,,,");
     }
     std::printf("\n");
   } else {
@@ -490,9 +493,9 @@ void print_row(const Options& o, DType dtype, const Row& r) {
     if (limits) {
       std::printf(
           "       bound: %s, %.2f GB/s (compute %.2f = %d threads x %.2f in cache; read "
-          "%.2f): %.1f%% of it\n",
+          "%.2f): %.1f%% of it; pattern read %.2f GB/s\n",
           bound_name(r), bound_gbps(r), r.compute_gbps, o.threads, r.compute_gbps / o.threads,
-          r.read_gbps, 100.0 * r.gbps / bound_gbps(r));
+          r.read_gbps, 100.0 * r.gbps / bound_gbps(r), r.pattern_gbps);
     }
   }
   std::fflush(stdout);
@@ -589,27 +592,88 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s, b
 
 // One thread's decode rate on shape s's work with K and V in cache (K/V GB/s): the same dtypes,
 // head dim, group, block size, query tokens, layout and variants, one sequence of one kv head
-// whose K and V fill kInCacheBytes, decoded again and again from the same memory. Each thread of
+// whose K and V fill kInCacheBytes, decoded again and again from the same memory. The rate is the
+// marginal one, between that context and half of it, so a call's fixed cost (the plan, a few
+// microseconds, a tenth of such a call) does not count: a long call pays it once. Each thread of
 // a call runs items of its own, so --threads times this rate is what the shape could reach with
 // unlimited read bandwidth: its compute bound.
 double in_cache_gbps(const Options& o, DType dtype, const Shape& s) {
   constexpr double kInCacheBytes = 256.0 * 1024;
   const DType kv = o.kv_dtype_for(dtype);
-  Shape c = s;
-  c.batch = 1;
-  c.heads = s.heads / s.kv_heads;
-  c.kv_heads = 1;
-  c.long_first = 0;
   const double token_bytes = 2.0 * s.head_dim * static_cast<double>(dtype_size(kv));
   const int tokens = static_cast<int>(kInCacheBytes / token_bytes) / s.block_size * s.block_size;
-  c.context = std::max({tokens, s.block_size, s.q_len});
-  RotatingCase rc = make_rotating_case(o, dtype, c, false);
-  DecodeOptions opt;
-  opt.backend = Backend::kCpu;
-  opt.num_threads = 1;
-  const DecodeArgs a = rc.args(0);
-  const double ms = median_ms([&](int) { decode(a, opt); }, 5, 50, 0.2, 2.0, o.clock);
-  return kv_bytes(c, kv, o.variants.window_left) / (ms * 1e-3) / 1e9;
+  // (K/V bytes, ms) of one call over `context` tokens.
+  const auto time_call = [&](int context) {
+    Shape c = s;
+    c.batch = 1;
+    c.heads = s.heads / s.kv_heads;
+    c.kv_heads = 1;
+    c.long_first = 0;
+    c.context = std::max({context, s.block_size, s.q_len});
+    RotatingCase rc = make_rotating_case(o, dtype, c, false);
+    DecodeOptions opt;
+    opt.backend = Backend::kCpu;
+    opt.num_threads = 1;
+    const DecodeArgs a = rc.args(0);
+    const double ms = median_ms([&](int) { decode(a, opt); }, 5, 100, 0.2, 2.0, o.clock);
+    return std::make_pair(kv_bytes(c, kv, o.variants.window_left), ms);
+  };
+  const auto [bytes, ms] = time_call(tokens);
+  const auto [half_bytes, half_ms] = time_call(tokens / 2 / s.block_size * s.block_size);
+  if (bytes > half_bytes && ms > half_ms) {
+    return (bytes - half_bytes) / ((ms - half_ms) * 1e-3) / 1e9;
+  }
+  return bytes / (ms * 1e-3) / 1e9;  // a window shorter than half: the same bytes in both
+}
+
+// The pattern read of a CPU row: the shape's K and V read in the order decode reads them, with no
+// arithmetic. Every sequence's attended blocks in table order, each block's K then its V (all kv
+// heads: a block is one contiguous run in every layout the benchmark offers), sequences cut into
+// chunks of blocks so that each thread has several tasks (as the CPU backend's split plan does),
+// shared out dynamically; the median of passes over the rotating copies, in K/V GB/s as the
+// decode rows count them. Its gap to the streaming read is what the access pattern costs (runs
+// of a few to 64 KB at scattered places); a decode row near it is bound by that, not by its
+// arithmetic.
+double pattern_read_gbps(const Options& o, RotatingCase& rc, DType dtype, const Shape& s) {
+  const DType kv = o.kv_dtype_for(dtype);
+  const std::size_t block_bytes =
+      static_cast<std::size_t>(s.kv_heads) * s.block_size * s.head_dim * dtype_size(kv) / 64 * 64;
+  std::int64_t total_blocks = 0;
+  for (int b = 0; b < s.batch; ++b) {
+    const int len = s.context_of(b);
+    const int first = queries_first_token(len, s.q_len, o.variants.window_left);
+    total_blocks += (len + s.block_size - 1) / s.block_size - first / s.block_size;
+  }
+  const std::int64_t chunk =
+      std::max<std::int64_t>(1, (total_blocks + 8 * o.threads - 1) / (8 * o.threads));
+  std::vector<std::vector<bench::ReadTask>> passes;
+  for (int c = 0; c < rc.copies(); ++c) {
+    const DecodeArgs a = rc.args(c);
+    const std::int64_t stride =
+        a.cache_layout().block_stride * static_cast<std::int64_t>(dtype_size(kv));
+    const char* k = static_cast<const char*>(a.k_cache);
+    const char* v = static_cast<const char*>(a.v_cache);
+    std::vector<bench::ReadTask> tasks;
+    for (int b = 0; b < s.batch; ++b) {
+      const int len = a.context_lens[b];
+      const int first = queries_first_token(len, s.q_len, o.variants.window_left) / s.block_size;
+      const int end = (len + s.block_size - 1) / s.block_size;
+      for (int j = first; j < end; ++j) {
+        if ((j - first) % chunk == 0) tasks.emplace_back();
+        const std::int64_t at = a.block_table[static_cast<std::int64_t>(b) * a.table_stride() + j];
+        tasks.back().push_back({k + at * stride, block_bytes});
+        tasks.back().push_back({v + at * stride, block_bytes});
+      }
+    }
+    passes.push_back(std::move(tasks));
+  }
+  const double ms = median_ms(
+      [&](int i) {
+        bench::time_read_tasks(passes[static_cast<std::size_t>(i) % passes.size()], o.threads,
+                               o.clock);
+      },
+      std::max<int>(2, static_cast<int>(passes.size())), o.iters, o.min_time, o.max_time, o.clock);
+  return kv_bytes(s, kv, o.variants.window_left) / (ms * 1e-3) / 1e9;
 }
 
 int run(int argc, char** argv) {
@@ -634,7 +698,7 @@ int run(int argc, char** argv) {
     std::printf(
         "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,"
         "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len,layout,kv_dtype%s\n",
-        o.limits ? ",compute_gbps,pct_bound,bound" : "");
+        o.limits ? ",compute_gbps,pattern_gbps,pct_bound,bound" : "");
   } else {
     std::printf("%-6s %-5s %-8s %4s %4s %4s %4s %7s %4s %5s %-12s %10s %8s %8s %10s  %s\n", "impl",
                 "dtype", "kv", "B", "H", "KV", "D", "ctx", "BS", "q_len", "layout", "ms", "GB/s",
@@ -676,6 +740,7 @@ int run(int argc, char** argv) {
         Row r = row_for("cpu", ours_ms, err);
         if (o.limits) {
           r.compute_gbps = o.threads * in_cache_gbps(o, dtype, s);
+          r.pattern_gbps = pattern_read_gbps(o, rc, dtype, s);
           r.read_gbps = read_bw;
         }
         accurate = accurate && !(r.rel_err > tol);

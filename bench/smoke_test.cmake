@@ -131,8 +131,9 @@ if(NOT rc EQUAL 2 OR NOT err MATCHES "--layout = 'padded_hnd'")
                       "the flag:\n${err}")
 endif()
 
-# --limits: each CPU row gains its compute bound (one thread in cache times --threads), the
-# share of the lower bound it reached and which bound that is; the naive rows leave them empty.
+# --limits: each CPU row gains its compute bound (one thread in cache times --threads), its
+# pattern read, the share of the lower bound it reached and which bound that is; the naive rows
+# leave them empty.
 execute_process(COMMAND ${BENCH} ${quick} --dtype bf16 --shape 2,8,2,64,100,16 --limits
                 OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
@@ -141,10 +142,11 @@ endif()
 string(REPLACE "\n" ";" rows "${out}")
 list(FILTER rows EXCLUDE REGEX "^$")
 list(POP_FRONT rows header)
-if(NOT header STREQUAL "${header_want},compute_gbps,pct_bound,bound")
+if(NOT header STREQUAL "${header_want},compute_gbps,pattern_gbps,pct_bound,bound")
   message(FATAL_ERROR "unexpected CSV header with --limits: '${header}'")
 endif()
-check_rows("--limits" 2 "^(cpu,bf16,.*,hnd,bf16,${num},${num},(read|compute)|naive,bf16,.*,hnd,bf16,,,)$")
+check_rows("--limits" 2
+           "^(cpu,bf16,.*,hnd,bf16,${num},${num},${num},(read|compute)|naive,bf16,.*,hnd,bf16,,,,)$")
 # The bound is for CPU rows: another backend is refused, naming the flag.
 execute_process(COMMAND ${BENCH} ${quick} --shape 1,4,4,64,16 --backend naive --limits
                 OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
