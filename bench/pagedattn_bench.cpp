@@ -133,7 +133,7 @@ void print_help(const char* prog) {
       "  --long-first T     sequence 0 of each shape holds T tokens (1 to %d), the others CTX\n"
       "                     (a skewed batch; the context column shows CTX)\n"
       "  --limits           cpu: also time each shape's work on one thread with its K and V in\n"
-      "                     cache (one kv head, 256 KiB of K/V), and report what bounds the row:\n"
+      "                     cache (one kv head, 512 KiB of K/V), and report what bounds the row:\n"
       "                     that compute rate times --threads, or the read bandwidth, whichever\n"
       "                     is lower, and the row's share of it; and the pattern read: the\n"
       "                     shape's K/V read in decode's order with no arithmetic (the CSV's\n"
@@ -592,38 +592,36 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s, b
 
 // One thread's decode rate on shape s's work with K and V in cache (K/V GB/s): the same dtypes,
 // head dim, group, block size, query tokens, layout and variants, one sequence of one kv head
-// whose K and V fill kInCacheBytes, decoded again and again from the same memory. The rate is the
-// marginal one, between that context and half of it, so a call's fixed cost (the plan, a few
-// microseconds, a tenth of such a call) does not count: a long call pays it once. Each thread of
-// a call runs items of its own, so --threads times this rate is what the shape could reach with
-// unlimited read bandwidth: its compute bound.
+// whose K and V fill kInCacheBytes (half of the smallest L2 of the x86 hosts measured), decoded
+// again and again from the same memory: the fastest of 300 calls, what the core does undisturbed
+// (a host shared with other work stretches some calls, never shortens one). Each thread of a call
+// runs items of its own, so --threads times this rate is what the shape could reach with
+// unlimited read bandwidth: its compute bound. It counts a call's fixed cost (the plan, a few
+// microseconds), which a long call pays once, so it errs low by a few percent.
 double in_cache_gbps(const Options& o, DType dtype, const Shape& s) {
-  constexpr double kInCacheBytes = 256.0 * 1024;
+  constexpr double kInCacheBytes = 512.0 * 1024;
   const DType kv = o.kv_dtype_for(dtype);
   const double token_bytes = 2.0 * s.head_dim * static_cast<double>(dtype_size(kv));
-  const int tokens = static_cast<int>(kInCacheBytes / token_bytes) / s.block_size * s.block_size;
-  // (K/V bytes, ms) of one call over `context` tokens.
-  const auto time_call = [&](int context) {
-    Shape c = s;
-    c.batch = 1;
-    c.heads = s.heads / s.kv_heads;
-    c.kv_heads = 1;
-    c.long_first = 0;
-    c.context = std::max({context, s.block_size, s.q_len});
-    RotatingCase rc = make_rotating_case(o, dtype, c, false);
-    DecodeOptions opt;
-    opt.backend = Backend::kCpu;
-    opt.num_threads = 1;
-    const DecodeArgs a = rc.args(0);
-    const double ms = median_ms([&](int) { decode(a, opt); }, 5, 100, 0.2, 2.0, o.clock);
-    return std::make_pair(kv_bytes(c, kv, o.variants.window_left), ms);
-  };
-  const auto [bytes, ms] = time_call(tokens);
-  const auto [half_bytes, half_ms] = time_call(tokens / 2 / s.block_size * s.block_size);
-  if (bytes > half_bytes && ms > half_ms) {
-    return (bytes - half_bytes) / ((ms - half_ms) * 1e-3) / 1e9;
+  Shape c = s;
+  c.batch = 1;
+  c.heads = s.heads / s.kv_heads;
+  c.kv_heads = 1;
+  c.long_first = 0;
+  c.context = std::max({static_cast<int>(kInCacheBytes / token_bytes) / s.block_size * s.block_size,
+                        s.block_size, s.q_len});
+  RotatingCase rc = make_rotating_case(o, dtype, c, false);
+  DecodeOptions opt;
+  opt.backend = Backend::kCpu;
+  opt.num_threads = 1;
+  const DecodeArgs a = rc.args(0);
+  double ms = 1e30;
+  for (int i = 0; i < 5; ++i) decode(a, opt);
+  for (int i = 0; i < 300; ++i) {
+    const double t0 = bench::seconds_now(o.clock);
+    decode(a, opt);
+    ms = std::min(ms, 1e3 * (bench::seconds_now(o.clock) - t0));
   }
-  return bytes / (ms * 1e-3) / 1e9;  // a window shorter than half: the same bytes in both
+  return kv_bytes(c, kv, o.variants.window_left) / (ms * 1e-3) / 1e9;
 }
 
 // The pattern read of a CPU row: the shape's K and V read in the order decode reads them, with no
