@@ -69,12 +69,12 @@ int row_chunks(const DecodeArgs& a) {
 // Whether a tensor-core call takes the wide build (SplitBuild::wide): with several query tokens
 // and more than 16 rows per CTA (query tokens x group), where a warp takes 2 or 4 slices of each
 // tile. On the H200 (bf16, D = 128) it took q_len 8 at group 4 and q_len 4 at group 8 from 68-74%
-// and 66% of the read ceiling to 79-91% and 81%; with 16 rows or fewer a warp has one slice per
-// tile and the plain build runs.
+// and 66% of the read ceiling to 79-91% and 81% (D = 80 and 96: 0.66 of the time); with 16 rows
+// or fewer a warp has one slice per tile and the plain build runs. Head dims: wide_head_dim.
 bool use_wide(const DecodeArgs& a, bool mma) {
   const std::int64_t rows = static_cast<std::int64_t>(a.group_size()) * a.q_len_bound();
   return mma && a.q_len_bound() > 1 && std::min<std::int64_t>(rows, rows_per_cta(a)) > 16 &&
-         a.head_dim <= kWideMaxHeadDim;
+         wide_head_dim(a.head_dim);
 }
 
 // CTAs of one build of this call's split kernel that fit on one SM (from the occupancy

@@ -215,7 +215,7 @@ constexpr int kDenseMinCtas = is_fp8_type<T> ? (D == 64 ? 4 : (D == 128 ? 3 : 0)
 // Calls f(bool_constant<kMma>, integral_constant<int, kMinCtas>, bool_constant<kWide>) for
 // build b of the kernel of cache dtype T at head dim D: the CUDA cores (kMma false: f32 caches,
 // kCanMma false, and head dims without a tensor-core kernel), the wide build where b asks for it
-// and there is one (up to kWideMaxHeadDim), the dense build where b asks for it and there is one
+// and there is one (wide_head_dim), the dense build where b asks for it and there is one
 // (kDenseMinCtas), else the plain tensor-core build. launch_split_for_dtype and
 // split_ctas_per_sm_for_dtype go through it alike, so the planner counts the CTAs of the kernel
 // that runs.
@@ -225,7 +225,7 @@ void with_split_build(SplitBuild b, F&& f) {
   using std::integral_constant;
   if constexpr (kCanMma && kMmaHeadDim<T, D>) {
     if (b.mma) {
-      if constexpr (D <= kWideMaxHeadDim) {
+      if constexpr (wide_head_dim(D)) {
         if (b.wide) {
           return f(bool_constant<true>{}, integral_constant<int, 0>{}, bool_constant<true>{});
         }

@@ -94,10 +94,12 @@ struct SplitBuild {
   bool dense = false;  // fp8: the build for more CTAs per SM (kDenseMinCtas in split_kernel.cuh)
   bool wide = false;   // multi-token rows: the build whose warps fold several slices at once
 };
-// The wide build (mma_path.cuh: a warp folds the 2 or 4 token slices of a tile it takes with one
-// softmax step) is built for head dims up to this; larger ones keep their accumulators in fewer
-// free registers and run the slice-by-slice fold.
-constexpr int kWideMaxHeadDim = 128;
+// The head dims with a wide build (mma_path.cuh: a warp folds the 2 or 4 token slices of a tile
+// it takes with one softmax step). Above 128 the accumulators leave too few free registers for
+// it. At 64 its 168 registers fit three CTAs per SM where the plain build's 128 fit four: on the
+// H200 that cost more than the fold gained on three of five shapes (q_len 8 at group 4, 32 x
+// 16384: 1.20x the plain build's time), so head dim 64 keeps the slice-by-slice fold.
+constexpr bool wide_head_dim(int head_dim) { return head_dim > 64 && head_dim <= 128; }
 
 // Per cache dtype (defined in split_<dtype>.cu): launch the split kernel (false when no kernel was
 // built for the head dim: the caller reports it), or report how many of its CTAs fit on one SM
