@@ -8,7 +8,8 @@ set(quick --csv --threads 2 --iters 2 --min-time 0 --bw-mib 64)
 
 # run_bench(<what> <flag>...): runs pagedattn-bench with the quick flags and these, and fails
 # unless it exits 0 (the exit status carries the accuracy against the f64 reference) and prints
-# the CSV header (with `header_tail` after it where the caller sets one). Sets `rows` (the CSV rows after the header) and `err` (stderr) in the caller.
+# the CSV header (with `header_tail` after it where the caller sets one). Sets `rows` (the CSV
+# rows after the header) and `err` (stderr) in the caller.
 function(run_bench what)
   execute_process(COMMAND ${BENCH} ${quick} ${ARGN}
                   OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
