@@ -146,13 +146,13 @@ bool two_dense_waves_pay(const DecodeArgs& a, int dense_ctas) {
   return two.fill >= kTwoWaveFill && two.item_tokens >= kTwoWaveItemTokens;
 }
 
-// The build of the split kernel this call runs, its CTAs per SM and the waves its plan aims at,
+// The build of the split kernel this call runs, the CTAs per SM and the waves its plan aims at,
 // decided by shapes only (a captured graph keeps them for any later context lengths). A kernel
 // that does not fit on the device is an error naming head_dim (head dims 192 and 256 on sm_86 /
 // sm_89, 99 KB of shared memory per block).
 struct SplitKernel {
   SplitBuild build;
-  int ctas_per_sm = 0;
+  int ctas_per_sm = 0;  // what the plan fills: at most what fits of the build
   int waves = kWaves;
 };
 SplitKernel split_kernel_for(const DecodeArgs& a) {
@@ -161,17 +161,25 @@ SplitKernel split_kernel_for(const DecodeArgs& a) {
   k.build.wide = use_wide(a, k.build.mma);
   k.ctas_per_sm = ctas_per_sm_of(a, k.build);
   if (k.ctas_per_sm > 0 && k.build.mma && !k.build.wide && is_fp8(a.k_dtype)) {
+    // fp8 on the tensor cores: the most CTAs per SM (the dense build's where it fits more than
+    // the plain one, else the plain build's own) against one fewer (the plain build's, or the
+    // plain build planned one CTA per SM short of what fits), by the rules above. Whether the
+    // plain build fits as many CTAs as the dense one depends on the registers the compiler
+    // gives it (fp8 e4m3 at D = 128: 168, three CTAs per SM, since the softmax took fewer).
     SplitBuild dense_build = k.build;
     dense_build.dense = true;
     const int dense = ctas_per_sm_of(a, dense_build);
-    if (dense > k.ctas_per_sm) {
-      if (dense_pays(a, k.ctas_per_sm, dense)) {
-        k.build.dense = true;
-      } else if (two_dense_waves_pay(a, dense)) {
-        k.build.dense = true;
-        k.waves = 2;
-      }
-      if (k.build.dense) k.ctas_per_sm = dense;
+    const bool dense_fits_more = dense > k.ctas_per_sm;
+    const int most = dense_fits_more ? dense : k.ctas_per_sm;
+    const int fewer = dense_fits_more ? k.ctas_per_sm : most - 1;
+    const bool two_waves =
+        fewer >= 1 && !dense_pays(a, fewer, most) && two_dense_waves_pay(a, most);
+    if (fewer < 1 || two_waves || dense_pays(a, fewer, most)) {
+      k.build.dense = dense_fits_more;
+      k.ctas_per_sm = most;
+      if (two_waves) k.waves = 2;
+    } else {
+      k.ctas_per_sm = fewer;
     }
   }
   if (k.ctas_per_sm <= 0) {
@@ -276,7 +284,11 @@ std::size_t workspace_size(const DecodeArgs& a) {
 
 SplitChoice split_choice(const DecodeArgs& a) {
   const SplitKernel k = split_kernel_for(a);
-  return {k.build.dense, k.waves};
+  SplitBuild plain = k.build, dense = k.build;
+  plain.dense = false;
+  dense.dense = true;
+  const int fits = std::max(ctas_per_sm_of(a, plain), k.build.mma ? ctas_per_sm_of(a, dense) : 0);
+  return {k.build.dense, k.waves, k.ctas_per_sm, fits};
 }
 
 namespace {

@@ -77,16 +77,22 @@ __device__ __forceinline__ int row_index(const SplitParams& p, int id, int t, in
   return id * p.block_units + slot * p.token_units;
 }
 
+// The byte offset of row index `row` (0 for -1, which is not read): one 32 x 32 -> 64-bit
+// multiply, row indices being non-negative once checked.
+__device__ __forceinline__ unsigned long long row_offset(int row, int unit) {
+  return static_cast<unsigned long long>(static_cast<unsigned>(max(row, 0))) *
+         static_cast<unsigned>(unit);
+}
+
 // Copies chunk c of tile row r of K and V (row index -1: zero fill).
 template <typename T, int D>
 __device__ __forceinline__ void copy_chunk(char* sK, char* sV, const int* s_row, int r, int c,
                                            const char* gK, long long v_minus_k, int unit) {
   const int row = s_row[r];
-  const bool ok = row >= 0;
-  const char* src = gK + static_cast<long long>(ok ? row : 0) * unit + c * 16;
+  const char* src = gK + row_offset(row, unit) + c * 16;
   const int dst = RowGeom<T, D>::offset(r, c);
-  cp_async16(sK + dst, src, ok);
-  cp_async16(sV + dst, src + v_minus_k, ok);
+  cp_async16_row(sK + dst, src, row);
+  cp_async16_row(sV + dst, src + v_minus_k, row);
 }
 
 // Issues the cp.async copies of one tile; rows with index -1 are zero-filled (and flagged
@@ -103,19 +109,21 @@ __device__ __forceinline__ void issue_tile(char* sK, char* sV, const int* s_row,
     // warp-wide copy is four whole global lines landing in four whole shared segments. A row's
     // chunk c sits at c ^ (r & 7) and r & 7 is fixed per thread, so the row's later segments are
     // at +128 bytes in shared memory as in global memory.
+    // A row's byte offset is added to the K and V bases of the thread's chunk.
     constexpr int RP = kThreads / 8;  // rows per pass
     const int c0 = threadIdx.x % 8, r0 = threadIdx.x / 8;
+    const char* gK0 = gK + c0 * 16;
+    const char* gV0 = gK0 + v_minus_k;
 #pragma unroll
     for (int k = 0; k < TT / RP; ++k) {
       const int r = r0 + k * RP;
       const int row = s_row[r];
-      const bool ok = row >= 0;
-      const char* src = gK + static_cast<long long>(ok ? row : 0) * unit + c0 * 16;
+      const unsigned long long off = row_offset(row, unit);
       const int dst = RowGeom<T, D>::offset(r, c0);
 #pragma unroll
       for (int seg = 0; seg < CH / 8; ++seg) {
-        cp_async16(sK + dst + seg * 128, src + seg * 128, ok);
-        cp_async16(sV + dst + seg * 128, src + v_minus_k + seg * 128, ok);
+        cp_async16_row(sK + dst + seg * 128, gK0 + off + seg * 128, row);
+        cp_async16_row(sV + dst + seg * 128, gV0 + off + seg * 128, row);
       }
     }
   } else if constexpr (kThreads % CH == 0) {

@@ -45,6 +45,17 @@ struct MmaCfg {
   static constexpr int SMEM = STAGE_AREA + QBYTES + Pipe::kIndexBytes + kSmemAlign;
 };
 
+// The largest (or the sum) of N values by a balanced tree: log2(N) dependent steps instead of N.
+template <int N, typename Op>
+__device__ __forceinline__ float tree_reduce(float (&v)[N], Op op) {
+#pragma unroll
+  for (int w = 1; w < N; w *= 2) {
+#pragma unroll
+    for (int i = 0; i + w < N; i += 2 * w) v[i] = op(v[i], v[i + w]);
+  }
+  return v[0];
+}
+
 // kMulti: the item's sequence has several query tokens (item.n_q > 1). One-token decode runs the
 // kMulti = false instance, where the per-row masks and the row arithmetic fold away: with them a
 // 4096-token step took 8% longer on the H200. kFold (with kMulti, in the wide build): a warp that
@@ -69,7 +80,7 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
 #pragma unroll
   for (int r = 0; r < 2; ++r) qr[r] = query_row<kMulti>(p, item, wh * 16 + g + 8 * r);
   // Q of the rows (same dtype as the cache, so exact), rows past the CTA's zero.
-  constexpr int kQK = MmaCfg<T, D>::kQInSmem ? 1 : D / 16;
+  constexpr int kQK = Cfg::kQInSmem ? 1 : D / 16;
   std::uint32_t qf[kQK][4];
   // The logit factor of rows g and g + 8: scale * log2(e), for fp8 also the K scale and the
   // power of two a bf16 q was scaled by (fp8_q_fragments).
@@ -89,7 +100,7 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
                            for (int r = 0; r < 4; ++r) qf[kk][r] = a[r];
                          }
                        });
-  } else if constexpr (MmaCfg<T, D>::kQInSmem) {
+  } else if constexpr (Cfg::kQInSmem) {
     constexpr int CH = RowGeom<T, D>::kChunks;
     for (int idx = tid; idx < WH * 16 * CH; idx += kThreads) {
       const int r = idx / CH, c = idx - r * CH;
@@ -127,7 +138,16 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   // Rows g and g + 8 of the warp's head tile; the lanes of a quad hold the same max and partial
   // sums of their own columns (summed over the quad at the end).
   SoftmaxState2 st[2] = {SoftmaxState2::empty(), SoftmaxState2::empty()};
-  float bad[2] = {0.f, 0.f};  // NaN once a row met a non-finite logit
+  // NaN once a row met a non-finite logit: per row, two chains (n-tiles 0 and 1) so the
+  // checks of a fold are not one dependent sequence.
+  float bad[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+  // Without the soft-cap and ALiBi, and with positive logit factors, the logits stay unscaled
+  // until the exponentials: the row max is taken on them and scaled once (a positive factor
+  // keeps the max, rounding included), and each weight is one exp2 of fma(s, fac, -shift).
+  // Otherwise the logits are scaled first (efac = 1).
+  const bool late =
+      !p.logit_variant && __all_sync(0xffffffffu, logit_fac[0] > 0.f && logit_fac[1] > 0.f);
+  const float efac[2] = {late ? logit_fac[0] : 1.f, late ? logit_fac[1] : 1.f};
   // ldmatrix lane addressing
   // (row, chunk pair) of each lane's 8x8 matrix row; chunk 2 * step + half for k-step `step`.
   const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_half = lane >> 4;
@@ -157,68 +177,90 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
     const char* vS = pipe.v(stage);
     const unsigned* tile_mask = pipe.mask(it);
     const int tile_t0 = pipe.tok_begin + it * Cfg::TT;  // the tile's first token
-    // S = Q K^T of slice sl over D / 16 k-steps, into two accumulator sets (even and odd steps)
-    // so the dependent MMA chains are half as long; summed after.
-    auto scores = [&](int sl, float(&s)[2][4]) {
+    // S = Q K^T of the NS slices sl0, sl0 + WT, ... over D / 16 k-steps, k-step outer so each
+    // Q fragment read from shared memory serves every slice. One slice alone accumulates into
+    // two sets (even and odd steps, summed after) so its dependent MMA chains are half as long;
+    // several slices are independent chains already.
+    auto scores = [&](auto ns, int sl0, float(&s)[decltype(ns)::value][2][4]) {
+      constexpr int NS = decltype(ns)::value;
       float s_odd[2][4];
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] = s_odd[n][e] = 0.f;
-      }
-      const char* k_slice = kS + sl * 16 * Cfg::ROW;
-      if constexpr (Cfg::kFp8) {
-        // One ldmatrix: tokens 0-7 and 8-15 of chunks 2 j and 2 j + 1, i.e. k-steps 2 j, 2 j + 1.
+        for (int e = 0; e < 4; ++e) {
+          s_odd[n][e] = 0.f;
 #pragma unroll
-        for (int j = 0; j < D / 32; ++j) {
-          std::uint32_t raw[4];
-          ldmatrix_x4(raw, k_slice + k_at[j % 4] + (j / 4) * 128);
+          for (int j = 0; j < NS; ++j) s[j][n][e] = 0.f;
+        }
+      }
+      auto acc_of = [&](int j, int kk) -> float(&)[2][4] {
+        return NS == 1 && kk % 2 == 1 ? s_odd : s[j];
+      };
+      auto k_slice = [&](int j) { return kS + (sl0 + j * WT) * 16 * Cfg::ROW; };
+      if constexpr (Cfg::kFp8) {
+        // One ldmatrix: tokens 0-7 and 8-15 of chunks 2 j and 2 j + 1, i.e. k-steps 2 jj, 2 jj + 1.
+#pragma unroll
+        for (int jj = 0; jj < D / 32; ++jj) {
+          std::uint32_t a[2][4];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int kk = 2 * j + h;
-            std::uint32_t bk[4];
-            fp8_k_regs<T>(raw[h], bk[0], bk[1]);
-            fp8_k_regs<T>(raw[2 + h], bk[2], bk[3]);
-            float(&acc)[2][4] = h == 0 ? s : s_odd;
-            if constexpr (MmaCfg<T, D>::kQInSmem) {
-              const uint4 av = *reinterpret_cast<const uint4*>(q_frag_at(kk));
-              const std::uint32_t a[4] = {av.x, av.y, av.z, av.w};
-              Op::mma(acc[0], a, bk[0], bk[1]);
-              Op::mma(acc[1], a, bk[2], bk[3]);
+            if constexpr (Cfg::kQInSmem) {
+              const uint4 av = *reinterpret_cast<const uint4*>(q_frag_at(2 * jj + h));
+              a[h][0] = av.x, a[h][1] = av.y, a[h][2] = av.z, a[h][3] = av.w;
             } else {
-              Op::mma(acc[0], qf[kk], bk[0], bk[1]);
-              Op::mma(acc[1], qf[kk], bk[2], bk[3]);
+#pragma unroll
+              for (int r = 0; r < 4; ++r) a[h][r] = qf[2 * jj + h][r];
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < NS; ++j) {
+            std::uint32_t raw[4];
+            ldmatrix_x4(raw, k_slice(j) + k_at[jj % 4] + (jj / 4) * 128);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              std::uint32_t bk[4];
+              fp8_k_regs<T>(raw[h], bk[0], bk[1]);
+              fp8_k_regs<T>(raw[2 + h], bk[2], bk[3]);
+              float(&acc)[2][4] = acc_of(j, 2 * jj + h);
+              Op::mma(acc[0], a[h], bk[0], bk[1]);
+              Op::mma(acc[1], a[h], bk[2], bk[3]);
             }
           }
         }
       } else {
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-          std::uint32_t bk[4];
-          ldmatrix_x4(bk, k_slice + k_at[kk % 4] + (kk / 4) * 128);
-          float(&acc)[2][4] = kk % 2 == 0 ? s : s_odd;
-          if constexpr (MmaCfg<T, D>::kQInSmem) {
-            std::uint32_t a[4];
+          std::uint32_t a[4];
+          if constexpr (Cfg::kQInSmem) {
             ldmatrix_x4(a, sQ + Geo::offset(wh * 16 + a_row, 2 * kk + a_half));
+          } else {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) a[r] = qf[kk][r];
+          }
+#pragma unroll
+          for (int j = 0; j < NS; ++j) {
+            std::uint32_t bk[4];
+            ldmatrix_x4(bk, k_slice(j) + k_at[kk % 4] + (kk / 4) * 128);
+            float(&acc)[2][4] = acc_of(j, kk);
             Op::mma(acc[0], a, bk[0], bk[1]);
             Op::mma(acc[1], a, bk[2], bk[3]);
-          } else {
-            Op::mma(acc[0], qf[kk], bk[0], bk[1]);
-            Op::mma(acc[1], qf[kk], bk[2], bk[3]);
           }
         }
       }
+      if constexpr (NS == 1) {
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+        for (int n = 0; n < 2; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] += s_odd[n][e];
+          for (int e = 0; e < 4; ++e) s[0][n][e] += s_odd[n][e];
+        }
       }
     };
-    // Scale slice sl's logits, note non-finite logits of attended tokens (x * 0 is 0 for finite
-    // x, NaN otherwise; rows that are not read are zero-filled, so they add 0 unless q itself is
-    // not finite), apply the soft-cap and ALiBi, mask the rows the slice's 16 mask bits exclude
-    // (warp-uniform: only partial or skipped tiles) and the tokens a row does not attend to
-    // (`keep`, bit n * 4 + e for element (n, e)).
+    // Note slice sl's non-finite logits of attended tokens (x * 0 is 0 for finite x, NaN
+    // otherwise; rows that are not read are zero-filled, so they add 0 unless q itself is not
+    // finite), scale them (unless `late`: then the scale joins the exponentials), apply the
+    // soft-cap and ALiBi, mask the rows the slice's 16 mask bits exclude (warp-uniform: only
+    // partial or skipped tiles) and the tokens a row does not attend to (`keep`, bit n * 4 + e
+    // for element (n, e)).
     auto logits = [&](int sl, float(&s)[2][4], unsigned keep) {
       const int t0 = tile_t0 + sl * 16;  // the slice's first token
       const unsigned bits = (tile_mask[sl >> 1] >> ((sl & 1) * 16)) & 0xffffu;
@@ -226,8 +268,14 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
       for (int n = 0; n < 2; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[n][e] *= logit_fac[e >> 1];
-          bad[e >> 1] = fmaf((keep >> (n * 4 + e)) & 1u ? s[n][e] : 0.f, 0.f, bad[e >> 1]);
+          bad[e >> 1][n] = fmaf((keep >> (n * 4 + e)) & 1u ? s[n][e] : 0.f, 0.f, bad[e >> 1][n]);
+        }
+      }
+      if (!late) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[n][e] *= logit_fac[e >> 1];
         }
       }
       if (p.logit_variant) {  // uniform: the soft-cap and ALiBi, on every column of the slice
@@ -260,14 +308,18 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
         }
       }
     };
-    // O += P V for slice sl, P as the A operand in hi and lo parts (lo only with p.p_lo).
-    auto values = [&](int sl, const float(&s)[2][4], bool disagree, unsigned keep) {
+    // O += P V for slice sl, P as the A operand in hi and lo parts (lo only with kLo, which is
+    // p.p_lo: a compile-time flag here so that a fold's P V products for all its slices are one
+    // straight run of code, the fragments of the next slice loaded while the products of this
+    // one issue).
+    auto values = [&](auto lo, int sl, const float(&s)[2][4], bool disagree, unsigned keep) {
+      constexpr bool kLo = decltype(lo)::value;
       std::uint32_t ph[4], pl[4] = {0u, 0u, 0u, 0u};
       {
         const float* src[4] = {&s[0][0], &s[0][2], &s[1][0], &s[1][2]};
 #pragma unroll
         for (int r = 0; r < 4; ++r) ph[r] = Op::pack(src[r][0], src[r][1]);
-        if (p.p_lo) {
+        if constexpr (kLo) {
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
             float h0, h1;
@@ -304,17 +356,14 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
           }
         }
       };
-      if (!disagree && p.p_lo) {
+      if (!disagree) {
         for_v_tiles([&](int n, const std::uint32_t(&b)[4]) {
           Op::mma(o[n], ph, b[0], b[1]);
           Op::mma(o[n + 1], ph, b[2], b[3]);
-          Op::mma(o[n], pl, b[0], b[1]);
-          Op::mma(o[n + 1], pl, b[2], b[3]);
-        });
-      } else if (!disagree) {
-        for_v_tiles([&](int n, const std::uint32_t(&b)[4]) {
-          Op::mma(o[n], ph, b[0], b[1]);
-          Op::mma(o[n + 1], ph, b[2], b[3]);
+          if constexpr (kLo) {
+            Op::mma(o[n], pl, b[0], b[1]);
+            Op::mma(o[n + 1], pl, b[2], b[3]);
+          }
         });
       } else {
         // A token one row attends to and another does not (a weight of 0 there) must not bring
@@ -337,7 +386,7 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
           Op::mma(hit[1], att, nf[2], nf[3]);
           Op::mma(o[n], ph, b[0], b[1]);
           Op::mma(o[n + 1], ph, b[2], b[3]);
-          if (p.p_lo) {
+          if constexpr (kLo) {
             Op::mma(o[n], pl, b[0], b[1]);
             Op::mma(o[n + 1], pl, b[2], b[3]);
           }
@@ -362,8 +411,7 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
     auto fold = [&](auto ns, int sl0) {
       constexpr int NS = decltype(ns)::value;
       float s[NS][2][4];
-#pragma unroll
-      for (int j = 0; j < NS; ++j) scores(sl0 + j * WT, s[j]);
+      scores(ns, sl0, s);
       const int t0 = tile_t0 + sl0 * 16;  // the (first) slice's first token
       unsigned keep = 0xffu;
       const bool disagree = NS == 1 && kMulti &&
@@ -383,35 +431,48 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
       }
 #pragma unroll
       for (int j = 0; j < NS; ++j) logits(sl0 + j * WT, s[j], keep);
-      // Row max (rows g and g + 8; a quad shares a row).
-      float mx[2] = {-INFINITY, -INFINITY};
+      // Row max (rows g and g + 8; a quad shares a row), in the logits' units: scaled by
+      // efac = logit_fac > 0 (late) after the max, which rounding leaves the max.
+      float mx[2];
 #pragma unroll
-      for (int j = 0; j < NS; ++j) {
+      for (int r = 0; r < 2; ++r) {
+        float v[4 * NS];
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
+        for (int j = 0; j < NS; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[j][n][e]);
+          for (int n = 0; n < 2; ++n) {
+            v[4 * j + 2 * n] = s[j][n][2 * r];
+            v[4 * j + 2 * n + 1] = s[j][n][2 * r + 1];
+          }
         }
+        mx[r] = tree_reduce(v, [](float x, float y) { return fmaxf(x, y); });
       }
       float alpha[2], shift[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        alpha[r] = st[r].rescale_to(mx[r]);
+        alpha[r] = st[r].rescale_to(mx[r] * efac[r]);
         shift[r] = st[r].shift();
       }
-      float ps[2] = {0.f, 0.f};
+      // The weights exp2(s * efac - shift) (0 for a masked -inf: efac > 0) and their row sums.
+      float ps[2];
 #pragma unroll
-      for (int j = 0; j < NS; ++j) {
+      for (int r = 0; r < 2; ++r) {
+        float v[4 * NS];
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
+        for (int j = 0; j < NS; ++j) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            s[j][n][e] = exp2f(s[j][n][e] - shift[e >> 1]);
-            ps[e >> 1] += s[j][n][e];
+          for (int n = 0; n < 2; ++n) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              float& x = s[j][n][2 * r + c];
+              x = Log2Exp::exp(fmaf(x, efac[r], -shift[r]));
+              v[4 * j + 2 * n + c] = x;
+            }
           }
         }
+        ps[r] = tree_reduce(v, [](float x, float y) { return x + y; });
       }
       st[0].add(ps[0]);
       st[1].add(ps[1]);
@@ -426,8 +487,15 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
           o[n][3] *= alpha[1];
         }
       }
+      auto products = [&](auto lo) {
 #pragma unroll
-      for (int j = 0; j < NS; ++j) values(sl0 + j * WT, s[j], disagree, keep);
+        for (int j = 0; j < NS; ++j) values(lo, sl0 + j * WT, s[j], disagree, keep);
+      };
+      if (p.p_lo) {
+        products(std::true_type{});
+      } else {
+        products(std::false_type{});
+      }
     };
     // A full tile on which the rows agree, with 2 or 4 slices per warp: one fold of them all.
     // (The wide build only: see split_kernel in split_kernel.cuh.)
@@ -452,11 +520,12 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   for (int r = 0; r < 2; ++r) {
     st[r].l += __shfl_xor_sync(0xffffffffu, st[r].l, 1);
     st[r].l += __shfl_xor_sync(0xffffffffu, st[r].l, 2);
-    bad[r] += __shfl_xor_sync(0xffffffffu, bad[r], 1);
-    bad[r] += __shfl_xor_sync(0xffffffffu, bad[r], 2);
+    float b = bad[r][0] + bad[r][1];
+    b += __shfl_xor_sync(0xffffffffu, b, 1);
+    b += __shfl_xor_sync(0xffffffffu, b, 2);
     // A non-finite logit makes the row's state NaN (m = l = NaN), which every merge after this
     // one, and the combine, carry through to out and lse (as the CPU backend does).
-    if (bad[r] != 0.f) st[r].m = st[r].l = NAN;
+    if (b != 0.f) st[r].m = st[r].l = NAN;
   }
   // Every warp puts its rows' states and accumulators in the scratch (slot wh * WT + wt); then
   // all 128 threads merge them, TPR threads per row of the head tiles, each over D / TPR

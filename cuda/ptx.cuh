@@ -13,13 +13,15 @@ __device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16-byte async copy; ok == false reads nothing and zero-fills the destination (the ignore-src
-// predicate: one predicated instruction, where a computed src-size costs several).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool ok) {
+// 16-byte async copy of a tile row's chunk; a negative `row` (the row's index, -1 when it must
+// not be read) reads nothing and zero-fills the destination (the ignore-src predicate: one
+// predicated instruction, where a computed src-size costs several; the predicate is one compare
+// of the index itself).
+__device__ __forceinline__ void cp_async16_row(void* dst, const void* src, int row) {
   asm volatile(
-      "{\n .reg .pred skip;\n setp.eq.u32 skip, %2, 0;\n"
+      "{\n .reg .pred skip;\n setp.lt.s32 skip, %2, 0;\n"
       " cp.async.cg.shared.global [%0], [%1], 16, skip;\n}\n" ::"r"(smem_u32(dst)),
-      "l"(src), "r"(static_cast<unsigned>(ok)));
+      "l"(src), "r"(row));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>

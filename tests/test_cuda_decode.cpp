@@ -199,14 +199,15 @@ TEST(CudaDecode, SingleSplit) {
 
 #ifdef PAGEDATTN_TEST_HAS_CUDA_RUNTIME
 
-// The fp8 tensor-core kernels at head dims 64 and 128 have a dense build (more CTAs per SM),
-// which decode takes from the shapes (split_kernel_for in cuda/decode_cuda.cu): few (sequence,
-// kv head) pairs take it, about as many pairs as the device has slots the plain build, and long
-// tables with a few more pairs the dense build planned over two waves. Batches of growing size,
-// short tables and then long ones (the choice reads the table's capacity; the contexts stay
-// short), until each choice has run once, for each format and head dim, against the reference.
-// On Hopper, where the dense build fits more CTAs per SM, the dense build must have run; on a
-// 132-SM Hopper GPU (H100 SXM, H200) the two-wave plan at D = 128 too.
+// The fp8 tensor-core kernels at head dims 64 and 128 have a dense build (more CTAs per SM where
+// the plain build's registers allow fewer), and decode plans for the most CTAs per SM either build
+// fits or for one fewer, from the shapes (split_kernel_for in cuda/decode_cuda.cu): few
+// (sequence, kv head) pairs take one fewer (the plain build), about as many pairs as the device
+// has slots the most, and long tables with a few more pairs the most over two waves. Batches of
+// growing size, short tables and then long ones (the choice reads the table's capacity; the
+// contexts stay short), until each choice has run once, for each format and head dim, against
+// the reference. On Hopper the plan for the most CTAs must have run (the dense build where it
+// fits more); on a 132-SM Hopper GPU (H100 SXM, H200) the two-wave plan at D = 128 too.
 TEST(CudaDecode, Fp8KernelBuilds) {
   SKIP_WITHOUT_CUDA();
   int device = 0;
@@ -216,7 +217,7 @@ TEST(CudaDecode, Fp8KernelBuilds) {
   std::mt19937 rng(static_cast<std::uint32_t>(test_seed()));
   for (DType cache : {DType::kFP8E4M3, DType::kFP8E5M2}) {
     for (int d : {64, 128}) {
-      bool ran[3] = {false, false, false};  // plain, dense, dense over two waves
+      bool ran[3] = {false, false, false};  // one fewer CTA, the most, the most over two waves
       for (int table_padding : {2, 1100}) {
         for (int batch : {1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 96, 128}) {
           std::vector<int> lens(batch);
@@ -228,8 +229,10 @@ TEST(CudaDecode, Fp8KernelBuilds) {
           s.table_padding = table_padding;
           testing::HostCase c = testing::make_case(s);
           const detail::cuda::SplitChoice choice = detail::cuda::split_choice(c.args());
-          const int kind = !choice.dense ? 0 : choice.waves == 1 ? 1 : 2;
-          ASSERT_TRUE(choice.waves == 1 || (choice.dense && choice.waves == 2));
+          const bool most = choice.ctas_per_sm == choice.most_ctas_per_sm;
+          const int kind = !most ? 0 : choice.waves == 1 ? 1 : 2;
+          ASSERT_TRUE(choice.waves == 1 || (most && choice.waves == 2));
+          ASSERT_TRUE(most || !choice.dense) << "the dense build planned short of what fits";
           if (ran[kind]) continue;
           ran[kind] = true;
           SCOPED_TRACE(std::string(dtype_name(cache)) + " d" + std::to_string(d) + " batch " +
@@ -241,10 +244,10 @@ TEST(CudaDecode, Fp8KernelBuilds) {
         }
       }
       const std::string what = std::string(dtype_name(cache)) + " d" + std::to_string(d);
-      EXPECT_TRUE(ran[0]) << what << ": the plain build never ran";
-      if (prop.major == 9) EXPECT_TRUE(ran[1]) << what << ": the dense build never ran";
+      EXPECT_TRUE(ran[0]) << what << ": the plan one CTA per SM short never ran";
+      if (prop.major == 9) EXPECT_TRUE(ran[1]) << what << ": the plan for the most CTAs never ran";
       if (prop.major == 9 && prop.multiProcessorCount == 132 && d == 128) {
-        EXPECT_TRUE(ran[2]) << what << ": the dense build over two waves never ran";
+        EXPECT_TRUE(ran[2]) << what << ": the plan for the most CTAs over two waves never ran";
       }
     }
   }
