@@ -110,9 +110,10 @@ __device__ __forceinline__ void split_cta(const SplitParams& p) {
 // thread at what that many CTAs allow). The wide build is a kernel of its own: its fold of
 // several slices needs registers that, in one kernel with the other paths, raised the
 // one-token path's budget too (bf16 at head dim 64 from 128 to 168, fp8 e4m3 at 128 from 170 to
-// 221), costing CTAs per SM.
+// 221), costing CTAs per SM; at head dim 64 it is capped for four CTAs per SM (wide_min_ctas).
 template <typename T, int D, bool kMma, bool kWide>
-__global__ void __launch_bounds__(kThreads) split_kernel(SplitParams p) {
+__global__ void __launch_bounds__(kThreads, kWide ? wide_min_ctas(D) : 0)
+    split_kernel(SplitParams p) {
   split_cta<T, D, kMma, kWide>(p);
 }
 template <typename T, int D, bool kMma, int kMinCtas>
@@ -204,11 +205,12 @@ bool with_head_dim(int head_dim, F&& f) {
 
 // CTAs per SM that the dense build of a kernel is compiled for (0: there is none). The fp8
 // tensor-core kernel's widening needs registers that the compiler's own budget spends freely
-// (170 at D = 128 for e4m3, 252 for e5m2, 158 at D = 64): two CTAs per SM at D = 128, three at
-// D = 64. Built for one more CTA per SM (168 and 128 registers, a few dozen bytes of spills),
-// it reads faster when the plan has items for the extra slots (decode_cuda.cu picks the build
-// per call). Head dim 96 fits three CTAs with the compiler's budget already; 192 and 256 spill
-// hundreds of bytes at 168 registers and lose.
+// (252 at D = 128 for e5m2, 160 at D = 64): two CTAs per SM at D = 128, three at D = 64. Built
+// for one more CTA per SM (168 and 128 registers, a few dozen bytes of spills), it reads faster
+// when the plan has items for the extra slots (decode_cuda.cu picks the build per call). e4m3 at
+// D = 128 compiles to 168 registers on its own (nvcc 13.0), three CTAs per SM like its dense
+// build, which decode then has no reason to take. Head dim 96 fits three CTAs with the
+// compiler's budget already; 192 and 256 spill hundreds of bytes at 168 registers and lose.
 template <typename T, int D>
 constexpr int kDenseMinCtas = is_fp8_type<T> ? (D == 64 ? 4 : (D == 128 ? 3 : 0)) : 0;
 

@@ -96,10 +96,13 @@ struct SplitBuild {
 };
 // The head dims with a wide build (mma_path.cuh: a warp folds the 2 or 4 token slices of a tile
 // it takes with one softmax step). Above 128 the accumulators leave too few free registers for
-// it. At 64 its 168 registers fit three CTAs per SM where the plain build's 128 fit four: on the
-// H200 that cost more than the fold gained on three of five shapes (q_len 8 at group 4, 32 x
-// 16384: 1.20x the plain build's time), so head dim 64 keeps the slice-by-slice fold.
-constexpr bool wide_head_dim(int head_dim) { return head_dim > 64 && head_dim <= 128; }
+// it.
+constexpr bool wide_head_dim(int head_dim) { return head_dim >= 64 && head_dim <= 128; }
+// CTAs per SM the wide build is compiled for (0: the compiler's own register budget). At head
+// dim 64 its own budget is 139 registers, three CTAs per SM where the plain build fits four;
+// capped at 128 (a few dozen bytes of spills) it fits four and took 0.72-0.89 of the plain
+// build's time on the H200 at q_len 4 and 8 (docs/performance.md).
+constexpr int wide_min_ctas(int head_dim) { return head_dim == 64 ? 4 : 0; }
 
 // Per cache dtype (defined in split_<dtype>.cu): launch the split kernel (false when no kernel was
 // built for the head dim: the caller reports it), or report how many of its CTAs fit on one SM
