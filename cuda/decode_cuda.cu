@@ -172,9 +172,9 @@ SplitKernel split_kernel_for(const DecodeArgs& a) {
     const bool dense_fits_more = dense > k.ctas_per_sm;
     const int most = dense_fits_more ? dense : k.ctas_per_sm;
     const int fewer = dense_fits_more ? k.ctas_per_sm : most - 1;
-    const bool two_waves =
-        fewer >= 1 && !dense_pays(a, fewer, most) && two_dense_waves_pay(a, most);
-    if (fewer < 1 || two_waves || dense_pays(a, fewer, most)) {
+    const bool one_wave = fewer < 1 || dense_pays(a, fewer, most);
+    const bool two_waves = !one_wave && two_dense_waves_pay(a, most);
+    if (one_wave || two_waves) {
       k.build.dense = dense_fits_more;
       k.ctas_per_sm = most;
       if (two_waves) k.waves = 2;
@@ -287,8 +287,8 @@ SplitChoice split_choice(const DecodeArgs& a) {
   SplitBuild plain = k.build, dense = k.build;
   plain.dense = false;
   dense.dense = true;
-  const int fits = std::max(ctas_per_sm_of(a, plain), k.build.mma ? ctas_per_sm_of(a, dense) : 0);
-  return {k.build.dense, k.waves, k.ctas_per_sm, fits};
+  return {k.build.dense, k.waves, k.ctas_per_sm, ctas_per_sm_of(a, plain),
+          ctas_per_sm_of(a, dense)};
 }
 
 namespace {

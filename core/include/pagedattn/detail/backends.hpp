@@ -50,13 +50,14 @@ void check_launch(const DecodeArgs& args, const pagedattn::DecodeOptions& option
 std::size_t workspace_size(const DecodeArgs& args);
 // The split kernel's build decode runs for these shapes (dense: more CTAs per SM, fp8
 // tensor-core kernels, cuda/split_kernel.cuh), the CTAs per SM and waves of it its plan aims at
-// (cuda/decode_cuda.cu, split_kernel_for), and the most CTAs per SM either build fits, so the
-// tests can check each choice.
+// (cuda/decode_cuda.cu, split_kernel_for), and the CTAs per SM each build fits (the same for
+// both where there is no dense build), so the tests can check each choice.
 struct SplitChoice {
   bool dense = false;
   int waves = 1;
   int ctas_per_sm = 0;
-  int most_ctas_per_sm = 0;
+  int plain_fits = 0;
+  int dense_fits = 0;
 };
 SplitChoice split_choice(const DecodeArgs& args);
 // `bytes` of device memory from the library's stream-ordered pool on the current device, given
