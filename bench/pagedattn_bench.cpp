@@ -67,7 +67,7 @@ using pagedattn::bench::Shape;
 
 namespace {
 
-// The grid: long single sequence, mid batches, MHA, GQA 8, small head dim, 256K tokens.
+// The default grid: a long single sequence, mid batches, MHA, GQA 8, a small head dim, 256K tokens.
 const Shape kDefaultShapes[] = {
     {1, 32, 8, 128, 32768, 16},  {8, 32, 8, 128, 8192, 16},  {32, 32, 8, 128, 2048, 16},
     {4, 32, 32, 128, 4096, 16},  {16, 64, 8, 128, 4096, 16}, {64, 32, 8, 64, 1024, 16},
