@@ -1,4 +1,72 @@
-# Decides whether the CUDA backend is built (PAGEDATTN_WITH_CUDA) from PAGEDATTN_CUDA.
+# Decides whether the CUDA backend is built (PAGEDATTN_WITH_CUDA) from PAGEDATTN_CUDA, and for
+# which GPU architectures (PAGEDATTN_CUDA_ARCHITECTURES).
+
+set(PAGEDATTN_CUDA_ARCHITECTURES "" CACHE STRING
+    "GPU architectures of pagedattn's kernels: a CMake CUDA_ARCHITECTURES list (e.g. 90a-real), \
+'portable' (80-real;90-real;90-virtual), 'local' (the GPUs nvidia-smi lists), or empty: \
+CMAKE_CUDA_ARCHITECTURES when set, else local when a GPU is found, else portable")
+
+# The fewest targets that run every GPU from sm_80 on at full speed: sm_80 machine code also runs
+# on sm_86 and sm_89 (same major version), sm_90 machine code on Hopper, and compute_90 PTX is
+# compiled by the driver for anything newer. The kernels need sm_80 (cp.async, ldmatrix, bf16
+# MMA).
+set(_pagedattn_portable_archs 80-real 90-real 90-virtual)
+
+# Machine code for each GPU that nvidia-smi lists on this machine (empty when there is none).
+function(pagedattn_local_cuda_architectures out)
+  set(archs "")
+  find_program(_pagedattn_nvidia_smi nvidia-smi)
+  if(_pagedattn_nvidia_smi)
+    execute_process(COMMAND ${_pagedattn_nvidia_smi} --query-gpu=compute_cap --format=csv,noheader
+                    OUTPUT_VARIABLE caps RESULT_VARIABLE rc ERROR_QUIET
+                    OUTPUT_STRIP_TRAILING_WHITESPACE)
+    if(rc EQUAL 0 AND caps MATCHES "^[0-9]")
+      string(REPLACE "\n" ";" caps "${caps}")
+      foreach(cap IN LISTS caps)
+        string(STRIP "${cap}" cap)
+        string(REPLACE "." "" cap "${cap}")
+        if(cap MATCHES "^[0-9]+$" AND cap GREATER_EQUAL 80)
+          list(APPEND archs ${cap}-real)
+        endif()
+      endforeach()
+      list(REMOVE_DUPLICATES archs)
+    endif()
+  endif()
+  set(${out} "${archs}" PARENT_SCOPE)
+endfunction()
+
+# Sets _PAGEDATTN_CUDA_ARCHS, the architectures pagedattn's own targets build for
+# (pagedattn_target_defaults), and CMAKE_CUDA_ARCHITECTURES when pagedattn is the top-level
+# project and nobody chose them; a parent project's targets keep their own.
+macro(pagedattn_choose_cuda_architectures)
+  set(_PAGEDATTN_CUDA_ARCHS "")
+  set(_pagedattn_archs_from "")
+  if(PAGEDATTN_CUDA_ARCHITECTURES STREQUAL "portable")
+    set(_PAGEDATTN_CUDA_ARCHS ${_pagedattn_portable_archs})
+  elseif(PAGEDATTN_CUDA_ARCHITECTURES STREQUAL "local")
+    pagedattn_local_cuda_architectures(_PAGEDATTN_CUDA_ARCHS)
+    if(NOT _PAGEDATTN_CUDA_ARCHS)
+      message(FATAL_ERROR "pagedattn: PAGEDATTN_CUDA_ARCHITECTURES=local but nvidia-smi lists no "
+                          "GPU of sm_80 or newer; name the architectures (e.g. 90-real) or use "
+                          "'portable'")
+    endif()
+  elseif(PAGEDATTN_CUDA_ARCHITECTURES)
+    set(_PAGEDATTN_CUDA_ARCHS ${PAGEDATTN_CUDA_ARCHITECTURES})
+  elseif(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    pagedattn_local_cuda_architectures(_PAGEDATTN_CUDA_ARCHS)
+    if(NOT _PAGEDATTN_CUDA_ARCHS)
+      set(_PAGEDATTN_CUDA_ARCHS ${_pagedattn_portable_archs})
+    endif()
+  endif()
+  if(_PAGEDATTN_CUDA_ARCHS AND PAGEDATTN_TOP_LEVEL AND NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES ${_PAGEDATTN_CUDA_ARCHS})
+  endif()
+  if(_PAGEDATTN_CUDA_ARCHS)
+    message(STATUS "pagedattn: CUDA architectures ${_PAGEDATTN_CUDA_ARCHS}")
+  else()
+    message(STATUS "pagedattn: CUDA architectures ${CMAKE_CUDA_ARCHITECTURES} (CMAKE_CUDA_ARCHITECTURES)")
+  endif()
+endmacro()
 set(PAGEDATTN_WITH_CUDA OFF)
 if(NOT PAGEDATTN_CUDA STREQUAL "OFF")
   include(CheckLanguage)
@@ -10,19 +78,7 @@ if(NOT PAGEDATTN_CUDA STREQUAL "OFF")
   endif()
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
-    # Machine code for Ampere (sm_80: A100, A30; sm_86: A10, A40, RTX 30xx), Ada (sm_89: L4, L40,
-    # RTX 40xx) and Hopper (sm_90: H100, H200), plus compute_90 PTX so newer GPUs can JIT it,
-    # unless the architectures were chosen (-DCMAKE_CUDA_ARCHITECTURES, or a parent project). Only
-    # pagedattn's own targets get this default (pagedattn_target_defaults); a parent project's
-    # targets keep theirs. The kernels need sm_80 (cp.async, ldmatrix, bf16 MMA); the
-    # programmatic launch of the combine is used only on sm_90.
-    set(PAGEDATTN_CUDA_ARCHITECTURES "")
-    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      set(PAGEDATTN_CUDA_ARCHITECTURES 80-real 86-real 89-real 90-real 90-virtual)
-      if(PAGEDATTN_TOP_LEVEL)
-        set(CMAKE_CUDA_ARCHITECTURES ${PAGEDATTN_CUDA_ARCHITECTURES})
-      endif()
-    endif()
+    pagedattn_choose_cuda_architectures()
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
     set(PAGEDATTN_WITH_CUDA ON)

@@ -7,9 +7,8 @@ function(pagedattn_target_defaults target)
   if(PAGEDATTN_WITH_CUDA)
     set_target_properties(${target} PROPERTIES CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
                                                CUDA_EXTENSIONS OFF)
-    if(PAGEDATTN_CUDA_ARCHITECTURES)
-      set_target_properties(${target} PROPERTIES
-                            CUDA_ARCHITECTURES "${PAGEDATTN_CUDA_ARCHITECTURES}")
+    if(_PAGEDATTN_CUDA_ARCHS)  # cmake/PagedattnCuda.cmake
+      set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES "${_PAGEDATTN_CUDA_ARCHS}")
     endif()
   endif()
 endfunction()

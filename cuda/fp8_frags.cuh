@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "fp8_convert.cuh"
 #include "pagedattn/dtype.hpp"
 #include "query_rows.cuh"
 #include "split_params.cuh"
@@ -43,8 +44,7 @@ __device__ __forceinline__ std::uint32_t fp8_pair(std::uint32_t x) {
     const std::uint32_t two = (a == 0 && b == 1)
                                   ? (x & 0xffffu)
                                   : (a == 2 && b == 3 ? x >> 16 : __byte_perm(x, 0u, (b << 4) | a));
-    const __half2_raw h =
-        __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+    const __half2_raw h = fp8x2_to_half2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
     return static_cast<std::uint32_t>(h.x) | (static_cast<std::uint32_t>(h.y) << 16);
   }
 }

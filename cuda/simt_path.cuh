@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "fp8_convert.cuh"
 #include "kv_pipeline.cuh"
 #include "logit_variants.cuh"
 #include "pagedattn/dtype.hpp"
@@ -61,7 +62,7 @@ __device__ __forceinline__ void load_slice(const char* tile, int r, int l16, flo
     w[i] = *reinterpret_cast<const W*>(tile + RowGeom<T, D>::offset(r, byte / 16) + byte % 16);
   }
   if constexpr (is_fp8_type<T>) {
-    // Two codes at a time through f16 (exact; one instruction on sm_89 and later).
+    // Two codes at a time through f16 (exact: fp8_convert.cuh).
     constexpr __nv_fp8_interpretation_t kKind =
         std::is_same_v<T, fp8_e4m3_t> ? __NV_E4M3 : __NV_E5M2;
     const std::uint8_t* b = reinterpret_cast<const std::uint8_t*>(w);
@@ -69,7 +70,7 @@ __device__ __forceinline__ void load_slice(const char* tile, int r, int l16, flo
     for (int i = 0; i + 1 < E; i += 2) {
       const __nv_fp8x2_storage_t pair =
           static_cast<__nv_fp8x2_storage_t>(b[i] | (static_cast<unsigned>(b[i + 1]) << 8));
-      const __half2 h = __nv_cvt_fp8x2_to_halfraw2(pair, kKind);
+      const __half2 h = fp8x2_to_half2(pair, kKind);
       const float2 f = __half22float2(h);
       out[i] = f.x;
       out[i + 1] = f.y;

@@ -179,30 +179,6 @@ void launch_split_typed(const SplitParams& p, int grid, cudaStream_t stream) {
   cudaLaunchKernelEx(&cfg, split_kernel_fn<T, D, kMma, kMinCtas, kWide>(), p);
 }
 
-// Calls f(std::integral_constant<int, D>) for the compile-time head_dim D and returns true, or
-// returns false for a head dim with no kernel (validate_shapes refuses those first).
-template <typename F>
-bool with_head_dim(int head_dim, F&& f) {
-  switch (head_dim) {
-    case 64:
-      return f(std::integral_constant<int, 64>{}), true;
-    case 80:
-      return f(std::integral_constant<int, 80>{}), true;
-    case 96:
-      return f(std::integral_constant<int, 96>{}), true;
-    case 112:
-      return f(std::integral_constant<int, 112>{}), true;
-    case 128:
-      return f(std::integral_constant<int, 128>{}), true;
-    case 192:
-      return f(std::integral_constant<int, 192>{}), true;
-    case 256:
-      return f(std::integral_constant<int, 256>{}), true;
-    default:
-      return false;
-  }
-}
-
 // CTAs per SM that the dense build of a kernel is compiled for (0: there is none). The fp8
 // tensor-core kernel's widening needs registers that the compiler's own budget spends freely
 // (252 at D = 128 for e5m2, 160 at D = 64): two CTAs per SM at D = 128, three at D = 64. Built
@@ -218,9 +194,7 @@ constexpr int kDenseMinCtas = is_fp8_type<T> ? (D == 64 ? 4 : (D == 128 ? 3 : 0)
 // build b of the kernel of cache dtype T at head dim D: the CUDA cores (kMma false: f32 caches,
 // kCanMma false, and head dims without a tensor-core kernel), the wide build where b asks for it
 // and there is one (wide_head_dim), the dense build where b asks for it and there is one
-// (kDenseMinCtas), else the plain tensor-core build. launch_split_for_dtype and
-// split_ctas_per_sm_for_dtype go through it alike, so the planner counts the CTAs of the kernel
-// that runs.
+// (kDenseMinCtas), else the plain tensor-core build.
 template <typename T, bool kCanMma, int D, typename F>
 void with_split_build(SplitBuild b, F&& f) {
   using std::bool_constant;
@@ -244,28 +218,25 @@ void with_split_build(SplitBuild b, F&& f) {
   f(bool_constant<false>{}, integral_constant<int, 0>{}, bool_constant<false>{});
 }
 
-// The kernels of one cache dtype T (kCanMma: the tensor-core variant exists too: f16/bf16, and
-// fp8 at head dims that are multiples of 32). Each split_<dtype>.cu instantiates these once, so
-// the dtypes compile in parallel.
-template <typename T, bool kCanMma>
-bool launch_split_for_dtype(const SplitParams& p, int head_dim, SplitBuild b, int grid,
-                            cudaStream_t stream) {
-  return with_head_dim(head_dim, [&](auto dim) {
-    with_split_build<T, kCanMma, decltype(dim)::value>(b, [&](auto mma, auto min_ctas, auto wide) {
-      launch_split_typed<T, decltype(dim)::value, decltype(mma)::value, decltype(min_ctas)::value,
-                         decltype(wide)::value>(p, grid, stream);
-    });
+// SplitKernels<T, D> (split_params.cuh) through with_split_build, so the planner counts the CTAs
+// of the kernel that runs. Cache dtypes other than f32 have a tensor-core variant (fp8 at head
+// dims that are multiples of 32: kMmaHeadDim).
+template <typename T, int D>
+void SplitKernels<T, D>::launch(const SplitParams& p, SplitBuild b, int grid, cudaStream_t stream) {
+  constexpr bool kCanMma = !std::is_same_v<T, float>;
+  with_split_build<T, kCanMma, D>(b, [&](auto mma, auto min_ctas, auto wide) {
+    launch_split_typed<T, D, decltype(mma)::value, decltype(min_ctas)::value,
+                       decltype(wide)::value>(p, grid, stream);
   });
 }
 
-template <typename T, bool kCanMma>
-int split_ctas_per_sm_for_dtype(int head_dim, SplitBuild b) {
+template <typename T, int D>
+int SplitKernels<T, D>::ctas_per_sm(SplitBuild b) {
+  constexpr bool kCanMma = !std::is_same_v<T, float>;
   int n = 0;
-  with_head_dim(head_dim, [&](auto dim) {
-    with_split_build<T, kCanMma, decltype(dim)::value>(b, [&](auto mma, auto min_ctas, auto wide) {
-      n = prepare_split_typed<T, decltype(dim)::value, decltype(mma)::value,
-                              decltype(min_ctas)::value, decltype(wide)::value>();
-    });
+  with_split_build<T, kCanMma, D>(b, [&](auto mma, auto min_ctas, auto wide) {
+    n = prepare_split_typed<T, D, decltype(mma)::value, decltype(min_ctas)::value,
+                            decltype(wide)::value>();
   });
   return n;
 }
