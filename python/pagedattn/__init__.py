@@ -291,8 +291,8 @@ def _describe_torch(x: Any, dtypes: dict) -> Any:
 def _ref(x: Any) -> Any:
     """What the module gets for an (unwrapped) tensor. A PyTorch tensor goes as a plain tuple
     (data pointer, DLPack type code, bits, DLPack device type, device index, shape, strides in
-    elements), read from its attributes: exporting it through DLPack costs several microseconds
-    a tensor, most of a small call. The module checks the tuple exactly as it checks a DLPack
+    elements), read from its attributes: a DLPack export costs more than the rest of a small
+    call (docs/python.md). The module checks the tuple exactly as it checks a DLPack
     tensor. Anything else (and a PyTorch dtype the table lacks, so that its error names it) goes
     as it is."""
     torch = sys.modules.get("torch")
@@ -348,8 +348,8 @@ def _stream(stream: Stream, like: Any) -> int:
     if stream is None:
         if _is_torch(like) and like.is_cuda:
             torch = _module("torch")
-            # The raw handle of PyTorch's current stream, without building a Stream object (a
-            # few microseconds a call); the public API where this PyTorch lacks it.
+            # The raw handle of PyTorch's current stream, without building a Stream object,
+            # which every call would pay for; the public API where this PyTorch lacks it.
             raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
             if raw is not None:
                 return int(raw(like.get_device()))
