@@ -291,8 +291,8 @@ def _describe_torch(x: Any, dtypes: dict) -> Any:
 def _ref(x: Any) -> Any:
     """What the module gets for an (unwrapped) tensor. A PyTorch tensor goes as a plain tuple
     (data pointer, DLPack type code, bits, DLPack device type, device index, shape, strides in
-    elements), read from its attributes: exporting it through DLPack costs several microseconds
-    a tensor, most of a small call. The module checks the tuple exactly as it checks a DLPack
+    elements), read from its attributes: a DLPack export costs more than the rest of a small
+    call (docs/python.md). The module checks the tuple exactly as it checks a DLPack
     tensor. Anything else (and a PyTorch dtype the table lacks, so that its error names it) goes
     as it is."""
     torch = sys.modules.get("torch")
@@ -348,8 +348,8 @@ def _stream(stream: Stream, like: Any) -> int:
     if stream is None:
         if _is_torch(like) and like.is_cuda:
             torch = _module("torch")
-            # The raw handle of PyTorch's current stream, without building a Stream object (a
-            # few microseconds a call); the public API where this PyTorch lacks it.
+            # The raw handle of PyTorch's current stream, without building a Stream object,
+            # which every call would pay for; the public API where this PyTorch lacks it.
             raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
             if raw is not None:
                 return int(raw(like.get_device()))
@@ -377,6 +377,10 @@ def _stream(stream: Stream, like: Any) -> int:
 
 
 def _check_tensor(x: Any, name: str) -> None:
+    """Refuses an object that is no tensor, naming the argument; a marked tensor (bf16(),
+    fp8_e4m3(), fp8_e5m2()) is checked as the tensor it marks."""
+    if isinstance(x, _MARKED):
+        x = x.tensor
     if not _looks_like_tensor(x):
         raise Error(
             f"pagedattn: {name} = an object of type {type(x).__name__}: expected a tensor "
@@ -400,27 +404,33 @@ def _per_head(x: Any, name: str) -> Any:
     torch = sys.modules.get("torch")
     if torch is not None and type(x) is torch.Tensor:  # the serving loop's case, first
         return _describe_torch(x, _torch_dlpack_dtypes(torch))
-    _check_tensor(x.tensor if isinstance(x, _MARKED) else x, name)
+    _check_tensor(x, name)
     return _ref(_unwrap(x, name, []))
+
+
+def _int32(value: Any, name: str, meaning: str) -> int:
+    """``value`` as a plain int in the int32 range: any integer type but bool is taken. The
+    errors name ``name``; ``meaning`` says in the type error what a special value means."""
+    if type(value) is not int:  # a plain int (never a bool) needs no conversion
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            index = operator.index(value)
+        except TypeError:
+            raise Error(
+                f"pagedattn: {name} = {value!r}: expected an int ({meaning})", name
+            ) from None
+        value = index
+    if not -(2**31) <= value < 2**31:
+        raise Error(f"pagedattn: {name} = {value}: outside the int32 range", name)
+    return value
 
 
 def _variant_args(window_left: Any, logits_soft_cap: Any, alibi_slopes: Any, sinks: Any) -> tuple:
     """The attention variants as the module's trailing decode arguments. Their types are checked
     here; their values (window_left >= -1, a finite cap >= 0, finite slopes, sinks neither NaN
     nor +inf) by the library, which names the argument or the element."""
-    window = window_left
-    if type(window) is not int:  # a plain int (never a bool) needs no conversion
-        try:
-            if isinstance(window, bool):
-                raise TypeError
-            window = operator.index(window)
-        except TypeError:
-            raise Error(
-                f"pagedattn: window_left = {window_left!r}: expected an int (-1: no window)",
-                "window_left",
-            ) from None
-    if not -(2**31) <= window < 2**31:
-        raise Error(f"pagedattn: window_left = {window}: outside the int32 range", "window_left")
+    window = _int32(window_left, "window_left", "-1: no window")
     cap = logits_soft_cap
     if type(cap) is not float:
         if isinstance(cap, bool) or not isinstance(cap, numbers.Real):
@@ -483,19 +493,8 @@ def _query_token_args(q_indptr: Any, max_q_len: Any) -> tuple:
     """q_indptr and max_q_len as the module's last two decode arguments. max_q_len's type is
     checked here, its value (at least 1, and at least each sequence's query count) by the
     library; None has the module compute it from q_indptr."""
-    if max_q_len is not None and type(max_q_len) is not int:
-        try:
-            if isinstance(max_q_len, bool):
-                raise TypeError
-            max_q_len = operator.index(max_q_len)
-        except TypeError:
-            raise Error(
-                f"pagedattn: max_q_len = {max_q_len!r}: expected an int (None: computed from "
-                f"q_indptr)",
-                "max_q_len",
-            ) from None
-    if max_q_len is not None and not -(2**31) <= max_q_len < 2**31:
-        raise Error(f"pagedattn: max_q_len = {max_q_len}: outside the int32 range", "max_q_len")
+    if max_q_len is not None:
+        max_q_len = _int32(max_q_len, "max_q_len", "None: computed from q_indptr")
     return _per_head(q_indptr, "q_indptr"), max_q_len
 
 
@@ -655,10 +654,10 @@ def decode(
                                  kv_layout, k_scale, v_scale, k_scales, v_scales)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("block_table", block_table), ("context_lens", context_lens)):
-        _check_tensor(x.tensor if isinstance(x, _MARKED) else x, name)
+        _check_tensor(x, name)
     for name, x in (("out", out), ("lse", lse), ("workspace", workspace)):
         if x is not None:
-            _check_tensor(x.tensor if isinstance(x, _MARKED) else x, name)
+            _check_tensor(x, name)
     backend = _check_backend(backend)
     layout = _kv_layout(kv_layout)
     tags: List[str] = []
@@ -747,7 +746,7 @@ def workspace_size(q: Tensor, k_cache: Tensor, block_table: Tensor, *, backend: 
     ``kv_layout`` says how to read k_cache's shape, as for decode(); its strides do not matter.
     """
     for name, x in (("q", q), ("k_cache", k_cache), ("block_table", block_table)):
-        _check_tensor(x.tensor if isinstance(x, _MARKED) else x, name)
+        _check_tensor(x, name)
     tags: List[str] = []
     backend = _check_backend(backend)
     layout = _kv_layout(kv_layout)
@@ -806,7 +805,7 @@ def write_cache(
     """
     for name, x in (("key", key), ("value", value), ("slot_mapping", slot_mapping),
                     ("k_cache", k_cache), ("v_cache", v_cache)):
-        _check_tensor(x.tensor if isinstance(x, _MARKED) else x, name)
+        _check_tensor(x, name)
     backend = _check_backend(backend)
     layout = _kv_layout(kv_layout)
     scales = _kv_scales(k_scale, v_scale, k_scales, v_scales)
@@ -847,7 +846,7 @@ def copy_blocks(
         pagedattn.Error: naming the argument, before anything is copied.
     """
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
-        _check_tensor(x.tensor if isinstance(x, _MARKED) else x, name)
+        _check_tensor(x, name)
     backend = _check_backend(backend)
     layout = _kv_layout(kv_layout)
     tags: List[str] = []
@@ -893,10 +892,10 @@ def merge_states(
         pagedattn.Error: naming the argument, before anything is written.
     """
     for name, x in (("parts", parts), ("part_lse", part_lse)):
-        _check_tensor(x.tensor if isinstance(x, _MARKED) else x, name)
+        _check_tensor(x, name)
     for name, x in (("out", out), ("lse", lse)):
         if x is not None:
-            _check_tensor(x.tensor if isinstance(x, _MARKED) else x, name)
+            _check_tensor(x, name)
     backend = _check_backend(backend)
     tags: List[str] = []
     parts_in = _unwrap(parts, "parts", tags)

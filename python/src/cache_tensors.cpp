@@ -1,0 +1,101 @@
+#include "cache_tensors.hpp"
+
+#include <cstdint>
+
+#include "argument_error.hpp"
+#include "pagedattn/validate.hpp"
+#include "tensor_import.hpp"
+
+namespace pagedattn::py {
+
+KvLayout parse_kv_layout(const std::string& s) {
+  std::string upper = s;
+  for (char& ch : upper) {
+    if (ch >= 'a' && ch <= 'z') ch = static_cast<char>(ch - 'a' + 'A');
+  }
+  if (upper == "HND") return KvLayout{false};
+  if (upper == "NHD") return KvLayout{true};
+  reject(ErrorCode::kInvalidArgument, "kv_layout", "", "'" + s + "'",
+         "expected 'HND' ([num_blocks, num_kv_heads, block_size, head_dim]) or 'NHD' "
+         "([num_blocks, block_size, num_kv_heads, head_dim])");
+}
+
+PoolDims pool_dims(const Tensor& k, KvLayout layout) {
+  return {k.dim_int(0), k.dim_int(layout.heads_dim()), k.dim_int(layout.slots_dim()), k.dim_int(3)};
+}
+
+// The stride of a dimension of size 1 is never used and PyTorch leaves it arbitrary, so it is
+// replaced by the dense layout's before anything is compared. A pair laid out as dense HND gets
+// the default strides, exactly what the library got before strided caches existed.
+pagedattn::CacheStrides cache_strides(const Tensor& k, const Tensor& v, KvLayout layout) {
+  // A pool with nothing in it is never read; its strides (NumPy 2 gives an empty array zero
+  // strides) say nothing.
+  if (k.numel() == 0) return {};
+  const PoolDims d = pool_dims(k, layout);
+  std::int64_t dense[4];
+  dense[3] = 1;
+  for (int i = 2; i >= 0; --i) dense[i] = dense[i + 1] * k.shape[i + 1];
+  auto effective = [&](const Tensor& t) {
+    std::vector<std::int64_t> s(4);
+    for (int i = 0; i < 4; ++i) s[i] = t.shape[i] == 1 ? dense[i] : t.strides[i];
+    return s;
+  };
+  for (const Tensor* t : {&k, &v}) {
+    if (t->shape[3] > 1 && t->strides[3] != 1) {
+      reject(ErrorCode::kInvalidArgument, t->name, ".strides", t->strides_str(),
+             "the last dimension (head_dim) must be contiguous (stride 1)");
+    }
+  }
+  const std::vector<std::int64_t> ks = effective(k), vs = effective(v);
+  if (vs != ks) {
+    reject(ErrorCode::kInvalidArgument, "v_cache", ".strides", v.strides_str(),
+           "must equal k_cache.strides " + k.strides_str() +
+               " (K and V share one layout; they may be two views into one tensor)");
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (ks[i] <= 0) {
+      reject(ErrorCode::kInvalidArgument, "k_cache", ".strides", k.strides_str(),
+             "dimension " + std::to_string(i) +
+                 " must have a positive stride (no broadcast or reversed dimensions)");
+    }
+  }
+  pagedattn::CacheStrides s;
+  s.block = ks[0];
+  s.head = ks[layout.heads_dim()];
+  s.token = ks[layout.slots_dim()];
+  const pagedattn::CacheStrides hnd =
+      pagedattn::CacheStrides::hnd(d.num_kv_heads, d.block_size, d.head_dim);
+  if ((d.num_blocks == 1 || s.block == hnd.block) && (d.num_kv_heads == 1 || s.head == hnd.head) &&
+      (d.block_size == 1 || s.token == hnd.token)) {
+    return {};
+  }
+  // Overlapping rows (two slots at one address) are refused by the library, which would name its
+  // own field; here the error names the tensor the caller passed.
+  try {
+    pagedattn::require_cache_strides(s, d.num_blocks, d.num_kv_heads, d.block_size, d.head_dim);
+  } catch (const Error& e) {
+    std::string why = e.what();
+    const std::string prefix = "pagedattn: ";
+    if (why.compare(0, prefix.size(), prefix) == 0) why.erase(0, prefix.size());
+    reject(e.code(), "k_cache", ".strides", k.strides_str(),
+           "not a valid cache layout (" + why + ")");
+  }
+  return s;
+}
+
+CachePair cache_pair(nb::handle k_h, nb::handle v_h, const std::vector<std::string>& tags,
+                     KvLayout layout) {
+  CachePair c;
+  c.k = output(k_h, "k_cache", tags);
+  c.v = output(v_h, "v_cache", tags);
+  c.k.require_ndim(4, layout.dims());
+  c.v.require_ndim(4, layout.dims());
+  c.dtype = shared_float_dtype(c.k, c.v);
+  c.v.require_shape_of(c.k);
+  c.strides = cache_strides(c.k, c.v, layout);
+  c.v.require_device(c.k.device, "k_cache");
+  c.dims = pool_dims(c.k, layout);
+  return c;
+}
+
+}  // namespace pagedattn::py
