@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "cli/args.hpp"
 #include "fault_injection.hpp"
 #include "fuzz_case.hpp"
 #include "oracle.hpp"
+#include "pagedattn/cli/args.hpp"
 #include "pagedattn/pagedattn.hpp"
 #include "shrink.hpp"
 
