@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "case_file.hpp"
+#include "draw_case.hpp"
 #include "fault_injection.hpp"
 #include "fuzz_case.hpp"
 #include "oracle.hpp"

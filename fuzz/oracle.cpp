@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "build_case.hpp"
 #include "fault_injection.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/context_parallel.hpp"
