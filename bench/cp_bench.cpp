@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/args.hpp"
+#include "pagedattn/cli/args.hpp"
 #include "cp_timing.hpp"
 #include "cuda_timing.hpp"
 #include "pagedattn/context_parallel.hpp"

@@ -52,7 +52,7 @@
 #include <vector>
 
 #include "bench_variants.hpp"
-#include "cli/args.hpp"
+#include "pagedattn/cli/args.hpp"
 #include "cuda_timing.hpp"
 #include "naive_decode.hpp"
 #include "pagedattn/reference.hpp"

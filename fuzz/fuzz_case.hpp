@@ -1,63 +1,24 @@
 // One fuzz case: a random-case spec plus what the fuzzer adds on top of it (exact-logit snapping,
 // a custom scale, the CPU thread count, the attention variants, q and out row strides, multi-token
 // queries, the K/V cache layout, fp8 caches and their scales, a planted malformation). Every case
-// is a pure function of (seed, index) and the draw options, and a case file holds the full
-// description so a shrunk case replays alone.
+// is a pure function of (seed, index) and the draw options (draw_case.hpp), and a case file holds
+// the full description (case_file.hpp) so a shrunk case replays alone.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "malformation.hpp"
 #include "pagedattn/pagedattn.hpp"
 #include "pagedattn/testing/kv_layouts.hpp"
 #include "pagedattn/testing/random_case.hpp"
 
 namespace pagedattn::fuzz {
 
-// A deliberately invalid input, planted after the case is built.
-enum class Malformation : int {
-  kNone = 0,
-  kIdOutOfRange,          // a block id inside a context outside [0, num_blocks)
-  kContextOverCapacity,   // context_lens[b] > max_blocks_per_seq * block_size
-  kNegativeContext,       // context_lens[b] < 0
-  kHeadRatio,             // num_heads % num_kv_heads != 0
-  kGroupTooLarge,         // num_heads / num_kv_heads > kMaxGroupSize
-  kNullPointer,           // one of q, k_cache, v_cache, block_table, context_lens, out is null
-  kHeadDim,               // an unsupported head_dim
-  kBlockSize,             // block_size 0, negative or > kMaxBlockSize
-  kTableStride,           // 0 < block_table_stride < max_blocks_per_seq
-  kDtypeMismatch,         // v_dtype != k_dtype
-  kBadDtype,              // a dtype value that is not a DType
-  kNonFiniteScale,        // scale NaN or Inf
-  kNegativeBatch,         // batch < 0
-  kWindowLeft,            // window_left < -1
-  kSoftCap,               // logits_soft_cap negative, NaN or infinite
-  kNonFiniteSlope,        // an ALiBi slope NaN or infinite
-  kBadSink,               // a sink NaN or +inf
-  kRowStride,             // q_row_stride or out_row_stride negative or in (0, num_heads * head_dim)
-  kQIndptrStart,          // q_indptr[0] != 0
-  kQIndptrDecreasing,     // q_indptr[b + 1] < q_indptr[b]
-  kQLenOverMax,           // a sequence's query tokens above max_q_len
-  kQIndptrEnd,            // q_indptr[batch] != num_q_tokens
-  kMaxQLen,               // max_q_len 0 or negative with q_indptr
-  kQTokensWithoutIndptr,  // num_q_tokens (or max_q_len) set without q_indptr
-  kKvStrides,             // kv_strides zero mixed with nonzero, negative, overlapping or too large
-  kFp8ValueDtype,         // q_dtype or out_dtype fp8 (fp8 stores K and V caches only)
-  kBadKvScale,            // k_scale or v_scale of an fp8 cache outside [kMinKvScale, kMaxKvScale]
-  kScaleOnPlainCache,     // a K/V scale other than 1, or a per-head array, on a non-fp8 cache
-  kBadKvHeadScale,        // one per-head scale (k_scales[h] or v_scales[h]) out of range
-  kCount
-};
-const char* malformation_name(Malformation m);
-// Table-content malformations keep every buffer size honest, so backends that copy buffers by
-// the declared shapes (the CUDA round trip) can be given them too.
-bool keeps_buffer_sizes(Malformation m);
-
-// The byte every element of out's gaps (between and after the rows of a strided out) holds before
-// a call and must still hold after it. Not 0xff, the NaN poison of out's rows, so neither a stray
-// NaN nor a stray value passes for it.
-inline constexpr std::uint8_t kOutGapByte = 0xa5;
+// The dtypes a case draws for q, out and a plain cache, and for an fp8 cache.
+inline constexpr DType kPlainDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+inline constexpr DType kFp8DTypes[] = {DType::kFP8E4M3, DType::kFP8E5M2};
 
 struct FuzzCase {
   testing::CaseSpec spec;
@@ -127,78 +88,7 @@ struct FuzzCase {
   const char* cuda_misaligned_kv() const;
 };
 
-// Draw knobs: which backends the case must suit.
-struct DrawOptions {
-  bool table_malformations_only = false;  // CUDA runs only malformations that keep buffer sizes
-  // The CUDA backend runs too: strided rows are aligned as it needs in most cases (85% rather
-  // than half), so that most strided cases reach its kernels rather than its alignment refusal.
-  bool cuda = false;
-};
-
-// The case at (seed, index). Pure: the same pair (and options) always gives the same case.
-FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& options = {});
-
-// The built buffers plus the (possibly malformed) arguments the API is called with.
-struct BuiltCase {
-  // host's q, out and lse hold one row per query token (rows of them): host.spec.batch rows
-  // without multi-token queries.
-  testing::HostCase host;
-  int rows = 0;
-  // q_indptr ([batch + 1], empty without multi-token queries) and, per row, its sequence and the
-  // context it attends as a query (P + 1 for the token at position P, 0 when P < 0): what the
-  // oracle checks each row against.
-  std::vector<std::int32_t> q_indptr;
-  std::vector<int> row_seq, row_lens;
-  // The host copies of the variants' per-head arrays args points at (at least num_heads values
-  // for the arguments' num_heads, so a malformed head count never reads past them).
-  std::vector<float> alibi_slopes, sinks;
-  // The same for the per-kv-head scales of an fp8 cache (at least num_kv_heads values for the
-  // arguments' num_kv_heads), empty where the case has none.
-  std::vector<float> k_scales, v_scales;
-  // q and out as args points at them: host.q and host.out when dense, else rows of q_stride /
-  // out_stride elements, each followed by its gap (the last one's too, so a write past the last
-  // row shows): NaN in q, kOutGapByte in out.
-  std::vector<std::uint8_t> q_rows, out_rows;  // empty where dense
-  std::int64_t q_stride = 0, out_stride = 0;   // elements between rows (the row length if dense)
-  // K and V in the case's layout (FuzzCase::kv_layout), NaN in every gap; empty (kv.k) for the
-  // default layout, where args reads host.k and host.v.
-  testing::KvStorage kv;
-  // over host's buffers (q_rows and out_rows where strided, kv's where laid out); malformed or not
-  DecodeArgs args;
-  ErrorCode expected_code = ErrorCode::kInvalidArgument;
-  std::string expected_argument;  // empty for a valid case
-  // The argument the CUDA backend raises instead (kInvalidArgument), or empty: a misaligned row
-  // stride (FuzzCase::cuda_misaligned_stride, over the rows args declares), which it checks after
-  // the shapes but before its checked-mode q_indptr, table and value checks, on a case that is
-  // valid or malformed only in those.
-  std::string cuda_refuses;
-
-  // The buffers args.q and args.out point at (q_rows or host.q, out_rows or host.out), gaps
-  // included.
-  const std::vector<std::uint8_t>& q_buffer() const { return q_rows.empty() ? host.q : q_rows; }
-  std::vector<std::uint8_t>& out_buffer() { return out_rows.empty() ? host.out : out_rows; }
-  const std::vector<std::uint8_t>& out_buffer() const {
-    return out_rows.empty() ? host.out : out_rows;
-  }
-  bool laid_out() const { return !kv.k.empty(); }
-  // args over host's dense K and V with the default kv_strides: the same attention, whatever the
-  // layout (the reference is computed over it).
-  DecodeArgs dense_args() const;
-  // NaN in out's rows and lse (an unwritten element shows) and kOutGapByte in out's gaps.
-  void poison_outputs();
-};
-BuiltCase build_case(const FuzzCase& c);
-
-// Total K (or V) cache elements and multiply-adds of the reference: the cost bounds.
-std::int64_t kv_elements(const FuzzCase& c);
-
+// One line: the spec and every feature the case sets.
 std::string describe(const FuzzCase& c);
-
-// Case files: "key value..." lines, '#' comments. save throws std::runtime_error on I/O errors,
-// load on I/O or parse errors.
-std::string to_text(const FuzzCase& c);
-FuzzCase from_text(const std::string& text);
-void save_case(const FuzzCase& c, const std::string& path);
-FuzzCase load_case(const std::string& path);
 
 }  // namespace pagedattn::fuzz

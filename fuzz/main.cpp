@@ -14,10 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "cli/args.hpp"
+#include "case_file.hpp"
+#include "draw_case.hpp"
 #include "fault_injection.hpp"
 #include "fuzz_case.hpp"
 #include "oracle.hpp"
+#include "pagedattn/cli/args.hpp"
 #include "pagedattn/pagedattn.hpp"
 #include "shrink.hpp"
 

@@ -1,7 +1,8 @@
 // The oracles a fuzz case goes through: each backend against the f64 reference, backends against
 // each other, the planner's split plan against a single split, every output written and finite,
 // the gaps of a strided out never written, and malformed inputs rejected with the documented
-// error and the outputs untouched.
+// error and the outputs untouched. The checks themselves: output_checks.hpp, tolerance.hpp,
+// context_parallel_check.hpp.
 #pragma once
 
 #include <string>
@@ -32,14 +33,5 @@ struct Outcome {
 };
 
 Outcome check_case(const FuzzCase& c, const CheckOptions& options);
-
-// Tolerances for one valid case, relative to its reference (see docs/fuzzing.md), per
-// (sequence, head) row: with sinks, rows differ by orders of magnitude in lse and in how much of
-// the softmax their tokens hold.
-struct Tolerance {
-  std::vector<double> out_abs;  // on |out - ref out|, for every element of the row
-  std::vector<double> lse_abs;  // on |lse - ref lse| over finite lse
-  double logit_err = 0;         // the f32 logit error bound folded in (0 for exact logits)
-};
 
 }  // namespace pagedattn::fuzz

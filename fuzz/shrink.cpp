@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "pagedattn/cache_layout.hpp"
@@ -10,13 +11,16 @@
 namespace pagedattn::fuzz {
 namespace {
 
-// Candidates strictly simpler than `c`, most aggressive first.
-std::vector<FuzzCase> candidates(const FuzzCase& c) {
-  std::vector<FuzzCase> out;
-  const testing::CaseSpec& s = c.spec;
-  const std::int64_t row = static_cast<std::int64_t>(s.num_heads) * s.head_dim;
-  auto add = [&](auto&& edit) {
-    FuzzCase n = c;
+// Candidates strictly simpler than a case, each the case with one edit (of its spec and of the
+// case itself), in the order they are added.
+class Candidates {
+ public:
+  explicit Candidates(const FuzzCase& c)
+      : c_(c), row_(static_cast<std::int64_t>(c.spec.num_heads) * c.spec.head_dim) {}
+
+  template <class Edit>
+  void operator()(Edit&& edit) {
+    FuzzCase n = c_;
     edit(n.spec, n);
     // The per-head arrays follow the head count: the leading heads' values.
     for (std::vector<float>* values : {&n.alibi_slopes, &n.sinks}) {
@@ -30,14 +34,28 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
     // head_dim leave the strides valid (and as aligned: every row is a multiple of 16 bytes).
     const std::int64_t new_row = static_cast<std::int64_t>(n.spec.num_heads) * n.spec.head_dim;
     for (std::int64_t* stride : {&n.q_row_stride, &n.out_row_stride}) {
-      if (*stride != 0) *stride += new_row - row;
+      if (*stride != 0) *stride += new_row - row_;
     }
-    out.push_back(std::move(n));
-  };
-  const int B = s.batch;
+    out_.push_back(std::move(n));
+  }
+  std::vector<FuzzCase> take() { return std::move(out_); }
 
-  // Fewer sequences: halves, then one at a time (their query token counts with them).
-  const bool multi = c.multi_token() && static_cast<int>(c.q_lens.size()) == B;
+ private:
+  const FuzzCase& c_;
+  const std::int64_t row_;
+  std::vector<FuzzCase> out_;
+};
+
+// Query-token counts listed per sequence, which a case edits along with its sequences.
+bool counts_per_sequence(const FuzzCase& c) {
+  return c.multi_token() && static_cast<int>(c.q_lens.size()) == c.spec.batch;
+}
+
+// Fewer sequences: halves, then one at a time (their query token counts with them).
+void fewer_sequences(const FuzzCase& c, Candidates& add) {
+  const testing::CaseSpec& s = c.spec;
+  const int B = s.batch;
+  const bool multi = counts_per_sequence(c);
   if (B > 1) {
     add([&](testing::CaseSpec& t, FuzzCase& n) {
       t.batch = B / 2;
@@ -57,15 +75,20 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
       });
     }
   }
-  // One query token per sequence, then fewer query tokens (0, 1, half, one less), then a
-  // max_q_len of just the largest count.
+}
+
+// One query token per sequence, then fewer query tokens (0, 1, half, one less), then a
+// max_q_len of just the largest count.
+void fewer_query_tokens(const FuzzCase& c, Candidates& add) {
+  const testing::CaseSpec& s = c.spec;
+  const int B = s.batch;
   if (c.multi_token()) {
     add([](testing::CaseSpec&, FuzzCase& n) {
       n.q_lens.clear();
       n.max_q_len = 0;
     });
   }
-  if (multi) {
+  if (counts_per_sequence(c)) {
     for (int i = 0; i < B; ++i) {
       const int q = c.q_lens[i];
       for (int v : {0, 1, q / 2, q - 1}) {
@@ -78,7 +101,12 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
       add([&](testing::CaseSpec&, FuzzCase& n) { n.max_q_len = std::max(longest, 1); });
     }
   }
-  // Shorter contexts.
+}
+
+// Shorter contexts.
+void shorter_contexts(const FuzzCase& c, Candidates& add) {
+  const testing::CaseSpec& s = c.spec;
+  const int B = s.batch;
   for (int i = 0; i < B; ++i) {
     const int L = s.context_lens[i], BS = s.block_size;
     std::vector<int> shorter = {0, 1, L / 2, L - L % BS, L % BS, L - BS, L - 1};
@@ -87,8 +115,12 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
       add([&](testing::CaseSpec& t, FuzzCase&) { t.context_lens[i] = v; });
     }
   }
-  // Fewer variants, then plainer ones: no window, or one of just the longest context (every block
-  // read, no traps before it); every slope 1; sinks of 0 where they are finite.
+}
+
+// Fewer variants, then plainer ones: no window, or one of just the longest context (every block
+// read, no traps before it); every slope 1; sinks of 0 where they are finite.
+void plainer_variants(const FuzzCase& c, Candidates& add) {
+  const testing::CaseSpec& s = c.spec;
   if (c.windowed()) {
     add([](testing::CaseSpec&, FuzzCase& n) { n.window_left = -1; });
     int longest = 0;
@@ -116,7 +148,10 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
       });
     }
   }
-  // Dense q and out.
+}
+
+// Dense q and out, then the cache layout.
+void denser_buffers(const FuzzCase& c, Candidates& add) {
   if (c.q_row_stride != 0) add([](testing::CaseSpec&, FuzzCase& n) { n.q_row_stride = 0; });
   if (c.out_row_stride != 0) add([](testing::CaseSpec&, FuzzCase& n) { n.out_row_stride = 0; });
   // The default cache layout, or the padded one without its extra gap.
@@ -129,7 +164,11 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
   if (c.kv_pad != 0 && c.kv_layout != testing::KvLayout::kHnd) {
     add([](testing::CaseSpec&, FuzzCase& n) { n.kv_pad = 0; });
   }
-  // Smaller dims.
+}
+
+// Smaller dims.
+void smaller_dims(const FuzzCase& c, Candidates& add) {
+  const testing::CaseSpec& s = c.spec;
   for (int d : kSupportedHeadDims) {
     if (d >= s.head_dim) break;
     add([&](testing::CaseSpec& t, FuzzCase&) { t.head_dim = d; });
@@ -150,7 +189,11 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
     if (bs < 1 || bs >= s.block_size) continue;
     add([&](testing::CaseSpec& t, FuzzCase&) { t.block_size = bs; });
   }
-  // Simpler tables.
+}
+
+// Simpler tables.
+void simpler_tables(const FuzzCase& c, Candidates& add) {
+  const testing::CaseSpec& s = c.spec;
   if (s.fragmented) add([](testing::CaseSpec& t, FuzzCase&) { t.fragmented = false; });
   if (s.share_prefix) add([](testing::CaseSpec& t, FuzzCase&) { t.share_prefix = false; });
   if (s.spare_blocks > 0) add([](testing::CaseSpec& t, FuzzCase&) { t.spare_blocks = 0; });
@@ -158,7 +201,11 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
   if (s.table_stride_extra > 0) {
     add([](testing::CaseSpec& t, FuzzCase&) { t.table_stride_extra = 0; });
   }
-  // Plainer dtypes, values and threads.
+}
+
+// Plainer dtypes, values and threads.
+void plainer_values(const FuzzCase& c, Candidates& add) {
+  const testing::CaseSpec& s = c.spec;
   if (s.q_dtype != DType::kF32)
     add([](testing::CaseSpec& t, FuzzCase&) { t.q_dtype = DType::kF32; });
   // An fp8 cache becomes an f32 one without its scales (which a plain cache refuses): a valid
@@ -188,7 +235,20 @@ std::vector<FuzzCase> candidates(const FuzzCase& c) {
   if (c.scale != 0.f) add([](testing::CaseSpec&, FuzzCase& n) { n.scale = 0.f; });
   if (c.threads > 1) add([](testing::CaseSpec&, FuzzCase& n) { n.threads = 1; });
   if (s.poison) add([](testing::CaseSpec& t, FuzzCase&) { t.poison = false; });
-  return out;
+}
+
+// Candidates strictly simpler than `c`, most aggressive first.
+std::vector<FuzzCase> candidates(const FuzzCase& c) {
+  Candidates add(c);
+  fewer_sequences(c, add);
+  fewer_query_tokens(c, add);
+  shorter_contexts(c, add);
+  plainer_variants(c, add);
+  denser_buffers(c, add);
+  smaller_dims(c, add);
+  simpler_tables(c, add);
+  plainer_values(c, add);
+  return add.take();
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer target (fuzz/libfuzzer_target.cpp) with clang: the core, the CPU backend and
-# the dispatch layer (without CUDA) compiled straight from their sources with coverage, AddressSanitizer and UBSan.
+# Builds the libFuzzer target (fuzz/libfuzzer_target.cpp and fuzz/libfuzzer_args.cpp) with clang:
+# the core, the CPU backend and the dispatch layer (without CUDA) compiled straight from their
+# sources with coverage, AddressSanitizer and UBSan.
 #
 #   scripts/build_libfuzzer.sh [BUILD_DIR]        (default build-libfuzzer)
 #   BUILD_DIR/pagedattn_libfuzzer fuzz/corpus/libfuzzer -max_total_time=60
@@ -52,6 +53,8 @@ for src in "$root"/cpu/*.cpp; do
     *) compile "$src" ;;
   esac
 done
+# The target: the arguments an input chooses (libfuzzer_args.cpp), then the buffers and checks.
+compile "$root/fuzz/libfuzzer_args.cpp"
 "$CXX" "${common[@]}" -fsanitize=fuzzer "$root/fuzz/libfuzzer_target.cpp" "${objs[@]}" \
   -o "$out/pagedattn_libfuzzer"
 echo "built $out/pagedattn_libfuzzer"

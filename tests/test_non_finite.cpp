@@ -15,6 +15,7 @@
 
 #include "gtest_printers.hpp"
 #include "pagedattn/reference.hpp"
+#include "pagedattn/testing/poison.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/testing/tolerance.hpp"
 #include "test_seed.hpp"
@@ -22,49 +23,7 @@
 namespace pagedattn {
 namespace {
 
-// Where the bad value goes, and which value.
-enum class Poison {
-  kQNaN,  // one element of one query head
-  kQPosInf,
-  kQNegInf,
-  kKNaN,  // one element of a K row in the middle of a long context (one kv head)
-  kKPosInf,
-  kKNegInf,
-  kKLastRowNaN  // the last K row of a context that ends inside a block
-};
-const char* poison_name(Poison p) {
-  switch (p) {
-    case Poison::kQNaN:
-      return "q_nan";
-    case Poison::kQPosInf:
-      return "q_posinf";
-    case Poison::kQNegInf:
-      return "q_neginf";
-    case Poison::kKNaN:
-      return "k_nan";
-    case Poison::kKPosInf:
-      return "k_posinf";
-    case Poison::kKNegInf:
-      return "k_neginf";
-    case Poison::kKLastRowNaN:
-      return "k_last_row_nan";
-  }
-  return "?";
-}
-void PrintTo(Poison p, std::ostream* os) { *os << poison_name(p); }
-
-float poison_value(Poison p) {
-  switch (p) {
-    case Poison::kQPosInf:
-    case Poison::kKPosInf:
-      return std::numeric_limits<float>::infinity();
-    case Poison::kQNegInf:
-    case Poison::kKNegInf:
-      return -std::numeric_limits<float>::infinity();
-    default:
-      return std::numeric_limits<float>::quiet_NaN();
-  }
-}
+using testing::Poison;
 
 void store(std::vector<std::uint8_t>& buf, DType t, std::size_t i, float x) {
   switch (t) {

@@ -30,6 +30,7 @@
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/device_case.hpp"
 #include "pagedattn/testing/device_memory.hpp"
+#include "pagedattn/testing/poison.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/testing/tolerance.hpp"
 #include "pagedattn/variants.hpp"
@@ -129,37 +130,14 @@ void plant(testing::HostCase& c, int seq, int t_begin, int t_end, float value) {
 void poison_unread(QueryCase& qc, int window_left) {
   testing::HostCase& c = qc.c;
   const int BS = c.spec.block_size;
-  std::vector<char> owned(c.num_blocks, 0);
-  for (int b = 0; b < c.spec.batch; ++b) {
-    for (int i = 0; i < blocks_for(c.context_lens[b], BS); ++i) owned[table_entry(c, b, i)] = 1;
-  }
-  const int spare = static_cast<int>(std::find(owned.begin(), owned.end(), 0) - owned.begin());
+  const int spare = testing::unowned_block(c);
   ASSERT_LT(spare, c.num_blocks) << "the case needs a spare block";
   for (int b = 0; b < c.spec.batch; ++b) {
     const int L = c.context_lens[b], n = qc.q_len(b);
     const int t0 = n > 0 ? queries_first_token(L, n, window_left) : L;
     const int first = n > 0 ? t0 / BS : blocks_for(L, BS);
-    for (int i = 0; i < first; ++i) {
-      std::int32_t& id = table_entry(c, b, i);
-      switch (i % 5) {
-        case 0:
-          id = -1;
-          break;
-        case 1:
-          id = c.num_blocks + 1000 + i;
-          break;
-        case 2:
-          id = -500000 - i;
-          break;
-        case 3:
-          plant(c, b, i * BS, (i + 1) * BS, kNaN);
-          break;
-        default:
-          id = spare;
-          break;
-      }
-    }
-    if (n > 0 && t0 > first * BS) plant(c, b, first * BS, t0, kNaN);
+    testing::poison_table_entries(c, b, first, spare);
+    if (n > 0 && t0 > first * BS) testing::store_nan_tokens(c, b, first * BS, t0);
   }
 }
 

@@ -33,6 +33,7 @@
 #include "pagedattn/testing/cp_shares.hpp"
 #include "pagedattn/testing/device_case.hpp"
 #include "pagedattn/testing/device_memory.hpp"
+#include "pagedattn/testing/poison.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/testing/tolerance.hpp"
 #include "pagedattn/variants.hpp"
@@ -45,20 +46,6 @@ namespace {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-void store_nan_rows(testing::HostCase& c, int block, int slot_begin, int slot_end) {
-  const CacheLayout layout =
-      CacheLayout::dense(c.num_blocks, c.spec.num_kv_heads, c.spec.block_size, c.spec.head_dim);
-  for (int kv = 0; kv < c.spec.num_kv_heads; ++kv) {
-    for (int slot = slot_begin; slot < slot_end; ++slot) {
-      const std::int64_t base = layout.offset(block, kv, slot);
-      for (int d = 0; d < c.spec.head_dim; ++d) {
-        store_from_float(c.k.data(), c.spec.kv_dtype, base + d, kNaN);
-        store_from_float(c.v.data(), c.spec.kv_dtype, base + d, kNaN);
-      }
-    }
-  }
-}
-
 // Makes everything before each sequence's window unreadable, so that reading any of it shows as a
 // NaN or an out-of-bounds access: the table entries of the blocks wholly before the window become
 // -1, ids past the pool, negative garbage, the id of a block no sequence owns (make_case fills
@@ -67,38 +54,15 @@ void store_nan_rows(testing::HostCase& c, int block, int slot_begin, int slot_en
 void poison_before_window(testing::HostCase& c, int window_left) {
   if (window_left < 0) return;
   const int BS = c.spec.block_size;
-  std::vector<char> owned(c.num_blocks, 0);
-  for (int b = 0; b < c.spec.batch; ++b) {
-    for (int i = 0; i < blocks_for(c.context_lens[b], BS); ++i) owned[table_entry(c, b, i)] = 1;
-  }
-  const int spare = static_cast<int>(std::find(owned.begin(), owned.end(), 0) - owned.begin());
+  const int spare = testing::unowned_block(c);
   ASSERT_LT(spare, c.num_blocks) << "the case needs a spare block";
   for (int b = 0; b < c.spec.batch; ++b) {
     const int L = c.context_lens[b];
     if (L == 0) continue;
     const int t0 = window_first_token(L, window_left);
     const int first = t0 / BS;
-    for (int i = 0; i < first; ++i) {
-      std::int32_t& id = table_entry(c, b, i);
-      switch (i % 5) {
-        case 0:
-          id = -1;
-          break;
-        case 1:
-          id = c.num_blocks + 1000 + i;
-          break;
-        case 2:
-          id = -500000 - i;
-          break;
-        case 3:
-          store_nan_rows(c, id, 0, BS);
-          break;
-        default:
-          id = spare;
-          break;
-      }
-    }
-    store_nan_rows(c, table_entry(c, b, first), 0, t0 - first * BS);
+    testing::poison_table_entries(c, b, first, spare);
+    testing::store_nan_tokens(c, b, first * BS, t0);
   }
 }
 
@@ -507,41 +471,7 @@ INSTANTIATE_TEST_SUITE_P(All, VariantBackend, ::testing::Values(Backend::kCpu, B
 
 // ---- NaN and Inf inside the window. ----
 
-enum class Poison { kQNaN, kQPosInf, kQNegInf, kKNaN, kKPosInf, kKNegInf, kKLastRowPosInf };
-const char* poison_name(Poison p) {
-  switch (p) {
-    case Poison::kQNaN:
-      return "q_nan";
-    case Poison::kQPosInf:
-      return "q_posinf";
-    case Poison::kQNegInf:
-      return "q_neginf";
-    case Poison::kKNaN:
-      return "k_nan";
-    case Poison::kKPosInf:
-      return "k_posinf";
-    case Poison::kKNegInf:
-      return "k_neginf";
-    case Poison::kKLastRowPosInf:
-      return "k_last_row_posinf";
-  }
-  return "?";
-}
-void PrintTo(Poison p, std::ostream* os) { *os << poison_name(p); }
-
-float poison_value(Poison p) {
-  switch (p) {
-    case Poison::kQPosInf:
-    case Poison::kKPosInf:
-    case Poison::kKLastRowPosInf:
-      return kInf;
-    case Poison::kQNegInf:
-    case Poison::kKNegInf:
-      return -kInf;
-    default:
-      return kNaN;
-  }
-}
+using testing::Poison;
 
 using NonFiniteParam = std::tuple<Backend, DType, Poison>;
 class VariantNonFinite : public ::testing::TestWithParam<NonFiniteParam> {};

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <string>
 
-#include "cli/args.hpp"
+#include "pagedattn/cli/args.hpp"
 #include "pagedattn/testing/random_case.hpp"
 
 using namespace pagedattn;

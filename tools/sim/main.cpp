@@ -2,7 +2,7 @@
 // and copy-on-write, decode attention per layer), checked against the f64 reference.
 #include <cstdio>
 
-#include "cli/args.hpp"
+#include "pagedattn/cli/args.hpp"
 #include "sim/options.hpp"
 #include "sim/simulator.hpp"
 

@@ -8,7 +8,7 @@
 #include <map>
 #include <sstream>
 
-#include "cli/args.hpp"
+#include "pagedattn/cli/args.hpp"
 #include "pagedattn/validate.hpp"
 
 namespace pagedattn::sim {

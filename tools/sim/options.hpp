@@ -49,7 +49,7 @@ struct Options {
   int threads = 0;
 };
 
-// Parses argv strictly (cli/args.hpp); a bad flag, or a shape decode() refuses, throws
+// Parses argv strictly (pagedattn/cli/args.hpp); a bad flag, or a shape decode() refuses, throws
 // cli::UsageError naming the flag and the value.
 Options parse_options(int argc, char** argv);
 std::string usage(const char* argv0);

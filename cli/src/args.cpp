@@ -1,4 +1,4 @@
-#include "cli/args.hpp"
+#include "pagedattn/cli/args.hpp"
 
 #include <cerrno>
 #include <charconv>

@@ -1,0 +1,272 @@
+#include "build_case.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda_alignment.hpp"
+#include "fast_case.hpp"
+#include "pagedattn/cache_layout.hpp"
+#include "plant_malformation.hpp"
+
+namespace pagedattn::fuzz {
+namespace {
+
+float snapped(float x) { return std::max(-127.f, std::min(127.f, std::nearbyint(x))); }
+
+// A case's per-head values for n heads: its own, repeated when n is larger.
+std::vector<float> per_head(const std::vector<float>& values, int n) {
+  std::vector<float> out(values);
+  if (values.empty()) return out;
+  out.resize(static_cast<std::size_t>(std::max(n, static_cast<int>(values.size()))));
+  for (std::size_t i = values.size(); i < out.size(); ++i) out[i] = values[i % values.size()];
+  return out;
+}
+
+// The spec make_fast_case builds: every sequence's context, and one block and one table entry
+// where the contexts use none, since an empty pool or an empty table row gives a null data()
+// pointer, which the API rejects for any batch > 0 (even when every context is empty).
+testing::CaseSpec buildable_spec(const FuzzCase& c) {
+  testing::CaseSpec spec = c.spec;
+  spec.context_lens.resize(std::max(spec.batch, 0));
+  int used_blocks = 0;
+  for (int L : spec.context_lens) used_blocks += blocks_for(std::max(L, 0), spec.block_size);
+  if (used_blocks == 0) {
+    spec.spare_blocks = std::max(spec.spare_blocks, 1);
+    if (spec.table_padding + spec.table_stride_extra == 0) spec.table_padding = 1;
+  }
+  return spec;
+}
+
+// Refuses what is no case (a shrink step or a hand-written case that breaks these is not one; bad
+// counts and bad scales are malformations, planted in the arguments): multi-token queries need a
+// count per sequence, none negative nor above max_q_len; scales belong to fp8 caches, one per kv
+// head where given.
+void require_case(const FuzzCase& c) {
+  const testing::CaseSpec& spec = c.spec;
+  if (c.multi_token()) {
+    if (static_cast<int>(c.q_lens.size()) != std::max(spec.batch, 0) ||
+        std::any_of(c.q_lens.begin(), c.q_lens.end(),
+                    [&](int n) { return n < 0 || n > c.max_q_len; }) ||
+        std::accumulate(c.q_lens.begin(), c.q_lens.end(), 0.0) > 1e5) {
+      throw std::invalid_argument(
+          "q_lens must list batch counts in [0, max_q_len = " + std::to_string(c.max_q_len) + "]");
+    }
+  } else if (!c.q_lens.empty()) {
+    throw std::invalid_argument("q_lens without max_q_len");
+  }
+  if (!is_fp8(spec.kv_dtype) &&
+      (spec.k_scale != 1.f || spec.v_scale != 1.f || c.per_head_scales())) {
+    throw std::invalid_argument("k_scale, v_scale, k_scales and v_scales need an fp8 cache");
+  }
+  for (const std::vector<float>* values : {&c.k_scales, &c.v_scales}) {
+    if (!values->empty() && static_cast<int>(values->size()) != spec.num_kv_heads) {
+      throw std::invalid_argument("per-head scales must list num_kv_heads values");
+    }
+  }
+}
+
+// Each row's sequence and the context it attends as a query.
+void map_rows(const FuzzCase& c, BuiltCase& b) {
+  const testing::HostCase& h = b.host;
+  const int B = c.spec.batch;
+  if (c.multi_token()) {
+    b.q_indptr.assign(static_cast<std::size_t>(std::max(B, 0)) + 1, 0);
+    for (int s = 0; s < B; ++s) {
+      const int n = c.q_lens[s];
+      b.q_indptr[s + 1] = b.q_indptr[s] + n;
+      for (int i = 0; i < n; ++i) {
+        b.row_seq.push_back(s);
+        b.row_lens.push_back(std::max(0, h.context_lens[s] - n + i + 1));
+      }
+    }
+  } else {
+    for (int s = 0; s < B; ++s) {
+      b.row_seq.push_back(s);
+      b.row_lens.push_back(h.context_lens[s]);
+    }
+  }
+  b.rows = static_cast<int>(b.row_seq.size());
+}
+
+// Integers in [-127, 127] are exact in every dtype and their products sum exactly in f32
+// (|sum| <= 256 * 127^2 < 2^24); times a power-of-two scale, each logit is exact.
+void snap_values(testing::HostCase& h) {
+  const testing::CaseSpec& spec = h.spec;
+  for (std::size_t i = 0; i < h.q.size() / dtype_size(spec.q_dtype); ++i) {
+    store_from_float(h.q.data(), spec.q_dtype, i,
+                     snapped(load_as_float(h.q.data(), spec.q_dtype, i)));
+  }
+  for (std::size_t i = 0; i < h.k.size() / dtype_size(spec.kv_dtype); ++i) {
+    const float x = load_as_float(h.k.data(), spec.kv_dtype, i);
+    if (std::isfinite(x)) store_from_float(h.k.data(), spec.kv_dtype, i, snapped(x));
+  }
+}
+
+// K and V in the case's layout, copied from the dense (and snapped) ones, args pointed at them.
+void lay_out_kv(const FuzzCase& c, BuiltCase& b) {
+  if (c.default_layout()) return;
+  if (c.kv_pad < 0 || (c.kv_pad > 0 && c.kv_layout != testing::KvLayout::kPaddedHnd) ||
+      c.kv_pad > 4096) {
+    throw std::invalid_argument("kv_pad " + std::to_string(c.kv_pad) +
+                                " needs the padded_hnd layout and a value in [0, 4096]");
+  }
+  const testing::HostCase& h = b.host;
+  b.kv = c.kv_pad == 0 ? testing::store_kv(h, c.kv_layout)
+                       : testing::store_kv(h, c.kv_layout, c.kv_geometry(h.num_blocks));
+  b.kv.apply(b.args, b.kv.k.data(), b.kv.v.data());
+}
+
+// Strided q and out: the dense rows copied into rows of the stride, gaps after each (q's NaN; out's
+// are poisoned with the rest of it).
+void lay_out_rows(const FuzzCase& c, BuiltCase& b) {
+  const testing::CaseSpec& spec = c.spec;
+  const std::int64_t row = static_cast<std::int64_t>(spec.num_heads) * spec.head_dim;
+  const std::pair<const char*, std::int64_t> strides[] = {{"q_row_stride", c.q_row_stride},
+                                                          {"out_row_stride", c.out_row_stride}};
+  for (const auto& [name, stride] : strides) {
+    // A stride the library would refuse is a malformation's business, and a shrink step that
+    // made one is simply not a candidate; the bound keeps a hand-written case in memory.
+    if (stride < 0 || (stride > 0 && stride < row) ||
+        (stride > 0 && static_cast<double>(stride) * std::max(b.rows, 1) > 1e8)) {
+      throw std::invalid_argument(std::string(name) + " " + std::to_string(stride) +
+                                  " is not a valid stride for this case's rows of " +
+                                  std::to_string(row) + " elements");
+    }
+  }
+  // The buffers' rows: with multi-token queries at least one (make_fast_case), even when no
+  // sequence has a query token.
+  const int buffer_rows = c.multi_token() && spec.batch > 0 ? std::max(b.rows, 1) : b.rows;
+  b.q_stride = c.q_row_stride ? c.q_row_stride : row;
+  b.out_stride = c.out_row_stride ? c.out_row_stride : row;
+  DecodeArgs& a = b.args;
+  if (c.q_row_stride != 0) {
+    const std::size_t qsz = dtype_size(spec.q_dtype);
+    const std::int64_t n = buffer_rows * b.q_stride;
+    b.q_rows.resize(static_cast<std::size_t>(n) * qsz);
+    for (std::int64_t i = 0; i < n; ++i) {
+      store_from_float(b.q_rows.data(), spec.q_dtype, i, std::numeric_limits<float>::quiet_NaN());
+    }
+    for (int r = 0; r < b.rows; ++r) {
+      std::copy_n(b.host.q.begin() + static_cast<std::ptrdiff_t>(r * row * qsz), row * qsz,
+                  b.q_rows.begin() + static_cast<std::ptrdiff_t>(r * b.q_stride * qsz));
+    }
+    a.q = b.q_rows.data();
+    a.q_row_stride = c.q_row_stride;
+  }
+  if (c.out_row_stride != 0) {
+    b.out_rows.resize(static_cast<std::size_t>(buffer_rows * b.out_stride) *
+                      dtype_size(spec.out_dtype));
+    a.out = b.out_rows.data();
+    a.out_row_stride = c.out_row_stride;
+  }
+}
+
+// The CUDA backend checks its rows' alignment after the shapes and before q_indptr, the tables
+// and the variants' values (which it reads back in checked mode only), over the rows the
+// arguments declare; then the cache strides (once there is a sequence: a batch of 0 is a no-op).
+void expect_cuda_refusal(const FuzzCase& c, BuiltCase& b) {
+  const DecodeArgs& a = b.args;
+  const bool shapes_pass =
+      c.bad == Malformation::kNone || c.bad == Malformation::kIdOutOfRange ||
+      c.bad == Malformation::kContextOverCapacity || c.bad == Malformation::kNegativeContext ||
+      c.bad == Malformation::kNonFiniteSlope || c.bad == Malformation::kBadSink ||
+      c.bad == Malformation::kQIndptrStart || c.bad == Malformation::kQIndptrDecreasing ||
+      c.bad == Malformation::kQLenOverMax || c.bad == Malformation::kQIndptrEnd ||
+      c.bad == Malformation::kBadKvHeadScale;
+  const std::int64_t row = static_cast<std::int64_t>(c.spec.num_heads) * c.spec.head_dim;
+  if (const char* field =
+          misaligned_stride(a.q_rows(), row, c.q_row_stride, c.spec.q_dtype, c.out_row_stride);
+      field != nullptr && shapes_pass) {
+    b.cuda_refuses = field;
+  }
+  if (const char* field = shapes_pass && a.batch > 0 && b.cuda_refuses.empty()
+                              ? misaligned_kv(a.cache_layout(), a.k_dtype)
+                              : nullptr) {
+    b.cuda_refuses = field;
+  }
+}
+
+// args pointed at the host copies of the per-head arrays, long enough for the (possibly
+// malformed) head counts, and at the host's table and lengths where a malformation changed them.
+void point_at_host_arrays(const FuzzCase& c, BuiltCase& b) {
+  DecodeArgs& a = b.args;
+  if (!b.alibi_slopes.empty()) b.alibi_slopes = per_head(b.alibi_slopes, a.num_heads);
+  if (!b.sinks.empty()) b.sinks = per_head(b.sinks, a.num_heads);
+  a.alibi_slopes = b.alibi_slopes.empty() ? nullptr : b.alibi_slopes.data();
+  a.sinks = b.sinks.empty() ? nullptr : b.sinks.data();
+  if (!b.k_scales.empty()) b.k_scales = per_head(b.k_scales, a.num_kv_heads);
+  if (!b.v_scales.empty()) b.v_scales = per_head(b.v_scales, a.num_kv_heads);
+  a.k_scales = b.k_scales.empty() ? nullptr : b.k_scales.data();
+  a.v_scales = b.v_scales.empty() ? nullptr : b.v_scales.data();
+  if (c.bad == Malformation::kIdOutOfRange || c.bad == Malformation::kContextOverCapacity ||
+      c.bad == Malformation::kNegativeContext) {
+    a.block_table = b.host.block_table.data();
+    a.context_lens = b.host.context_lens.data();
+  }
+}
+
+}  // namespace
+
+DecodeArgs BuiltCase::dense_args() const {
+  DecodeArgs a = args;
+  if (laid_out()) {
+    a.k_cache = host.k.data();
+    a.v_cache = host.v.data();
+    a.kv_strides = CacheStrides{};
+  }
+  return a;
+}
+
+void BuiltCase::poison_outputs() {
+  host.poison_outputs();
+  if (out_rows.empty()) return;
+  const std::size_t osz = dtype_size(host.spec.out_dtype);
+  const std::size_t row_bytes =
+      static_cast<std::size_t>(host.spec.num_heads) * host.spec.head_dim * osz;
+  std::fill(out_rows.begin(), out_rows.end(), kOutGapByte);
+  for (int r = 0; r < rows; ++r) {
+    std::fill_n(out_rows.begin() + static_cast<std::ptrdiff_t>(r * out_stride * osz), row_bytes,
+                std::uint8_t{0xff});
+  }
+}
+
+BuiltCase build_case(const FuzzCase& c) {
+  BuiltCase b;
+  const testing::CaseSpec spec = buildable_spec(c);
+  require_case(c);
+  b.host = make_fast_case(spec, c.window_left, c.q_lens, c.k_scales, c.v_scales);
+  map_rows(c, b);
+  if (c.snap) snap_values(b.host);
+  DecodeArgs& a = b.args;
+  a = b.host.args();
+  // Before any malformation, which may leave the dtype that sizes V's offset in a shared buffer
+  // invalid.
+  lay_out_kv(c, b);
+  if (c.scale != 0.f) a.scale = c.scale;
+  a.window_left = c.window_left;
+  a.logits_soft_cap = c.soft_cap;
+  if (c.multi_token()) {
+    a.q_indptr = b.q_indptr.data();
+    a.num_q_tokens = b.rows;
+    a.max_q_len = c.max_q_len;
+  }
+  b.alibi_slopes = per_head(c.alibi_slopes, spec.num_heads);
+  b.sinks = per_head(c.sinks, spec.num_heads);
+  b.k_scales = c.k_scales;
+  b.v_scales = c.v_scales;
+  lay_out_rows(c, b);
+  b.poison_outputs();
+  plant_malformation(c, b);
+  expect_cuda_refusal(c, b);
+  point_at_host_arrays(c, b);
+  return b;
+}
+
+}  // namespace pagedattn::fuzz

@@ -1,0 +1,32 @@
+// The parts of a fuzz case that draw_case draws each from a stream of its own (rng.hpp), so that
+// a case without one keeps every other draw: multi-token queries, the attention variants, the q
+// and out row strides, the cache layout and fp8 caches.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "draw_case.hpp"
+#include "fuzz_case.hpp"
+#include "rng.hpp"
+
+namespace pagedattn::fuzz {
+
+// Multi-token queries (draw_queries.cpp): per-sequence counts and max_q_len for a quarter of the
+// cases (every case when `force`), the contexts and counts trimmed to `work_budget` elements.
+void draw_query_lens(FuzzCase& c, Rng& r, std::int64_t work_budget, bool force = false);
+
+// The attention variants (draw_variants.cpp): a window, a soft-cap, ALiBi slopes and sinks.
+void draw_variants(FuzzCase& c, Rng& r);
+std::vector<float> draw_slopes(Rng& r, int H);
+std::vector<float> draw_sinks(Rng& r, const testing::CaseSpec& s);
+
+// Where q, out, K and V live and in what format (draw_storage.cpp): row strides, the cache
+// layout, fp8 caches (every case when `force`, with per-head scales when `force_per_head`).
+void draw_row_strides(FuzzCase& c, Rng& r, const DrawOptions& options);
+void draw_layout(FuzzCase& c, Rng& r, const DrawOptions& options);
+void draw_fp8(FuzzCase& c, Rng& r, bool force = false, bool force_per_head = false);
+// Back to a cache of `t` (not fp8), without scales.
+void drop_fp8(FuzzCase& c, DType t);
+
+}  // namespace pagedattn::fuzz

@@ -1,0 +1,205 @@
+#include "libfuzzer_args.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace pagedattn::fuzz {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// The shapes, the table's geometry, the dtypes (-1 is none) and the scale.
+void draw_shapes(FuzzedDataProvider& in, DecodeArgs& a) {
+  a.batch = in.ConsumeIntegralInRange<int>(-2, 5);
+  a.num_kv_heads = in.ConsumeIntegralInRange<int>(-1, 4);
+  const int group = in.ConsumeIntegralInRange<int>(0, 66);
+  a.num_heads = in.ConsumeBool() ? a.num_kv_heads * group : in.ConsumeIntegralInRange<int>(-1, 80);
+  a.head_dim = in.ConsumeBool() ? kSupportedHeadDims[in.ConsumeIntegralInRange<int>(0, 6)]
+                                : in.ConsumeIntegralInRange<int>(-2, 300);
+  a.block_size = in.ConsumeBool() ? in.ConsumeIntegralInRange<int>(1, 20)
+                                  : in.ConsumeIntegralInRange<int>(-2, 260);
+  a.num_blocks = in.ConsumeIntegralInRange<int>(-1, 12);
+  a.max_blocks_per_seq = in.ConsumeIntegralInRange<int>(-1, 8);
+  a.block_table_stride = in.ConsumeIntegralInRange<int>(0, 10);
+  const DType kv_dtype = static_cast<DType>(in.ConsumeIntegralInRange<int>(-1, 3));
+  a.q_dtype = static_cast<DType>(in.ConsumeIntegralInRange<int>(-1, 3));
+  a.k_dtype = kv_dtype;
+  a.v_dtype = in.ConsumeIntegralInRange<int>(0, 15) == 0
+                  ? static_cast<DType>(in.ConsumeIntegralInRange<int>(-1, 3))
+                  : kv_dtype;
+  a.out_dtype = static_cast<DType>(in.ConsumeIntegralInRange<int>(-1, 3));
+  switch (in.ConsumeIntegralInRange<int>(0, 7)) {
+    case 0:
+      a.scale = in.ConsumeFloatingPointInRange<float>(-2.f, 2.f);
+      break;
+    case 1:
+      a.scale = kNaN;
+      break;
+    case 2:
+      a.scale = kInf;
+      break;
+    default:
+      break;
+  }
+}
+
+// The attention variants, valid or not. Each draw's first value is "none", which is what an
+// input too short to choose gets (the corpus of plain cases keeps its meaning).
+void draw_variants(FuzzedDataProvider& in, DrawnArgs& d) {
+  DecodeArgs& a = d.a;
+  switch (in.ConsumeIntegralInRange<int>(0, 7)) {
+    case 4:
+    case 5:  // anywhere up to twice the longest possible context
+      a.window_left = in.ConsumeIntegralInRange<int>(
+          0, 2 * std::max(a.max_blocks_per_seq, 1) * std::clamp(a.block_size, 1, 260));
+      break;
+    case 6:
+      a.window_left = INT32_MAX;
+      break;
+    case 7:
+      a.window_left = in.ConsumeIntegralInRange<int>(INT32_MIN, -2);
+      break;
+    default:
+      break;
+  }
+  switch (in.ConsumeIntegralInRange<int>(0, 7)) {
+    case 4:
+    case 5:
+      a.logits_soft_cap = in.ConsumeFloatingPointInRange<float>(0.5f, 60.f);
+      break;
+    case 6:  // small caps squash every logit; huge ones change nothing
+      a.logits_soft_cap =
+          in.ConsumeBool() ? in.ConsumeFloatingPointInRange<float>(1e-3f, 0.5f) : 1e20f;
+      break;
+    case 7: {
+      const float bad[] = {-1.f, -1e-30f, kNaN, kInf, -kInf};
+      a.logits_soft_cap = bad[in.ConsumeIntegralInRange<int>(0, 4)];
+      break;
+    }
+    default:
+      break;
+  }
+  d.slopes_kind = in.ConsumeIntegralInRange<int>(0, 3);
+  d.sinks_kind = in.ConsumeIntegralInRange<int>(0, 3);
+  d.bad_head = in.ConsumeIntegralInRange<int>(0, 80);
+}
+
+// Row strides of q and out, dense when the input runs out: a row plus a gap, q as the query part
+// of a fused QKV row, out as half of a row twice as long, or one that must be refused (negative,
+// or rows that overlap).
+std::int64_t draw_row_stride(FuzzedDataProvider& in, const DecodeArgs& a, bool is_q) {
+  const std::int64_t row = static_cast<std::int64_t>(product({a.num_heads, a.head_dim}));
+  switch (in.ConsumeIntegralInRange<int>(0, 15)) {
+    case 10:
+    case 11:
+      return row + in.ConsumeIntegralInRange<int>(0, 40);
+    case 12:
+      return row + in.ConsumeIntegralInRange<int>(41, 300);
+    case 13:
+      return is_q ? (static_cast<std::int64_t>(a.num_heads) + 2 * a.num_kv_heads) * a.head_dim
+                  : 2 * row;
+    case 14:
+      return row;  // the dense row, given explicitly
+    case 15: {
+      const std::int64_t bad[] = {-1, std::numeric_limits<std::int64_t>::min(), 1, row - 1};
+      return bad[in.ConsumeIntegralInRange<int>(0, 3)];
+    }
+    default:
+      return 0;
+  }
+}
+
+// Multi-token queries, none when the input runs out: 0-4 none; 5, 6 per-sequence counts of 0-6
+// (more than a context, now and then) and a max_q_len at or up to 2 above the largest; 7 the same
+// with one error: q_indptr[0] != 0, an entry below the one before, a count above max_q_len, a
+// total other than num_q_tokens, max_q_len 0 or -1, or num_q_tokens and max_q_len without
+// q_indptr.
+void draw_query_tokens(FuzzedDataProvider& in, DrawnArgs& d) {
+  DecodeArgs& a = d.a;
+  std::vector<std::int32_t>& indptr = d.indptr;
+  bool with_indptr = false;
+  if (const int q_kind = in.ConsumeIntegralInRange<int>(0, 7); q_kind >= 5) {
+    const int B = std::max(a.batch, 0);
+    indptr.assign(static_cast<std::size_t>(B) + 1, 0);
+    int longest = 0;
+    for (int b = 0; b < B; ++b) {
+      const int n = in.ConsumeIntegralInRange<int>(0, 6);
+      indptr[b + 1] = indptr[b] + n;
+      longest = std::max(longest, n);
+    }
+    a.num_q_tokens = indptr[B];
+    a.max_q_len = std::max(longest, 1) + in.ConsumeIntegralInRange<int>(0, 2);
+    with_indptr = true;
+    if (q_kind == 7) {
+      const int at = B > 0 ? in.ConsumeIntegralInRange<int>(1, B) : 0;
+      switch (in.ConsumeIntegralInRange<int>(0, 5)) {
+        case 0:
+          indptr[0] = in.ConsumeBool() ? 1 : -1;
+          break;
+        case 1:
+          if (at > 0) indptr[at] = indptr[at - 1] - 1;
+          break;
+        case 2:
+          for (int b = at; b <= B && at > 0; ++b) indptr[b] += a.max_q_len + 1;
+          break;
+        case 3:
+          a.num_q_tokens += in.ConsumeBool() ? 1 : -1;
+          break;
+        case 4:
+          a.max_q_len = in.ConsumeIntegralInRange<int>(-1, 0);
+          break;
+        default:
+          with_indptr = false;
+          break;
+      }
+    }
+  }
+  a.q_indptr = with_indptr ? indptr.data() : nullptr;
+}
+
+// fp8 caches, none when the input runs out. The dtype draws above reach e4m3 (3) but not e5m2 (4),
+// and widening their range would remap every existing input's dtypes: an odd fp8_kind turns every
+// e4m3 field into e5m2 instead. fp8_kind 4-5: k_scale and v_scale drawn (K's 2^-8 to 1, so the
+// logits stay as moderate as the rest; V's 2^-10 to 2^10); 6-7: the same with one of them invalid
+// (0, -1, NaN, inf or 1e31). Scales on a cache that is not fp8 must be refused. Per-head scales:
+// kv_scales_kind as slopes_kind (K in [1/4, 1], V in [1/4, 4), from the data), both arrays or V's
+// alone (v_scales_only).
+void draw_fp8(FuzzedDataProvider& in, DrawnArgs& d) {
+  DecodeArgs& a = d.a;
+  const int fp8_kind = in.ConsumeIntegralInRange<int>(0, 7);
+  if (fp8_kind % 2 == 1) {
+    for (DType* t : {&a.q_dtype, &a.k_dtype, &a.v_dtype, &a.out_dtype}) {
+      if (*t == DType::kFP8E4M3) *t = DType::kFP8E5M2;
+    }
+  }
+  if (fp8_kind >= 4) {
+    a.k_scale = std::exp2(in.ConsumeFloatingPointInRange<float>(-8.f, 0.f));
+    a.v_scale = std::exp2(in.ConsumeFloatingPointInRange<float>(-10.f, 10.f));
+  }
+  if (fp8_kind >= 6) {
+    const float bad[] = {0.f, -1.f, kNaN, kInf, 1e31f};
+    (in.ConsumeBool() ? a.v_scale : a.k_scale) = bad[in.ConsumeIntegralInRange<int>(0, 4)];
+  }
+  d.kv_scales_kind = in.ConsumeIntegralInRange<int>(0, 3);
+  d.v_scales_only = in.ConsumeBool();
+}
+
+}  // namespace
+
+void draw_args(FuzzedDataProvider& in, DrawnArgs& d) {
+  draw_shapes(in, d.a);
+  d.null_pointer = in.ConsumeIntegralInRange<int>(0, 24);  // >= 7: every pointer set
+  d.with_lse = in.ConsumeBool();
+  d.single_split = in.ConsumeBool();
+  draw_variants(in, d);
+  d.a.q_row_stride = draw_row_stride(in, d.a, true);
+  d.a.out_row_stride = draw_row_stride(in, d.a, false);
+  draw_query_tokens(in, d);
+  draw_fp8(in, d);
+}
+
+}  // namespace pagedattn::fuzz

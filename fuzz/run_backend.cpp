@@ -1,0 +1,130 @@
+#include "run_backend.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "fault_injection.hpp"
+#include "pagedattn/cache_layout.hpp"
+#include "pagedattn/detail/dispatch.hpp"
+#include "pagedattn/testing/device_case.hpp"
+#include "pagedattn/testing/device_memory.hpp"
+#include "pagedattn/validate.hpp"
+
+namespace pagedattn::fuzz {
+namespace {
+
+// The CUDA backend over device copies of a host case (the slopes, sinks and q_indptr included),
+// out and lse copied back. DeviceCase checks the shapes itself, so it is given the case without
+// its window, soft-cap, row strides, multi-token queries and cache layout, which are put back for
+// the backend: on a malformed one the error must be the backend's. DeviceCase copies dense
+// caches, so a laid-out case gives it the dense K and V and its own layout's buffers (gaps and
+// all) get device copies of their own, which the backend reads through the case's kv_strides.
+// DeviceCase copies batch rows of q, out and lse, so a strided q or out, and with multi-token
+// queries (or a declared row count that is not the buffers': a malformed one) q, out and lse, get
+// device copies of their whole buffers here, gaps included (q's NaN, out's kOutGapByte), and come
+// back whole, so that a read or write of a gap shows on the host; DeviceCase then copies a stand-in
+// of batch rows instead.
+void run_cuda(const BuiltCase& bc, const DecodeArgs& host, const detail::DecodeOptions& o) {
+  DecodeArgs plain = host;
+  plain.window_left = -1;
+  plain.logits_soft_cap = 0.f;
+  plain.q_row_stride = 0;
+  plain.out_row_stride = 0;
+  plain.q_indptr = nullptr;
+  plain.num_q_tokens = 0;
+  plain.max_q_len = 0;
+  plain.kv_strides = CacheStrides{};
+  const bool own_kv = bc.laid_out();
+  if (own_kv) {
+    if (plain.k_cache != nullptr) plain.k_cache = bc.host.k.data();
+    if (plain.v_cache != nullptr) plain.v_cache = bc.host.v.data();
+  }
+  const bool other_rows = !bc.q_indptr.empty() || bc.rows != host.batch;
+  const bool own_q =
+      host.q != nullptr && host.q == bc.q_buffer().data() && (!bc.q_rows.empty() || other_rows);
+  const bool own_out = host.out != nullptr && host.out == bc.out_buffer().data() &&
+                       (!bc.out_rows.empty() || other_rows);
+  const bool own_lse = host.lse != nullptr && other_rows;
+  std::vector<std::uint8_t> stand_in;
+  if (own_q || own_out) {
+    // The error DeviceCase would raise, before the stand-in is sized by the shapes.
+    validate_shapes(plain);
+    stand_in.assign(static_cast<std::size_t>(std::max(host.batch, 0)) * host.num_heads *
+                        host.head_dim * sizeof(float),
+                    0);
+    if (own_q) plain.q = stand_in.data();
+    if (own_out) plain.out = stand_in.data();
+  }
+  if (own_lse) plain.lse = nullptr;
+  const testing::DeviceCase dev(plain, o.cuda_stream);
+  DecodeArgs d = dev.args();
+  d.window_left = host.window_left;
+  d.logits_soft_cap = host.logits_soft_cap;
+  d.q_row_stride = host.q_row_stride;
+  d.out_row_stride = host.out_row_stride;
+  d.num_q_tokens = host.num_q_tokens;
+  d.max_q_len = host.max_q_len;
+  testing::DeviceBuffer dq, dout, dlse, dindptr, dk, dv;
+  if (own_kv) {
+    // The storage's pointers and strides on device copies, then the arguments' own strides
+    // (a malformed one) and null pointers back.
+    dk = testing::DeviceBuffer(bc.kv.k.data(), bc.kv.k.size());
+    if (!bc.kv.v.empty()) dv = testing::DeviceBuffer(bc.kv.v.data(), bc.kv.v.size());
+    bc.kv.apply(d, dk.get(), dv.get());
+    if (host.k_cache == nullptr) d.k_cache = nullptr;
+    if (host.v_cache == nullptr) d.v_cache = nullptr;
+  }
+  d.kv_strides = host.kv_strides;
+  if (own_q) {
+    dq = testing::DeviceBuffer(bc.q_buffer().data(), bc.q_buffer().size());
+    d.q = dq.get();
+  }
+  if (own_out) {
+    dout = testing::DeviceBuffer(bc.out_buffer().data(), bc.out_buffer().size());
+    d.out = dout.get();
+  }
+  if (own_lse) {
+    dlse = testing::DeviceBuffer(bc.host.lse.data(), bc.host.lse.size() * sizeof(float));
+    d.lse = dlse.as<float>();
+  }
+  if (host.q_indptr != nullptr) {
+    // Like the block table: the CUDA backend reads it in device memory.
+    dindptr = testing::DeviceBuffer(host.q_indptr, bc.q_indptr.size() * sizeof(std::int32_t));
+    d.q_indptr = dindptr.as<const std::int32_t>();
+  }
+  detail::decode(d, o);
+  if (!own_out) {
+    dev.download(host, o.cuda_stream);  // out, and lse unless it has its own copy
+  } else {
+    testing::device_synchronize();
+    testing::copy_to_host(host.out, dout.get(), bc.out_buffer().size());
+    if (!own_lse && host.lse != nullptr && host.batch > 0) {
+      testing::copy_to_host(host.lse, d.lse,
+                            static_cast<std::size_t>(host.batch) * host.num_heads * sizeof(float));
+    }
+  }
+  if (own_lse) {
+    testing::device_synchronize();
+    testing::copy_to_host(host.lse, dlse.get(), bc.host.lse.size() * sizeof(float));
+  }
+}
+
+}  // namespace
+
+void run_backend(Backend backend, const BuiltCase& bc, int threads, bool single_split,
+                 bool checked) {
+  detail::DecodeOptions o;
+  o.backend = backend;
+  o.num_threads = threads;
+  o.single_split = single_split;
+  o.fault = planted_fault();
+  o.cuda_checked = checked;
+  if (backend == Backend::kCuda) {
+    run_cuda(bc, bc.args, o);
+  } else {
+    detail::decode(bc.args, o);
+  }
+}
+
+}  // namespace pagedattn::fuzz
