@@ -42,8 +42,8 @@ inline fbatch<Arch> weigh_block(float* sr, int nw, float* ar, int D, float alpha
 // softmax_tile on AVX-512, the R heads side by side: each head's largest logit and weight sum
 // come out of one transposing tree for all of them (RowTree512), and the states move as one
 // vector (rescale_to of every head at once, alpha through the vector exp). Head by head, each
-// reduction was a chain of shuffles, a scalar compare and a scalar exp that the next step waited
-// on; at group 8 that took a fifth of the kernel's time in cache.
+// reduction is a chain of shuffles, a scalar compare and a scalar exp that the next step waits on
+// (docs/cpu.md has what that cost).
 template <int R>
 inline void softmax_heads_512(float* s, int ss, int n, float* m, float* l, float* acc, int D) {
   static_assert(R >= 1 && R <= 16, "one lane per head");

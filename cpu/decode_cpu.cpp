@@ -64,10 +64,9 @@ bool has_avx512bf16() {
   return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
 }
 // An AMD processor of family 26 (Zen 5) or later: CPUID leaf 0's vendor string, leaf 1's family
-// (base family 15 plus the extended family). Where auto takes avx512bf16 (docs/cpu.md): on Zen 5
-// vdpbf16ps ran the bf16 kernel 3-5% faster in cache at group 1 and 10-17% at groups 4 and 8 than
-// the widening FMA path; on the Intel Xeon measured, 10-13% slower at groups 4 and 8. Elsewhere
-// it runs when named.
+// (base family 15 plus the extended family). Where auto takes avx512bf16: there vdpbf16ps runs
+// the bf16 kernel faster than the widening FMA path, and on the Intel Xeons measured slower
+// (docs/cpu.md has the numbers). Elsewhere it runs when named.
 bool is_amd_zen5_or_later() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;

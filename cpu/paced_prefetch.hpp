@@ -14,8 +14,7 @@ namespace {
 // Fragmented tables defeat the hardware prefetcher at every block boundary; two units ahead
 // covers the memory latency at one unit's compute time. Units of more than 8 KB (f32 at head dim
 // 128 and block 16: 16 KB) go one ahead: two of them and the current one fill a 48 KB L1 and
-// evict each other, and one ahead read f32 2-21% faster (median 7%) on one thread of an AMD Zen 5
-// host, while 8 KB bf16 units read 6-16% faster two ahead (docs/performance.md).
+// would evict each other before use (docs/cpu.md has the measurements).
 constexpr std::int64_t kTwoAheadMaxUnitBytes = 8 * 1024;
 inline int prefetch_units(std::int64_t unit_bytes) {
   return unit_bytes > kTwoAheadMaxUnitBytes ? 1 : 2;
@@ -25,9 +24,9 @@ inline int prefetch_units(std::int64_t unit_bytes) {
 // the compute of the current block. Issuing a whole block's lines at once fills the core's miss
 // buffers, and the burst then stalls the kernel until memory catches up: compute and memory
 // time add up instead of overlapping. It changes its own state, so GCC keeps the calls. Forced
-// inline: where a translation unit grew (the AVX-512 BF16 kernel with the fp8 table path) GCC
-// stopped inlining advance(), and a one-thread bf16 decode streaming from memory took 2.2x as long
-// (8 x 32 x 8 x 2048 tokens on Zen 5: 6.6 against 3.0 ms), though it ran as fast in cache.
+// inline: in a large translation unit (the AVX-512 BF16 kernel with the fp8 table path) GCC may
+// leave advance() out of line, and the call in the block loop then slows a decode that streams
+// from memory (docs/cpu.md).
 struct PacedPrefetch {
   const char* k = nullptr;
   const char* v = nullptr;
