@@ -163,8 +163,7 @@ struct CallerState {
   FloatBuffer partials;  // m[P], l[P], acc[P][D]
   SplitPlan plan;
   std::vector<std::int32_t> plan_lens;
-  std::vector<Task> tasks;               // built from the plan on every call (grow-only)
-  std::vector<std::int32_t> fault_lens;  // Fault::kLastBlockOffByOne's context lengths
+  std::vector<Task> tasks;  // built from the plan on every call (grow-only)
   int plan_kv_heads = -1, plan_block_size = -1, plan_parallelism = -1, plan_window = -1;
   bool plan_single = false;
 
@@ -275,10 +274,9 @@ PlanOptions plan_options(const DecodeArgs& a, const DecodeOptions& options, int 
 // The plan's tasks. When the splits alone are too few to keep every thread busy (a short batch,
 // min_chunk_tokens or single_split), a task takes fewer kv heads: halve until there are 4 tasks
 // per thread.
-void make_tasks(const SplitPlan& plan, int num_kv_heads, int threads, bool one_kv_head,
-                std::vector<Task>& tasks) {
+void make_tasks(const SplitPlan& plan, int num_kv_heads, int threads, std::vector<Task>& tasks) {
   const int KV = num_kv_heads;
-  int kv_per_task = one_kv_head ? 1 : KV;
+  int kv_per_task = KV;
   const std::int64_t splits = plan.total_splits();
   while (kv_per_task > 1 && splits * ((KV + kv_per_task - 1) / kv_per_task) < 4 * threads) {
     kv_per_task = (kv_per_task + 1) / 2;
@@ -345,11 +343,10 @@ struct Partials {
 // Combine of row = (b, h): merges its splits in split order (deterministic), finalizes, and
 // writes out and lse. `merged`: D floats of scratch.
 void combine_row(const DecodeArgs& a, const SplitPlan& plan, const Partials& part, std::int64_t row,
-                 float* merged, int dropped_splits) {
+                 float* merged) {
   const int H = a.num_heads, D = a.head_dim, G = a.group_size();
   const int b = static_cast<int>(row / H), h = static_cast<int>(row % H);
-  const int splits =
-      plan.num_splits[b] > 1 ? plan.num_splits[b] - dropped_splits : plan.num_splits[b];
+  const int splits = plan.num_splits[b];
   SoftmaxState state = SoftmaxState::empty();
   const float* acc = merged;
   if (splits == 1) {  // nothing to merge: finalize the one partial in place
@@ -382,27 +379,14 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
   const int threads = threads_for_call(a, options);
   CallerState& st = caller_state();
   const SplitPlan& plan = st.plan_for(a, plan_options(a, options, threads));
-  make_tasks(plan, a.num_kv_heads, threads, options.fault == Fault::kWrongKvHead, st.tasks);
+  make_tasks(plan, a.num_kv_heads, threads, st.tasks);
 
   const std::int64_t P = plan.num_partials(H);
   Partials part;
   part.m = st.partials.get(static_cast<std::size_t>(P) * (D + 2));
   part.l = part.m + P;
   part.acc = part.l + P;
-  ItemContext ctx = item_context(a, scale_queries(a, st.q_scaled), seq_rows);
-
-  // Test-only planted bugs (detail::Fault, set through the internal options), made around the
-  // kernel so that the kernel carries no test code. kLastBlockOffByOne: the kernel sees each
-  // context one token longer when its last block is partial (the plan keeps the true lengths),
-  // so it reads one slot past the context. kWrongKvHead: kv head 1 runs as kv head 0 with kv
-  // head 1's queries (below). kDropSplit: the combine drops the last split.
-  if (options.fault == Fault::kLastBlockOffByOne) {
-    st.fault_lens.assign(a.context_lens, a.context_lens + a.batch);
-    for (std::int32_t& L : st.fault_lens) L += L % BS != 0;
-    ctx.context_lens = st.fault_lens.data();
-  }
-  const bool wrong_kv_head = options.fault == Fault::kWrongKvHead;
-  const int dropped_splits = options.fault == Fault::kDropSplit ? 1 : 0;
+  const ItemContext ctx = item_context(a, scale_queries(a, st.q_scaled), seq_rows);
 
   const std::int64_t num_tasks = static_cast<std::int64_t>(st.tasks.size());
   const Task* tasks = st.tasks.data();
@@ -421,22 +405,11 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
       const WorkItem& it = plan.items[tasks[i].item];
       // The heads of consecutive kv heads of one (sequence, split) are consecutive partials.
       const std::int64_t p0 = plan.partial_index(it.seq, it.split, it.kv_head * G, H);
-      if (wrong_kv_head && it.kv_head == 1) {
-        WorkItem wrong = it;
-        wrong.kv_head = 0;
-        ItemContext c = ctx;
-        c.q_scaled += static_cast<std::int64_t>(G) * D;
-        if (c.q_bf16) c.q_bf16 += static_cast<std::int64_t>(G) * D;
-        kernel.fn(c, wrong, 1, &part.m[p0], &part.l[p0], &part.acc[p0 * D], scratch);
-        continue;
-      }
       kernel.fn(ctx, it, tasks[i].kv_count, &part.m[p0], &part.l[p0], &part.acc[p0 * D], scratch);
     }
 
 #pragma omp for schedule(dynamic, 8)
-    for (std::int64_t row = 0; row < num_rows; ++row) {
-      combine_row(a, plan, part, row, merged, dropped_splits);
-    }
+    for (std::int64_t row = 0; row < num_rows; ++row) combine_row(a, plan, part, row, merged);
   };
   if (threads > 1) {
 #pragma omp parallel num_threads(threads)
@@ -481,6 +454,13 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   thread_local std::vector<std::int32_t> lens, rows;
   const DecodeArgs v = as_sequences(a, lens, rows);
   if (v.batch > 0) decode_sequences(v, options, rows.data());
+}
+
+SplitPlan split_plan(const DecodeArgs& a, const DecodeOptions& options) {
+  std::vector<std::int32_t> lens, rows;
+  const DecodeArgs v = a.q_indptr != nullptr ? as_sequences(a, lens, rows) : a;
+  const PlanOptions po = plan_options(v, options, threads_for_call(v, options));
+  return make_split_plan(v.context_lens, v.batch, v.num_kv_heads, v.block_size, po);
 }
 
 }  // namespace pagedattn::detail::cpu
