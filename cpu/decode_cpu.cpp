@@ -231,11 +231,7 @@ KernelFn kernel_for_isa(const char* name) {
 }
 
 int threads_for_work(int requested, std::int64_t kv_bytes) {
-  static const std::int64_t min_bytes = [] {
-    const char* env = std::getenv("PAGEDATTN_CPU_MIN_BYTES_PER_THREAD");
-    return env ? std::atoll(env) : kMinBytesPerThread;
-  }();
-  const std::int64_t by_work = kv_bytes / std::max<std::int64_t>(min_bytes, 1);
+  const std::int64_t by_work = kv_bytes / kMinBytesPerThread;
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(requested, by_work)));
 }
 
