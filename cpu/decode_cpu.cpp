@@ -64,10 +64,9 @@ bool has_avx512bf16() {
   return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
 }
 // An AMD processor of family 26 (Zen 5) or later: CPUID leaf 0's vendor string, leaf 1's family
-// (base family 15 plus the extended family). Where auto takes avx512bf16 (docs/cpu.md): on Zen 5
-// vdpbf16ps ran the bf16 kernel 3-5% faster in cache at group 1 and 10-17% at groups 4 and 8 than
-// the widening FMA path; on the Intel Xeon measured, 10-13% slower at groups 4 and 8. Elsewhere
-// it runs when named.
+// (base family 15 plus the extended family). Where auto takes avx512bf16: there vdpbf16ps runs
+// the bf16 kernel faster than the widening FMA path, and on the Intel Xeons measured slower
+// (docs/cpu.md has the numbers). Elsewhere it runs when named.
 bool is_amd_zen5_or_later() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
@@ -164,8 +163,7 @@ struct CallerState {
   FloatBuffer partials;  // m[P], l[P], acc[P][D]
   SplitPlan plan;
   std::vector<std::int32_t> plan_lens;
-  std::vector<Task> tasks;               // built from the plan on every call (grow-only)
-  std::vector<std::int32_t> fault_lens;  // Fault::kLastBlockOffByOne's context lengths
+  std::vector<Task> tasks;  // built from the plan on every call (grow-only)
   int plan_kv_heads = -1, plan_block_size = -1, plan_parallelism = -1, plan_window = -1;
   bool plan_single = false;
 
@@ -233,67 +231,65 @@ KernelFn kernel_for_isa(const char* name) {
 }
 
 int threads_for_work(int requested, std::int64_t kv_bytes) {
-  static const std::int64_t min_bytes = [] {
-    const char* env = std::getenv("PAGEDATTN_CPU_MIN_BYTES_PER_THREAD");
-    return env ? std::atoll(env) : kMinBytesPerThread;
-  }();
-  const std::int64_t by_work = kv_bytes / std::max<std::int64_t>(min_bytes, 1);
+  const std::int64_t by_work = kv_bytes / kMinBytesPerThread;
   return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(requested, by_work)));
 }
 
 namespace {
 
-// One query token per sequence; sequence b reads table row seq_rows[b] (null: row b).
-void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
-                      const std::int32_t* seq_rows) {
-  const IsaChoice& kernel = isa();
-  const int H = a.num_heads, D = a.head_dim, G = a.group_size(), BS = a.block_size;
-  // Threads sized to the work: every thread beyond the first must get at least
-  // kMinBytesPerThread of K/V to read, and one thread runs without a parallel region at all, so a
-  // small call pays no wake-up or barrier (on a loaded machine a barrier can wait a whole
-  // scheduler slice for a thread that is not running). The count depends only on the shape, the
-  // context lengths and the requested threads, so results stay deterministic.
+// Threads sized to the work: every thread beyond the first must get at least kMinBytesPerThread of
+// K/V to read, and one thread runs without a parallel region at all, so a small call pays no
+// wake-up or barrier (on a loaded machine a barrier can wait a whole scheduler slice for a thread
+// that is not running). The count depends only on the shape, the context lengths and the requested
+// threads, so results stay deterministic.
+int threads_for_call(const DecodeArgs& a, const DecodeOptions& options) {
   const int requested = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   std::int64_t tokens = 0;  // attended: the window's, with one
   for (int b = 0; b < a.batch; ++b) {
     tokens += a.context_lens[b] - window_first_token(a.context_lens[b], a.window_left);
   }
   const std::int64_t kv_bytes =
-      tokens * a.num_kv_heads * D * 2 * static_cast<std::int64_t>(dtype_size(a.k_dtype));
-  const int threads = threads_for_work(requested, kv_bytes);
+      tokens * a.num_kv_heads * a.head_dim * 2 * static_cast<std::int64_t>(dtype_size(a.k_dtype));
+  return threads_for_work(requested, kv_bytes);
+}
 
-  // A task runs every kv head of one (sequence, split) block by block, so it reads each physical
-  // block as one contiguous stretch (see run_item); the planner is asked for kv_heads times the
-  // parallelism, so that the tasks (not the items) number about 8 per thread: dynamic scheduling
-  // evens out uneven contexts, and one long sequence is split across every core.
-  const int KV = a.num_kv_heads;
+// A task runs every kv head of one (sequence, split) block by block, so it reads each physical
+// block as one contiguous stretch (see run_item); the planner is asked for kv_heads times the
+// parallelism, so that the tasks (not the items) number about 8 per thread: dynamic scheduling
+// evens out uneven contexts, and one long sequence is split across every core.
+PlanOptions plan_options(const DecodeArgs& a, const DecodeOptions& options, int threads) {
   constexpr int kTasksPerThread = 8;
   PlanOptions po;
-  po.parallelism = threads * kTasksPerThread * KV;
+  po.parallelism = threads * kTasksPerThread * a.num_kv_heads;
   po.min_chunk_tokens = 256;
   po.single_split = options.single_split;
   po.window_left = a.window_left;
-  CallerState& st = caller_state();
-  const SplitPlan& plan = st.plan_for(a, po);
+  return po;
+}
 
-  // When the splits alone are too few to keep every thread busy (a short batch, min_chunk_tokens
-  // or single_split), a task takes fewer kv heads: halve until there are 4 tasks per thread.
-  int kv_per_task = options.fault == Fault::kWrongKvHead ? 1 : KV;  // kv head 1 alone (see below)
+// The plan's tasks. When the splits alone are too few to keep every thread busy (a short batch,
+// min_chunk_tokens or single_split), a task takes fewer kv heads: halve until there are 4 tasks
+// per thread.
+void make_tasks(const SplitPlan& plan, int num_kv_heads, int threads, std::vector<Task>& tasks) {
+  const int KV = num_kv_heads;
+  int kv_per_task = KV;
   const std::int64_t splits = plan.total_splits();
   while (kv_per_task > 1 && splits * ((KV + kv_per_task - 1) / kv_per_task) < 4 * threads) {
     kv_per_task = (kv_per_task + 1) / 2;
   }
-  st.tasks.clear();
+  tasks.clear();
   for (std::int64_t i = 0; i < static_cast<std::int64_t>(plan.items.size()); ++i) {
     const int kv = plan.items[i].kv_head;
-    if (kv % kv_per_task == 0) st.tasks.push_back(Task{i, std::min(kv_per_task, KV - kv)});
+    if (kv % kv_per_task == 0) tasks.push_back(Task{i, std::min(kv_per_task, KV - kv)});
   }
+}
 
-  // q widened once and pre-multiplied by the scale, and for an fp8 cache by its kv head's K
-  // scale: q . (code x k_scale) = (q x k_scale) . code, so the kernel reads the codes as they are.
+// q widened once and pre-multiplied by the scale, and for an fp8 cache by its kv head's K
+// scale: q . (code x k_scale) = (q x k_scale) . code, so the kernel reads the codes as they are.
+const float* scale_queries(const DecodeArgs& a, FloatBuffer& buffer) {
+  const int H = a.num_heads, D = a.head_dim, G = a.group_size();
   const float scale = a.effective_scale();
-  const std::size_t q_elems = static_cast<std::size_t>(a.batch) * H * D;
-  float* q_scaled = st.q_scaled.get(q_elems);
+  float* q_scaled = buffer.get(static_cast<std::size_t>(a.batch) * H * D);
   const std::int64_t row = static_cast<std::int64_t>(H) * D;
   for (int b = 0; b < a.batch; ++b) {
     float* dst = q_scaled + b * row;
@@ -306,17 +302,16 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
       }
     }
   }
+  return q_scaled;
+}
 
-  const std::int64_t P = plan.num_partials(H);
-  float* part_m = st.partials.get(static_cast<std::size_t>(P) * (D + 2));
-  float* part_l = part_m + P;
-  float* part_acc = part_l + P;
-
+// What every work item of the call reads; sequence b reads table row seq_rows[b] (null: row b).
+ItemContext item_context(const DecodeArgs& a, const float* q_scaled, const std::int32_t* seq_rows) {
   ItemContext ctx;
   ctx.q_scaled = q_scaled;
   ctx.q_bf16 = a.q_dtype == DType::kBF16 ? static_cast<const bf16_t*>(a.q) : nullptr;
   ctx.q_bf16_stride = a.q_stride();
-  ctx.scale = scale;
+  ctx.scale = a.effective_scale();
   ctx.k_scale = a.k_scale;
   ctx.k_scales = a.k_scales;
   ctx.bf16_weights = a.out_dtype == DType::kBF16;
@@ -326,24 +321,68 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
   ctx.layout = a.cache_layout();
   ctx.table = BlockTableView{a.block_table, a.max_blocks_per_seq, a.table_stride(), seq_rows};
   ctx.context_lens = a.context_lens;
-  ctx.num_heads = H;
-  ctx.group_size = G;
+  ctx.num_heads = a.num_heads;
+  ctx.group_size = a.group_size();
   ctx.window_left = a.window_left;
   ctx.soft_cap = a.logits_soft_cap;
   ctx.alibi_slopes = a.alibi_slopes;
+  return ctx;
+}
 
-  // Test-only planted bugs (detail::Fault, set through the internal options), made around the
-  // kernel so that the kernel carries no test code. kLastBlockOffByOne: the kernel sees each
-  // context one token longer when its last block is partial (the plan keeps the true lengths),
-  // so it reads one slot past the context. kWrongKvHead: kv head 1 runs as kv head 0 with kv
-  // head 1's queries (below). kDropSplit: the combine drops the last split.
-  if (options.fault == Fault::kLastBlockOffByOne) {
-    st.fault_lens.assign(a.context_lens, a.context_lens + a.batch);
-    for (std::int32_t& L : st.fault_lens) L += L % BS != 0;
-    ctx.context_lens = st.fault_lens.data();
+// The partial states of a plan's (sequence, split, query head)s: m[P], l[P], acc[P][D].
+struct Partials {
+  float* m;
+  float* l;
+  float* acc;
+};
+
+// Combine of row = (b, h): merges its splits in split order (deterministic), finalizes, and
+// writes out and lse. `merged`: D floats of scratch.
+void combine_row(const DecodeArgs& a, const SplitPlan& plan, const Partials& part, std::int64_t row,
+                 float* merged) {
+  const int H = a.num_heads, D = a.head_dim, G = a.group_size();
+  const int b = static_cast<int>(row / H), h = static_cast<int>(row % H);
+  const int splits = plan.num_splits[b];
+  SoftmaxState state = SoftmaxState::empty();
+  const float* acc = merged;
+  if (splits == 1) {  // nothing to merge: finalize the one partial in place
+    const std::int64_t p = plan.partial_index(b, 0, h, H);
+    state = SoftmaxState{part.m[p], part.l[p]};
+    acc = &part.acc[p * D];
+  } else {
+    std::fill(merged, merged + D, 0.f);
+    for (int s = 0; s < splits; ++s) {
+      const std::int64_t p = plan.partial_index(b, s, h, H);
+      softmax_merge(state, merged, SoftmaxState{part.m[p], part.l[p]}, &part.acc[p * D], D);
+    }
   }
-  const bool wrong_kv_head = options.fault == Fault::kWrongKvHead;
-  const int dropped_splits = options.fault == Fault::kDropSplit ? 1 : 0;
+  // The sink joins the denominator only (out = acc * fa / l with its l).
+  const float fa = a.sinks != nullptr ? add_sink(state, a.sinks[h]) : 1.f;
+  // A NaN state (a NaN or infinite logit in some split; see softmax_tile) gives NaN out and
+  // lse, never the 0 and -inf of an empty context.
+  const bool nan = std::isnan(state.l);
+  // An fp8 cache's V scale: sum p (code x v_scale) = v_scale x sum p code.
+  store_row(a.out, a.out_dtype, b * a.out_stride() + static_cast<std::int64_t>(h) * D, acc,
+            nan ? NAN : state.inv_sum() * fa * head_scale(a.v_scale, a.v_scales, h / G), D);
+  if (a.lse) a.lse[row] = nan ? NAN : state.lse();
+}
+
+// One query token per sequence; sequence b reads table row seq_rows[b] (null: row b).
+void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
+                      const std::int32_t* seq_rows) {
+  const IsaChoice& kernel = isa();
+  const int H = a.num_heads, D = a.head_dim, G = a.group_size(), BS = a.block_size;
+  const int threads = threads_for_call(a, options);
+  CallerState& st = caller_state();
+  const SplitPlan& plan = st.plan_for(a, plan_options(a, options, threads));
+  make_tasks(plan, a.num_kv_heads, threads, st.tasks);
+
+  const std::int64_t P = plan.num_partials(H);
+  Partials part;
+  part.m = st.partials.get(static_cast<std::size_t>(P) * (D + 2));
+  part.l = part.m + P;
+  part.acc = part.l + P;
+  const ItemContext ctx = item_context(a, scale_queries(a, st.q_scaled), seq_rows);
 
   const std::int64_t num_tasks = static_cast<std::int64_t>(st.tasks.size());
   const Task* tasks = st.tasks.data();
@@ -362,47 +401,11 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
       const WorkItem& it = plan.items[tasks[i].item];
       // The heads of consecutive kv heads of one (sequence, split) are consecutive partials.
       const std::int64_t p0 = plan.partial_index(it.seq, it.split, it.kv_head * G, H);
-      if (wrong_kv_head && it.kv_head == 1) {
-        WorkItem wrong = it;
-        wrong.kv_head = 0;
-        ItemContext c = ctx;
-        c.q_scaled += static_cast<std::int64_t>(G) * D;
-        if (c.q_bf16) c.q_bf16 += static_cast<std::int64_t>(G) * D;
-        kernel.fn(c, wrong, 1, &part_m[p0], &part_l[p0], &part_acc[p0 * D], scratch);
-        continue;
-      }
-      kernel.fn(ctx, it, tasks[i].kv_count, &part_m[p0], &part_l[p0], &part_acc[p0 * D], scratch);
+      kernel.fn(ctx, it, tasks[i].kv_count, &part.m[p0], &part.l[p0], &part.acc[p0 * D], scratch);
     }
 
-    // Combine: merge each (sequence, head)'s splits in split order (deterministic), finalize.
 #pragma omp for schedule(dynamic, 8)
-    for (std::int64_t row = 0; row < num_rows; ++row) {
-      const int b = static_cast<int>(row / H), h = static_cast<int>(row % H);
-      const int splits =
-          plan.num_splits[b] > 1 ? plan.num_splits[b] - dropped_splits : plan.num_splits[b];
-      SoftmaxState state = SoftmaxState::empty();
-      const float* acc = merged;
-      if (splits == 1) {  // nothing to merge: finalize the one partial in place
-        const std::int64_t p = plan.partial_index(b, 0, h, H);
-        state = SoftmaxState{part_m[p], part_l[p]};
-        acc = &part_acc[p * D];
-      } else {
-        std::fill(merged, merged + D, 0.f);
-        for (int s = 0; s < splits; ++s) {
-          const std::int64_t p = plan.partial_index(b, s, h, H);
-          softmax_merge(state, merged, SoftmaxState{part_m[p], part_l[p]}, &part_acc[p * D], D);
-        }
-      }
-      // The sink joins the denominator only (out = acc * fa / l with its l).
-      const float fa = a.sinks != nullptr ? add_sink(state, a.sinks[h]) : 1.f;
-      // A NaN state (a NaN or infinite logit in some split; see softmax_tile) gives NaN out and
-      // lse, never the 0 and -inf of an empty context.
-      const bool nan = std::isnan(state.l);
-      // An fp8 cache's V scale: sum p (code x v_scale) = v_scale x sum p code.
-      store_row(a.out, a.out_dtype, b * a.out_stride() + static_cast<std::int64_t>(h) * D, acc,
-                nan ? NAN : state.inv_sum() * fa * head_scale(a.v_scale, a.v_scales, h / G), D);
-      if (a.lse) a.lse[row] = nan ? NAN : state.lse();
-    }
+    for (std::int64_t row = 0; row < num_rows; ++row) combine_row(a, plan, part, row, merged);
   };
   if (threads > 1) {
 #pragma omp parallel num_threads(threads)
@@ -415,9 +418,10 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
 // Multi-token queries (DecodeArgs::q_indptr): query token i of sequence b, at position
 // P = L_b - n_b + i, is exactly a one-token query of a context of P + 1 tokens over b's table
 // row (pagedattn.hpp), so the call runs as one of num_q_tokens such sequences, each reading its
-// sequence's table row. Each query token reads its keys and values itself.
-void decode_query_tokens(const DecodeArgs& a, const DecodeOptions& options) {
-  thread_local std::vector<std::int32_t> lens, rows;
+// sequence's table row (rows[r]; lens[r] its context). Each query token reads its keys and values
+// itself.
+DecodeArgs as_sequences(const DecodeArgs& a, std::vector<std::int32_t>& lens,
+                        std::vector<std::int32_t>& rows) {
   lens.resize(static_cast<std::size_t>(a.num_q_tokens));
   rows.resize(static_cast<std::size_t>(a.num_q_tokens));
   for (int b = 0; b < a.batch; ++b) {
@@ -428,23 +432,31 @@ void decode_query_tokens(const DecodeArgs& a, const DecodeOptions& options) {
       rows[r] = b;
     }
   }
-  if (a.num_q_tokens == 0) return;
   DecodeArgs v = a;
   v.batch = a.num_q_tokens;
   v.context_lens = lens.data();
   v.q_indptr = nullptr;
   v.num_q_tokens = v.max_q_len = 0;
-  decode_sequences(v, options, rows.data());
+  return v;
 }
 
 }  // namespace
 
 void decode(const DecodeArgs& a, const DecodeOptions& options) {
-  if (a.q_indptr != nullptr) {
-    decode_query_tokens(a, options);
-  } else {
+  if (a.q_indptr == nullptr) {
     decode_sequences(a, options, nullptr);
+    return;
   }
+  thread_local std::vector<std::int32_t> lens, rows;
+  const DecodeArgs v = as_sequences(a, lens, rows);
+  if (v.batch > 0) decode_sequences(v, options, rows.data());
+}
+
+SplitPlan split_plan(const DecodeArgs& a, const DecodeOptions& options) {
+  std::vector<std::int32_t> lens, rows;
+  const DecodeArgs v = a.q_indptr != nullptr ? as_sequences(a, lens, rows) : a;
+  const PlanOptions po = plan_options(v, options, threads_for_call(v, options));
+  return make_split_plan(v.context_lens, v.batch, v.num_kv_heads, v.block_size, po);
 }
 
 }  // namespace pagedattn::detail::cpu

@@ -65,8 +65,8 @@ struct MaxOp512 {
 };
 
 // xsimd::haddp's AVX-512 version in xsimd 8.1 is wrong (above); this one is the tree.
-// Forced inline: out of line, the caller's accumulators went through the stack (16 stores and
-// loads per call), and GCC kept the call in the AVX-512 BF16 kernel (13% of a group-8 decode).
+// Forced inline: out of line, the caller's accumulators go through the stack (16 stores and
+// loads per call), and GCC alone keeps the call in the AVX-512 BF16 kernel (docs/cpu.md).
 template <>
 struct RowSums<xsimd::avx512bw> {
   __attribute__((always_inline)) static xsimd::batch<float, xsimd::avx512bw> of(

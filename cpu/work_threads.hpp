@@ -6,8 +6,7 @@
 
 namespace pagedattn::detail::cpu {
 
-// Bytes a call must move per thread before it takes one more thread
-// (PAGEDATTN_CPU_MIN_BYTES_PER_THREAD overrides it, read once).
+// Bytes a call must move per thread before it takes one more thread.
 constexpr std::int64_t kMinBytesPerThread = std::int64_t{8} << 20;
 
 // Threads for a call that moves `bytes` with `requested` threads allowed: one per

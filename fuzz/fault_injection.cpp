@@ -2,10 +2,13 @@
 
 namespace pagedattn::fuzz {
 namespace {
-detail::Fault g_fault = detail::Fault::kNone;
+testing::Fault g_fault = testing::Fault::kNone;
 }  // namespace
 
-void set_fault(detail::Fault f) { g_fault = f; }
-detail::Fault planted_fault() { return g_fault; }
+void set_fault(testing::Fault f) { g_fault = f; }
+
+void decode_with_planted_fault(const DecodeArgs& args, const detail::DecodeOptions& options) {
+  testing::decode_with_fault(args, options, g_fault);
+}
 
 }  // namespace pagedattn::fuzz

@@ -133,8 +133,8 @@ Config parse(int argc, char** argv) {
 }
 
 // The name was checked by parse().
-pagedattn::detail::Fault parse_fault(const std::string& name) {
-  using pagedattn::detail::Fault;
+pagedattn::testing::Fault parse_fault(const std::string& name) {
+  using pagedattn::testing::Fault;
   if (name == "last-block-off-by-one") return Fault::kLastBlockOffByOne;
   if (name == "wrong-kv-head") return Fault::kWrongKvHead;
   if (name == "drop-split") return Fault::kDropSplit;

@@ -118,12 +118,11 @@ void run_backend(Backend backend, const BuiltCase& bc, int threads, bool single_
   o.backend = backend;
   o.num_threads = threads;
   o.single_split = single_split;
-  o.fault = planted_fault();
   o.cuda_checked = checked;
   if (backend == Backend::kCuda) {
     run_cuda(bc, bc.args, o);
   } else {
-    detail::decode(bc.args, o);
+    decode_with_planted_fault(bc.args, o);
   }
 }
 

@@ -1,5 +1,5 @@
 // The dispatch layer's internal entry point: decode() with the backends' own options, so tests
-// and the fuzzer can ask for one split per sequence or plant a fault. Not installed.
+// and the fuzzer can ask for one split per sequence. Not installed.
 #pragma once
 
 #include "pagedattn/detail/backends.hpp"

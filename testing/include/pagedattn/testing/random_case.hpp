@@ -80,7 +80,7 @@ Comparison compare_outputs(const HostCase& c, const ReferenceResult& ref);
 
 // Runs decode over the case on options.backend (resolved as decode() does); the CUDA backend
 // gets device copies of the buffers and its results are copied back. Returns the backend used.
-// The options are the backends' own (detail::DecodeOptions: single_split, fault); public
+// The options are the backends' own (detail::DecodeOptions: single_split); public
 // DecodeOptions convert to them.
 Backend run_decode(HostCase& c, const detail::DecodeOptions& options = {});
 

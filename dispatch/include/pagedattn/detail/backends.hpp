@@ -7,20 +7,13 @@
 #include <string>
 
 #include "pagedattn/pagedattn.hpp"
+#include "pagedattn/split_plan.hpp"
 
 namespace pagedattn::detail {
 
-// A known bug planted in the CPU backend, so the fuzzer can prove it catches it.
-enum class Fault : int {
-  kNone = 0,
-  kLastBlockOffByOne,  // a partial last block reads one slot past the context
-  kWrongKvHead,        // kv head 1 reads kv head 0's keys and values
-  kDropSplit,          // the combine ignores the last split of a split sequence
-};
-
-// The options a backend runs with: the public DecodeOptions plus knobs only the tests and the
+// The options a backend runs with: the public DecodeOptions plus a knob only the tests and the
 // fuzzer set, through detail::decode (dispatch/include/pagedattn/detail/dispatch.hpp). The
-// public decode() runs with both off.
+// public decode() runs with it off.
 struct DecodeOptions : pagedattn::DecodeOptions {
   DecodeOptions() = default;
   DecodeOptions(const pagedattn::DecodeOptions& o) : pagedattn::DecodeOptions(o) {}  // NOLINT
@@ -28,13 +21,15 @@ struct DecodeOptions : pagedattn::DecodeOptions {
   // One work item per (sequence, kv head), no split-KV: checks that the split plan does not
   // change results beyond rounding. Slower on long contexts.
   bool single_split = false;
-  // CPU backend: the planted bug (kNone: none).
-  Fault fault = Fault::kNone;
 };
 
 namespace cpu {
 // Runs on host memory; context_lens and block_table already validated.
 void decode(const DecodeArgs& args, const DecodeOptions& options);
+// The split plan decode runs for these (validated) arguments when called on this thread; with
+// q_indptr, over the query tokens in row order, each a sequence of its own (its context ending
+// at its position). So tests can check the plan, or act on it.
+SplitPlan split_plan(const DecodeArgs& args, const DecodeOptions& options);
 }  // namespace cpu
 
 namespace cuda {
