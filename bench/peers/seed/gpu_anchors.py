@@ -14,7 +14,6 @@ the pool), block size 16, bf16.
 import argparse, math, os, sys
 import torch
 import triton
-import triton.language as tl
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
