@@ -18,7 +18,7 @@ import os
 import re
 import statistics
 import sys
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, defaultdict, namedtuple
 
 DTYPES = {"f32", "f16", "bf16", "float32", "float16", "bfloat16"}
 SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
@@ -27,6 +27,9 @@ DTYPE_ORDER = {"bf16": 0, "f16": 1, "f32": 2}  # the order of the table's sectio
 OURS_COLS = ("dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,pct_read_bw,rel_err,"
              "window,soft_cap,alibi,sinks,q_len,layout,kv_dtype").split(",")
 IGNORED = ()  # a row read but not tabled (the seed's naive kernel, torch)
+# One line of the table: its section (dtype, kv_dtype, q_len), the markdown cells, the ratio
+# (None without a FlashInfer row) and, for the plot, the implementation and the three % columns.
+Line = namedtuple("Line", "section cells ratio impl pct_ours pct_fi pct_seed")
 CEILING_PATTERNS = (  # most trusted first: readbw.cu, then pagedattn-bench's own measurement
     re.compile(r"read ceiling ([0-9.]+) GB/s"),
     re.compile(r"GPU read bandwidth: ([0-9.]+)"),
@@ -164,8 +167,8 @@ def fmt(x, spec, missing="-"):
     return missing if x is None else format(x, spec)
 
 
-def table_rows(rows, ceiling):
-    """(section, cells, ratio) per pagedattn implementation and key, in first-seen order."""
+def table_lines(rows, ceiling):
+    """A Line per pagedattn implementation and key, in the order the keys were read."""
     out = []
     multi = len({i for per_key in rows["ours"].values() for i in per_key}) > 1
     for key, impls in rows["ours"].items():
@@ -184,13 +187,13 @@ def table_rows(rows, ceiling):
                 fmt(best_fi and best_fi[1][0] * 1e3, ".1f"), best_fi[0] if best_fi else "-",
                 fmt(best_fi and pct(best_fi[1][1]), ".1f"), fmt(ratio, ".3f"),
                 fmt(seed and seed[0] * 1e3, ".1f"), fmt(seed and pct(seed[1]), ".1f")]
-            out.append((key[:3], cells, ratio, impl, pct(gbps), best_fi and pct(best_fi[1][1]),
-                        seed and pct(seed[1])))
+            out.append(Line(key[:3], cells, ratio, impl, pct(gbps),
+                            best_fi and pct(best_fi[1][1]), seed and pct(seed[1])))
     return out, multi
 
 
 def markdown(rows, ceiling, source, notes):
-    trs, multi = table_rows(rows, ceiling)
+    lines_, multi = table_lines(rows, ceiling)
     head = ["B,H,KV,D,ctx,BS"] + (["impl"] if multi else []) + [
         "pagedattn us", "%", "FlashInfer us", "path", "%", "ratio", "seed us", "%"]
     lines = ["# pagedattn against FlashInfer and the seed kernels", ""]
@@ -200,42 +203,44 @@ def markdown(rows, ceiling, source, notes):
               "ratio = pagedattn / FlashInfer's fastest path (below 1: pagedattn faster); seed = "
               "the best of its split kernels (bf16, q_len 1).", ""]
     sections = OrderedDict()
-    for tr in trs:
-        sections.setdefault(tr[0], []).append(tr)
+    for line in lines_:
+        sections.setdefault(line.section, []).append(line)
     order = lambda s: (DTYPE_ORDER.get(s[0], 9), s[1] != s[0], s[1], s[2])  # noqa: E731
     for (dtype, kv, q_len), group in sorted(sections.items(), key=lambda s: order(s[0])):
         lines += [f"## q {dtype}, K/V {kv}, q_len {q_len}", "",
                   "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        lines += ["| " + " | ".join(tr[1]) + " |" for tr in group]
-        ratios = [tr[2] for tr in group if tr[2] is not None]
+        lines += ["| " + " | ".join(line.cells) + " |" for line in group]
+        ratios = [line.ratio for line in group if line.ratio is not None]
         if ratios:
             lines += ["", f"Ratio {min(ratios):.3f} to {max(ratios):.3f}, median "
                       f"{statistics.median(ratios):.3f}, over {len(ratios)} row(s)."]
         lines.append("")
-    if not trs:
+    if not lines_:
         lines += ["No pagedattn rows found.", ""]
     lines += [f"- {n}" for n in notes]
-    return "\n".join(lines) + "\n", trs
+    return "\n".join(lines) + "\n", lines_
 
 
-def plot(trs, png):
+def plot(table, png):
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not importable: no plot"
-    one = [tr for tr in trs if tr[0] == ("bf16", "bf16", 1) and tr[4] is not None]
-    if any(tr[5] is not None for tr in one):
-        one = [tr for tr in one if tr[5] is not None]  # the shapes FlashInfer ran
+    one = [t for t in table if t.section == ("bf16", "bf16", 1) and t.pct_ours is not None]
+    if any(t.pct_fi is not None for t in one):
+        one = [t for t in one if t.pct_fi is not None]  # the shapes FlashInfer ran
     if not one:
         return "no bf16 one-token rows with a read ceiling: no plot"
-    labels = [tr[1][0] + ("\n" + tr[3] if len({t[3] for t in one}) > 1 else "") for tr in one]
+    several = len({t.impl for t in one}) > 1
+    labels = [t.cells[0] + ("\n" + t.impl if several else "") for t in one]
     fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(one)), 5))
     width = 0.27
-    for i, (name, col) in enumerate((("pagedattn", 4), ("FlashInfer fastest", 5), ("seed", 6))):
+    for i, (name, col) in enumerate((("pagedattn", "pct_ours"), ("FlashInfer fastest", "pct_fi"),
+                                     ("seed", "pct_seed"))):
         xs = [j + (i - 1) * width for j in range(len(one))]
-        ax.bar(xs, [tr[col] or 0 for tr in one], width, label=name)
+        ax.bar(xs, [getattr(t, col) or 0 for t in one], width, label=name)
     ax.set_xticks(range(len(one)))
     ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("% of the read ceiling")
@@ -266,15 +271,15 @@ def main():
     ceiling, source = (a.ceiling, "given") if a.ceiling else find_ceiling(texts)
     if not ceiling and rows["implied"]:
         ceiling, source = statistics.median(rows["implied"]), "median of pagedattn-bench's rows"
-    text, trs = markdown(rows, ceiling, source, notes)
+    text, table = markdown(rows, ceiling, source, notes)
     if a.md:
         with open(a.md, "w") as f:
             f.write(text)
     else:
         sys.stdout.write(text)
     if a.png:
-        print(plot(trs, a.png), file=sys.stderr)
-    return 0 if trs else 1
+        print(plot(table, a.png), file=sys.stderr)
+    return 0 if table else 1
 
 
 if __name__ == "__main__":
