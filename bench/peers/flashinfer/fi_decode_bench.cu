@@ -105,14 +105,11 @@ static const char* kv_dtype_name(KvDtype t) {
 }
 static size_t kv_dtype_bytes(KvDtype t) { return t == KvDtype::BF16 ? 2 : 1; }
 
-// CUDA-core Params: csrc/batch_decode_customize_config.jinja as rendered by modules.py
-// gen_batch_decode_module(bf16, KV, bf16, int32, D, D, pos_encoding_mode=0,
-// use_sliding_window=False, use_logits_soft_cap=False) with KV = bf16, float8_e4m3fn or
-// float8_e5m2 (the same module for every KV dtype, only dtype_kv differs; no scale params: the
-// wrapper folds k_scale into sm_scale and multiplies the output by v_scale after the call);
-// additional params: maybe_alibi_slopes, logits_soft_cap, sm_scale, rope_rcp_scale, rope_rcp_theta.
+// What the two modules' Params below have in common (the same names and types in both JIT
+// configs): bf16 q and output, int32 ids, the cache, the ADDITIONAL_PARAMS scalars and the plan's
+// work lists. The kernels read them by name, so where they are declared does not matter.
 template <typename KV>
-struct DecodeParams {
+struct SharedParams {
   using DTypeQ = nv_bfloat16;
   using DTypeKV = KV;
   using DTypeO = nv_bfloat16;
@@ -126,13 +123,23 @@ struct DecodeParams {
   uint32_t padded_batch_size, num_qo_heads;
   IdType q_stride_n, q_stride_h;
   int32_t window_left;
-  bool enable_pdl;
   IdType *request_indices, *kv_tile_indices, *o_indptr, *kv_chunk_size_ptr;
   bool* block_valid_mask;
   bool partition_kv;
+};
+
+// CUDA-core Params: csrc/batch_decode_customize_config.jinja as rendered by modules.py
+// gen_batch_decode_module(bf16, KV, bf16, int32, D, D, pos_encoding_mode=0,
+// use_sliding_window=False, use_logits_soft_cap=False) with KV = bf16, float8_e4m3fn or
+// float8_e5m2 (the same module for every KV dtype, only dtype_kv differs; no scale params: the
+// wrapper folds k_scale into sm_scale and multiplies the output by v_scale after the call);
+// additional params: maybe_alibi_slopes, logits_soft_cap, sm_scale, rope_rcp_scale, rope_rcp_theta.
+template <typename KV>
+struct DecodeParams : SharedParams<KV> {
+  bool enable_pdl;
   __host__ __device__ __forceinline__ int32_t get_qo_len(int32_t) const { return 1; }
   __host__ __device__ __forceinline__ int32_t get_kv_len(int32_t b) const {
-    return paged_kv.get_length(b);
+    return this->paged_kv.get_length(b);
   }
 };
 // variant_name of both modules: DefaultAttention<use_custom_mask, sliding_window, soft_cap, alibi>;
@@ -145,43 +152,27 @@ using AttentionVariant = DefaultAttention<false, false, false, false>;
 // (what get_batch_prefill_module builds for fa2; paged_kv_stride_mode "equal": SAME_KV_STRIDES).
 // bf16 q with fp8 KV is fa2 in the wrapper too: utils.py is_fa3_backend_supported refuses fp8 KV
 // with a non-fp8 q, and the fa2 module has no k/v scale params (maybe_k/v_cache_sf are NVFP4's).
+// Its fields beyond SharedParams:
 template <typename KV>
-struct PagedParams {
-  using DTypeQ = nv_bfloat16;
-  using DTypeKV = KV;
-  using DTypeO = nv_bfloat16;
-  using IdType = int32_t;
-  DTypeQ* q;
-  paged_kv_t<DTypeKV, IdType> paged_kv;
+struct PagedParams : SharedParams<KV> {
   IdType* q_indptr;
-  DTypeO* o;
-  float* lse;
   uint_fastdiv group_size;
   uint8_t* maybe_custom_mask;
   int32_t* maybe_mask_indptr;
-  float* maybe_alibi_slopes;
   uint32_t* maybe_prefix_len_ptr;
   uint16_t *maybe_token_pos_in_items_ptr, *maybe_max_item_len_ptr;
   uint8_t *maybe_k_cache_sf, *maybe_v_cache_sf;
-  double logits_soft_cap, sm_scale, rope_rcp_scale, rope_rcp_theta;
   int64_t token_pos_in_items_len;
-  uint32_t num_qo_heads;
-  IdType q_stride_n, q_stride_h;
   uint32_t k_sf_stride_page, k_sf_stride_n, k_sf_stride_h;
   uint32_t v_sf_stride_page, v_sf_stride_n, v_sf_stride_h;
-  int32_t window_left;
-  IdType *request_indices, *qo_tile_indices, *kv_tile_indices, *merge_indptr, *o_indptr;
-  bool* block_valid_mask;
-  IdType* kv_chunk_size_ptr;
+  IdType *qo_tile_indices, *merge_indptr;
   uint32_t max_total_num_rows;
   uint32_t* total_num_rows;
-  uint32_t padded_batch_size;
-  bool partition_kv;
   __host__ __device__ __forceinline__ uint32_t get_qo_len(uint32_t b) const {
     return q_indptr[b + 1] - q_indptr[b];
   }
   __host__ __device__ __forceinline__ uint32_t get_kv_len(uint32_t b) const {
-    return paged_kv.get_length(b);
+    return this->paged_kv.get_length(b);
   }
 };
 
@@ -311,6 +302,37 @@ static cudaError_t cc_plan(const Case& c, Workspace& ws, bool enable_cuda_graph,
   return status;
 }
 
+// SharedParams, as both run functions set them: the cache (HND), q and output, no lse,
+// window_left -1, the ADDITIONAL_PARAMS_SETTER scalars (sm_scale 1/sqrt(D),
+// rope_scale 1, rope_theta 1e4; Python passes its cached ALiBi slopes, which use_alibi=false
+// never reads) and the plan's work lists in the int workspace.
+template <typename KV, typename PlanInfo>
+static void set_shared_params(SharedParams<KV>& p, const Case& c, uint32_t head_dim,
+                              const PlanInfo& plan, const Workspace& ws) {
+  int64_t strides[4];
+  c.strides(strides);
+  p.q = c.q;
+  p.paged_kv =
+      paged_kv_t<KV, IdType>(c.KV, c.BS, head_dim, c.B, QKVLayout::kHND, static_cast<KV*>(c.k),
+                             static_cast<KV*>(c.v), strides, strides, c.indices, c.indptr, c.last);
+  p.o = c.o;
+  p.lse = nullptr;
+  p.num_qo_heads = c.H;
+  p.q_stride_n = c.H * c.D;
+  p.q_stride_h = c.D;
+  p.window_left = -1;
+  p.maybe_alibi_slopes = nullptr;
+  p.logits_soft_cap = 0.0;
+  p.sm_scale = 1.0 / std::sqrt((double)c.D);
+  p.rope_rcp_scale = 1.0 / 1.0;
+  p.rope_rcp_theta = 1.0 / 1e4;
+  p.request_indices = GetPtrFromBaseOffset<IdType>(ws.ibuf, plan.request_indices_offset);
+  p.kv_tile_indices = GetPtrFromBaseOffset<IdType>(ws.ibuf, plan.kv_tile_indices_offset);
+  p.o_indptr = GetPtrFromBaseOffset<IdType>(ws.ibuf, plan.o_indptr_offset);
+  p.kv_chunk_size_ptr = GetPtrFromBaseOffset<IdType>(ws.ibuf, plan.kv_chunk_size_ptr_offset);
+  p.padded_batch_size = plan.padded_batch_size;
+}
+
 // ---- CUDA-core run: BatchDecodeWithPagedKVCacheRun (csrc/batch_decode.cu) with what the wrapper
 // passes here: HND, no lse, window_left -1, sm_scale 1/sqrt(D), rope_scale 1, rope_theta 1e4.
 // fp8 KV: sm_scale stays 1/sqrt(D) (the wrapper's sm_scale *= k_scale with no k_scale given) and
@@ -319,35 +341,11 @@ template <typename KV, uint32_t HEAD_DIM>
 static cudaError_t cc_run(const Case& c, const DecodePlanInfo& plan_info, const Workspace& ws,
                           bool enable_pdl, cudaStream_t stream) {
   using Params = DecodeParams<KV>;
-  int64_t strides[4];
-  c.strides(strides);
   Params params{};  // all the pointers batch_decode.cu nulls, partition_kv = false
-  params.q = c.q;
-  params.paged_kv =
-      paged_kv_t<KV, IdType>(c.KV, c.BS, HEAD_DIM, c.B, QKVLayout::kHND, static_cast<KV*>(c.k),
-                             static_cast<KV*>(c.v), strides, strides, c.indices, c.indptr, c.last);
-  params.o = c.o;
-  params.lse = nullptr;
-  params.num_qo_heads = c.H;
-  params.q_stride_n = c.H * c.D;
-  params.q_stride_h = c.D;
-  params.window_left = -1;
+  set_shared_params(params, c, HEAD_DIM, plan_info, ws);
   params.enable_pdl = enable_pdl;  // never read by the kernel (batch_decode.cu leaves it unset)
-  // ADDITIONAL_PARAMS_SETTER. Python passes its cached ALiBi slopes; use_alibi=false never
-  // reads it.
-  params.maybe_alibi_slopes = nullptr;
-  params.logits_soft_cap = 0.0;
-  params.sm_scale = 1.0 / std::sqrt((double)c.D);
-  params.rope_rcp_scale = 1.0 / 1.0;
-  params.rope_rcp_theta = 1.0 / 1e4;
-
   typename Params::DTypeO* tmp_v = nullptr;
   float* tmp_s = nullptr;
-  params.request_indices = GetPtrFromBaseOffset<IdType>(ws.ibuf, plan_info.request_indices_offset);
-  params.kv_tile_indices = GetPtrFromBaseOffset<IdType>(ws.ibuf, plan_info.kv_tile_indices_offset);
-  params.o_indptr = GetPtrFromBaseOffset<IdType>(ws.ibuf, plan_info.o_indptr_offset);
-  params.kv_chunk_size_ptr =
-      GetPtrFromBaseOffset<IdType>(ws.ibuf, plan_info.kv_chunk_size_ptr_offset);
   if (plan_info.split_kv) {
     tmp_v = GetPtrFromBaseOffset<typename Params::DTypeO>(ws.fbuf, plan_info.v_offset);
     tmp_s = GetPtrFromBaseOffset<float>(ws.fbuf, plan_info.s_offset);
@@ -355,7 +353,6 @@ static cudaError_t cc_run(const Case& c, const DecodePlanInfo& plan_info, const 
       params.block_valid_mask =
           GetPtrFromBaseOffset<bool>(ws.ibuf, plan_info.block_valid_mask_offset);
   }
-  params.padded_batch_size = plan_info.padded_batch_size;
   return BatchDecodeWithPagedKVCacheDispatched<HEAD_DIM, POS_ENCODING_MODE, AttentionVariant>(
       params, tmp_v, tmp_s, enable_pdl, stream);
 }
@@ -394,41 +391,19 @@ template <typename KV, uint32_t HEAD_DIM, MaskMode MASK>
 static cudaError_t tc_run(const Case& c, const PrefillPlanInfo& plan_info, const Workspace& ws,
                           bool enable_pdl, cudaStream_t stream) {
   using Params = PagedParams<KV>;
-  int64_t strides[4];
-  c.strides(strides);
   Params params{};  // nullptr / 0 / false: what batch_prefill_paged.cuh sets before the plan
-  params.q = c.q;
-  params.paged_kv =
-      paged_kv_t<KV, IdType>(c.KV, c.BS, HEAD_DIM, c.B, QKVLayout::kHND, static_cast<KV*>(c.k),
-                             static_cast<KV*>(c.v), strides, strides, c.indices, c.indptr, c.last);
+  set_shared_params(params, c, HEAD_DIM, plan_info, ws);
   params.q_indptr = c.qo_indptr;
-  params.o = c.o;
-  params.lse = nullptr;
-  params.num_qo_heads = c.H;
   params.group_size = uint_fastdiv(c.H / c.KV);
-  params.q_stride_n = c.H * c.D;
-  params.q_stride_h = c.D;
-  params.window_left = -1;
-  params.logits_soft_cap = 0.0;  // ADDITIONAL_PARAMS_SETTER scalars
-  params.sm_scale = 1.0 / std::sqrt((double)c.D);
-  params.rope_rcp_scale = 1.0 / 1.0;
-  params.rope_rcp_theta = 1.0 / 1e4;
-  params.token_pos_in_items_len = 0;
-
+  params.token_pos_in_items_len = 0;  // an ADDITIONAL_PARAMS_SETTER scalar
   typename Params::DTypeO* tmp_v = nullptr;
   float* tmp_s = nullptr;
-  params.request_indices = GetPtrFromBaseOffset<IdType>(ws.ibuf, plan_info.request_indices_offset);
   params.qo_tile_indices = GetPtrFromBaseOffset<IdType>(ws.ibuf, plan_info.qo_tile_indices_offset);
-  params.kv_tile_indices = GetPtrFromBaseOffset<IdType>(ws.ibuf, plan_info.kv_tile_indices_offset);
-  params.o_indptr = GetPtrFromBaseOffset<IdType>(ws.ibuf, plan_info.o_indptr_offset);
-  params.kv_chunk_size_ptr =
-      GetPtrFromBaseOffset<IdType>(ws.ibuf, plan_info.kv_chunk_size_ptr_offset);
   if (plan_info.split_kv) {
     params.merge_indptr = GetPtrFromBaseOffset<IdType>(ws.ibuf, plan_info.merge_indptr_offset);
     tmp_v = GetPtrFromBaseOffset<typename Params::DTypeO>(ws.fbuf, plan_info.v_offset);
     tmp_s = GetPtrFromBaseOffset<float>(ws.fbuf, plan_info.s_offset);
   }
-  params.padded_batch_size = plan_info.padded_batch_size;
   params.max_total_num_rows = plan_info.total_num_rows;
   if (plan_info.enable_cuda_graph) {
     params.block_valid_mask =
