@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI: (a) the unit tests (and the fuzzer's own tests) under AddressSanitizer + UBSan, CPU only;
-#     (b) a bounded CPU fuzz run with the release build's pagedattn-fuzz.
+#     (b) a bounded CPU fuzz run with the release build's pagedattn-fuzz, beside (a) on one core.
 #
 #   scripts/ci_sanitize_and_fuzz.sh RELEASE_BUILD_DIR
 #
@@ -48,6 +48,30 @@ failed_tests() {
   ' "$1" | sort -u
 }
 
+# The fuzz run takes one core for a fixed time, so it runs beside the sanitizer build and tests
+# (which keep the other core busy) rather than after them.
+fuzz_pid=""
+if [[ "${SKIP_FUZZ:-0}" != 1 ]]; then
+  if [[ -z "$release" ]]; then
+    echo "ci_sanitize_and_fuzz: pass the release build directory (or PAGEDATTN_RELEASE_BUILD)" >&2
+    exit 2
+  fi
+  fuzz="$release/fuzz/pagedattn-fuzz"
+  if [[ ! -x "$fuzz" ]]; then
+    echo "ci_sanitize_and_fuzz: $fuzz not found; build the release tree with PAGEDATTN_BUILD_FUZZ" >&2
+    exit 2
+  fi
+  seed="${FUZZ_SEED:-}"
+  if [[ -z "$seed" ]]; then
+    head="$(git rev-parse --short=12 HEAD 2>/dev/null || echo 1)"
+    seed=$((16#${head:0:12}))
+  fi
+  mkdir -p "$out"
+  phase "fuzz (in the background): $fuzz --backend cpu --seconds $seconds --seed $seed"
+  "$fuzz" --backend cpu --seconds "$seconds" --seed "$seed" --out "$out" >"$out/fuzz.log" 2>&1 &
+  fuzz_pid=$!
+fi
+
 if [[ "${SKIP_SANITIZE:-0}" != 1 ]]; then
   phase "sanitizer build: configure $asan"
   san="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
@@ -81,24 +105,12 @@ if [[ "${SKIP_SANITIZE:-0}" != 1 ]]; then
   fi
 fi
 
-if [[ "${SKIP_FUZZ:-0}" != 1 ]]; then
-  if [[ -z "$release" ]]; then
-    echo "ci_sanitize_and_fuzz: pass the release build directory (or PAGEDATTN_RELEASE_BUILD)" >&2
-    exit 2
-  fi
-  fuzz="$release/fuzz/pagedattn-fuzz"
-  if [[ ! -x "$fuzz" ]]; then
-    echo "ci_sanitize_and_fuzz: $fuzz not found; build the release tree with PAGEDATTN_BUILD_FUZZ" >&2
-    exit 2
-  fi
-  seed="${FUZZ_SEED:-}"
-  if [[ -z "$seed" ]]; then
-    head="$(git rev-parse --short=12 HEAD 2>/dev/null || echo 1)"
-    seed=$((16#${head:0:12}))
-  fi
-  mkdir -p "$out"
-  phase "fuzz: $fuzz --backend cpu --seconds $seconds --seed $seed"
-  if ! "$fuzz" --backend cpu --seconds "$seconds" --seed "$seed" --out "$out"; then
+if [[ -n "$fuzz_pid" ]]; then
+  fuzz_status=0
+  wait "$fuzz_pid" || fuzz_status=$?
+  cat "$out/fuzz.log"
+  phase "fuzz: finished, status $fuzz_status"
+  if [[ "$fuzz_status" != 0 ]]; then
     echo "ci_sanitize_and_fuzz: the fuzzer found a failure; the shrunk case is in $out" >&2
     status=1
   fi
