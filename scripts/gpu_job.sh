@@ -3,9 +3,9 @@
 #   scripts/gpu_job.sh [stage...]     stages: tests sanitize bench flashinfer anchors fuzz ncu
 #                                     ncu-flashinfer cp python variants qlen (default: tests
 #                                     sanitize bench flashinfer anchors fuzz)
-# Env: BUILD (default build-gpu), OUT (logs; default ./out), ANCHORS (the seed benchmark folder,
-# default .anchors), FLASHINFER (FlashInfer's decode benchmark binary, default .fi/fi_decode_bench,
-# built by its build.sh), SHAPES=quick for a short benchmark list, SHAPES=anchors
+# Env: BUILD (default build-gpu), OUT (logs; default ./out), FLASHINFER (FlashInfer's decode
+# benchmark binary, default build-peers/fi_decode_bench, built by bench/peers/flashinfer/build.sh;
+# the seed's kernels run from bench/peers/seed/), SHAPES=quick for a short benchmark list, SHAPES=anchors
 # for the anchor shapes alone (bf16).
 # Logs: tests.log, sanitize.log, bench.csv, bench.log, anchors.log (+ the anchors' own CSV),
 # flashinfer.csv, flashinfer.log, fuzz.log, ncu.log, cp.log, cp_bench.csv, python.log,
@@ -22,12 +22,11 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 BUILD=${BUILD:-build-gpu}
 OUT=${OUT:-out}
-ANCHORS=${ANCHORS:-.anchors}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 STAGES=("$@")
 [ ${#STAGES[@]} -eq 0 ] && STAGES=(tests sanitize bench flashinfer anchors fuzz)
-FLASHINFER=${FLASHINFER:-.fi/fi_decode_bench}
+FLASHINFER=${FLASHINFER:-build-peers/fi_decode_bench}
 TESTS="$BUILD/tests/pagedattn_tests"
 BENCH="$BUILD/bench/pagedattn-bench"
 SUMMARY="$OUT/summary.txt"
@@ -133,7 +132,7 @@ fi
 if has qlen; then
   # Multi-token queries: every sequence with q_len 1, 4 and 8 query tokens (bf16, graph replay)
   # on the shapes of >= 512 MB of KV plus 32x4096, then FlashInfer's tensor-core prefill path
-  # with the same query tokens and a causal mask (FLASHINFER_QLEN, built by .fi's build script).
+  # with the same query tokens and a causal mask.
   QSHAPES=(1,32,8,128,131072 8,32,8,128,32768 32,32,8,128,4096 32,32,8,128,16384
     128,32,8,128,4096 32,32,32,128,4096 64,64,8,128,4096)
   args=()
@@ -149,11 +148,13 @@ if has qlen; then
     2>> "$OUT/qlen.log" | tail -n +2 | sed 's/^cuda,/cuda-variants,/' >> "$OUT/qlen.csv"
   note "qlen 4 with variants rc=$?"
   grep -m1 -E 'GPU read bandwidth' "$OUT/qlen.log" | tee -a "$SUMMARY"
-  FLASHINFER_QLEN=${FLASHINFER_QLEN:-.fi/fi_qlen_bench}
-  if [ -x "$FLASHINFER_QLEN" ]; then
-    timeout 300 "$FLASHINFER_QLEN" --backend tc --q-len 1,2,4,8,16 \
-      --shapes "$(IFS=';'; echo "${QSHAPES[*]}")" > "$OUT/fi_qlen.csv" 2> "$OUT/fi_qlen.log"
-    note "flashinfer qlen rc=$?"
+  if [ -x "$FLASHINFER" ]; then
+    : > "$OUT/fi_qlen.csv"
+    for n in 1 2 4 8 16; do
+      timeout 150 "$FLASHINFER" --backend tc --q-len "$n" "${args[@]}" 2>> "$OUT/fi_qlen.log" \
+        | { [ "$n" = 1 ] && cat || tail -n +2; } >> "$OUT/fi_qlen.csv"
+      note "flashinfer qlen $n rc=$?"
+    done
     cat "$OUT/fi_qlen.csv" >> "$SUMMARY"
   fi
   cat "$OUT/qlen.csv" >> "$SUMMARY"
@@ -176,8 +177,7 @@ fi
 
 if has anchors; then
   [ -n "$CEILING" ] && export READ_CEILING_GBPS=$CEILING
-  ( cd "$ANCHORS/bench" && OUT="$OUT" timeout 300 python3 gpu_anchors.py ) \
-    > "$OUT/anchors.log" 2>&1
+  OUT="$OUT" timeout 300 python3 bench/peers/seed/gpu_anchors.py > "$OUT/anchors.log" 2>&1
   note "anchors rc=$?"
 fi
 
