@@ -7,7 +7,8 @@
 // O += P V (P from registers, V from shared memory read MN-major). Splits are merged by a
 // combine kernel. Two CTAs fit on an SM, so one CTA's softmax overlaps the other's MMAs.
 //
-// Build with bench/sm90_many_rows/build.sh; run build-sm90/sm90_many_rows [batch,heads,kv_heads,ctx,q_len]...
+// Build with bench/sm90_many_rows/build.sh; run build-sm90/sm90_many_rows
+// [batch,heads,kv_heads,ctx,q_len]...
 
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -45,12 +46,37 @@ constexpr int kTilePages = kTileKeys / kPage;
 #define PROTO_STAGES 3
 #endif
 constexpr int kStages = PROTO_STAGES;
+// Study options, each a compile-time switch (build.sh builds the variants side by side):
+// STUDY_OVERLAP: K and V get rings of their own and the consumer issues the next tile's
+//   S = Q K^T and the previous tile's O += P V before the softmax, which then runs while the
+//   tensor cores work (software pipelining inside the one warpgroup).
+// STUDY_EVICT_FIRST: the TMA copies carry an L2 evict-first policy (K and V are read once).
+// STUDY_BALANCED: one CTA per resident slot, each taking an equal share of all (sequence,
+//   kv head) tiles in order; a unit cut between CTAs is merged by the combine kernel.
+#ifndef STUDY_OVERLAP
+#define STUDY_OVERLAP 0
+#endif
+#ifndef STUDY_EVICT_FIRST
+#define STUDY_EVICT_FIRST 0
+#endif
+#ifndef STUDY_BALANCED
+#define STUDY_BALANCED 0
+#endif
+constexpr bool kOverlap = STUDY_OVERLAP != 0;
+constexpr bool kEvictFirst = STUDY_EVICT_FIRST != 0;
+constexpr bool kBalanced = STUDY_BALANCED != 0;
+constexpr int kRings = kOverlap ? 2 : 1;  // ring 0: K (and V unless split), ring 1: V
+constexpr const char* kVariant =
+    kOverlap ? (kBalanced ? (kEvictFirst ? "overlap+balanced+evict-first" : "overlap+balanced")
+                          : (kEvictFirst ? "overlap+evict-first" : "overlap"))
+             : (kBalanced ? (kEvictFirst ? "serial+balanced+evict-first" : "serial+balanced")
+                          : (kEvictFirst ? "serial+evict-first" : "serial"));
 constexpr int kRows = 64;                  // one wgmma M tile of query rows
 constexpr int kConsumers = 128;            // one consumer warpgroup
 constexpr int kThreads = kConsumers + 32;  // plus one producer warp
 // Operand tiles are two 64-column halves (128 bytes per row, 128B-swizzled) stacked.
 constexpr int kHalfBytes = kTileKeys * 128;
-constexpr int kPageTxBytes = 2 * 2 * kPage * 64 * 2;  // K and V, two halves, per page
+constexpr int kPageTxBytes = 2 * kPage * 64 * 2;  // one operand's two halves, per page
 
 // Every operand tile starts on a 1024-byte boundary: the 128B swizzle pattern repeats every
 // 8 rows of 128 bytes and is computed from the shared-memory address.
@@ -58,8 +84,8 @@ struct SharedStorage {
   bf16 q[kRows * kD];
   bf16 k[kStages][kTileKeys * kD];
   bf16 v[kStages][kTileKeys * kD];
-  uint64_t full[kStages];   // producer -> consumers: the stage's TMA bytes have landed
-  uint64_t empty[kStages];  // consumers -> producer: every warp is done reading the stage
+  uint64_t full[kRings][kStages];   // producer -> consumers: the stage's TMA bytes landed
+  uint64_t empty[kRings][kStages];  // consumers -> producer: every warp is done reading it
 };
 static_assert(offsetof(SharedStorage, k) % 1024 == 0 && offsetof(SharedStorage, v) % 1024 == 0);
 static_assert(sizeof(bf16) * kRows * kD % 1024 == 0);
@@ -73,6 +99,12 @@ struct Params {
   const int* lens;   // [batch]
   int batch, heads, kv_heads, group, q_len, max_blocks, splits;
   float scale_log2;  // softmax scale * log2(e)
+  // The balanced plan (STUDY_BALANCED), made on the host; unit u = b * kv_heads + kv_head and
+  // CTA c takes global tiles [c T / C, (c + 1) T / C) of the T tiles of all units in order.
+  const int* unit_tile0;  // [units + 1]: first global tile of each unit
+  const int* cta_unit0;   // [ctas]: the unit holding each CTA's first tile
+  const int* unit_ctas;   // [units][2]: first and last CTA covering each unit
+  int ctas, total_tiles;
 };
 
 __host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
@@ -82,6 +114,55 @@ __host__ __device__ inline int ceil_div(int a, int b) { return (a + b - 1) / b; 
 __device__ inline int row_limit(int r, int group, int q_len, int len) {
   const int j = r / group;
   return j < q_len ? len - q_len + 1 + j : len;
+}
+
+// One unit's tiles [t0, t1) decoded by one CTA: written to out when they are the whole unit,
+// else as a partial (normalized O and lse) at index `part` of part_o / part_lse.
+struct Segment {
+  int b, kv_head, len, t0, t1, part;
+  bool whole;
+};
+
+// Walks a CTA's segments: one per CTA when splitting by grid, one or more in the balanced plan.
+struct SegmentCursor {
+  int unit, tile, end;  // next unit, next global tile and the end of this CTA's share
+};
+
+__device__ inline SegmentCursor begin_segments(const Params& p) {
+  if (!kBalanced) return {0, 0, 1};
+  const int c = blockIdx.x;
+  return {p.cta_unit0[c], int(int64_t(c) * p.total_tiles / p.ctas),
+          int(int64_t(c + 1) * p.total_tiles / p.ctas)};
+}
+
+__device__ inline bool next_segment(const Params& p, SegmentCursor& cur, Segment& seg) {
+  if (cur.tile >= cur.end) return false;
+  if (!kBalanced) {  // grid (splits, kv_heads, batch); split s: tiles [s T / S, (s + 1) T / S)
+    const int split = blockIdx.x;
+    seg.kv_head = blockIdx.y;
+    seg.b = blockIdx.z;
+    seg.len = p.lens[seg.b];
+    const int tiles = ceil_div(seg.len, kTileKeys);
+    seg.t0 = split * tiles / p.splits;
+    seg.t1 = (split + 1) * tiles / p.splits;
+    seg.whole = p.splits == 1;
+    seg.part = (split * p.batch + seg.b) * p.kv_heads + seg.kv_head;
+    cur.tile = cur.end;
+    return true;
+  }
+  const int u = cur.unit, first = p.unit_tile0[u], last = p.unit_tile0[u + 1];
+  const int t1 = min(cur.end, last);
+  seg.b = u / p.kv_heads;
+  seg.kv_head = u % p.kv_heads;
+  seg.len = p.lens[seg.b];
+  seg.t0 = cur.tile - first;
+  seg.t1 = t1 - first;
+  seg.whole = cur.tile == first && t1 == last;
+  // Only a CTA's first and last unit can be cut: two partial slots per CTA.
+  seg.part = 2 * blockIdx.x + (u == p.cta_unit0[blockIdx.x] ? 0 : 1);
+  cur.tile = t1;
+  cur.unit = u + 1;
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -111,12 +192,26 @@ __device__ inline void mbar_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 __device__ inline void tma_load_2d(void* dst, const CUtensorMap* map, int col, int row,
-                                   uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_u32(bar))
-      : "memory");
+                                   uint64_t* bar, uint64_t policy) {
+  if (kEvictFirst)
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(smem_u32(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_u32(bar)), "l"(policy)
+        : "memory");
+  else
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_u32(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(smem_u32(bar))
+        : "memory");
+}
+// An L2 policy that evicts the lines it covers first (used only with STUDY_EVICT_FIRST).
+__device__ inline uint64_t evict_first_policy() {
+  uint64_t policy = 0;
+  if (kEvictFirst)
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
 }
 // Generic-proxy shared-memory writes become visible to wgmma and TMA (async proxy).
 __device__ inline void fence_proxy_async() {
@@ -131,9 +226,13 @@ __device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" 
 __device__ inline void wgmma_commit() {
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
-__device__ inline void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+// Waits until at most N of this warp's committed wgmma groups are pending (groups retire in
+// commit order).
+template <int N>
+__device__ inline void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
+__device__ inline void wgmma_wait_all() { wgmma_wait<0>(); }
 // Keeps the compiler from touching accumulators across an asynchronous wgmma.
 template <int N>
 __device__ inline void fence_regs(float (&r)[N]) {
@@ -191,33 +290,90 @@ __device__ inline void wgmma_rs_n128(float (&d)[64], const uint32_t* a, uint64_t
 // ---------------------------------------------------------------------------------------------
 // Producer: one warp; lanes fetch block ids 32 pages (8 tiles) at a time, lane 0 issues TMA.
 
-__device__ void produce(SharedStorage& sm, const CUtensorMap* tmap_k, const CUtensorMap* tmap_v,
-                        const int* table_row, int kv_head, int kv_heads, int len, int t0, int t1) {
-  const int lane = threadIdx.x % 32;
-  int block_id = 0;
-  for (int t = t0, n = 0; t < t1; ++t, ++n) {
-    const int window = (t - t0) % 8;
+// Block ids of tile t: lane L holds page 4 w + L of the window of 8 tiles starting at tile w.
+struct TableWindow {
+  const int* table_row;
+  int len, block_id;
+
+  __device__ void tile_blocks(int t, int first_tile, int (&blocks)[kTilePages]) {
+    const int lane = threadIdx.x % 32, window = (t - first_tile) % 8;
     if (window == 0) {
       const int page = t * kTilePages + lane;
       block_id = page * kPage < len ? table_row[page] : 0;  // entries past the context: unread
     }
-    int blocks[kTilePages];
 #pragma unroll
     for (int p = 0; p < kTilePages; ++p) blocks[p] = __shfl_sync(~0u, block_id, window * 4 + p);
-    const int s = n % kStages;
-    if (n >= kStages) mbar_wait(&sm.empty[s], ((n / kStages) + 1) & 1);
-    if (lane != 0) continue;
-    const int pages = min(kTilePages, ceil_div(len - t * kTileKeys, kPage));
-    mbar_arrive_expect_tx(&sm.full[s], pages * kPageTxBytes);
-    for (int p = 0; p < pages; ++p) {
-      const int row = (blocks[p] * kv_heads + kv_head) * kPage;  // first row of the page
+  }
+};
+
+// Pages of tile t that hold context (the last tile may have fewer than kTilePages).
+__device__ inline int tile_pages(int len, int t) {
+  return min(kTilePages, ceil_div(len - t * kTileKeys, kPage));
+}
+
+// The n-th use of a stage waits until the consumers released its previous use.
+__device__ inline void wait_free(uint64_t* empty, int n) {
+  if (n >= kStages) mbar_wait(empty, ((n / kStages) + 1) & 1);
+}
+
+// Lane 0 loads `pages` pages of kOps operands (K, V, or K and V) into one stage, both 64-column
+// halves of each, and tells the stage's full barrier how many bytes to expect.
+template <int kOps>
+__device__ void issue_pages(bf16* const (&dst)[kOps], const CUtensorMap* const (&map)[kOps],
+                            uint64_t* full, const int (&blocks)[kTilePages], int pages, int kv_head,
+                            int kv_heads, uint64_t policy) {
+  mbar_arrive_expect_tx(full, kOps * pages * kPageTxBytes);
+  for (int p = 0; p < pages; ++p) {
+    const int row = (blocks[p] * kv_heads + kv_head) * kPage;  // first row of the page
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int off = h * (kHalfBytes / 2) + p * kPage * 64;  // elements
-        tma_load_2d(sm.k[s] + off, tmap_k, h * 64, row, &sm.full[s]);
-        tma_load_2d(sm.v[s] + off, tmap_v, h * 64, row, &sm.full[s]);
-      }
+    for (int h = 0; h < 2; ++h) {
+      const int off = h * (kHalfBytes / 2) + p * kPage * 64;  // elements
+#pragma unroll
+      for (int op = 0; op < kOps; ++op)
+        tma_load_2d(dst[op] + off, map[op], h * 64, row, full, policy);
     }
+  }
+}
+
+// Streams one segment's tiles; n counts the CTA's tiles across segments (stage n % kStages).
+// With split rings the order is K of tile n, then V of tile n - 1: the order the consumer
+// needs them in.
+__device__ void produce(SharedStorage& sm, const CUtensorMap* tmap_k, const CUtensorMap* tmap_v,
+                        const Params& p, const Segment& seg, int& n) {
+  const int lane = threadIdx.x % 32;
+  const uint64_t policy = evict_first_policy();
+  TableWindow win{p.table + size_t(seg.b) * p.max_blocks, seg.len, 0};
+  int blocks[kTilePages], prev[kTilePages], prev_pages = 0;
+  for (int t = seg.t0; t < seg.t1; ++t, ++n) {
+    win.tile_blocks(t, seg.t0, blocks);
+    const int s = n % kStages, pages = tile_pages(seg.len, t);
+    wait_free(&sm.empty[0][s], n);
+    if (!kOverlap) {
+      if (lane == 0)
+        issue_pages<2>({sm.k[s], sm.v[s]}, {tmap_k, tmap_v}, &sm.full[0][s], blocks, pages,
+                       seg.kv_head, p.kv_heads, policy);
+      continue;
+    }
+    if (lane == 0)
+      issue_pages<1>({sm.k[s]}, {tmap_k}, &sm.full[0][s], blocks, pages, seg.kv_head, p.kv_heads,
+                     policy);
+    if (t > seg.t0) {
+      const int sp = (n - 1) % kStages;
+      wait_free(&sm.empty[kRings - 1][sp], n - 1);
+      if (lane == 0)
+        issue_pages<1>({sm.v[sp]}, {tmap_v}, &sm.full[kRings - 1][sp], prev, prev_pages,
+                       seg.kv_head, p.kv_heads, policy);
+    }
+#pragma unroll
+    for (int i = 0; i < kTilePages; ++i) prev[i] = blocks[i];
+    prev_pages = pages;
+  }
+  if (kOverlap && seg.t1 > seg.t0) {  // V of the segment's last tile
+    const int sp = (n - 1) % kStages;
+    wait_free(&sm.empty[kRings - 1][sp], n - 1);
+    if (lane == 0)
+      issue_pages<1>({sm.v[sp]}, {tmap_v}, &sm.full[kRings - 1][sp], prev, prev_pages, seg.kv_head,
+                     p.kv_heads, policy);
   }
 }
 
@@ -231,15 +387,17 @@ struct RowState {
 };
 
 // Q rows go to shared memory in the same swizzled K-major layout TMA gives K; padded rows are
-// zeros, so their logits stay finite.
-__device__ void load_q(SharedStorage& sm, const Params& p, int b, int kv_head, int rows) {
+// zeros, so their logits stay finite. The first barrier keeps a previous segment's wgmmas,
+// which read Q, ahead of the overwrite.
+__device__ void load_q(SharedStorage& sm, const Params& p, const Segment& seg, int rows) {
+  consumer_sync();
   uint8_t* base = reinterpret_cast<uint8_t*>(sm.q);
   for (int c = threadIdx.x; c < kRows * 16; c += kConsumers) {
     const int row = c / 16, chunk = c % 16, half = chunk / 8, col16 = chunk % 8;
     uint4 val = make_uint4(0, 0, 0, 0);
     if (row < rows) {
-      const int j = row / p.group, head = kv_head * p.group + row % p.group;
-      const bf16* src = p.q + (size_t(b * p.q_len + j) * p.heads + head) * kD + chunk * 8;
+      const int j = row / p.group, head = seg.kv_head * p.group + row % p.group;
+      const bf16* src = p.q + (size_t(seg.b * p.q_len + j) * p.heads + head) * kD + chunk * 8;
       val = *reinterpret_cast<const uint4*>(src);
     }
     const int byte = half * (kRows * 128) + row * 128 + ((col16 ^ (row % 8)) * 16);
@@ -250,8 +408,9 @@ __device__ void load_q(SharedStorage& sm, const Params& p, int b, int kv_head, i
 }
 
 // S[64 x 64 keys] = Q K^T over the head dim: eight k16 steps, 32 bytes apart inside a
-// swizzled row, switching to the second half after four.
-__device__ void compute_scores(float (&s)[32], uint32_t q, uint32_t k) {
+// swizzled row, switching to the second half after four. Issued and committed as one group;
+// the caller waits.
+__device__ void issue_scores(float (&s)[32], uint32_t q, uint32_t k) {
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
@@ -259,8 +418,6 @@ __device__ void compute_scores(float (&s)[32], uint32_t q, uint32_t k) {
     wgmma_ss_n64(s, sw128_desc(q + off, 16), sw128_desc(k + off, 16), kk > 0);
   }
   wgmma_commit();
-  wgmma_wait_all();
-  fence_regs(s);
 }
 
 // Keys at or past a row's limit get -inf (a select, so NaN logits of unused slots vanish).
@@ -295,18 +452,17 @@ __device__ inline uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Online softmax over one tile: new row max, rescale O and the sums, P = exp2(s - max) as
-// bf16 A fragments. The accumulator pairs of n8 groups 2kk, 2kk+1 are exactly the m64k16 A
-// fragment of k step kk, so pf[4kk .. 4kk+3] feed the P V step directly.
-__device__ void softmax_step(float (&s)[32], float (&o)[64], RowState& st, float scale_log2,
-                             uint32_t (&pf)[16]) {
+// Online softmax over one tile, first half: the new row max, the factor alpha that rescales
+// what came before, and s = exp2(s scale - max) in place, added to the row sums. O is not
+// touched, so this may run while a wgmma still accumulates into O.
+__device__ void softmax_exp(float (&s)[32], RowState& st, float scale_log2, float (&alpha)[2]) {
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     mx[0] = fmaxf(mx[0], fmaxf(s[4 * i], s[4 * i + 1]));
     mx[1] = fmaxf(mx[1], fmaxf(s[4 * i + 2], s[4 * i + 3]));
   }
-  float base[2], alpha[2];
+  float base[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(~0u, mx[r], 1));
@@ -318,6 +474,20 @@ __device__ void softmax_step(float (&s)[32], float (&o)[64], RowState& st, float
     st.l[r] *= alpha[r];
   }
 #pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) s[4 * i + c] = exp2f(fmaf(s[4 * i + c], scale_log2, -base[c / 2]));
+    st.l[0] += s[4 * i] + s[4 * i + 1];
+    st.l[1] += s[4 * i + 2] + s[4 * i + 3];
+  }
+}
+
+// Second half: O *= alpha per row, and P as bf16 A fragments. The accumulator pairs of n8
+// groups 2kk, 2kk+1 are exactly the m64k16 A fragment of k step kk, so pf[4kk .. 4kk+3] feed
+// the P V step directly.
+__device__ void rescale_and_pack(float (&o)[64], const float (&alpha)[2], const float (&s)[32],
+                                 uint32_t (&pf)[16]) {
+#pragma unroll
   for (int i = 0; i < 16; ++i) {
     o[4 * i] *= alpha[0];
     o[4 * i + 1] *= alpha[0];
@@ -325,33 +495,23 @@ __device__ void softmax_step(float (&s)[32], float (&o)[64], RowState& st, float
     o[4 * i + 3] *= alpha[1];
   }
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    float e[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) e[c] = exp2f(fmaf(s[4 * i + c], scale_log2, -base[c / 2]));
-    st.l[0] += e[0] + e[1];
-    st.l[1] += e[2] + e[3];
-    pf[2 * i] = pack_bf16(e[0], e[1]);
-    pf[2 * i + 1] = pack_bf16(e[2], e[3]);
-  }
+  for (int i = 0; i < 16; ++i) pf[i] = pack_bf16(s[2 * i], s[2 * i + 1]);
 }
 
 // O[64 x 128] += P[64 x 64 keys] V; V is MN-major: 16-key steps are 2048 bytes apart and the
-// two 64-column halves kHalfBytes apart.
-__device__ void accumulate_pv(float (&o)[64], const uint32_t (&pf)[16], uint32_t v) {
+// two 64-column halves kHalfBytes apart. Issued and committed as one group; the caller waits.
+__device__ void issue_pv(float (&o)[64], const uint32_t (&pf)[16], uint32_t v) {
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kTileKeys / 16; ++kk)
     wgmma_rs_n128(o, &pf[4 * kk], sw128_desc(v + kk * 16 * 128, kHalfBytes));
   wgmma_commit();
-  wgmma_wait_all();
-  fence_regs(o);
 }
 
-// Writes O / l for the real rows: bf16 to out when the context is not split, else f32 to the
-// split's partials with lse (log2 units; -inf for an empty split, whose O is 0).
-__device__ void store_rows(const float (&o)[64], RowState st, const Params& p, int b, int kv_head,
-                           int split, int rows) {
+// Writes O / l for the real rows: bf16 to out when the segment is its whole unit, else f32 to
+// its partial with lse (log2 units; -inf for an empty segment, whose O is 0).
+__device__ void store_rows(const float (&o)[64], RowState st, const Params& p, const Segment& seg,
+                           int rows) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -361,102 +521,207 @@ __device__ void store_rows(const float (&o)[64], RowState st, const Params& p, i
     const int row = warp * 16 + lane / 4 + 8 * r;
     if (row >= rows) continue;
     const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int j = row / p.group, head = kv_head * p.group + row % p.group;
-    const size_t part_row = (size_t(split * p.batch + b) * p.kv_heads + kv_head) * kRows + row;
-    bf16* out = p.out + (size_t(b * p.q_len + j) * p.heads + head) * kD;
+    const int j = row / p.group, head = seg.kv_head * p.group + row % p.group;
+    const size_t part_row = size_t(seg.part) * kRows + row;
+    bf16* out = p.out + (size_t(seg.b * p.q_len + j) * p.heads + head) * kD;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const int col = 8 * i + 2 * (lane % 4);
       const float x = o[4 * i + 2 * r] * inv, y = o[4 * i + 2 * r + 1] * inv;
-      if (p.splits == 1)
+      if (seg.whole)
         *reinterpret_cast<__nv_bfloat162*>(out + col) = __floats2bfloat162_rn(x, y);
       else
         *reinterpret_cast<float2*>(p.part_o + part_row * kD + col) = make_float2(x, y);
     }
-    if (p.splits > 1 && lane % 4 == 0)
+    if (!seg.whole && lane % 4 == 0)
       p.part_lse[part_row] = l > 0.f ? st.m[r] + log2f(l) : -INFINITY;
   }
 }
 
-__device__ void consume(SharedStorage& sm, const Params& p, int b, int kv_head, int split, int len,
-                        int t0, int t1) {
-  const int rows = p.group * p.q_len;
-  load_q(sm, p, b, kv_head, rows);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int r0 = warp * 16 + lane / 4;
-  const int limit0 = row_limit(r0, p.group, p.q_len, len);
-  const int limit1 = row_limit(r0 + 8, p.group, p.q_len, len);
-  const int all_visible = len - p.q_len + 1;  // keys below this are seen by every row
+// Each warp tells the producer it is done reading a stage.
+__device__ inline void release(uint64_t* empty) {
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) mbar_arrive(empty);
+}
+
+// The per-thread facts of a segment the tile loop needs.
+struct SegmentRows {
+  int rows, limit0, limit1, all_visible;  // keys below all_visible are seen by every row
+};
+
+__device__ inline SegmentRows segment_rows(const Params& p, const Segment& seg) {
+  const int r0 = (threadIdx.x / 32) * 16 + (threadIdx.x % 32) / 4;
+  return {p.group * p.q_len, row_limit(r0, p.group, p.q_len, seg.len),
+          row_limit(r0 + 8, p.group, p.q_len, seg.len), seg.len - p.q_len + 1};
+}
+
+// One tile after another: S, softmax, P V, each waited for before the next (two CTAs per SM
+// overlap one's softmax with the other's MMAs). n counts the CTA's tiles across segments.
+__device__ void consume_serial(SharedStorage& sm, const Params& p, const Segment& seg, int& n) {
+  const SegmentRows sr = segment_rows(p, seg);
+  load_q(sm, p, seg, sr.rows);
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
   RowState st{{-INFINITY, -INFINITY}, {0.f, 0.f}};
-  for (int t = t0, n = 0; t < t1; ++t, ++n) {
+  for (int t = seg.t0; t < seg.t1; ++t, ++n) {
     const int s = n % kStages, key0 = t * kTileKeys;
-    mbar_wait(&sm.full[s], (n / kStages) & 1);
+    mbar_wait(&sm.full[0][s], (n / kStages) & 1);
     float sc[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) sc[i] = 0.f;
-    compute_scores(sc, smem_u32(sm.q), smem_u32(sm.k[s]));
-    if (key0 + kTileKeys > all_visible) mask_scores(sc, key0, limit0, limit1);
-    if (key0 + kTileKeys > len) zero_v_tail(sm.v[s], len - key0);
+    issue_scores(sc, smem_u32(sm.q), smem_u32(sm.k[s]));
+    wgmma_wait_all();
+    fence_regs(sc);
+    if (key0 + kTileKeys > sr.all_visible) mask_scores(sc, key0, sr.limit0, sr.limit1);
+    if (key0 + kTileKeys > seg.len) zero_v_tail(sm.v[s], seg.len - key0);
     uint32_t pf[16];
-    softmax_step(sc, o, st, p.scale_log2, pf);
-    accumulate_pv(o, pf, smem_u32(sm.v[s]));
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&sm.empty[s]);
+    float alpha[2];
+    softmax_exp(sc, st, p.scale_log2, alpha);
+    rescale_and_pack(o, alpha, sc, pf);
+    issue_pv(o, pf, smem_u32(sm.v[s]));
+    wgmma_wait_all();
+    fence_regs(o);
+    release(&sm.empty[0][s]);
   }
-  store_rows(o, st, p, b, kv_head, split, rows);
+  store_rows(o, st, p, seg, sr.rows);
 }
 
-// grid (splits, kv_heads, batch); split s covers tiles [s T / S, (s + 1) T / S) of the T tiles.
+// Scores of tile t (stage s) masked, already waited for.
+__device__ inline void finish_scores(float (&sc)[32], const SegmentRows& sr, int t) {
+  fence_regs(sc);
+  const int key0 = t * kTileKeys;
+  if (key0 + kTileKeys > sr.all_visible) mask_scores(sc, key0, sr.limit0, sr.limit1);
+}
+
+// V of tile t in stage s, landed and with its rows past the context cleared.
+__device__ inline void wait_v(SharedStorage& sm, const Segment& seg, int t, int n) {
+  const int s = n % kStages, key0 = t * kTileKeys;
+  mbar_wait(&sm.full[kRings - 1][s], (n / kStages) & 1);
+  if (key0 + kTileKeys > seg.len) zero_v_tail(sm.v[s], seg.len - key0);
+}
+
+// Software-pipelined tiles (split K and V rings): at tile n the warpgroup issues S_n = Q K_n^T,
+// then O += P_{n-1} V_{n-1}, waits for S_n alone, and runs the softmax of S_n while P V is
+// still on the tensor cores; O is rescaled only once P V is done. K_n is released as soon as
+// S_n is, V_{n-1} after its P V.
+__device__ void consume_overlap(SharedStorage& sm, const Params& p, const Segment& seg, int& n) {
+  const SegmentRows sr = segment_rows(p, seg);
+  load_q(sm, p, seg, sr.rows);
+  float o[64], sc[32], alpha[2];
+  uint32_t pf[16];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  RowState st{{-INFINITY, -INFINITY}, {0.f, 0.f}};
+  const uint32_t q = smem_u32(sm.q);
+  for (int t = seg.t0; t < seg.t1; ++t, ++n) {
+    const int s = n % kStages;
+    mbar_wait(&sm.full[0][s], (n / kStages) & 1);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) sc[i] = 0.f;
+    issue_scores(sc, q, smem_u32(sm.k[s]));
+    if (t == seg.t0) {  // nothing to accumulate yet
+      wgmma_wait<0>();
+      release(&sm.empty[0][s]);
+      finish_scores(sc, sr, t);
+      softmax_exp(sc, st, p.scale_log2, alpha);
+      rescale_and_pack(o, alpha, sc, pf);
+      continue;
+    }
+    wait_v(sm, seg, t - 1, n - 1);
+    issue_pv(o, pf, smem_u32(sm.v[(n - 1) % kStages]));
+    wgmma_wait<1>();  // S_n done; P V may still run
+    release(&sm.empty[0][s]);
+    finish_scores(sc, sr, t);
+    softmax_exp(sc, st, p.scale_log2, alpha);
+    wgmma_wait<0>();
+    fence_regs(o);
+    release(&sm.empty[kRings - 1][(n - 1) % kStages]);
+    rescale_and_pack(o, alpha, sc, pf);
+  }
+  if (seg.t1 > seg.t0) {  // P V of the last tile
+    wait_v(sm, seg, seg.t1 - 1, n - 1);
+    issue_pv(o, pf, smem_u32(sm.v[(n - 1) % kStages]));
+    wgmma_wait<0>();
+    fence_regs(o);
+    release(&sm.empty[kRings - 1][(n - 1) % kStages]);
+  }
+  store_rows(o, st, p, seg, sr.rows);
+}
+
+// grid (splits, kv_heads, batch), or (ctas) with the balanced plan.
 __global__ void __launch_bounds__(kThreads, 2)
     many_rows_kernel(const __grid_constant__ CUtensorMap tmap_k,
                      const __grid_constant__ CUtensorMap tmap_v, const Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // wgmma exists only in sm_90a code
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   SharedStorage& sm = *reinterpret_cast<SharedStorage*>(smem_raw);
-  const int split = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
-  const int len = p.lens[b], tiles = ceil_div(len, kTileKeys);
-  const int t0 = split * tiles / p.splits, t1 = (split + 1) * tiles / p.splits;
   if (threadIdx.x == 0) {
     if (smem_u32(smem_raw) % 1024 != 0) __trap();  // the swizzle needs 1024-byte alignment
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&sm.full[s], 1);
-      mbar_init(&sm.empty[s], kConsumers / 32);
+    for (int r = 0; r < kRings; ++r) {
+      for (int s = 0; s < kStages; ++s) {
+        mbar_init(&sm.full[r][s], 1);
+        mbar_init(&sm.empty[r][s], kConsumers / 32);
+      }
     }
     fence_barrier_init();
   }
   __syncthreads();
-  if (threadIdx.x >= kConsumers)
-    produce(sm, &tmap_k, &tmap_v, p.table + size_t(b) * p.max_blocks, kv_head, p.kv_heads, len, t0,
-            t1);
-  else
-    consume(sm, p, b, kv_head, split, len, t0, t1);
+  SegmentCursor cur = begin_segments(p);
+  Segment seg;
+  int n = 0;
+  while (next_segment(p, cur, seg)) {
+    if (threadIdx.x >= kConsumers)
+      produce(sm, &tmap_k, &tmap_v, p, seg, n);
+    else if (kOverlap)
+      consume_overlap(sm, p, seg, n);
+    else
+      consume_serial(sm, p, seg, n);
+  }
 #else
   __trap();  // the portable PTX nvcc also embeds for -arch=sm_90a has no wgmma
 #endif
 }
 
-// out = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M); grid (kRows, kv_heads, batch), one
-// thread per column.
-__global__ void combine_kernel(const Params p) {
-  const int row = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z, col = threadIdx.x;
-  if (row >= p.group * p.q_len) return;
-  auto part = [&](int s) { return (size_t(s * p.batch + b) * p.kv_heads + kv_head) * kRows + row; };
+// out = sum_i 2^(lse_i - M) O_i / sum_i 2^(lse_i - M) over the partials part(0 .. count - 1)
+// of one row; one thread per column.
+template <class PartIndex>
+__device__ void merge_partials(const Params& p, int b, int kv_head, int row, int count,
+                               PartIndex part) {
+  const int col = threadIdx.x;
+  auto at = [&](int i) { return size_t(part(i)) * kRows + row; };
   float mx = -INFINITY;
-  for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, p.part_lse[part(s)]);
+  for (int i = 0; i < count; ++i) mx = fmaxf(mx, p.part_lse[at(i)]);
   float num = 0.f, den = 0.f;
   if (mx != -INFINITY) {
-    for (int s = 0; s < p.splits; ++s) {
-      const float w = exp2f(p.part_lse[part(s)] - mx);
-      num += w * p.part_o[part(s) * kD + col];
+    for (int i = 0; i < count; ++i) {
+      const float w = exp2f(p.part_lse[at(i)] - mx);
+      num += w * p.part_o[at(i) * kD + col];
       den += w;
     }
   }
   const int j = row / p.group, head = kv_head * p.group + row % p.group;
   p.out[(size_t(b * p.q_len + j) * p.heads + head) * kD + col] =
       __float2bfloat16_rn(den > 0.f ? num / den : 0.f);
+}
+
+// Split by grid: grid (kRows, kv_heads, batch).
+__global__ void combine_kernel(const Params p) {
+  const int row = blockIdx.x, kv_head = blockIdx.y, b = blockIdx.z;
+  if (row >= p.group * p.q_len) return;
+  merge_partials(p, b, kv_head, row, p.splits,
+                 [&](int s) { return (s * p.batch + b) * p.kv_heads + kv_head; });
+}
+
+// Balanced plan: grid (kRows, units); a unit inside one CTA was written whole there.
+__global__ void combine_balanced_kernel(const Params p) {
+  const int row = blockIdx.x, u = blockIdx.y;
+  const int lo = p.unit_ctas[2 * u], hi = p.unit_ctas[2 * u + 1];
+  if (row >= p.group * p.q_len || lo == hi) return;
+  merge_partials(p, u / p.kv_heads, u % p.kv_heads, row, hi - lo + 1, [&](int i) {
+    const int c = lo + i;
+    return 2 * c + (p.cta_unit0[c] == u ? 0 : 1);
+  });
 }
 
 // The read ceiling: stream a buffer once with 16-byte loads, four in flight per thread.
@@ -558,6 +823,11 @@ struct Problem {
   float *part_o = nullptr, *part_lse = nullptr;
   int *d_tables = nullptr, *d_lens = nullptr;
   CUtensorMap map_k, map_v;
+  // The balanced plan (Params has the meaning of each array); cut: some unit spans CTAs.
+  int ctas = 0, total_tiles = 0;
+  bool cut = false;
+  std::vector<int> unit_tile0, cta_unit0, unit_ctas;
+  int *d_unit_tile0 = nullptr, *d_cta_unit0 = nullptr, *d_unit_ctas = nullptr;
 };
 
 // Lengths sit a little under ctx (partial pages and tiles); sequence 0 is short, so some of
@@ -588,6 +858,33 @@ void make_lengths_and_tables(Problem& pr) {
         pr.tables[(size_t(c) * s.batch + b) * pr.max_blocks + i] = perm[next++];
 }
 
+// Cuts the T tiles of all units, in unit order, into `slots` equal shares (one CTA each): the
+// CTA of global tile x is the largest c with c T / C <= x.
+void make_balanced_plan(Problem& pr, int slots) {
+  const Shape& s = pr.shape;
+  const int units = s.batch * s.kv_heads;
+  pr.unit_tile0.assign(units + 1, 0);
+  for (int u = 0; u < units; ++u)
+    pr.unit_tile0[u + 1] = pr.unit_tile0[u] + ceil_div(pr.lens[u / s.kv_heads], kTileKeys);
+  pr.total_tiles = pr.unit_tile0[units];
+  pr.ctas = std::min(slots, pr.total_tiles);
+  const int64_t total = pr.total_tiles, ctas = pr.ctas;
+  auto cta_of = [&](int64_t x) { return int(((x + 1) * ctas - 1) / total); };
+  pr.cta_unit0.assign(pr.ctas, 0);
+  for (int c = 0, u = 0; c < pr.ctas; ++c) {
+    const int64_t first = int64_t(c) * total / ctas;
+    while (pr.unit_tile0[u + 1] <= first) ++u;
+    pr.cta_unit0[c] = u;
+  }
+  pr.unit_ctas.assign(2 * units, 0);
+  pr.cut = false;
+  for (int u = 0; u < units; ++u) {
+    pr.unit_ctas[2 * u] = cta_of(pr.unit_tile0[u]);
+    pr.unit_ctas[2 * u + 1] = cta_of(pr.unit_tile0[u + 1] - 1);
+    pr.cut = pr.cut || pr.unit_ctas[2 * u] != pr.unit_ctas[2 * u + 1];
+  }
+}
+
 template <class T>
 T* device_alloc(size_t count) {
   T* ptr = nullptr;
@@ -600,6 +897,12 @@ void fill(bf16* dst, size_t n, uint32_t salt, float amp) {
   CHECK_CUDA(cudaGetLastError());
 }
 
+int* upload(const std::vector<int>& host) {
+  int* dev = device_alloc<int>(std::max<size_t>(1, host.size()));
+  CHECK_CUDA(cudaMemcpy(dev, host.data(), host.size() * sizeof(int), cudaMemcpyHostToDevice));
+  return dev;
+}
+
 void setup(Problem& pr, const Shape& s, int slots, EncodeTiledFn encode) {
   pr.shape = s;
   pr.group = s.heads / s.kv_heads;
@@ -608,9 +911,16 @@ void setup(Problem& pr, const Shape& s, int slots, EncodeTiledFn encode) {
   const int min_tiles = std::max(1, ceil_div(s.ctx, kTileKeys) / 2);
   pr.splits = units >= slots * 3 / 4 ? 1 : std::max(1, std::min(slots / units, min_tiles));
   if (const char* env = std::getenv("SPLITS")) pr.splits = std::max(1, std::atoi(env));
+  pr.ctas = pr.splits * units;
+  if (kBalanced) {
+    make_balanced_plan(pr, slots);
+    pr.d_unit_tile0 = upload(pr.unit_tile0);
+    pr.d_cta_unit0 = upload(pr.cta_unit0);
+    pr.d_unit_ctas = upload(pr.unit_ctas);
+  }
   const size_t q_elems = size_t(s.batch) * s.q_len * s.heads * kD;
   const size_t cache_elems = size_t(pr.num_blocks) * s.kv_heads * kPage * kD;
-  const size_t part_rows = size_t(pr.splits) * s.batch * s.kv_heads * kRows;
+  const size_t part_rows = size_t(kBalanced ? 2 * pr.ctas : pr.ctas) * kRows;
   pr.q = device_alloc<bf16>(q_elems);
   pr.out = device_alloc<bf16>(q_elems);
   pr.k = device_alloc<bf16>(cache_elems);
@@ -633,7 +943,8 @@ void setup(Problem& pr, const Shape& s, int slots, EncodeTiledFn encode) {
 
 void release(Problem& pr) {
   for (void* ptr : {(void*)pr.q, (void*)pr.out, (void*)pr.k, (void*)pr.v, (void*)pr.part_o,
-                    (void*)pr.part_lse, (void*)pr.d_tables, (void*)pr.d_lens})
+                    (void*)pr.part_lse, (void*)pr.d_tables, (void*)pr.d_lens,
+                    (void*)pr.d_unit_tile0, (void*)pr.d_cta_unit0, (void*)pr.d_unit_ctas})
     CHECK_CUDA(cudaFree(ptr));
 }
 
@@ -653,7 +964,17 @@ void launch(const Problem& pr, int copy) {
            s.q_len,
            pr.max_blocks,
            pr.splits,
-           float(1.0 / std::sqrt(double(kD)) * 1.4426950408889634)};
+           float(1.0 / std::sqrt(double(kD)) * 1.4426950408889634),
+           pr.d_unit_tile0,
+           pr.d_cta_unit0,
+           pr.d_unit_ctas,
+           pr.ctas,
+           pr.total_tiles};
+  if (kBalanced) {
+    many_rows_kernel<<<pr.ctas, kThreads, sizeof(SharedStorage)>>>(pr.map_k, pr.map_v, p);
+    if (pr.cut) combine_balanced_kernel<<<dim3(kRows, s.batch * s.kv_heads), kD>>>(p);
+    return;
+  }
   many_rows_kernel<<<dim3(pr.splits, s.kv_heads, s.batch), kThreads, sizeof(SharedStorage)>>>(
       pr.map_k, pr.map_v, p);
   if (pr.splits > 1) combine_kernel<<<dim3(kRows, s.kv_heads, s.batch), kD>>>(p);
@@ -794,17 +1115,25 @@ int main(int argc, char** argv) {
   int ctas_per_sm = 0;
   CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas_per_sm, many_rows_kernel, kThreads,
                                                            sizeof(SharedStorage)));
-  std::printf("%s, %d SMs; kernel: %zu B shared memory, %d CTAs per SM\n", prop.name,
-              prop.multiProcessorCount, sizeof(SharedStorage), ctas_per_sm);
+  std::printf("%s, %d SMs; kernel (%s): %zu B shared memory, %d CTAs per SM\n", prop.name,
+              prop.multiProcessorCount, kVariant, sizeof(SharedStorage), ctas_per_sm);
   const double ceiling = read_ceiling_gbs(prop.multiProcessorCount);
   const EncodeTiledFn encode = get_encode_fn();
   bool all_ok = true;
   for (const Shape& s : shapes) {
     Problem pr;
     setup(pr, s, ctas_per_sm * prop.multiProcessorCount, encode);
-    std::printf("shape %d,%d,%d,%d,%d: %d rows per kv head, %d splits, %d CTAs, %d table copies\n",
-                s.batch, s.heads, s.kv_heads, s.ctx, s.q_len, pr.group * s.q_len, pr.splits,
-                pr.splits * s.batch * s.kv_heads, pr.copies);
+    if (kBalanced)
+      std::printf(
+          "shape %d,%d,%d,%d,%d: %d rows per kv head, balanced, %d CTAs of %d tiles, "
+          "%d table copies\n",
+          s.batch, s.heads, s.kv_heads, s.ctx, s.q_len, pr.group * s.q_len, pr.ctas,
+          ceil_div(pr.total_tiles, pr.ctas), pr.copies);
+    else
+      std::printf(
+          "shape %d,%d,%d,%d,%d: %d rows per kv head, %d splits, %d CTAs, %d table copies\n",
+          s.batch, s.heads, s.kv_heads, s.ctx, s.q_len, pr.group * s.q_len, pr.splits, pr.ctas,
+          pr.copies);
     const bool ok = check(pr);
     all_ok = all_ok && ok;
     const double us = time_us([&](int i) { launch(pr, i % pr.copies); }, 50);
