@@ -32,7 +32,7 @@ struct Options {
   bool help = false;                          // --help: print usage() and run nothing
   Model model = *find_model("llama-3.1-8b");  // the preset with the shape flags applied
   int sim_layers = 0;  // layers simulated (sampled over the model); 0: the backend's default
-  int requests = 64;   // requests in the whole run
+  int requests = 48;   // requests in the whole run
   double rate = 0.5;   // mean new requests per decode step (Poisson)
   // Log-normal lengths: long right tails, prompts longer than outputs (docs/simulator.md).
   LengthDist prompt_len = LengthDist::parse("lognormal:300:0.9", "--prompt-len");
