@@ -33,13 +33,22 @@ int LengthDist::sample(std::mt19937_64& rng) const {
       const double x = std::exponential_distribution<double>(1.0 / mean)(rng);
       return std::clamp(static_cast<int>(std::lround(x)), 1, max());
     }
+    case Kind::kLogNormal: {
+      const double x = std::lognormal_distribution<double>(std::log(mean), sigma)(rng);
+      return static_cast<int>(std::clamp<double>(std::round(x), 1, max()));
+    }
   }
   return lo;
 }
 
 int LengthDist::max() const {
-  // The exponential is cut at 8 means (a 1 in 3000 tail), so capacity checks have a bound.
-  return kind == Kind::kExponential ? std::max(1, static_cast<int>(std::ceil(8 * mean))) : hi;
+  // The exponential is cut at 8 means (a 1 in 3000 tail), the log-normal at 3 deviations (1 in
+  // 750), so capacity checks have a bound.
+  if (kind == Kind::kExponential) return std::max(1, static_cast<int>(std::ceil(8 * mean)));
+  if (kind == Kind::kLogNormal) {
+    return static_cast<int>(std::clamp(std::ceil(mean * std::exp(3 * sigma)), 1.0, 1e9));
+  }
+  return hi;
 }
 
 std::string LengthDist::text() const {
@@ -47,6 +56,7 @@ std::string LengthDist::text() const {
   if (kind == Kind::kFixed) os << lo;
   if (kind == Kind::kUniform) os << lo << ':' << hi;
   if (kind == Kind::kExponential) os << "exp:" << mean;
+  if (kind == Kind::kLogNormal) os << "lognormal:" << mean << ':' << sigma;
   return os.str();
 }
 
@@ -56,7 +66,8 @@ LengthDist LengthDist::parse(const std::string& text, const std::string& option)
   } catch (const cli::UsageError& e) {  // name the whole value, not the part that was wrong
     if (e.value() == text) throw;
     cli::bad_value(option, text,
-                   "'" + e.value() + "': " + e.reason() + " (forms: N, A:B, exp:MEAN)");
+                   "'" + e.value() + "': " + e.reason() +
+                       " (forms: N, A:B, exp:MEAN, lognormal:MEDIAN:SIGMA)");
   }
 }
 
@@ -65,6 +76,17 @@ LengthDist LengthDist::parse_parts(const std::string& text, const std::string& o
   if (text.rfind("exp:", 0) == 0) {
     d.kind = Kind::kExponential;
     d.mean = cli::parse_number(option, text.substr(4), 1, kMaxCount / 8);
+    d.lo = 1;
+    d.hi = d.max();
+    return d;
+  }
+  if (text.rfind("lognormal:", 0) == 0) {
+    const std::string rest = text.substr(10);
+    const std::size_t colon = rest.find(':');
+    if (colon == std::string::npos) cli::bad_value(option, text, "expected lognormal:MEDIAN:SIGMA");
+    d.kind = Kind::kLogNormal;
+    d.mean = cli::parse_number(option, rest.substr(0, colon), 1, 1e6);
+    d.sigma = cli::parse_number(option, rest.substr(colon + 1), 0, 3);
     d.lo = 1;
     d.hi = d.max();
     return d;
@@ -85,30 +107,46 @@ std::string usage(const char* argv0) {
   std::ostringstream os;
   const Options d;
   os << "usage: " << argv0 << " [flags]\n"
-     << "A continuous-batching decode loop over a paged K/V cache: requests arrive, their prompts\n"
-     << "are written into the cache, every step appends one token per running sequence and runs\n"
-     << "decode attention for each layer; sampled steps are checked against the f64 reference.\n\n"
+     << "A continuous-batching decode loop over a paged K/V cache, for a served model: requests\n"
+     << "arrive, their prompts are written into the cache, every step appends one token per\n"
+     << "running sequence and runs decode attention for each simulated layer; sampled steps are\n"
+     << "checked against the f64 reference.\n\n"
+     << "model:\n"
+     << "  --model NAME        a preset or custom (" << d.model.name << "); presets:\n";
+  for (const Model& m : model_presets()) os << "                        " << m.describe() << "\n";
+  os << "  --heads N           query heads (custom: 16; with a preset: replaces its value)\n"
+     << "  --kv-heads N        kv heads (custom: 2)\n"
+     << "  --head-dim N        (custom: 128)\n"
+     << "  --layers N          the model's layers (custom: 2)\n"
+     << "  --sliding-window N  tokens a sliding-window layer attends to, 0: none (custom: 0)\n"
+     << "  --full-every N      with a window, every N-th layer attends to everything (1)\n"
+     << "  --sinks             a sink logit per query head on every layer\n"
+     << "  --soft-cap C        logits soft-cap, 0: none (0)\n"
+     << "  --sim-layers N      layers simulated, spread over the model (cpu 2, cuda 8)\n"
      << "workload:\n"
      << "  --requests N        requests in the run (" << d.requests << ")\n"
      << "  --rate R            mean new requests per step, Poisson, > 0 (" << d.rate << ")\n"
-     << "  --prompt-len DIST   N, A:B (uniform, A <= B) or exp:MEAN (MEAN >= 1) ("
-     << d.prompt_len.text() << ")\n"
+     << "  --prompt-len DIST   N, A:B (uniform, A <= B), exp:MEAN (MEAN >= 1) or\n"
+     << "                      lognormal:MEDIAN:SIGMA (SIGMA in [0, 3]) (" << d.prompt_len.text()
+     << ")\n"
      << "  --output-len DIST   tokens to generate, same forms (" << d.output_len.text() << ")\n"
+     << "  --system-prompts N  shared system prompts, 0: none (" << d.system_prompts << ")\n"
+     << "  --system-len N      tokens of each (" << d.system_len << ")\n"
+     << "  --system-prob P     chance a request starts with one (" << d.system_prob << ")\n"
+     << "  --n-way N           sequences an n-way sampling request forks into (" << d.n_way << ")\n"
+     << "  --n-way-prob P      chance a request samples n-way (" << d.n_way_prob << ")\n"
      << "  --fork-prob P       chance in [0, 1] a request forks once mid-generation ("
      << d.fork_prob << ")\n"
      << "  --seed S            an unsigned 64-bit integer (" << d.seed << ")\n"
      << "  --max-batch N       running sequences at most (" << d.max_batch << ")\n"
-     << "cache and model:\n"
-     << "  --blocks N          cache blocks per layer (" << d.num_blocks << ")\n"
+     << "cache:\n"
+     << "  --cache-mib M       memory for the whole model's cache (cpu: 25% of available RAM,\n"
+     << "                      at most 1024; cuda: 50% of free device memory)\n"
+     << "  --blocks N          cache blocks per layer (default: from --cache-mib)\n"
      << "  --block-size N      tokens per block (" << d.block_size << ")\n"
-     << "  --heads N           query heads (" << d.num_heads << ")\n"
-     << "  --kv-heads N        kv heads (" << d.num_kv_heads << ")\n"
-     << "  --head-dim N        (" << d.head_dim << ")\n"
      << "  --dtype T           f32, f16 or bf16: cache, query and output (" << dtype_name(d.dtype)
      << ")\n"
-     << "  --layers N          decode calls per step, each over its own cache (" << d.layers
-     << ")\n"
-     << "  --shared-cache      all layers read one cache (less memory)\n"
+     << "  --shared-cache      all simulated layers read one cache (less memory)\n"
      << "run:\n"
      << "  --backend B         auto, cpu or cuda (auto)\n"
      << "  --threads N         CPU threads (OpenMP default)\n"
@@ -124,46 +162,169 @@ std::string usage(const char* argv0) {
   return os.str();
 }
 
+long long longest_request(const Options& o) {
+  const bool system = o.system_prompts > 0 && o.system_prob > 0;
+  return (system ? o.system_len : 0) + static_cast<long long>(o.prompt_len.max()) +
+         o.output_len.max();
+}
+
+int system_prompt_blocks(const Options& o) {
+  if (o.system_prompts == 0 || o.system_prob == 0) return 0;
+  return o.system_prompts * ((o.system_len + o.block_size - 1) / o.block_size);
+}
+
+namespace {
+
+// The shape flags given on the command line; each replaces the preset's value.
+struct ShapeFlags {
+  std::string model = "llama-3.1-8b";
+  int heads = 0, kv_heads = 0, head_dim = 0, layers = 0, sliding_window = -1, full_every = 0;
+  bool sinks = false;
+  double soft_cap = -1;
+
+  Model apply() const {
+    const Model* base = find_model(model);
+    if (!base) cli::bad_value("--model", model, "expected one of " + model_names());
+    Model m = *base;
+    if (heads) m.num_heads = heads;
+    if (kv_heads) m.num_kv_heads = kv_heads;
+    if (head_dim) m.head_dim = head_dim;
+    if (layers) m.layers = layers;
+    if (sliding_window >= 0) m.sliding_window = sliding_window;
+    if (full_every) m.full_every = full_every;
+    if (sinks) m.sinks = true;
+    if (soft_cap >= 0) m.logits_soft_cap = static_cast<float>(soft_cap);
+    return m;
+  }
+};
+
+// Flags of the model; false when `a` is not one.
+bool parse_model_flag(cli::Args& args, ShapeFlags& f) {
+  const std::string& a = args.flag();
+  if (a == "--model") {
+    f.model = args.value();
+  } else if (a == "--heads") {
+    f.heads = static_cast<int>(args.integer(1, kMaxCount));
+  } else if (a == "--kv-heads") {
+    f.kv_heads = static_cast<int>(args.integer(1, kMaxCount));
+  } else if (a == "--head-dim") {
+    f.head_dim = static_cast<int>(args.integer(1, kMaxCount));
+  } else if (a == "--layers") {
+    f.layers = static_cast<int>(args.integer(1, 4096));
+  } else if (a == "--sliding-window") {
+    f.sliding_window = static_cast<int>(args.integer(0, kMaxCount));
+  } else if (a == "--full-every") {
+    f.full_every = static_cast<int>(args.integer(1, 4096));
+  } else if (a == "--sinks") {
+    f.sinks = true;
+  } else if (a == "--soft-cap") {
+    f.soft_cap = args.number(0, kMaxVariantMagnitude);
+    if (f.soft_cap > 0 && f.soft_cap < kMinSoftCap) {
+      cli::bad_value(a, std::to_string(f.soft_cap), "below the smallest soft-cap");
+    }
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Flags of the workload; false when `a` is not one.
+bool parse_workload_flag(cli::Args& args, Options& o) {
+  const std::string& a = args.flag();
+  if (a == "--requests") {
+    o.requests = static_cast<int>(args.integer(1, kMaxCount));
+  } else if (a == "--rate") {
+    o.rate = args.number(0, kMaxRate, /*lo_open=*/true);
+  } else if (a == "--prompt-len") {
+    o.prompt_len = LengthDist::parse(args.value(), a);
+  } else if (a == "--output-len") {
+    o.output_len = LengthDist::parse(args.value(), a);
+  } else if (a == "--system-prompts") {
+    o.system_prompts = static_cast<int>(args.integer(0, 4096));
+  } else if (a == "--system-len") {
+    o.system_len = static_cast<int>(args.integer(1, kMaxCount));
+  } else if (a == "--system-prob") {
+    o.system_prob = args.number(0, 1);
+  } else if (a == "--n-way") {
+    o.n_way = static_cast<int>(args.integer(1, 64));
+  } else if (a == "--n-way-prob") {
+    o.n_way_prob = args.number(0, 1);
+  } else if (a == "--fork-prob") {
+    o.fork_prob = args.number(0, 1);
+  } else if (a == "--seed") {
+    o.seed = args.u64();
+  } else if (a == "--max-batch") {
+    o.max_batch = static_cast<int>(args.integer(1, kMaxCount));
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// The model shape must be one decode() runs; checked here so no request is simulated first.
+void check_shape(const Options& o) {
+  DecodeArgs shape;  // batch 0: the shape checks of decode(), without its buffers
+  shape.num_heads = o.model.num_heads;
+  shape.num_kv_heads = o.model.num_kv_heads;
+  shape.head_dim = o.model.head_dim;
+  shape.block_size = o.block_size;
+  try {
+    validate_shapes(shape, false);
+  } catch (const Error& e) {
+    const std::map<std::string, std::string> flags = {{"num_heads", "--heads"},
+                                                      {"group_size", "--heads"},
+                                                      {"head_dim", "--head-dim"},
+                                                      {"block_size", "--block-size"}};
+    const auto it = flags.find(e.argument());
+    throw cli::UsageError(it == flags.end() ? e.argument() : it->second,
+                          std::string(e.what()).substr(std::strlen("pagedattn: ")));
+  }
+}
+
+// Every request must fit the cache on its own, beside the system prompts, or the loop could
+// never finish it. Only a cache sized by --blocks can be too small; a budget's is raised.
+void check_capacity(const Options& o) {
+  if (o.num_blocks == 0) return;
+  const long long longest = longest_request(o);
+  const long long capacity =
+      static_cast<long long>(o.num_blocks - system_prompt_blocks(o)) * o.block_size;
+  if (longest > capacity) {
+    std::ostringstream v;
+    v << "the longest request, " << longest << " tokens (prompt " << o.prompt_len.max()
+      << " + output " << o.output_len.max() << (o.system_prompts ? " + system prompt" : "")
+      << "), exceeds the cache (--blocks * --block-size = "
+      << static_cast<long long>(o.num_blocks) * o.block_size << " tokens, less "
+      << system_prompt_blocks(o) << " blocks of system prompts)";
+    throw cli::UsageError("--blocks", v.str());
+  }
+}
+
+}  // namespace
+
 Options parse_options(int argc, char** argv) {
   Options o;
+  ShapeFlags shape;
   cli::Args args(argc, argv);
   while (args.next()) {
     const std::string& a = args.flag();
     if (args.is_help()) {
       o.help = true;
+    } else if (parse_model_flag(args, shape) || parse_workload_flag(args, o)) {
     } else if (a == "--shared-cache") {
       o.shared_cache = true;
     } else if (a == "--progress" || a == "--no-progress") {
       o.progress = a == "--progress";
-    } else if (a == "--requests") {
-      o.requests = static_cast<int>(args.integer(1, kMaxCount));
-    } else if (a == "--rate") {
-      o.rate = args.number(0, kMaxRate, /*lo_open=*/true);
-    } else if (a == "--prompt-len") {
-      o.prompt_len = LengthDist::parse(args.value(), a);
-    } else if (a == "--output-len") {
-      o.output_len = LengthDist::parse(args.value(), a);
-    } else if (a == "--fork-prob") {
-      o.fork_prob = args.number(0, 1);
-    } else if (a == "--seed") {
-      o.seed = args.u64();
-    } else if (a == "--max-batch") {
-      o.max_batch = static_cast<int>(args.integer(1, kMaxCount));
+    } else if (a == "--sim-layers") {
+      o.sim_layers = static_cast<int>(args.integer(1, 4096));
     } else if (a == "--blocks") {
       o.num_blocks = static_cast<int>(args.integer(1, kMaxCount));
+    } else if (a == "--cache-mib") {
+      o.cache_mib = args.number(0, 1 << 30, /*lo_open=*/true);
     } else if (a == "--block-size") {
       o.block_size = static_cast<int>(args.integer(1, kMaxBlockSize));
-    } else if (a == "--heads") {
-      o.num_heads = static_cast<int>(args.integer(1, kMaxCount));
-    } else if (a == "--kv-heads") {
-      o.num_kv_heads = static_cast<int>(args.integer(1, kMaxCount));
-    } else if (a == "--head-dim") {
-      o.head_dim = static_cast<int>(args.integer(1, kMaxCount));
     } else if (a == "--dtype") {
       o.dtype =
           args.choice<DType>({{"f32", DType::kF32}, {"f16", DType::kF16}, {"bf16", DType::kBF16}});
-    } else if (a == "--layers") {
-      o.layers = static_cast<int>(args.integer(1, 4096));
     } else if (a == "--backend") {
       o.backend = args.choice<Backend>(
           {{"auto", Backend::kAuto}, {"cpu", Backend::kCpu}, {"cuda", Backend::kCuda}});
@@ -178,33 +339,9 @@ Options parse_options(int argc, char** argv) {
     }
   }
   if (o.help) return o;
-  // The model shape must be one decode() runs; checked here so no request is simulated first.
-  DecodeArgs shape;  // batch 0: the shape checks of decode(), without its buffers
-  shape.num_heads = o.num_heads;
-  shape.num_kv_heads = o.num_kv_heads;
-  shape.head_dim = o.head_dim;
-  shape.block_size = o.block_size;
-  try {
-    validate_shapes(shape, false);
-  } catch (const Error& e) {
-    const std::map<std::string, std::string> flags = {{"num_heads", "--heads"},
-                                                      {"group_size", "--heads"},
-                                                      {"head_dim", "--head-dim"},
-                                                      {"block_size", "--block-size"}};
-    const auto it = flags.find(e.argument());
-    throw cli::UsageError(it == flags.end() ? e.argument() : it->second,
-                          std::string(e.what()).substr(std::strlen("pagedattn: ")));
-  }
-  // Every request must fit the cache on its own, or the loop could never finish it.
-  const long long longest = static_cast<long long>(o.prompt_len.max()) + o.output_len.max();
-  const long long capacity = static_cast<long long>(o.num_blocks) * o.block_size;
-  if (longest > capacity) {
-    std::ostringstream v;
-    v << "the longest request, " << longest << " tokens (prompt " << o.prompt_len.max()
-      << " + output " << o.output_len.max()
-      << "), exceeds the cache (--blocks * --block-size = " << capacity << " tokens)";
-    throw cli::UsageError("--blocks", v.str());
-  }
+  o.model = shape.apply();
+  check_shape(o);
+  check_capacity(o);
   return o;
 }
 

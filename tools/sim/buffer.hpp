@@ -1,0 +1,64 @@
+// Buffers that live where the backend runs (host or device memory), and the cheap random values
+// the simulator fills its tokens with.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "pagedattn/testing/device_memory.hpp"
+
+namespace pagedattn::sim {
+
+// Bytes in host memory (CPU backend) or device memory (CUDA backend), one interface.
+class Buffer {
+ public:
+  explicit Buffer(bool device) : device_(device) {}
+  void* data() { return device_ ? dev_.get() : host_.data(); }
+  std::size_t size() const { return device_ ? dev_.size() : host_.size(); }
+  void resize(std::size_t bytes, int fill_byte = 0) {  // contents are lost
+    if (device_) {
+      dev_ = testing::DeviceBuffer(bytes);
+      if (bytes) testing::device_fill(dev_.get(), fill_byte, bytes);
+    } else {
+      host_.assign(bytes, static_cast<std::uint8_t>(fill_byte));
+    }
+  }
+  void reserve(std::size_t bytes) {
+    if (size() < bytes) resize(std::max(bytes, 2 * size()));
+  }
+  void upload(const void* src, std::size_t bytes) {
+    reserve(bytes);
+    if (device_)
+      testing::copy_to_device(dev_.get(), src, bytes);
+    else
+      std::memcpy(host_.data(), src, bytes);
+  }
+  void download(void* dst, std::size_t bytes) {
+    if (device_)
+      testing::copy_to_host(dst, dev_.get(), bytes);
+    else
+      std::memcpy(dst, host_.data(), bytes);
+  }
+
+ private:
+  bool device_;
+  std::vector<std::uint8_t> host_;
+  testing::DeviceBuffer dev_;
+};
+
+// Cheap uniform values in [-1, 1) for K, V and q: the simulator writes a lot of them.
+struct FastRandom {
+  std::uint64_t s;
+  float next() {
+    s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+    return static_cast<float>((s * 0x2545F4914F6CDD1DULL) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+  }
+  void fill(std::vector<float>& v, std::size_t n, float scale) {
+    v.resize(n);
+    for (float& x : v) x = scale * next();
+  }
+};
+
+}  // namespace pagedattn::sim
