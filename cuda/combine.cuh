@@ -1,9 +1,8 @@
 // The combine: merges the partial states of each (query row, query head) over its sequence's
 // splits, in split order, and writes out = acc / l and lse (natural log); an empty context gives
-// out = 0,
-// lse = -inf, and a sequence of one split is skipped (its split CTA wrote out and lse). It runs
-// after the split kernel, as a programmatic dependent launch where the device supports one
-// (sm_90).
+// out = 0, lse = -inf, and a sequence of one split is skipped (its split CTA wrote out and lse).
+// It runs after the split kernel, as a programmatic dependent launch where the device supports
+// one (sm_90).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -13,10 +13,10 @@
 namespace pagedattn::detail::cuda {
 
 // The dynamic shared memory follows the kernel's static shared variables, so its base is only
-// 16-byte aligned (it sat at byte 80); tiles start at the next 128-byte boundary, kSmemAlign bytes
-// being reserved for it. Unaligned, every swizzled row segment straddled a shared 128-byte
-// boundary and the copy unit fetched each global line in pieces: 1.95x the necessary L2 sectors
-// on the H200, 71% of the read ceiling on 128 x 4096 against 91% aligned.
+// 16-byte aligned; tiles start at the next 128-byte boundary, kSmemAlign bytes being reserved for
+// it. Unaligned, every swizzled row segment would straddle a shared 128-byte boundary and the
+// copy unit would fetch each global line in pieces, reading the L2 several times over
+// (docs/cuda.md).
 constexpr int kSmemAlign = 128;
 __device__ __forceinline__ char* align_smem(char* p) {
   return p + ((kSmemAlign - (smem_u32(p) & (kSmemAlign - 1))) & (kSmemAlign - 1));
@@ -25,9 +25,8 @@ __device__ __forceinline__ char* align_smem(char* p) {
 // Pipeline depth against CTAs per SM, by tile size. A large tile (>= 30 KB: 16-bit D >= 112,
 // f32 D >= 112) keeps three stages, two tiles in flight per CTA, two CTAs per SM. A smaller tile
 // gets about 52 KB of stages so four CTAs fit on an SM: more warps to overlap each warp's
-// dependent compute. Measured on the H200 (docs/cuda.md): the 52 KB budget took MHA (CUDA
-// cores, D = 128) from 76% to 86% of the read ceiling and the D = 64 MMA kernel from 49% to
-// 64%, while the D = 128 MMA kernel lost 10-15 points with it (two stages, three CTAs).
+// dependent compute. Large tiles keep their depth: with two stages they lose more than the
+// extra CTA gains (docs/cuda.md).
 constexpr int kDeepStageBudget = 106 * 1024;
 constexpr int kWideStageBudget = 52 * 1024;
 constexpr int stages_for_tile(int tile_bytes) {
@@ -43,12 +42,10 @@ constexpr int stages_for_tile(int tile_bytes) {
 // chunk c ^ (r & 7). Each global 128-byte line then lands in one aligned 128-byte shared segment
 // (tiles start 128-byte aligned, see align_smem), which the copy unit serves with one L2 request,
 // and chunk c of 8 consecutive rows falls in 8 different bank groups, so ldmatrix and row reads
-// are free of bank conflicts. Rows padded by one chunk (the earlier layout) avoided the bank
-// conflicts too, but every row then straddled shared 128-byte boundaries and the copy unit split
-// its lines: on the H200, Nsight Compute counted 1.5x the necessary L2 sectors (100.7M sectors
-// for 67.1M read from DRAM on 128 x 4096, a 34% L2 hit rate, the L2 at 92% of its throughput)
-// and the kernel reached 83% of the read ceiling against 91% swizzled. Rows of other sizes (head
-// dims 80, 96, 112 in 16-bit types, 80 and 112 in f32) keep one chunk of padding.
+// are free of bank conflicts. Rows padded by one chunk avoid the bank conflicts too, but every
+// row then straddles shared 128-byte boundaries and the copy unit splits its lines, which makes
+// the L2 the limit (docs/cuda.md). Rows of other sizes (head dims 80, 96, 112 in 16-bit types, 80
+// and 112 in f32) keep one chunk of padding.
 template <typename T, int D>
 struct RowGeom {
   static constexpr int kChunks = D * static_cast<int>(sizeof(T)) / 16;

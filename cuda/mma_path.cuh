@@ -57,9 +57,10 @@ __device__ __forceinline__ float tree_reduce(float (&v)[N], Op op) {
 }
 
 // kMulti: the item's sequence has several query tokens (item.n_q > 1). One-token decode runs the
-// kMulti = false instance, where the per-row masks and the row arithmetic fold away: with them a
-// 4096-token step took 8% longer on the H200. kFold (with kMulti, in the wide build): a warp that
-// takes 2 or 4 slices of a full tile folds them with one softmax step (fold below).
+// kMulti = false instance, where the per-row masks and the row arithmetic fold away: one-token
+// decode, the common case, pays nothing for multi-token queries (docs/cuda.md). kFold (with
+// kMulti, in the wide build): a warp that takes 2 or 4 slices of a full tile folds them with one
+// softmax step (fold below).
 template <typename T, int D, bool kMulti, bool kFold>
 __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& item,
                                          typename MmaCfg<T, D>::Pipe& pipe, char* smem) {
@@ -529,9 +530,8 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   }
   // Every warp puts its rows' states and accumulators in the scratch (slot wh * WT + wt); then
   // all 128 threads merge them, TPR threads per row of the head tiles, each over D / TPR
-  // columns, the WT warps of a head tile folded in order wt = 0, 1, ... A single warp doing the
-  // merges and writes for the CTA took a sixth of the time of a 256-token item (Nsight Compute
-  // stall samples, 128 x 256 tokens).
+  // columns, the WT warps of a head tile folded in order wt = 0, 1, ... Spread over all threads,
+  // the merge stays a small share of a short item, where one warp doing it for the CTA would not.
   float* scratch = reinterpret_cast<float*>(smem);
   constexpr int SROW = D + 2;
   const float vs = Cfg::kFp8 ? head_scale(p.v_scale, p.v_scales, item.kv) : 1.f;

@@ -1,4 +1,4 @@
-// The split kernel's entry points per cache dtype: the head dim picks SplitKernels<T, D>, whose
+// The split kernel's entry points: the cache dtype and the head dim pick SplitKernels<T, D>, whose
 // kernels are compiled in translation units of their own (split_instance.cu.in).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -10,52 +10,49 @@ namespace pagedattn::detail::cuda {
 namespace {
 
 template <typename T>
-bool launch_for_head_dim(const SplitParams& p, int head_dim, SplitBuild b, int grid,
-                         cudaStream_t stream) {
-  return with_head_dim(head_dim, [&](auto dim) {
-    SplitKernels<T, decltype(dim)::value>::launch(p, b, grid, stream);
-  });
-}
+struct CacheType {
+  using type = T;
+};
 
-template <typename T>
-int ctas_per_sm_for_head_dim(int head_dim, SplitBuild b) {
-  int n = 0;
-  with_head_dim(head_dim,
-                [&](auto dim) { n = SplitKernels<T, decltype(dim)::value>::ctas_per_sm(b); });
-  return n;
+// Calls f(CacheType<T>{}) for the split kernels' cache type T of k_dtype.
+template <typename F>
+void with_cache_type(DType k_dtype, F&& f) {
+  switch (k_dtype) {
+    case DType::kF32:
+      return f(CacheType<float>{});
+    case DType::kF16:
+      return f(CacheType<__half>{});
+    case DType::kBF16:
+      return f(CacheType<__nv_bfloat16>{});
+    case DType::kFP8E4M3:
+      return f(CacheType<fp8_e4m3_t>{});
+    case DType::kFP8E5M2:
+      return f(CacheType<fp8_e5m2_t>{});
+  }
 }
 
 }  // namespace
 
-bool launch_split_f32(const SplitParams& p, int head_dim, int grid, cudaStream_t stream) {
-  return launch_for_head_dim<float>(p, head_dim, SplitBuild{}, grid, stream);
-}
-bool launch_split_f16(const SplitParams& p, int head_dim, SplitBuild b, int grid,
-                      cudaStream_t stream) {
-  return launch_for_head_dim<__half>(p, head_dim, b, grid, stream);
-}
-bool launch_split_bf16(const SplitParams& p, int head_dim, SplitBuild b, int grid,
-                       cudaStream_t stream) {
-  return launch_for_head_dim<__nv_bfloat16>(p, head_dim, b, grid, stream);
-}
-bool launch_split_fp8(const SplitParams& p, int head_dim, bool e5m2, SplitBuild b, int grid,
-                      cudaStream_t stream) {
-  return e5m2 ? launch_for_head_dim<fp8_e5m2_t>(p, head_dim, b, grid, stream)
-              : launch_for_head_dim<fp8_e4m3_t>(p, head_dim, b, grid, stream);
+bool launch_split(const SplitParams& p, DType k_dtype, int head_dim, SplitBuild b, int grid,
+                  cudaStream_t stream) {
+  bool launched = false;
+  with_cache_type(k_dtype, [&](auto t) {
+    using T = typename decltype(t)::type;
+    launched = with_head_dim(head_dim, [&](auto dim) {
+      SplitKernels<T, decltype(dim)::value>::launch(p, b, grid, stream);
+    });
+  });
+  return launched;
 }
 
-int split_ctas_per_sm_f32(int head_dim) {
-  return ctas_per_sm_for_head_dim<float>(head_dim, SplitBuild{});
-}
-int split_ctas_per_sm_f16(int head_dim, SplitBuild b) {
-  return ctas_per_sm_for_head_dim<__half>(head_dim, b);
-}
-int split_ctas_per_sm_bf16(int head_dim, SplitBuild b) {
-  return ctas_per_sm_for_head_dim<__nv_bfloat16>(head_dim, b);
-}
-int split_ctas_per_sm_fp8(int head_dim, bool e5m2, SplitBuild b) {
-  return e5m2 ? ctas_per_sm_for_head_dim<fp8_e5m2_t>(head_dim, b)
-              : ctas_per_sm_for_head_dim<fp8_e4m3_t>(head_dim, b);
+BuildFacts split_build_facts(DType k_dtype, int head_dim, SplitBuild b) {
+  BuildFacts facts;
+  with_cache_type(k_dtype, [&](auto t) {
+    using T = typename decltype(t)::type;
+    with_head_dim(head_dim,
+                  [&](auto dim) { facts = SplitKernels<T, decltype(dim)::value>::facts(b); });
+  });
+  return facts;
 }
 
 }  // namespace pagedattn::detail::cuda

@@ -107,10 +107,9 @@ __device__ __forceinline__ void split_cta(const SplitParams& p) {
 
 // The kernel with the compiler's own register budget (kMinCtas = 0), or one compiled to leave
 // room for kMinCtas CTAs per SM (__launch_bounds__' second argument caps the registers per
-// thread at what that many CTAs allow). The wide build is a kernel of its own: its fold of
-// several slices needs registers that, in one kernel with the other paths, raised the
-// one-token path's budget too (bf16 at head dim 64 from 128 to 168, fp8 e4m3 at 128 from 170 to
-// 221), costing CTAs per SM; at head dim 64 it is capped for four CTAs per SM (wide_min_ctas).
+// thread at what that many CTAs allow). The wide build is a kernel of its own: in one kernel
+// with the other paths, its fold of several slices raised the one-token path's register budget
+// too, costing CTAs per SM. At head dim 64 it is capped for four CTAs per SM (wide_min_ctas).
 template <typename T, int D, bool kMma, bool kWide>
 __global__ void __launch_bounds__(kThreads, kWide ? wide_min_ctas(D) : 0)
     split_kernel(SplitParams p) {
@@ -180,13 +179,13 @@ void launch_split_typed(const SplitParams& p, int grid, cudaStream_t stream) {
 }
 
 // CTAs per SM that the dense build of a kernel is compiled for (0: there is none). The fp8
-// tensor-core kernel's widening needs registers that the compiler's own budget spends freely
-// (252 at D = 128 for e5m2, 160 at D = 64): two CTAs per SM at D = 128, three at D = 64. Built
-// for one more CTA per SM (168 and 128 registers, a few dozen bytes of spills), it reads faster
-// when the plan has items for the extra slots (decode_cuda.cu picks the build per call). e4m3 at
-// D = 128 compiles to 168 registers on its own (nvcc 13.0), three CTAs per SM like its dense
-// build, which decode then has no reason to take. Head dim 96 fits three CTAs with the
-// compiler's budget already; 192 and 256 spill hundreds of bytes at 168 registers and lose.
+// tensor-core kernel's widening needs registers that the compiler's own budget spends freely;
+// built for one more CTA per SM (three at D = 128, four at D = 64; a few dozen bytes of spills),
+// it reads faster when the plan has items for the extra slots, so decode weighs both builds per
+// call (choose_split_kernel). Where the compiler's own budget already fits as many CTAs (e4m3
+// at D = 128, depending on the compiler), decode has no reason to take the dense build. Other
+// head dims either fit the CTAs already or lose to the spills; docs/cuda.md has the registers
+// and times.
 template <typename T, int D>
 constexpr int kDenseMinCtas = is_fp8_type<T> ? (D == 64 ? 4 : (D == 128 ? 3 : 0)) : 0;
 
@@ -219,8 +218,8 @@ void with_split_build(SplitBuild b, F&& f) {
 }
 
 // SplitKernels<T, D> (split_params.cuh) through with_split_build, so the planner counts the CTAs
-// of the kernel that runs. Cache dtypes other than f32 have a tensor-core variant (fp8 at head
-// dims that are multiples of 32: kMmaHeadDim).
+// and shared memory of the kernel that runs. Cache dtypes other than f32 have a tensor-core variant
+// (fp8 at head dims that are multiples of 32: kMmaHeadDim).
 template <typename T, int D>
 void SplitKernels<T, D>::launch(const SplitParams& p, SplitBuild b, int grid, cudaStream_t stream) {
   constexpr bool kCanMma = !std::is_same_v<T, float>;
@@ -231,14 +230,16 @@ void SplitKernels<T, D>::launch(const SplitParams& p, SplitBuild b, int grid, cu
 }
 
 template <typename T, int D>
-int SplitKernels<T, D>::ctas_per_sm(SplitBuild b) {
+BuildFacts SplitKernels<T, D>::facts(SplitBuild b) {
   constexpr bool kCanMma = !std::is_same_v<T, float>;
-  int n = 0;
+  BuildFacts f;
   with_split_build<T, kCanMma, D>(b, [&](auto mma, auto min_ctas, auto wide) {
-    n = prepare_split_typed<T, D, decltype(mma)::value, decltype(min_ctas)::value,
-                            decltype(wide)::value>();
+    using Cfg = typename std::conditional<decltype(mma)::value, MmaCfg<T, D>, SimtCfg<T, D>>::type;
+    f.ctas_per_sm = prepare_split_typed<T, D, decltype(mma)::value, decltype(min_ctas)::value,
+                                        decltype(wide)::value>();
+    f.smem_bytes = Cfg::SMEM;
   });
-  return n;
+  return f;
 }
 
 }  // namespace pagedattn::detail::cuda

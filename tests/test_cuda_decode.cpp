@@ -202,7 +202,7 @@ TEST(CudaDecode, SingleSplit) {
 
 // The fp8 tensor-core kernels at head dims 64 and 128 have a dense build (more CTAs per SM where
 // the plain build's registers allow fewer), and decode plans for the most CTAs per SM either build
-// fits or for one fewer, from the shapes (split_kernel_for in cuda/decode_cuda.cu): few
+// fits or for one fewer, from the shapes (choose_split_kernel in cuda/kernel_choice.cpp): few
 // (sequence, kv head) pairs take one fewer (the plain build), about as many pairs as the device
 // has slots the most, and long tables with a few more pairs the most over two waves. Batches of
 // growing size, short tables and then long ones (the choice reads the table's capacity; the

@@ -5,18 +5,26 @@
 #if PAGEDATTN_PY_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda_error.hpp"
+#include "pagedattn/detail/cuda_status.hpp"
 #endif
 
 namespace pagedattn::py {
+
+#if PAGEDATTN_PY_CUDA
+namespace {
+void check(cudaError_t err, const char* what) {
+  pagedattn::detail::check_cuda_status(static_cast<int>(err), what);
+}
+}  // namespace
+#endif
 
 DeviceGuard::DeviceGuard(const Device& d) {
 #if PAGEDATTN_PY_CUDA
   if (d.kind != DeviceKind::kCuda) return;
   int current = 0;
-  pagedattn::detail::cuda::check(cudaGetDevice(&current), "cudaGetDevice");
+  check(cudaGetDevice(&current), "cudaGetDevice");
   if (current != d.id) {
-    pagedattn::detail::cuda::check(cudaSetDevice(d.id), "cudaSetDevice");
+    check(cudaSetDevice(d.id), "cudaSetDevice");
     previous_ = current;
   }
 #else
@@ -34,8 +42,8 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes, std::uintptr_t 
                   const char* what) {
 #if PAGEDATTN_PY_CUDA
   cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  pagedattn::detail::cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s), what);
-  pagedattn::detail::cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s), what);
+  check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 #else
   (void)dst, (void)src, (void)bytes, (void)stream, (void)what;
 #endif

@@ -1,0 +1,38 @@
+// The split CTA's shape and the builds of the split kernel, as plain C++: the kernels
+// (split_params.cuh) and the host's choice of kernel (kernel_choice.hpp) read the same
+// definitions, and the choice compiles without nvcc.
+#pragma once
+
+namespace pagedattn::detail::cuda {
+
+constexpr int kThreads = 128;  // every split CTA: 4 warps
+constexpr int kWarps = kThreads / 32;
+// A CTA holds the rows (query token, query head of the group) of one kv head, query token major:
+// row r is token r / group, head r % group. The CUDA-core path holds up to 4 rows per warp, 16
+// per CTA; the tensor-core path up to 4 M tiles of 16, 64 per CTA. More rows (large groups, or
+// several query tokens) run in row chunks, one CTA each (SplitParams::row_chunks).
+constexpr int kSimtRowsPerWarp = 4;
+constexpr int kSimtRowsPerCta = kSimtRowsPerWarp * kWarps;
+constexpr int kMmaRowsPerCta = 64;
+
+// Which build of a cache dtype's split kernel a call runs (choose_split_kernel,
+// kernel_choice.hpp).
+struct SplitBuild {
+  bool mma = false;    // the tensor cores (use_mma); otherwise the CUDA cores
+  bool dense = false;  // fp8: the build for more CTAs per SM (kDenseMinCtas in split_kernel.cuh)
+  bool wide = false;   // multi-token rows: the build whose warps fold several slices at once
+};
+
+// What the current device offers of one build: how many of its CTAs fit on one SM (0: none, the
+// kernel cannot run there) and the dynamic shared memory each CTA takes.
+struct BuildFacts {
+  int ctas_per_sm = 0;
+  int smem_bytes = 0;
+};
+
+// The head dims with a wide build (mma_path.cuh: a warp folds the 2 or 4 token slices of a tile
+// it takes with one softmax step). Above 128 the accumulators leave too few free registers for
+// it.
+constexpr bool wide_head_dim(int head_dim) { return head_dim >= 64 && head_dim <= 128; }
+
+}  // namespace pagedattn::detail::cuda

@@ -1,0 +1,257 @@
+// The CUDA backend's choice of split kernel (cuda/kernel_choice.hpp), on made-up device facts: no
+// GPU and no CUDA toolkit needed. The expected builds and counts follow from the rules stated in
+// the header, worked out by hand for each shape.
+#include <gtest/gtest.h>
+
+#include "kernel_choice.hpp"
+
+namespace pagedattn::detail::cuda {
+namespace {
+
+// `q_len` query tokens of `group` query heads per kv head: 4 sequences of at most 64 blocks of 16
+// tokens at 8 kv heads.
+CallShape shape(DType q, DType k, int head_dim, int group, int q_len) {
+  return {q, k, head_dim, group, q_len, 4, 8, 16, 64};
+}
+
+// A bf16 q over an fp8 cache at head dim 128, group 4, one query token, `batch` sequences of at
+// most `tokens` tokens (16-token blocks) at 8 kv heads.
+CallShape fp8_shape(DType cache, int batch, int tokens) {
+  CallShape s = shape(DType::kBF16, cache, 128, 4, 1);
+  s.batch = batch;
+  s.max_blocks = tokens / 16;
+  return s;
+}
+
+void expect_build(const KernelChoice& k, bool mma, bool wide, bool dense) {
+  EXPECT_EQ(k.build.mma, mma);
+  EXPECT_EQ(k.build.wide, wide);
+  EXPECT_EQ(k.build.dense, dense);
+}
+
+KernelFacts facts(int plain_ctas, int dense_ctas) {
+  KernelFacts f;
+  f.sms = 132;
+  f.plain = {plain_ctas, 40000};
+  f.dense = {dense_ctas, 30000};
+  return f;
+}
+
+TEST(KernelChoice, OneTokenBf16TakesThePlainTensorCoreBuild) {
+  const CallShape s = shape(DType::kBF16, DType::kBF16, 128, 8, 1);
+  const KernelChoice k = choose_split_kernel(s, facts(2, 3));
+  expect_build(k, true, false, false);  // only fp8 weighs the dense build
+  EXPECT_EQ(k.rows_per_cta, kMmaRowsPerCta);
+  EXPECT_EQ(k.row_chunks, 1);
+  EXPECT_EQ(k.ctas_per_sm, 2);
+  EXPECT_EQ(k.waves, 1);
+  EXPECT_EQ(k.smem_bytes, 40000);
+  EXPECT_EQ(k.parallelism, 132 * 2);
+  EXPECT_TRUE(use_mma(shape(DType::kF16, DType::kF16, 64, 1, 1)));  // MHA too
+}
+
+TEST(KernelChoice, QInAnotherDtypeThanA16BitCacheRunsOnTheCudaCores) {
+  EXPECT_FALSE(use_mma(shape(DType::kBF16, DType::kF16, 128, 8, 1)));
+  EXPECT_FALSE(use_mma(shape(DType::kF32, DType::kBF16, 128, 8, 1)));
+  EXPECT_FALSE(use_mma(shape(DType::kF16, DType::kBF16, 128, 8, 1)));
+}
+
+TEST(KernelChoice, F32CacheRunsOnTheCudaCores) {
+  const KernelChoice k =
+      choose_split_kernel(shape(DType::kF32, DType::kF32, 128, 8, 1), facts(4, 5));
+  expect_build(k, false, false, false);
+  EXPECT_EQ(k.rows_per_cta, kSimtRowsPerCta);
+  EXPECT_EQ(k.row_chunks, 1);
+  EXPECT_EQ(k.ctas_per_sm, 4);
+  EXPECT_EQ(k.parallelism, 132 * 4);
+  // 32 rows are two chunks of 16, and so are 3 query tokens x group 8 = 24 rows.
+  const KernelChoice g32 =
+      choose_split_kernel(shape(DType::kF32, DType::kF32, 128, 32, 1), facts(4, 5));
+  EXPECT_EQ(g32.row_chunks, 2);
+  EXPECT_EQ(g32.parallelism, 132 * 4 / 2);
+  EXPECT_EQ(row_chunks(shape(DType::kF32, DType::kF32, 128, 8, 3)), 2);
+  EXPECT_FALSE(use_wide(shape(DType::kF32, DType::kF32, 128, 8, 8)));  // no tensor cores
+}
+
+TEST(KernelChoice, MultiTokenRowsTakeTheWideBuild) {
+  const KernelChoice k =
+      choose_split_kernel(shape(DType::kBF16, DType::kBF16, 128, 8, 8), facts(2, 3));
+  expect_build(k, true, true, false);
+  EXPECT_EQ(k.row_chunks, 1);  // 64 rows
+  EXPECT_EQ(k.ctas_per_sm, 2);
+  // 8 tokens x group 16: 128 rows in two chunks of 64.
+  const KernelChoice g16 =
+      choose_split_kernel(shape(DType::kBF16, DType::kBF16, 128, 16, 8), facts(2, 3));
+  EXPECT_TRUE(g16.build.wide);
+  EXPECT_EQ(g16.row_chunks, 2);
+  EXPECT_EQ(g16.parallelism, 132 * 2 / 2);
+  // More than 16 rows: 4 x 5 = 20, 17 x 1.
+  EXPECT_TRUE(use_wide(shape(DType::kF16, DType::kF16, 64, 5, 4)));
+  EXPECT_TRUE(use_wide(shape(DType::kF16, DType::kF16, 96, 1, 17)));
+  // 16 rows or fewer, one query token, or a head dim without a wide build: the plain build.
+  EXPECT_FALSE(use_wide(shape(DType::kBF16, DType::kBF16, 128, 8, 2)));
+  EXPECT_FALSE(use_wide(shape(DType::kBF16, DType::kBF16, 128, 32, 1)));
+  EXPECT_FALSE(use_wide(shape(DType::kBF16, DType::kBF16, 192, 8, 8)));
+  EXPECT_FALSE(use_wide(shape(DType::kBF16, DType::kBF16, 256, 8, 8)));
+  EXPECT_TRUE(use_wide(shape(DType::kBF16, DType::kBF16, 64, 8, 8)));
+}
+
+TEST(KernelChoice, Fp8TakesTheTensorCoresWithA16BitQAtHeadDimsOf32) {
+  EXPECT_TRUE(use_mma(shape(DType::kBF16, DType::kFP8E4M3, 96, 4, 1)));
+  EXPECT_TRUE(use_mma(shape(DType::kF16, DType::kFP8E5M2, 64, 4, 1)));
+  EXPECT_FALSE(use_mma(shape(DType::kBF16, DType::kFP8E4M3, 80, 4, 1)));
+  EXPECT_FALSE(use_mma(shape(DType::kBF16, DType::kFP8E5M2, 112, 4, 1)));
+  const KernelChoice f32q =
+      choose_split_kernel(shape(DType::kF32, DType::kFP8E5M2, 128, 4, 1), facts(2, 3));
+  EXPECT_FALSE(f32q.build.mma);
+  EXPECT_FALSE(f32q.build.dense);
+  EXPECT_EQ(f32q.ctas_per_sm, 2);
+}
+
+// 1 x 32768 tokens at 8 kv heads: 8 pairs. Three CTAs per SM make 396 slots, 49 items per pair,
+// 392 items (fill 392 / 396); two make 264 slots, 33 per pair, fill 1. 0.99 >= 1 - 0.1: the most.
+TEST(KernelChoice, Fp8TakesTheDenseBuildWhereItFitsMoreAndFills) {
+  const CallShape s = fp8_shape(DType::kFP8E5M2, 1, 32768);
+  const WaveFill dense = wave_fill(s, 132, 3, 1);
+  EXPECT_DOUBLE_EQ(dense.waves, 392.0 / 396.0);
+  EXPECT_DOUBLE_EQ(dense.fill, 392.0 / 396.0);
+  EXPECT_EQ(dense.item_tokens, 32768 / 49);
+  EXPECT_DOUBLE_EQ(wave_fill(s, 132, 2, 1).fill, 1.0);
+  EXPECT_TRUE(dense_pays(s, 132, 2, 3));
+  const KernelChoice k = choose_split_kernel(s, facts(2, 3));
+  EXPECT_TRUE(k.build.mma);
+  EXPECT_TRUE(k.build.dense);
+  EXPECT_EQ(k.ctas_per_sm, 3);
+  EXPECT_EQ(k.waves, 1);
+  EXPECT_EQ(k.smem_bytes, 30000);  // the dense build's
+  EXPECT_EQ(k.parallelism, 396);
+  // Where the plain build fits as many CTAs, the most is the plain build's own.
+  const KernelChoice same = choose_split_kernel(s, facts(3, 3));
+  EXPECT_FALSE(same.build.dense);
+  EXPECT_EQ(same.ctas_per_sm, 3);
+  EXPECT_EQ(same.smem_bytes, 40000);
+  // And where the dense build fits fewer, it is never taken.
+  const KernelChoice fewer = choose_split_kernel(s, facts(3, 2));
+  EXPECT_FALSE(fewer.build.dense);
+  EXPECT_EQ(fewer.ctas_per_sm, 3);
+}
+
+// 32 x 4096 tokens at 8 kv heads: 256 pairs of 16 minimum chunks each. One wave of three CTAs:
+// 256 items for 396 slots (fill 0.65) against 256 for 264 (0.97): not within 0.1. Two waves of
+// three: 3 items per pair, 768 for 792 slots (fill 0.97), but of 1365 tokens, under 4096: one
+// fewer, the plain build at two CTAs.
+TEST(KernelChoice, Fp8TakesOneCtaFewerWhereTheMostLeavesSlotsEmpty) {
+  const CallShape s = fp8_shape(DType::kFP8E5M2, 32, 4096);
+  EXPECT_DOUBLE_EQ(wave_fill(s, 132, 3, 1).fill, 256.0 / 396.0);
+  EXPECT_DOUBLE_EQ(wave_fill(s, 132, 2, 1).fill, 256.0 / 264.0);
+  EXPECT_FALSE(dense_pays(s, 132, 2, 3));
+  const WaveFill two = wave_fill(s, 132, 3, 2);
+  EXPECT_DOUBLE_EQ(two.fill, 768.0 / 792.0);
+  EXPECT_EQ(two.item_tokens, 4096 / 3);
+  EXPECT_FALSE(two_dense_waves_pay(s, 132, 3));
+  const KernelChoice k = choose_split_kernel(s, facts(2, 3));
+  EXPECT_FALSE(k.build.dense);
+  EXPECT_EQ(k.ctas_per_sm, 2);
+  EXPECT_EQ(k.waves, 1);
+  EXPECT_EQ(k.smem_bytes, 40000);
+  EXPECT_EQ(k.parallelism, 264);
+  // With as many CTAs of the plain build as of the dense one, the plain build one CTA short.
+  const KernelChoice same = choose_split_kernel(s, facts(3, 3));
+  EXPECT_FALSE(same.build.dense);
+  EXPECT_EQ(same.ctas_per_sm, 2);
+  // One fewer than one CTA per SM is none: the most.
+  const KernelChoice one = choose_split_kernel(s, facts(1, 1));
+  EXPECT_EQ(one.ctas_per_sm, 1);
+}
+
+// 32 x 16384 tokens: as above, but the two-wave items hold 16384 / 3 = 5461 tokens: two waves of
+// the most.
+TEST(KernelChoice, Fp8PlansTwoWavesOfTheMostForLongItems) {
+  const CallShape s = fp8_shape(DType::kFP8E4M3, 32, 16384);
+  EXPECT_FALSE(dense_pays(s, 132, 2, 3));
+  EXPECT_EQ(wave_fill(s, 132, 3, 2).item_tokens, 5461);
+  EXPECT_TRUE(two_dense_waves_pay(s, 132, 3));
+  const KernelChoice k = choose_split_kernel(s, facts(2, 3));
+  EXPECT_TRUE(k.build.dense);
+  EXPECT_EQ(k.ctas_per_sm, 3);
+  EXPECT_EQ(k.waves, 2);
+  EXPECT_EQ(k.parallelism, 132 * 3 * 2);
+  const KernelChoice same = choose_split_kernel(s, facts(3, 3));
+  EXPECT_FALSE(same.build.dense);
+  EXPECT_EQ(same.ctas_per_sm, 3);
+  EXPECT_EQ(same.waves, 2);
+}
+
+// 128 x 1024 tokens at 8 kv heads: 1024 pairs for 396 slots, 2.6 waves: the most.
+TEST(KernelChoice, Fp8TakesTheMostOverTwoWavesOfPairs) {
+  const CallShape s = fp8_shape(DType::kFP8E4M3, 128, 1024);
+  EXPECT_DOUBLE_EQ(wave_fill(s, 132, 3, 1).waves, 1024.0 / 396.0);
+  EXPECT_TRUE(dense_pays(s, 132, 2, 3));
+  const KernelChoice k = choose_split_kernel(s, facts(2, 3));
+  EXPECT_TRUE(k.build.dense);
+  EXPECT_EQ(k.ctas_per_sm, 3);
+  EXPECT_EQ(k.waves, 1);
+}
+
+TEST(KernelChoice, OnlyThePlainFp8TensorCoreBuildWeighsTheDenseOne) {
+  // The same shapes as the dense choice above on a bf16 cache, or on the wide build: no dense.
+  CallShape bf16 = fp8_shape(DType::kFP8E5M2, 1, 32768);
+  bf16.k_dtype = DType::kBF16;
+  const KernelChoice k16 = choose_split_kernel(bf16, facts(2, 3));
+  EXPECT_FALSE(k16.build.dense);
+  EXPECT_EQ(k16.ctas_per_sm, 2);
+  CallShape wide = fp8_shape(DType::kFP8E5M2, 1, 32768);
+  wide.group = 8;
+  wide.q_len = 8;
+  EXPECT_FALSE(weighs_dense(wide, candidate_build(wide), {2, 40000}));
+  const KernelChoice kw = choose_split_kernel(wide, facts(2, 3));
+  EXPECT_TRUE(kw.build.wide);
+  EXPECT_FALSE(kw.build.dense);
+  EXPECT_EQ(kw.ctas_per_sm, 2);
+  // A plain build that fits nowhere: nothing to weigh, no CTA (the caller reports it).
+  const CallShape s = fp8_shape(DType::kFP8E5M2, 1, 32768);
+  EXPECT_TRUE(weighs_dense(s, candidate_build(s), {2, 40000}));
+  EXPECT_FALSE(weighs_dense(s, candidate_build(s), {0, 240000}));
+  const KernelChoice none = choose_split_kernel(s, facts(0, 3));
+  EXPECT_EQ(none.ctas_per_sm, 0);
+  EXPECT_FALSE(none.build.dense);
+}
+
+TEST(KernelChoice, PlanOptionsAndCallShape) {
+  KernelChoice k;
+  k.parallelism = 396;
+  const PlanOptions o = plan_options(k, 100);
+  EXPECT_EQ(o.parallelism, 396);
+  EXPECT_EQ(o.min_chunk_tokens, 256);
+  EXPECT_TRUE(o.even_waves);
+  EXPECT_EQ(o.max_splits_per_seq, 1024);
+  EXPECT_EQ(o.window_left, 100);
+  EXPECT_FALSE(o.single_split);
+
+  DecodeArgs a;
+  a.q_dtype = DType::kF16;
+  a.k_dtype = DType::kFP8E4M3;
+  a.head_dim = 96;
+  a.num_heads = 32;
+  a.num_kv_heads = 8;
+  a.batch = 5;
+  a.block_size = 32;
+  a.max_blocks_per_seq = 7;
+  a.max_q_len = 6;
+  CallShape s = call_shape(a);
+  EXPECT_EQ(s.q_dtype, DType::kF16);
+  EXPECT_EQ(s.k_dtype, DType::kFP8E4M3);
+  EXPECT_EQ(s.head_dim, 96);
+  EXPECT_EQ(s.group, 4);
+  EXPECT_EQ(s.q_len, 1);  // one query token without q_indptr
+  EXPECT_EQ(s.batch, 5);
+  EXPECT_EQ(s.num_kv_heads, 8);
+  EXPECT_EQ(s.block_size, 32);
+  EXPECT_EQ(s.max_blocks, 7);
+  const std::int32_t indptr[6] = {};
+  a.q_indptr = indptr;
+  EXPECT_EQ(call_shape(a).q_len, 6);
+}
+
+}  // namespace
+}  // namespace pagedattn::detail::cuda
