@@ -45,7 +45,7 @@ void check_launch(const DecodeArgs& args, const pagedattn::DecodeOptions& option
 std::size_t workspace_size(const DecodeArgs& args);
 // The split kernel's build decode runs for these shapes (dense: more CTAs per SM, fp8
 // tensor-core kernels, cuda/split_kernel.cuh), the CTAs per SM and waves of it its plan aims at
-// (cuda/decode_cuda.cu, split_kernel_for), and the CTAs per SM each build fits (the same for
+// (cuda/kernel_choice.cpp, choose_split_kernel), and the CTAs per SM each build fits (the same for
 // both where there is no dense build), so the tests can check each choice.
 struct SplitChoice {
   bool dense = false;
