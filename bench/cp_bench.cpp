@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "pagedattn/cli/args.hpp"
 #include "cp_timing.hpp"
 #include "cuda_timing.hpp"
+#include "pagedattn/cli/args.hpp"
 #include "pagedattn/context_parallel.hpp"
 #include "pagedattn/testing/tolerance.hpp"
 #include "pagedattn/validate.hpp"

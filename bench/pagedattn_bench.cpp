@@ -52,9 +52,9 @@
 #include <vector>
 
 #include "bench_variants.hpp"
-#include "pagedattn/cli/args.hpp"
 #include "cuda_timing.hpp"
 #include "naive_decode.hpp"
+#include "pagedattn/cli/args.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/kv_layouts.hpp"
 #include "pagedattn/testing/random_case.hpp"
