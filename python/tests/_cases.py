@@ -380,3 +380,37 @@ def check_lse(got: np.ndarray, want: np.ndarray) -> None:
 def lens_for(block_size: int, long: int = 300) -> List[int]:
     """Contexts around the block boundaries, an empty one and a long one."""
     return sorted({0, 1, max(block_size - 1, 1), block_size, block_size + 1, long})
+
+
+def variant_kwargs(name: str, rng: np.random.Generator, num_heads: int, *, window_left: int,
+                   scale: float, all_window_left: int, all_soft_cap: float) -> dict:
+    """One variant-grid row's decode keyword arguments: "window", "soft_cap" (cap 2 with the
+    given scale), "alibi", "sinks" (drawn from rng) or "all" of them. The sinks of both rows are
+    drawn, in that order, whichever row is asked for, so rng moves the same either way."""
+    return {
+        "window": dict(window_left=window_left),
+        "soft_cap": dict(logits_soft_cap=2.0, scale=scale),
+        "alibi": dict(alibi_slopes=alibi_slopes(num_heads)),
+        "sinks": dict(sinks=random_sinks(rng, num_heads)),
+        "all": dict(window_left=all_window_left, logits_soft_cap=all_soft_cap,
+                    alibi_slopes=alibi_slopes(num_heads), sinks=random_sinks(rng, num_heads)),
+    }[name]
+
+
+def rejection(call, out, **kwargs):
+    """The pagedattn.Error that call(**kwargs) raises; out, a tensor filled with NaN before, must
+    still be all NaN (nothing written)."""
+    with pytest.raises(pagedattn.Error) as info:
+        call(**kwargs)
+    if out.is_cuda:
+        torch.cuda.synchronize()
+    assert torch.isnan(out).all()  # nothing written
+    return info.value
+
+
+def check_rejected(call, out, bad_calls) -> None:
+    """For each (kwargs, argument) of bad_calls: call(**kwargs) is a rejection (above) naming
+    argument."""
+    for bad, argument in bad_calls:
+        e = rejection(call, out, **bad)
+        assert e.argument == argument, str(e)
