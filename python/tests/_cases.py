@@ -198,6 +198,17 @@ def case_tensors(c: "Case", device="cpu"):
             torch.from_numpy(c.context_lens).to(device))
 
 
+def described(a: np.ndarray):
+    """A host NumPy array as the module's described-tensor tuple (how PyTorch tensors reach it):
+    (data pointer, DLPack type code, bits, lanes, device, shape, strides in elements)."""
+    codes = {np.dtype(np.float16): (2, 16), np.dtype(np.float32): (2, 32),
+             np.dtype(np.float64): (2, 64), np.dtype(np.int32): (0, 32),
+             np.dtype(np.int64): (0, 64)}
+    code, bits = codes[a.dtype]
+    return (a.ctypes.data, code, bits, 1, 0, tuple(a.shape),
+            tuple(s // a.itemsize for s in a.strides))
+
+
 def alibi_slopes(num_heads: int) -> np.ndarray:
     """The ALiBi paper's slopes, 2^(-8 (h + 1) / H)."""
     return (2.0 ** (-8.0 * (np.arange(num_heads) + 1) / num_heads)).astype(np.float32)
@@ -317,6 +328,7 @@ def make_case(rng: np.random.Generator, *, context_lens: Sequence[int], num_head
                 k_scale=k_scale, v_scale=v_scale, k_scales=k_scales, v_scales=v_scales)
 
 
+# The f64 oracle of one-token decode(), written apart from the multi-token one (tokens_reference).
 def reference_decode(q, k, v, block_table, context_lens, scale: Optional[float] = None, *,
                      window_left: int = -1, logits_soft_cap: float = 0.0,
                      alibi_slopes: Optional[Sequence[float]] = None,

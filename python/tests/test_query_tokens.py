@@ -16,14 +16,15 @@ import pytest
 import pagedattn
 from pagedattn import _ext
 
-from _cases import (alibi_slopes, arg, check_lse, check_out, check_rejected, empty, from_torch,
-                    load, make_case, needs_cuda, needs_torch, random_sinks, reference_decode,
-                    store, to_torch, torch, variant_kwargs)
+from _cases import (alibi_slopes, arg, check_lse, check_out, check_rejected, described, empty,
+                    from_torch, load, make_case, needs_cuda, needs_torch, random_sinks,
+                    reference_decode, store, to_torch, torch, variant_kwargs)
 
 # ----------------------------------------------------------------------------------------------
 # The oracle
 
 
+# The f64 oracle of multi-token decode (q_indptr), written apart from _cases.reference_decode.
 def tokens_reference(q, k, v, block_table, context_lens, q_indptr, scale: Optional[float] = None,
                      *, window_left: int = -1, logits_soft_cap: float = 0.0,
                      alibi_slopes: Optional[Sequence[float]] = None,
@@ -369,14 +370,6 @@ def test_read_only_q_indptr():
     t = TokensCase(rng, [9, 30], [2, 3])
     t.q_indptr.setflags(write=False)
     t.check()
-
-
-def described(a: np.ndarray):
-    codes = {np.dtype(np.float32): (2, 32), np.dtype(np.int32): (0, 32),
-             np.dtype(np.int64): (0, 64)}
-    code, bits = codes[a.dtype]
-    return (a.ctypes.data, code, bits, 1, 0, tuple(a.shape),
-            tuple(s // a.itemsize for s in a.strides))
 
 
 def test_described_q_indptr_gives_the_dlpack_result():

@@ -13,9 +13,9 @@ import pytest
 import pagedattn
 from pagedattn import _ext
 
-from _cases import (alibi_slopes, arg, case_tensors, check_lse, check_out, check_rejected, empty,
-                    from_torch, load, make_case, needs_cuda, needs_torch, random_sinks,
-                    reference_decode, rejection, store, torch, variant_kwargs)
+from _cases import (alibi_slopes, arg, case_tensors, check_lse, check_out, check_rejected,
+                    described, empty, from_torch, load, make_case, needs_cuda, needs_torch,
+                    random_sinks, reference_decode, rejection, store, torch, variant_kwargs)
 
 
 def first_attended(n: int, window_left: int) -> int:
@@ -188,14 +188,6 @@ def test_read_only_variant_tensors_and_numpy_scalars():
 
 # ----------------------------------------------------------------------------------------------
 # The described-tensor path (how PyTorch tensors reach the module), with NumPy arrays
-
-
-def described(a: np.ndarray):
-    codes = {np.dtype(np.float32): (2, 32), np.dtype(np.float64): (2, 64),
-             np.dtype(np.int32): (0, 32)}
-    code, bits = codes[a.dtype]
-    return (a.ctypes.data, code, bits, 1, 0, tuple(a.shape),
-            tuple(s // a.itemsize for s in a.strides))
 
 
 def test_described_variant_tensors_give_the_dlpack_result():
