@@ -25,14 +25,8 @@ namespace {
 using testing::KvLayout;
 
 testing::CaseSpec layout_spec(DType dtype, int head_dim, int group, int block_size) {
-  testing::CaseSpec s;
-  s.batch = 5;
-  s.num_kv_heads = 3;
-  s.num_heads = 3 * group;
-  s.head_dim = head_dim;
-  s.block_size = block_size;
-  s.context_lens = {0, 1, 700, 33, 2100};
-  s.q_dtype = s.kv_dtype = s.out_dtype = dtype;
+  testing::CaseSpec s =
+      testing::shaped_spec(dtype, 3 * group, 3, head_dim, block_size, {0, 1, 700, 33, 2100});
   s.seed = testing::seed_for(0x1a70075);
   return s;
 }

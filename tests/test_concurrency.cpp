@@ -15,14 +15,7 @@ namespace {
 
 testing::CaseSpec cpu_spec(DType dtype, int heads, int kv_heads, int head_dim,
                            std::vector<int> lens) {
-  testing::CaseSpec s;
-  s.batch = static_cast<int>(lens.size());
-  s.num_heads = heads;
-  s.num_kv_heads = kv_heads;
-  s.head_dim = head_dim;
-  s.block_size = 16;
-  s.context_lens = std::move(lens);
-  s.q_dtype = s.kv_dtype = s.out_dtype = dtype;
+  testing::CaseSpec s = testing::shaped_spec(dtype, heads, kv_heads, head_dim, 16, std::move(lens));
   s.spare_blocks = 3;
   s.seed = testing::seed_for_test();
   return s;

@@ -25,6 +25,7 @@
 #include "pagedattn/testing/device_case.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/testing/tolerance.hpp"
+#include "rank_threads.hpp"
 #include "test_seed.hpp"
 
 namespace pagedattn {
@@ -159,14 +160,7 @@ class ContextParallel : public ::testing::TestWithParam<CpParam> {};
 TEST_P(ContextParallel, EveryRankGetsTheWholeDecode) {
   const auto [backend, ranks, how, out_dtype, mode] = GetParam();
   if (backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
-  testing::CaseSpec spec;
-  spec.batch = 5;
-  spec.num_heads = 8;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 64;
-  spec.block_size = 16;
-  spec.context_lens = {1000, 37, 0, 16, 300};
-  spec.q_dtype = spec.kv_dtype = DType::kBF16;
+  testing::CaseSpec spec = testing::shaped_spec(DType::kBF16, 8, 2, 64, 16, {1000, 37, 0, 16, 300});
   spec.out_dtype = out_dtype;
   spec.seed = testing::seed_for_test();
   SCOPED_TRACE(testing::describe(spec) +
@@ -232,19 +226,8 @@ INSTANTIATE_TEST_SUITE_P(All, ContextParallelOddRows,
 // ("" when it returned).
 template <typename F>
 std::vector<std::string> on_every_rank(int ranks, F body) {
-  auto group = make_local_group(ranks);
-  std::vector<std::string> argument(ranks, "");
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(r, *group[r]);
-      } catch (const Error& e) {
-        argument[r] = e.argument();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  std::vector<std::string> argument;
+  for (const RankError& e : run_on_every_rank(ranks, body)) argument.push_back(e.argument);
   return argument;
 }
 

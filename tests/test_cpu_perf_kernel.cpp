@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cpu_kernel.hpp"
+#include "kernel_context.hpp"
 #include "pagedattn/online_softmax.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/random_case.hpp"
@@ -24,16 +25,10 @@ using detail::cpu::ItemContext;
 using detail::cpu::ItemKernel;
 using detail::cpu::ItemScratch;
 
-testing::CaseSpec spec_of(int batch, int heads, int kv_heads, int head_dim, int block_size,
+testing::CaseSpec spec_of(int heads, int kv_heads, int head_dim, int block_size,
                           std::vector<int> lens, DType dtype, std::uint64_t salt) {
-  testing::CaseSpec s;
-  s.batch = batch;
-  s.num_heads = heads;
-  s.num_kv_heads = kv_heads;
-  s.head_dim = head_dim;
-  s.block_size = block_size;
-  s.context_lens = std::move(lens);
-  s.q_dtype = s.kv_dtype = s.out_dtype = dtype;
+  testing::CaseSpec s =
+      testing::shaped_spec(dtype, heads, kv_heads, head_dim, block_size, std::move(lens));
   s.table_padding = 2;
   s.spare_blocks = 4;
   s.seed = testing::seed_for(salt);
@@ -55,23 +50,8 @@ void check_kernel_on(Arch, const char* name, const testing::CaseSpec& spec,
   testing::HostCase c = testing::make_case(spec);
   const DecodeArgs a = c.args();
   const int H = a.num_heads, D = a.head_dim, G = a.group_size();
-  std::vector<float> q(static_cast<std::size_t>(a.batch) * H * D);
-  for (std::size_t i = 0; i < q.size(); ++i) {
-    q[i] = load_as_float(a.q, a.q_dtype, i) * a.effective_scale();
-  }
-  ItemContext ctx;
-  ctx.q_scaled = q.data();
-  ctx.q_bf16 = a.q_dtype == DType::kBF16 ? static_cast<const bf16_t*>(a.q) : nullptr;
-  ctx.q_bf16_stride = a.q_stride();
-  ctx.scale = a.effective_scale();
-  ctx.k_cache = a.k_cache;
-  ctx.v_cache = a.v_cache;
-  ctx.kv_dtype = a.k_dtype;
-  ctx.layout = CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, D);
-  ctx.table = BlockTableView{a.block_table, a.max_blocks_per_seq, a.table_stride()};
-  ctx.context_lens = a.context_lens;
-  ctx.num_heads = H;
-  ctx.group_size = G;
+  std::vector<float> q;
+  ItemContext ctx = item_context(a, q);
   ctx.bf16_weights = bf16_weights;
   alignas(64) float scores[detail::cpu::kHeadTile * 256];
   const int KV = a.num_kv_heads;
@@ -153,11 +133,11 @@ TEST(CpuPerfKernel, EveryIsaOnOddGroupsAndBlocks) {
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (int group : {2, 3, 5, 6}) {
       for (int bs : {5, 13, 31}) {
-        check_every_kernel(spec_of(3, 2 * group, 2, 64, bs, {0, 1 + bs * 3, 97}, t, salt++));
+        check_every_kernel(spec_of(2 * group, 2, 64, bs, {0, 1 + bs * 3, 97}, t, salt++));
       }
     }
-    check_every_kernel(spec_of(2, 8, 1, 112, 16, {300, 17}, t, salt++));
-    check_every_kernel(spec_of(2, 4, 2, 192, 256, {600, 255}, t, salt++));
+    check_every_kernel(spec_of(8, 1, 112, 16, {300, 17}, t, salt++));
+    check_every_kernel(spec_of(4, 2, 192, 256, {600, 255}, t, salt++));
   }
 }
 
@@ -168,11 +148,11 @@ TEST(CpuPerfKernel, EveryIsaOverAllKvHeadsWithPairedWidening) {
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (int group : {1, 3, 4, 8}) {
       for (int d : {64, 80, 128}) {
-        check_every_kernel(spec_of(3, 4 * group, 4, d, 16, {0, 1 + 16 * 5, 97}, t, salt++), true);
+        check_every_kernel(spec_of(4 * group, 4, d, 16, {0, 1 + 16 * 5, 97}, t, salt++), true);
       }
     }
-    check_every_kernel(spec_of(2, 12, 3, 112, 7, {300, 20}, t, salt++), true);
-    check_every_kernel(spec_of(2, 8, 2, 256, 32, {600, 33}, t, salt++), true);
+    check_every_kernel(spec_of(12, 3, 112, 7, {300, 20}, t, salt++), true);
+    check_every_kernel(spec_of(8, 2, 256, 32, {600, 33}, t, salt++), true);
   }
 }
 
@@ -180,7 +160,7 @@ TEST(CpuPerfKernel, LongContextSplitAcrossThreads) {
   // One kv head, one sequence: only splitting the context can use more than one thread.
   for (DType t : {DType::kF32, DType::kBF16}) {
     testing::HostCase c =
-        testing::make_case(spec_of(1, 4, 1, 128, 16, {20000}, t, 100 + static_cast<int>(t)));
+        testing::make_case(spec_of(4, 1, 128, 16, {20000}, t, 100 + static_cast<int>(t)));
     DecodeOptions o;
     o.backend = Backend::kCpu;
     o.num_threads = 2;
@@ -195,19 +175,17 @@ TEST(CpuPerfKernel, PlanAndScratchFollowChangingShapes) {
   DecodeOptions o;
   o.backend = Backend::kCpu;
   o.num_threads = 2;
-  testing::HostCase big =
-      testing::make_case(spec_of(2, 8, 2, 128, 16, {3000, 900}, DType::kF32, 7));
+  testing::HostCase big = testing::make_case(spec_of(8, 2, 128, 16, {3000, 900}, DType::kF32, 7));
   decode(big.args(), o);
   expect_matches_reference(big, "first call");
 
-  testing::HostCase same =
-      testing::make_case(spec_of(2, 8, 2, 128, 16, {3000, 900}, DType::kF32, 8));
+  testing::HostCase same = testing::make_case(spec_of(8, 2, 128, 16, {3000, 900}, DType::kF32, 8));
   same.context_lens = {40, 899};  // same batch and array size, fewer blocks for both
   decode(same.args(), o);
   expect_matches_reference(same, "new lengths");
 
   testing::HostCase small =
-      testing::make_case(spec_of(5, 16, 4, 64, 8, {1, 0, 77, 8, 9}, DType::kBF16, 9));
+      testing::make_case(spec_of(16, 4, 64, 8, {1, 0, 77, 8, 9}, DType::kBF16, 9));
   decode(small.args(), o);
   expect_matches_reference(small, "smaller shape");
   decode(big.args(), o);
@@ -217,7 +195,7 @@ TEST(CpuPerfKernel, PlanAndScratchFollowChangingShapes) {
 TEST(CpuPerfKernel, ConcurrentCallersDoNotShareState) {
   std::vector<testing::HostCase> cases;
   for (int i = 0; i < 4; ++i) {
-    cases.push_back(testing::make_case(spec_of(1 + i, 4 * (i + 1), i + 1, i % 2 ? 64 : 128, 16,
+    cases.push_back(testing::make_case(spec_of(4 * (i + 1), i + 1, i % 2 ? 64 : 128, 16,
                                                std::vector<int>(1 + i, 500 + 300 * i),
                                                i % 2 ? DType::kF16 : DType::kF32, 20 + i)));
   }

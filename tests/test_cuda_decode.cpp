@@ -42,14 +42,8 @@ using testing::expect_matches_reference;
 
 testing::CaseSpec spec_for(DType dtype, int heads, int kv_heads, int head_dim, int block_size,
                            std::vector<int> lens) {
-  testing::CaseSpec s;
-  s.batch = static_cast<int>(lens.size());
-  s.num_heads = heads;
-  s.num_kv_heads = kv_heads;
-  s.head_dim = head_dim;
-  s.block_size = block_size;
-  s.context_lens = std::move(lens);
-  s.q_dtype = s.kv_dtype = s.out_dtype = dtype;
+  testing::CaseSpec s =
+      testing::shaped_spec(dtype, heads, kv_heads, head_dim, block_size, std::move(lens));
   s.spare_blocks = 5;
   s.table_padding = 2;
   s.table_stride_extra = 3;

@@ -421,13 +421,8 @@ TEST(Fp8Accuracy, DecodeAgainstTheUnquantizedData) {
   };
   for (const Run& run : {Run{DType::kFP8E4M3, 448.f, 0.12}, Run{DType::kFP8E5M2, 57344.f, 0.2}}) {
     SCOPED_TRACE(dtype_name(run.dtype));
-    testing::CaseSpec spec;
-    spec.batch = 4;
-    spec.num_heads = 16;
-    spec.num_kv_heads = 4;
-    spec.head_dim = 128;
-    spec.block_size = 16;
-    spec.context_lens = {1000, 17, 4000, 300};
+    testing::CaseSpec spec =
+        testing::shaped_spec(DType::kF32, 16, 4, 128, 16, {1000, 17, 4000, 300});
     spec.seed = testing::seed_for_test();
     testing::HostCase c = testing::make_case(spec);  // f32 q, K, V and out
     const ReferenceResult exact = reference_decode(c.args());

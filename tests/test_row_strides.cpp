@@ -72,14 +72,8 @@ void expect_same_rows(const testing::HostCase& dense, const Strided& st) {
 }
 
 testing::CaseSpec stride_spec(DType dtype, int head_dim, int group) {
-  testing::CaseSpec s;
-  s.batch = 5;
-  s.num_kv_heads = 2;
-  s.num_heads = 2 * group;
-  s.head_dim = head_dim;
-  s.block_size = 16;
-  s.context_lens = {0, 1, 700, 33, 3000};
-  s.q_dtype = s.kv_dtype = s.out_dtype = dtype;
+  testing::CaseSpec s =
+      testing::shaped_spec(dtype, 2 * group, 2, head_dim, 16, {0, 1, 700, 33, 3000});
   s.seed = testing::seed_for(0x57121de);
   return s;
 }

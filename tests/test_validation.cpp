@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bad_input.hpp"
 #include "pagedattn/context_parallel.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/random_case.hpp"
@@ -16,18 +17,6 @@
 
 namespace pagedattn {
 namespace {
-
-testing::HostCase small_case() {
-  testing::CaseSpec spec;
-  spec.batch = 3;
-  spec.num_heads = 4;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 64;
-  spec.block_size = 8;
-  spec.context_lens = {20, 0, 9};
-  spec.table_padding = 2;
-  return testing::make_case(spec);
-}
 
 // Runs decode with a mutation applied; expects an Error with `code`, whose argument() is
 // `argument` and whose message contains each of `parts`; out and lse must stay untouched.
@@ -37,24 +26,11 @@ void expect_rejected(const std::function<void(DecodeArgs&, testing::HostCase&)>&
   testing::HostCase c = small_case();
   DecodeArgs a = c.args();
   mutate(a, c);
-  const std::vector<std::uint8_t> out_before = c.out;
-  const std::vector<float> lse_before = c.lse;
+  const Unwritten unwritten(c);
   DecodeOptions o;
   o.backend = backend;
-  try {
-    decode(a, o);
-    ADD_FAILURE() << "decode accepted a bad " << argument;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_EQ(e.argument(), argument) << e.what();
-    for (const std::string& p : parts) {
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "message '" << e.what() << "' lacks '" << p << "'";
-    }
-  }
-  EXPECT_EQ(c.out, out_before) << "out was written despite the error";
-  EXPECT_EQ(std::memcmp(c.lse.data(), lse_before.data(), lse_before.size() * 4), 0)
-      << "lse was written despite the error";
+  expect_error([&] { decode(a, o); }, code, argument, parts, "decode with a bad " + argument);
+  unwritten.check();
   // The reference validates its inputs the same way (it knows no backends and writes no out).
   if (backend == Backend::kCpu && argument != "out") EXPECT_THROW(reference_decode(a), Error);
 }
@@ -170,25 +146,13 @@ TEST(Validation, UnknownBackendNames) {
 void expect_options_rejected(const std::function<void(DecodeOptions&)>& mutate,
                              const std::string& argument, const std::vector<std::string>& parts) {
   testing::HostCase c = small_case();
-  const std::vector<std::uint8_t> out_before = c.out;
-  const std::vector<float> lse_before = c.lse;
+  const Unwritten unwritten(c);
   DecodeOptions o;
   o.backend = Backend::kCpu;
   mutate(o);
-  try {
-    decode(c.args(), o);
-    ADD_FAILURE() << "decode accepted a bad " << argument;
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-    EXPECT_EQ(e.argument(), argument) << e.what();
-    for (const std::string& p : parts) {
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "message '" << e.what() << "' lacks '" << p << "'";
-    }
-  }
-  EXPECT_EQ(c.out, out_before) << "out was written despite the error";
-  EXPECT_EQ(std::memcmp(c.lse.data(), lse_before.data(), lse_before.size() * 4), 0)
-      << "lse was written despite the error";
+  expect_error([&] { decode(c.args(), o); }, ErrorCode::kInvalidArgument, argument, parts,
+               "decode with a bad " + argument);
+  unwritten.check();
 }
 
 TEST(Validation, ThreadCountOutOfRange) {

@@ -23,8 +23,10 @@
 #include <utility>
 #include <vector>
 
+#include "bad_input.hpp"
 #include "cpu_kernel.hpp"
 #include "gtest_printers.hpp"
+#include "kernel_context.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/context_parallel.hpp"
 #include "pagedattn/detail/dispatch.hpp"
@@ -37,6 +39,8 @@
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/testing/tolerance.hpp"
 #include "pagedattn/variants.hpp"
+#include "poisoned_heads.hpp"
+#include "rank_threads.hpp"
 #include "test_seed.hpp"
 #include "variant_args.hpp"
 
@@ -195,23 +199,8 @@ INSTANTIATE_TEST_SUITE_P(
 void run_kernel(testing::HostCase& c, const Variants& v, detail::cpu::KernelFn fn) {
   const DecodeArgs a = with_variants(c.args(), v);
   const int H = a.num_heads, D = a.head_dim, G = a.group_size(), KV = a.num_kv_heads;
-  std::vector<float> q(static_cast<std::size_t>(a.batch) * H * D);
-  for (std::size_t i = 0; i < q.size(); ++i) {
-    q[i] = load_as_float(a.q, a.q_dtype, i) * a.effective_scale();
-  }
-  detail::cpu::ItemContext ctx;
-  ctx.q_scaled = q.data();
-  ctx.q_bf16 = a.q_dtype == DType::kBF16 ? static_cast<const bf16_t*>(a.q) : nullptr;
-  ctx.q_bf16_stride = a.q_stride();
-  ctx.scale = a.effective_scale();
-  ctx.k_cache = a.k_cache;
-  ctx.v_cache = a.v_cache;
-  ctx.kv_dtype = a.k_dtype;
-  ctx.layout = CacheLayout::dense(a.num_blocks, KV, a.block_size, D);
-  ctx.table = BlockTableView{a.block_table, a.max_blocks_per_seq, a.table_stride()};
-  ctx.context_lens = a.context_lens;
-  ctx.num_heads = H;
-  ctx.group_size = G;
+  std::vector<float> q;
+  detail::cpu::ItemContext ctx = item_context(a, q);
   ctx.window_left = a.window_left;
   ctx.soft_cap = a.logits_soft_cap;
   ctx.alibi_slopes = a.alibi_slopes;
@@ -524,39 +513,7 @@ TEST_P(VariantNonFinite, GivesNaNInTheHeadsItReaches) {
     std::fill(c.lse.begin(), c.lse.end(), 12345.f);
     run_variant_decode(c, v, backend);
 
-    double scale = 1e-30, err = 0, lse_err = 0;
-    for (int b = 0; b < spec.batch; ++b) {
-      for (int h = 0; h < H; ++h) {
-        const std::size_t row = static_cast<std::size_t>(b) * H + h;
-        if (bad_head[row]) {
-          for (int d = 0; d < D; ++d) {
-            ASSERT_TRUE(std::isnan(ref.out[row * D + d]))
-                << "reference, seq " << b << " head " << h;
-            ASSERT_TRUE(std::isnan(load_as_float(c.out.data(), dtype, row * D + d)))
-                << "seq " << b << " head " << h << " out[" << d
-                << "] = " << load_as_float(c.out.data(), dtype, row * D + d);
-          }
-          EXPECT_TRUE(std::isnan(ref.lse[row])) << "reference, seq " << b << " head " << h;
-          EXPECT_TRUE(std::isnan(c.lse[row]))
-              << "seq " << b << " head " << h << " lse = " << c.lse[row];
-          continue;
-        }
-        for (int d = 0; d < D; ++d) {
-          const double got = load_as_float(c.out.data(), dtype, row * D + d);
-          ASSERT_TRUE(std::isfinite(got)) << "seq " << b << " head " << h << " out[" << d << "]";
-          scale = std::max(scale, std::fabs(ref.out[row * D + d]));
-          err = std::max(err, std::fabs(got - ref.out[row * D + d]));
-        }
-        if (std::isinf(ref.lse[row])) {
-          EXPECT_EQ(c.lse[row], ref.lse[row]) << "seq " << b << " head " << h;
-        } else {
-          ASSERT_TRUE(std::isfinite(c.lse[row])) << "seq " << b << " head " << h;
-          lse_err = std::max(lse_err, std::fabs(c.lse[row] - ref.lse[row]));
-        }
-      }
-    }
-    EXPECT_LE(err / scale, testing::out_tolerance(dtype));
-    EXPECT_LE(lse_err, testing::lse_tolerance());
+    expect_nan_in_poisoned_heads(c, ref, bad_head);
   }
 }
 
@@ -575,18 +532,6 @@ INSTANTIATE_TEST_SUITE_P(
     non_finite_name);
 
 // ---- Argument errors: typed, naming the field, nothing written. ----
-
-testing::HostCase small_case() {
-  testing::CaseSpec spec;
-  spec.batch = 3;
-  spec.num_heads = 4;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 64;
-  spec.block_size = 8;
-  spec.context_lens = {20, 0, 9};
-  spec.table_padding = 2;
-  return testing::make_case(spec);
-}
 
 struct BadVariant {
   std::string what;
@@ -623,23 +568,13 @@ TEST(VariantValidation, BadVariantArgumentsAreErrorsAndWriteNothing) {
     testing::HostCase c = small_case();
     std::fill(c.out.begin(), c.out.end(), std::uint8_t{0x3F});
     std::fill(c.lse.begin(), c.lse.end(), 12345.f);
-    const std::vector<std::uint8_t> out_before = c.out;
-    const std::vector<float> lse_before = c.lse;
+    const Unwritten unwritten(c);
     const DecodeArgs a = with_variants(c.args(), k.v);
     DecodeOptions o;
     o.backend = Backend::kCpu;
-    try {
-      decode(a, o);
-      ADD_FAILURE() << "decode accepted " << k.what;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-      EXPECT_EQ(e.argument(), k.argument) << e.what();
-      EXPECT_NE(std::string(e.what()).find(k.message), std::string::npos)
-          << "message '" << e.what() << "' lacks '" << k.message << "'";
-    }
-    EXPECT_EQ(c.out, out_before) << "out was written despite the error";
-    EXPECT_EQ(std::memcmp(c.lse.data(), lse_before.data(), lse_before.size() * 4), 0)
-        << "lse was written despite the error";
+    expect_error([&] { decode(a, o); }, ErrorCode::kInvalidArgument, k.argument, {k.message},
+                 "decode with " + k.what);
+    unwritten.check();
     // The reference validates the same way.
     try {
       reference_decode(a);
@@ -722,13 +657,8 @@ TEST(VariantCuda, BadVariantArgumentsAreErrorsAndWriteNothing) {
     DecodeOptions o;
     o.backend = Backend::kCuda;
     o.cuda_checked = true;
-    try {
-      decode(a, o);
-      ADD_FAILURE() << "decode accepted " << k.what;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-      EXPECT_EQ(e.argument(), k.argument) << e.what();
-    }
+    expect_error([&] { decode(a, o); }, ErrorCode::kInvalidArgument, k.argument, {},
+                 "decode with " + k.what);
     std::vector<std::uint8_t> out(c.out.size());
     testing::copy_to_host(out.data(), a.out, out.size());
     EXPECT_EQ(out, c.out) << "out was written";
@@ -756,31 +686,6 @@ TEST(VariantCuda, CheckedModeIgnoresTableEntriesBeforeTheWindow) {
 
 // ---- Context-parallel decode. ----
 
-struct RankError {
-  bool thrown = false;
-  ErrorCode code = ErrorCode::kInvalidArgument;
-  std::string argument;
-};
-
-// Runs `body(rank, comm)` on every rank of a new local group, in threads; each rank's error.
-template <typename F>
-std::vector<RankError> on_every_rank(int ranks, F body) {
-  auto group = make_local_group(ranks);
-  std::vector<RankError> errors(ranks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        body(r, *group[r]);
-      } catch (const Error& e) {
-        errors[r] = {true, e.code(), e.argument()};
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return errors;
-}
-
 // A rank holds only a share of each context, so the variants that depend on token positions or
 // must count once per sequence are refused, by name, on every rank; when a single rank sets one,
 // it names the argument and the others name that rank. Nothing is written.
@@ -806,7 +711,7 @@ TEST(VariantContextParallel, WindowAlibiAndSinksAreRefusedOnEveryRank) {
         SCOPED_TRACE(describe(v) + " ranks " + std::to_string(ranks) +
                      (only < 0 ? " on every rank" : " on the last rank"));
         std::vector<testing::HostCase> cases(ranks, base);
-        const auto errors = on_every_rank(ranks, [&](int r, Communicator& comm) {
+        const auto errors = run_on_every_rank(ranks, [&](int r, Communicator& comm) {
           const DecodeArgs a =
               only < 0 || r == only ? with_variants(cases[r].args(), v) : cases[r].args();
           context_parallel_decode(a, comm, cpu);
@@ -829,14 +734,7 @@ TEST(VariantContextParallel, WindowAlibiAndSinksAreRefusedOnEveryRank) {
 // The soft-cap acts on each logit alone, so each rank's share decodes with it: every rank gets
 // the reference of the whole contexts with the cap, the same bits on every rank.
 TEST(VariantContextParallel, SoftCapMatchesTheReferenceOnEveryRank) {
-  testing::CaseSpec spec;
-  spec.batch = 5;
-  spec.num_heads = 8;
-  spec.num_kv_heads = 2;
-  spec.head_dim = 64;
-  spec.block_size = 16;
-  spec.context_lens = {1000, 37, 0, 16, 300};
-  spec.q_dtype = spec.kv_dtype = spec.out_dtype = DType::kBF16;
+  testing::CaseSpec spec = testing::shaped_spec(DType::kBF16, 8, 2, 64, 16, {1000, 37, 0, 16, 300});
   spec.magnitude = 3.f;
   spec.seed = testing::seed_for_test();
   const testing::HostCase c = testing::make_case(spec);
@@ -849,7 +747,7 @@ TEST(VariantContextParallel, SoftCapMatchesTheReferenceOnEveryRank) {
                    (how == testing::Share::kRanges ? " ranges" : " strides"));
       const std::vector<testing::RankShare> shares = testing::share_out(c, ranks, how, rng);
       std::vector<testing::HostCase> results(ranks, c);
-      const auto errors = on_every_rank(ranks, [&](int r, Communicator& comm) {
+      const auto errors = run_on_every_rank(ranks, [&](int r, Communicator& comm) {
         testing::HostCase& mine = results[r];
         mine.poison_outputs();
         DecodeArgs a = with_variants(mine.args(), v);

@@ -91,14 +91,8 @@ inline void PrintTo(const GridShape& s, std::ostream* os) {
 // reference grid (test_backend_reference.cpp).
 inline testing::CaseSpec variant_spec(DType dtype, int head_dim, int block_size, int group,
                                       std::vector<int> lens, std::uint64_t salt = 0) {
-  testing::CaseSpec s;
-  s.batch = static_cast<int>(lens.size());
-  s.num_kv_heads = 2;
-  s.num_heads = 2 * group;
-  s.head_dim = head_dim;
-  s.block_size = block_size;
-  s.context_lens = std::move(lens);
-  s.q_dtype = s.kv_dtype = s.out_dtype = dtype;
+  testing::CaseSpec s =
+      testing::shaped_spec(dtype, 2 * group, 2, head_dim, block_size, std::move(lens));
   s.spare_blocks = 5;
   s.table_padding = 2;
   s.table_stride_extra = 3;

@@ -52,6 +52,7 @@ void require_cache_strides(const CacheStrides& s, int num_blocks, int num_kv_hea
   // No two rows overlap when, with the dimensions in increasing stride, each stride is at least
   // the extent of the dimensions below it (a row is head_dim elements). Dimensions of size 1
   // take no room and are skipped.
+  // (fuzz/plant_malformation.cpp re-derives this rule apart, as the fuzzer's oracle of it.)
   struct Dim {
     const char* name;
     std::int64_t stride;

@@ -90,9 +90,9 @@ class Plan:
 # Variants. Each gets (cache k, cache v) of its own and runs the plan's steps.
 
 
-def torch_step(k_cache, v_cache, slots, copies, key, value, q, table, lens, block_size, max_len):
-    """PyTorch: index writes, block copies, a gather of every sequence's tokens into a padded
-    [B, KV, L, D] tensor, and scaled_dot_product_attention with a length mask."""
+def torch_write(k_cache, v_cache, slots, copies, key, value, block_size):
+    """The step's cache updates in PyTorch: the block copies, then each new token's key and value
+    written at its slot."""
     if copies:
         src = torch.tensor([c[0] for c in copies], device=k_cache.device)
         dst = torch.tensor([c[1] for c in copies], device=k_cache.device)
@@ -100,6 +100,12 @@ def torch_step(k_cache, v_cache, slots, copies, key, value, q, table, lens, bloc
         v_cache[dst] = v_cache[src]
     k_cache[slots // block_size, :, slots % block_size] = key
     v_cache[slots // block_size, :, slots % block_size] = value
+
+
+def torch_step(k_cache, v_cache, slots, copies, key, value, q, table, lens, block_size, max_len):
+    """PyTorch: index writes, block copies, a gather of every sequence's tokens into a padded
+    [B, KV, L, D] tensor, and scaled_dot_product_attention with a length mask."""
+    torch_write(k_cache, v_cache, slots, copies, key, value, block_size)
     t = torch.arange(max_len, device=q.device)
     blocks = table[:, t // block_size].clamp_min(0)          # [B, L]
     k = k_cache[blocks, :, t % block_size].transpose(1, 2)    # [B, KV, L, D]
@@ -157,13 +163,7 @@ class FlashInferStep:
 
     def __call__(self, k_cache, v_cache, slots, copies, key, value, q, table, lens, block_size,
                  max_len):
-        if copies:
-            src = torch.tensor([c[0] for c in copies], device=k_cache.device)
-            dst = torch.tensor([c[1] for c in copies], device=k_cache.device)
-            k_cache[dst] = k_cache[src]
-            v_cache[dst] = v_cache[src]
-        k_cache[slots // block_size, :, slots % block_size] = key
-        v_cache[slots // block_size, :, slots % block_size] = value
+        torch_write(k_cache, v_cache, slots, copies, key, value, block_size)
         pages = (lens + block_size - 1) // block_size
         indptr = torch.zeros(len(lens) + 1, dtype=torch.int32, device=q.device)
         indptr[1:] = torch.cumsum(pages, 0)

@@ -198,6 +198,17 @@ def case_tensors(c: "Case", device="cpu"):
             torch.from_numpy(c.context_lens).to(device))
 
 
+def described(a: np.ndarray):
+    """A host NumPy array as the module's described-tensor tuple (how PyTorch tensors reach it):
+    (data pointer, DLPack type code, bits, lanes, device, shape, strides in elements)."""
+    codes = {np.dtype(np.float16): (2, 16), np.dtype(np.float32): (2, 32),
+             np.dtype(np.float64): (2, 64), np.dtype(np.int32): (0, 32),
+             np.dtype(np.int64): (0, 64)}
+    code, bits = codes[a.dtype]
+    return (a.ctypes.data, code, bits, 1, 0, tuple(a.shape),
+            tuple(s // a.itemsize for s in a.strides))
+
+
 def alibi_slopes(num_heads: int) -> np.ndarray:
     """The ALiBi paper's slopes, 2^(-8 (h + 1) / H)."""
     return (2.0 ** (-8.0 * (np.arange(num_heads) + 1) / num_heads)).astype(np.float32)
@@ -317,6 +328,7 @@ def make_case(rng: np.random.Generator, *, context_lens: Sequence[int], num_head
                 k_scale=k_scale, v_scale=v_scale, k_scales=k_scales, v_scales=v_scales)
 
 
+# The f64 oracle of one-token decode(), written apart from the multi-token one (tokens_reference).
 def reference_decode(q, k, v, block_table, context_lens, scale: Optional[float] = None, *,
                      window_left: int = -1, logits_soft_cap: float = 0.0,
                      alibi_slopes: Optional[Sequence[float]] = None,
@@ -380,3 +392,37 @@ def check_lse(got: np.ndarray, want: np.ndarray) -> None:
 def lens_for(block_size: int, long: int = 300) -> List[int]:
     """Contexts around the block boundaries, an empty one and a long one."""
     return sorted({0, 1, max(block_size - 1, 1), block_size, block_size + 1, long})
+
+
+def variant_kwargs(name: str, rng: np.random.Generator, num_heads: int, *, window_left: int,
+                   scale: float, all_window_left: int, all_soft_cap: float) -> dict:
+    """One variant-grid row's decode keyword arguments: "window", "soft_cap" (cap 2 with the
+    given scale), "alibi", "sinks" (drawn from rng) or "all" of them. The sinks of both rows are
+    drawn, in that order, whichever row is asked for, so rng moves the same either way."""
+    return {
+        "window": dict(window_left=window_left),
+        "soft_cap": dict(logits_soft_cap=2.0, scale=scale),
+        "alibi": dict(alibi_slopes=alibi_slopes(num_heads)),
+        "sinks": dict(sinks=random_sinks(rng, num_heads)),
+        "all": dict(window_left=all_window_left, logits_soft_cap=all_soft_cap,
+                    alibi_slopes=alibi_slopes(num_heads), sinks=random_sinks(rng, num_heads)),
+    }[name]
+
+
+def rejection(call, out, **kwargs):
+    """The pagedattn.Error that call(**kwargs) raises; out, a tensor filled with NaN before, must
+    still be all NaN (nothing written)."""
+    with pytest.raises(pagedattn.Error) as info:
+        call(**kwargs)
+    if out.is_cuda:
+        torch.cuda.synchronize()
+    assert torch.isnan(out).all()  # nothing written
+    return info.value
+
+
+def check_rejected(call, out, bad_calls) -> None:
+    """For each (kwargs, argument) of bad_calls: call(**kwargs) is a rejection (above) naming
+    argument."""
+    for bad, argument in bad_calls:
+        e = rejection(call, out, **bad)
+        assert e.argument == argument, str(e)

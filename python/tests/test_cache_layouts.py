@@ -16,8 +16,8 @@ import pytest
 
 import pagedattn
 from pagedattn import _ext
-from _cases import (DTYPES, arg, check_lse, check_out, empty, load, make_case, needs_cuda,
-                    needs_torch, store, to_torch, torch)
+from _cases import (DTYPES, arg, check_lse, check_out, described, empty, load, make_case,
+                    needs_cuda, needs_torch, store, to_torch, torch)
 
 # (num_heads, num_kv_heads, head_dim, block_size)
 SHAPES = [(8, 2, 64, 16), (4, 4, 128, 8), (16, 1, 80, 32), (8, 8, 64, 1)]
@@ -215,13 +215,6 @@ def test_nhd_with_one_kv_head_is_the_hnd_memory():
     assert bits(got) == bits(want)
 
 
-def _described(a: np.ndarray):
-    code, size = {np.dtype(np.float32): (2, 32), np.dtype(np.float16): (2, 16),
-                  np.dtype(np.int32): (0, 32)}[a.dtype]
-    return (a.ctypes.data, code, size, 1, 0, tuple(a.shape),
-            tuple(s // a.itemsize for s in a.strides))
-
-
 @pytest.mark.parametrize("layout,storage", STORED, ids=STORED_IDS)
 def test_described_strided_caches_give_the_dlpack_result(layout, storage):
     # PyTorch tensors reach the module as (pointer, dtype, device, shape, strides) tuples: their
@@ -231,8 +224,8 @@ def test_described_strided_caches_give_the_dlpack_result(layout, storage):
     k, v, _ = store_caches(c, layout, storage)
     out = empty(c.q.shape, "f16")
     lse = np.full(c.q.shape[:2], np.nan, np.float32)
-    _ext.decode(*(_described(x) for x in (c.q, k, v, c.block_table, c.context_lens)),
-                _described(out), _described(lse), None, "cpu", 0, None, False, [],
+    _ext.decode(*(described(x) for x in (c.q, k, v, c.block_table, c.context_lens)),
+                described(out), described(lse), None, "cpu", 0, None, False, [],
                 kv_layout=layout)
     assert bits(out) == bits(want_out) and bits(lse) == bits(want_lse)
 

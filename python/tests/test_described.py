@@ -12,16 +12,7 @@ import pytest
 import pagedattn
 from pagedattn import _ext
 
-from _cases import make_case
-
-_CODES = {np.dtype(np.float32): (2, 32), np.dtype(np.float16): (2, 16),
-          np.dtype(np.int32): (0, 32), np.dtype(np.int64): (0, 64)}
-
-
-def described(a: np.ndarray):
-    code, bits = _CODES[a.dtype]
-    return (a.ctypes.data, code, bits, 1, 0, tuple(a.shape),
-            tuple(s // a.itemsize for s in a.strides))
+from _cases import described, make_case
 
 
 def test_described_tensors_give_the_dlpack_result():

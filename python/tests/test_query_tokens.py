@@ -16,14 +16,15 @@ import pytest
 import pagedattn
 from pagedattn import _ext
 
-from _cases import (alibi_slopes, arg, check_lse, check_out, empty, from_torch, load,
-                    make_case, needs_cuda, needs_torch, random_sinks, reference_decode, store,
-                    to_torch, torch)
+from _cases import (alibi_slopes, arg, check_lse, check_out, check_rejected, described, empty,
+                    from_torch, load, make_case, needs_cuda, needs_torch, random_sinks,
+                    reference_decode, store, to_torch, torch, variant_kwargs)
 
 # ----------------------------------------------------------------------------------------------
 # The oracle
 
 
+# The f64 oracle of multi-token decode (q_indptr), written apart from _cases.reference_decode.
 def tokens_reference(q, k, v, block_table, context_lens, q_indptr, scale: Optional[float] = None,
                      *, window_left: int = -1, logits_soft_cap: float = 0.0,
                      alibi_slopes: Optional[Sequence[float]] = None,
@@ -289,14 +290,8 @@ def test_query_tokens_with_variants(variants, dtype):
     rng = np.random.default_rng(zlib.crc32(repr((variants, dtype)).encode()))
     t = TokensCase(rng, LENS + [120], Q_LENS + [30], block_size=8, q_dtype=dtype,
                    kv_dtype=dtype)
-    chosen = {
-        "window": dict(window_left=5),
-        "soft_cap": dict(logits_soft_cap=2.0, scale=1.0),
-        "alibi": dict(alibi_slopes=alibi_slopes(8)),
-        "sinks": dict(sinks=random_sinks(rng, 8)),
-        "all": dict(window_left=11, logits_soft_cap=4.0, alibi_slopes=alibi_slopes(8),
-                    sinks=random_sinks(rng, 8)),
-    }[variants]
+    chosen = variant_kwargs(variants, rng, 8, window_left=5, scale=1.0, all_window_left=11,
+                            all_soft_cap=4.0)
     if "window_left" in chosen:
         slide_out(t, chosen["window_left"])
     out, _ = t.check(**chosen)
@@ -375,14 +370,6 @@ def test_read_only_q_indptr():
     t = TokensCase(rng, [9, 30], [2, 3])
     t.q_indptr.setflags(write=False)
     t.check()
-
-
-def described(a: np.ndarray):
-    codes = {np.dtype(np.float32): (2, 32), np.dtype(np.int32): (0, 32),
-             np.dtype(np.int64): (0, 64)}
-    code, bits = codes[a.dtype]
-    return (a.ctypes.data, code, bits, 1, 0, tuple(a.shape),
-            tuple(s // a.itemsize for s in a.strides))
 
 
 def test_described_q_indptr_gives_the_dlpack_result():
@@ -563,16 +550,13 @@ def test_torch_cpu_query_token_errors():
     args = tensors(t)
     out = torch.full(args[0].shape, float("nan"))
     good = torch.from_numpy(t.q_indptr)
-    for bad, argument in ((dict(q_indptr=good.long()), "q_indptr"),
-                          (dict(q_indptr=good[:2]), "q_indptr"),
-                          (dict(q_indptr=[0, 2, 5]), "q_indptr"),
-                          (dict(q_indptr=good, max_q_len=1), "q_indptr[1]"),
-                          (dict(q_indptr=good, max_q_len=1.0), "max_q_len"),
-                          (dict(max_q_len=3), "max_q_len")):
-        with pytest.raises(pagedattn.Error) as info:
-            pagedattn.decode(*args, out=out, **bad)
-        assert info.value.argument == argument, str(info.value)
-        assert torch.isnan(out).all()
+    check_rejected(lambda **bad: pagedattn.decode(*args, out=out, **bad), out,
+                   ((dict(q_indptr=good.long()), "q_indptr"),
+                    (dict(q_indptr=good[:2]), "q_indptr"),
+                    (dict(q_indptr=[0, 2, 5]), "q_indptr"),
+                    (dict(q_indptr=good, max_q_len=1), "q_indptr[1]"),
+                    (dict(q_indptr=good, max_q_len=1.0), "max_q_len"),
+                    (dict(max_q_len=3), "max_q_len")))
 
 
 # ----------------------------------------------------------------------------------------------

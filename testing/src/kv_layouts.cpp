@@ -31,22 +31,12 @@ KvGeometry kv_geometry(KvLayout layout, int num_blocks, int num_kv_heads, int bl
   KvGeometry g;
   switch (layout) {
     case KvLayout::kHnd:
+    case KvLayout::kCombinedHnd:
       g.strides = CacheStrides::hnd(num_kv_heads, block_size, head_dim);
       break;
     case KvLayout::kNhd:
-      g.strides = CacheStrides::nhd(num_kv_heads, block_size, head_dim);
-      break;
-    case KvLayout::kCombinedHnd:
-      g.strides = CacheStrides::hnd(num_kv_heads, block_size, head_dim);
-      g.v_offset = g.strides.block;
-      g.strides.block *= 2;
-      g.shared = true;
-      break;
     case KvLayout::kCombinedNhd:
       g.strides = CacheStrides::nhd(num_kv_heads, block_size, head_dim);
-      g.v_offset = g.strides.block;
-      g.strides.block *= 2;
-      g.shared = true;
       break;
     case KvLayout::kTokenKvNhd:
       g.strides.head = D;
@@ -62,6 +52,12 @@ KvGeometry kv_geometry(KvLayout layout, int num_blocks, int num_kv_heads, int bl
       g.strides.head = BS * g.strides.token + 32;
       g.strides.block = KV * g.strides.head + 64;
       break;
+  }
+  if (layout == KvLayout::kCombinedHnd || layout == KvLayout::kCombinedNhd) {
+    // One buffer: each block holds K's block, then V's.
+    g.v_offset = g.strides.block;
+    g.strides.block *= 2;
+    g.shared = true;
   }
   const CacheLayout l =
       CacheLayout::with_strides(num_blocks, num_kv_heads, block_size, head_dim, g.strides);

@@ -37,6 +37,19 @@ void size_case(HostCase& c) {
   c.num_blocks = total_used + spec.spare_blocks;
 }
 
+CaseSpec shaped_spec(DType dtype, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                     std::vector<int> context_lens) {
+  CaseSpec s;
+  s.context_lens = std::move(context_lens);
+  s.batch = static_cast<int>(s.context_lens.size());
+  s.num_heads = num_heads;
+  s.num_kv_heads = num_kv_heads;
+  s.head_dim = head_dim;
+  s.block_size = block_size;
+  s.q_dtype = s.kv_dtype = s.out_dtype = dtype;
+  return s;
+}
+
 HostCase make_case(const CaseSpec& spec) {
   HostCase c;
   c.spec = spec;

@@ -1,4 +1,6 @@
-// One sequence of two tokens, one head: checks the installed library computes softmax attention.
+// One sequence of two tokens, one head: checks that the library, installed (tests/consumer) or
+// added with add_subdirectory (tests/subproject), computes softmax attention. An oracle: the
+// expected out and lse are worked by hand, so it builds its arguments without the test helpers.
 #include <cmath>
 #include <cstdio>
 #include <pagedattn/block_manager.hpp>

@@ -58,6 +58,10 @@ struct HostCase {
 
 HostCase make_case(const CaseSpec& spec);
 
+// A spec of one shape, one sequence per length, every storage in `dtype`; the rest as above.
+CaseSpec shaped_spec(DType dtype, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                     std::vector<int> context_lens);
+
 // The geometry every case generator shares: c.spec's lengths (0 past those given, up to batch)
 // into c.context_lens, and the table and pool sizes: rows of the largest context's blocks plus
 // table_padding, the row stride, and every sequence's blocks plus spare_blocks.
