@@ -31,7 +31,8 @@ std::string seq_arg(const char* name, int s) {
 // The field require_cache_strides names for strides whose rows overlap, or null, by the rule it
 // documents: with the dimensions in increasing stride (token, kv head, block among equal ones),
 // each dimension of more than one entry must start at or past the extent of those before it, a
-// row being head_dim elements.
+// row being head_dim elements. An independent oracle of core/src/validate.cpp's check, kept
+// apart on purpose: the fuzzer derives the expected error without calling the code it tests.
 const char* overlapping_stride(const CacheStrides& s, int num_blocks, int num_kv_heads,
                                int block_size, int head_dim) {
   struct Dim {
