@@ -1,0 +1,104 @@
+// The logit step of the tensor-core path (mma_path.cuh): a slice's scores become logits in log2
+// units (scaled, soft-capped, ALiBi), non-finite logits of attended tokens are noted, and the
+// tokens a row does not attend to are masked to -inf.
+#pragma once
+
+#include "logit_variants.cuh"
+#include "mma_layout.cuh"
+#include "query_rows.cuh"
+#include "split_params.cuh"
+
+namespace pagedattn::detail::cuda {
+
+// The lane's rows g and g + 8 of its warp's row tile and their logit parameters, fixed for the
+// item.
+struct MmaRows {
+  QueryRow qr[2];
+  // The logit factor: scale * log2(e), for fp8 also the K scale and the power of two a bf16 q
+  // was scaled by (fp8_q_fragments).
+  float logit_fac[2];
+  // Without the soft-cap and ALiBi, and with positive logit factors, the logits stay unscaled
+  // until the exponentials: the row max is taken on them and scaled once (a positive factor
+  // keeps the max, rounding included), and each weight is one exp2 of fma(s, fac, -shift).
+  // Otherwise the logits are scaled first (efac = 1).
+  bool late;
+  float efac[2];
+  float slope2[2];  // the ALiBi slopes (log2 units; 0 without ALiBi)
+};
+
+// Where the rows disagree on the slice from token t0 (rows_disagree): each element's own row's
+// verdict, bit n * 4 + e for element (n, e).
+__device__ __forceinline__ unsigned mma_keep_bits(const SplitParams& p, const MmaRows& rows,
+                                                  MmaWarp w, int t0, int last_pos) {
+  unsigned keep = 0u;
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int t = t0 + n * 8 + 2 * w.q4 + (e & 1);
+      keep |=
+          static_cast<unsigned>(row_attends(t, last_pos, rows.qr[e >> 1].back, p.plan.window_left))
+          << (n * 4 + e);
+    }
+  }
+  return keep;
+}
+
+// Note slice sl's non-finite logits of attended tokens in bad (x * 0 is 0 for finite x, NaN
+// otherwise; rows that are not read are zero-filled, so they add 0 unless q itself is not
+// finite), scale them (unless `late`: then the scale joins the exponentials), apply the
+// soft-cap and ALiBi, mask the rows the slice's 16 mask bits exclude (warp-uniform: only
+// partial or skipped tiles) and the tokens a row does not attend to (`keep`, bit n * 4 + e
+// for element (n, e)).
+template <bool kMulti>
+__device__ __forceinline__ void mma_logits(const SplitParams& p, MmaWarp w, const MmaRows& rows,
+                                           MmaTile tile, int last_pos, int sl, float (&s)[2][4],
+                                           unsigned keep, float (&bad)[2][2]) {
+  const int t0 = tile.t0 + sl * 16;  // the slice's first token
+  const unsigned bits = (tile.mask[sl >> 1] >> ((sl & 1) * 16)) & 0xffffu;
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      bad[e >> 1][n] = fmaf((keep >> (n * 4 + e)) & 1u ? s[n][e] : 0.f, 0.f, bad[e >> 1][n]);
+    }
+  }
+  if (!rows.late) {
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] *= rows.logit_fac[e >> 1];
+    }
+  }
+  if (p.logit_variant) {  // uniform: the soft-cap and ALiBi, on every column of the slice
+    const int rel0 = t0 + 2 * w.q4 - last_pos;  // t - (L - 1); a row's own is + back
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = variant_logit(p, s[n][e], rows.slope2[e >> 1],
+                                rel0 + n * 8 + (e & 1) + (kMulti ? rows.qr[e >> 1].back : 0));
+      }
+    }
+  }
+  if (bits != 0xffffu) {
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (!((bits >> (n * 8 + 2 * w.q4 + (e & 1))) & 1u)) s[n][e] = -INFINITY;
+      }
+    }
+  }
+  if (keep != 0xffu) {
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (!((keep >> (n * 4 + e)) & 1u)) s[n][e] = -INFINITY;
+      }
+    }
+  }
+}
+
+}  // namespace pagedattn::detail::cuda

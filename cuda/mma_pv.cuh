@@ -1,0 +1,114 @@
+// The P V step of the tensor-core path (mma_path.cuh): O += P V for a warp's 16-token slices, the
+// weights' score fragment reused in registers as the A operand and V's rows through
+// ldmatrix.trans as the B operand.
+#pragma once
+
+#include <cstdint>
+
+#include "fp8_frags.cuh"
+#include "mma_layout.cuh"
+#include "ptx.cuh"
+
+namespace pagedattn::detail::cuda {
+
+// Calls f(n, b) for a slice's V fragments two n-tiles at a time: b[0], b[1] the B registers of
+// n-tile n (tokens 0-7, 8-15), b[2], b[3] those of n-tile n + 1. 16-bit tiles: n-tiles 2 dp,
+// 2 dp + 1 are dims 16 dp .. 16 dp + 15. fp8 tiles: an ldmatrix covers chunks 2 j and 2 j + 1,
+// each giving the n-tiles of its even and odd dims.
+template <typename T, int D, class F>
+__device__ __forceinline__ void for_v_tiles(const char* v_slice, const int (&v_at)[4], F&& f) {
+  if constexpr (MmaCfg<T, D>::kFp8) {
+#pragma unroll
+    for (int j = 0; j < D / 32; ++j) {
+      std::uint32_t raw[4];  // chunk 2 j: tokens 0-7, 8-15; chunk 2 j + 1: the same
+      ldmatrix_x4_trans(raw, v_slice + v_at[j % 4] + (j / 4) * 128);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        std::uint32_t b[4];
+        fp8_v_regs<T>(raw[2 * h], b[0], b[2]);
+        fp8_v_regs<T>(raw[2 * h + 1], b[1], b[3]);
+        f(4 * j + 2 * h, b);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      std::uint32_t b[4];
+      ldmatrix_x4_trans(b, v_slice + v_at[dp % 4] + (dp / 4) * 128);
+      f(2 * dp, b);
+    }
+  }
+}
+
+// O += P V for slice sl of tile vS (s: its weights), P as the A operand in hi and lo parts (lo
+// only with kLo, which is p.p_lo: a compile-time flag here so that a fold's P V products for all
+// its slices are one straight run of code, the fragments of the next slice loaded while the
+// products of this one issue). disagree, keep: whether the rows disagree on the slice and each
+// element's verdict (mma_keep_bits).
+template <typename T, int D, bool kLo>
+__device__ __forceinline__ void mma_values(const int (&v_at)[4], const char* vS, int sl,
+                                           const float (&s)[2][4], bool disagree, unsigned keep,
+                                           float (&o)[D / 8][4]) {
+  using Cfg = MmaCfg<T, D>;
+  using Op = MmaOp<typename Cfg::MmaT>;
+  std::uint32_t ph[4], pl[4] = {0u, 0u, 0u, 0u};
+  {
+    const float* src[4] = {&s[0][0], &s[0][2], &s[1][0], &s[1][2]};
+#pragma unroll
+    for (int r = 0; r < 4; ++r) ph[r] = Op::pack(src[r][0], src[r][1]);
+    if constexpr (kLo) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        float h0, h1;
+        Op::unpack(ph[r], h0, h1);
+        pl[r] = Op::pack(src[r][0] - h0, src[r][1] - h1);
+      }
+    }
+  }
+  const char* v_slice = vS + sl * 16 * Cfg::ROW;
+  if (!disagree) {
+    for_v_tiles<T, D>(v_slice, v_at, [&](int n, const std::uint32_t(&b)[4]) {
+      Op::mma(o[n], ph, b[0], b[1]);
+      Op::mma(o[n + 1], ph, b[2], b[3]);
+      if constexpr (kLo) {
+        Op::mma(o[n], pl, b[0], b[1]);
+        Op::mma(o[n + 1], pl, b[2], b[3]);
+      }
+    });
+  } else {
+    // A token one row attends to and another does not (a weight of 0 there) must not bring
+    // a non-finite value of V into the second row: 0 x NaN is NaN. So V's non-finite values
+    // go in as 0, and an indicator product (1 where a row attends to a token, times 1 where
+    // the token's V is not finite) makes the columns of the rows that do attend to one NaN.
+    std::uint32_t att[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int bit = (r >> 1) * 4 + (r & 1) * 2;  // element (n, e) of the pair's first value
+      att[r] =
+          ((keep >> bit) & 1u ? Op::kOne : 0u) | ((keep >> (bit + 1)) & 1u ? Op::kOne << 16 : 0u);
+    }
+    for_v_tiles<T, D>(v_slice, v_at, [&](int n, const std::uint32_t(&b_in)[4]) {
+      std::uint32_t b[4] = {b_in[0], b_in[1], b_in[2], b_in[3]}, nf[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) nf[j] = take_non_finite<Op>(b[j]);
+      float hit[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      Op::mma(hit[0], att, nf[0], nf[1]);
+      Op::mma(hit[1], att, nf[2], nf[3]);
+      Op::mma(o[n], ph, b[0], b[1]);
+      Op::mma(o[n + 1], ph, b[2], b[3]);
+      if constexpr (kLo) {
+        Op::mma(o[n], pl, b[0], b[1]);
+        Op::mma(o[n + 1], pl, b[2], b[3]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (hit[h][e] > 0.f) o[n + h][e] = NAN;
+        }
+      }
+    });
+  }
+}
+
+}  // namespace pagedattn::detail::cuda
