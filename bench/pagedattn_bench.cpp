@@ -6,9 +6,9 @@
 //                   [--iters N] [--min-time S] [--bw-mib N] [--no-naive] [--plain]
 //                   [--long-first TOKENS] [--window N] [--soft-cap X] [--alibi] [--sinks]
 //                   [--q-len N] [--layout hnd|nhd|combined_nhd]
-//                   [--kv-dtype f32|f16|bf16|fp8_e4m3|fp8_e5m2]
+//                   [--kv-dtype f32|f16|bf16|fp8_e4m3|fp8_e5m2] [--limits] [--huge-pages on|off]
 //
-// Every flag is parsed strictly (cli/args.hpp) and every shape checked before anything is
+// Every flag is parsed strictly (bench_options.cpp) and every shape checked before anything is
 // measured; a bad one is a message naming the flag and the value, and exit status 2.
 //
 // CPU timings rotate the inputs across enough copies of the cache that together they exceed the
@@ -32,8 +32,11 @@
 // --kv-dtype stores the caches in another dtype than q and out (by default the same), fp8 among
 // them (scaled by kFp8KvScale, cuda_timing.hpp). GB/s and %readBW count the bytes of the caches'
 // own dtype: an fp8 step must read half the bytes of a bf16 one.
-#include <omp.h>
-#include <unistd.h>
+//
+// The CPU rows' caches live in 2 MiB-aligned pools (testing::HostPool) with transparent huge
+// pages asked for, or refused with --huge-pages off; the huge_pct column says how much of them
+// the kernel backed with huge pages. --limits reads each shape's blocks in decode's order once on
+// 4 KiB pages and once on huge pages, whichever the decode used.
 
 #include <algorithm>
 #include <cmath>
@@ -51,11 +54,13 @@
 #include <utility>
 #include <vector>
 
+#include "bench_options.hpp"
 #include "bench_variants.hpp"
 #include "cuda_timing.hpp"
 #include "naive_decode.hpp"
 #include "pagedattn/cli/args.hpp"
 #include "pagedattn/reference.hpp"
+#include "pagedattn/testing/host_pool.hpp"
 #include "pagedattn/testing/kv_layouts.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/validate.hpp"
@@ -63,295 +68,12 @@
 #include "read_bandwidth.hpp"
 
 using namespace pagedattn;
+using pagedattn::bench::Options;
 using pagedattn::bench::Shape;
+using pagedattn::testing::HostPool;
+using pagedattn::testing::HugePages;
 
 namespace {
-
-// The default grid: a long single sequence, mid batches, MHA, GQA 8, a small head dim, 256K tokens.
-const Shape kDefaultShapes[] = {
-    {1, 32, 8, 128, 32768, 16},  {8, 32, 8, 128, 8192, 16},  {32, 32, 8, 128, 2048, 16},
-    {4, 32, 32, 128, 4096, 16},  {16, 64, 8, 128, 4096, 16}, {64, 32, 8, 64, 1024, 16},
-    {1, 32, 8, 128, 262144, 16},
-};
-
-struct Options {
-  bool help = false;
-  std::string backend = "cpu";
-  std::vector<DType> dtypes;  // --dtype, comma-separated; bf16 when not given
-  std::vector<Shape> shapes;
-  std::vector<std::string> shape_texts;  // as given, for the messages
-  int threads = 0;
-  bool csv = false;
-  bool contiguous = false;
-  bool naive = true;
-  bool plain = false;        // CUDA: plain launches instead of CUDA-graph replays
-  int long_first = 0;        // > 0: sequence 0 of every shape holds this many tokens
-  bench::Variants variants;  // --window, --soft-cap, --alibi, --sinks: on every row
-  int q_len = 1;             // --q-len: query tokens per sequence
-  int iters = 20;            // timed runs at least
-  double min_time = 0.5;     // seconds of timed runs at least
-  double max_time = 10.0;    // stop after this many seconds (at least 3 runs)
-  std::size_t bw_mib = 2048;
-  bench::Clock clock = bench::Clock::kWall;  // --clock: what the CPU rows and bandwidth time
-  bool limits = false;  // --limits: each CPU row's compute bound beside the read bandwidth
-  // --layout: where K and V live (kHnd: the default dense layout, kv_strides 0)
-  testing::KvLayout layout = testing::KvLayout::kHnd;
-  // --kv-dtype: the caches' dtype; unset: each --dtype's own
-  std::optional<DType> kv_dtype;
-
-  DType kv_dtype_for(DType dtype) const { return kv_dtype.value_or(dtype); }
-};
-
-constexpr int kMaxTokens = 1 << 30;  // a context, a batch, a head count
-constexpr long long kMaxIters = 1000000000;
-constexpr double kMaxSeconds = 3600;    // --min-time
-constexpr long long kMaxBwMib = 65536;  // --bw-mib: 64 GiB
-constexpr double kMaxSoftCap = 1e6;     // --soft-cap
-constexpr int kMaxQLen = 1 << 20;       // --q-len
-
-void print_help(const char* prog) {
-  std::printf(
-      "usage: %s [flags]\n"
-      "Times decode attention per shape and reports K/V GB/s against the read bandwidth measured\n"
-      "in the same run, with the error against the f64 reference (exit 1 when it exceeds the\n"
-      "dtype's tolerance).\n\n"
-      "  --backend B        cpu, cuda or naive (default cpu; cpu also times the naive baseline)\n"
-      "  --dtype LIST       f32, f16, bf16 or a list of them: f32,bf16 (default bf16)\n"
-      "  --shape B,H,KV,D,CTX[,BLOCK]\n"
-      "                     batch, heads, kv heads, head dim, context tokens per sequence and\n"
-      "                     block size (default 16); repeatable (default: the standard grid).\n"
-      "                     B and CTX at least 1, H a multiple of KV with at most %d heads per\n"
-      "                     kv head, D one of the supported head dims, BLOCK in [1, %d]\n"
-      "  --threads N        CPU threads, 1 to %d (default: OpenMP's default)\n"
-      "  --csv              CSV on stdout (the bandwidth line goes to stderr)\n"
-      "  --contiguous       block tables in order instead of a random permutation\n"
-      "  --iters N          timed runs at least, 1 to %lld (default 20)\n"
-      "  --min-time S       seconds of timed runs at least, 0 to %g (default 0.5)\n"
-      "  --bw-mib N         MiB streamed per read-bandwidth pass, 1 to %lld (default 2048)\n"
-      "  --no-naive         skip the naive baseline on the cpu backend\n"
-      "  --clock C          CPU timing: wall (default) or thread-cpu, the calling thread's\n"
-      "                     CPU time for the decode rows and the read bandwidth alike (needs\n"
-      "                     --threads 1: comparable figures on a host shared with other work)\n"
-      "  --plain            CUDA: time plain launches (default: CUDA-graph replays)\n"
-      "  --long-first T     sequence 0 of each shape holds T tokens (1 to %d), the others CTX\n"
-      "                     (a skewed batch; the context column shows CTX)\n"
-      "  --limits           cpu: also time each shape's work on one thread with its K and V in\n"
-      "                     cache (one kv head, 512 KiB of K/V), and report what bounds the row:\n"
-      "                     that compute rate times --threads, or the read bandwidth, whichever\n"
-      "                     is lower, and the row's share of it; and the pattern read: the\n"
-      "                     shape's K/V read in decode's order with no arithmetic (the CSV's\n"
-      "                     compute_gbps, pattern_gbps, pct_bound and bound columns)\n"
-      "attention variants, on every row (the CSV's window, soft_cap, alibi and sinks columns\n"
-      "and the table's variants column say which were on; see docs/variants.md):\n"
-      "  --window N         sliding window: attend only to the last N + 1 tokens of each\n"
-      "                     sequence (window_left = N, 0 to %d); GB/s and %%readBW count only\n"
-      "                     the attended tokens' K/V bytes, the rest is never read\n"
-      "  --soft-cap X       logits soft-cap: s -> X * tanh(s / X), X in (0, %g]\n"
-      "  --alibi            ALiBi biases with the paper's slopes 2^(-8 (h + 1) / H)\n"
-      "  --sinks            attention sinks: one random logit per head, uniform in [-2, 2],\n"
-      "                     from a fixed seed\n"
-      "multi-token queries:\n"
-      "  --q-len N          query tokens per sequence, 1 to %d (default 1): token i of each\n"
-      "                     sequence's N sits at position CTX - N + i and attends causally to\n"
-      "                     the tokens up to it (q_indptr); q and out have B * N rows. GB/s and\n"
-      "                     %%readBW count each sequence's attended K/V once, from its earliest\n"
-      "                     query's first attended token on (the CSV's q_len column)\n"
-      "cache layout:\n"
-      "  --layout L         where K and V live (kv_strides; the CSV's layout column):\n"
-      "                     hnd, two tensors [blocks][kv heads][block][head_dim] (default);\n"
-      "                     nhd, two tensors [blocks][block][kv heads][head_dim];\n"
-      "                     combined_nhd, one tensor [blocks][2][block][kv heads][head_dim],\n"
-      "                     each block's K then its V. GB/s counts the same K/V bytes in all\n"
-      "cache dtype:\n"
-      "  --kv-dtype T       the K and V caches' dtype: f32, f16, bf16, fp8_e4m3 or fp8_e5m2\n"
-      "                     (default: each --dtype's own; q and out keep --dtype). An fp8 cache\n"
-      "                     holds the values / %g (k_scale = v_scale = %g, no per-head scales).\n"
-      "                     GB/s and %%readBW count the cache's own bytes (the CSV's kv_dtype\n"
-      "                     column)\n"
-      "  --help, -h         this text\n",
-      prog, kMaxGroupSize, kMaxBlockSize, kMaxThreads, kMaxIters, kMaxSeconds, kMaxBwMib,
-      kMaxTokens, kMaxTokens, kMaxSoftCap, kMaxQLen, bench::kFp8KvScale, bench::kFp8KvScale);
-}
-
-Shape parse_shape(const std::string& text) {
-  std::vector<int> v;
-  for (const std::string& item : cli::split_list("--shape", text)) {
-    try {
-      v.push_back(static_cast<int>(cli::parse_int("--shape", item, 0, kMaxTokens)));
-    } catch (const cli::UsageError&) {
-      cli::bad_value("--shape", text,
-                     "'" + item + "' is not an integer in [0, " + std::to_string(kMaxTokens) + "]");
-    }
-  }
-  if (v.size() != 5 && v.size() != 6) {
-    cli::bad_value("--shape", text, "expected B,H,KV,D,CTX[,BLOCK]: 5 or 6 integers");
-  }
-  return Shape{v[0], v[1], v[2], v[3], v[4], v.size() == 6 ? v[5] : 16};
-}
-
-// Physical memory in bytes (0 when unknown).
-double physical_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<double>(pages) * page : 0.0;
-}
-
-// Every shape is checked before anything is measured: what decode() would refuse, an empty
-// batch or context (nothing to time), and a cache larger than the machine's memory.
-void validate_shape(const Shape& s, const std::string& text, const Options& o) {
-  const auto bad = [&](const std::string& why) { cli::bad_value("--shape", text, why); };
-  if (s.batch < 1) bad("batch = 0: must be at least 1 (an empty batch reads nothing to time)");
-  if (s.context < 1) bad("context = 0: must be at least 1 (an empty context reads nothing)");
-  DecodeArgs a;  // batch 0: the shape checks of decode(), without its buffers
-  a.num_heads = s.heads;
-  a.num_kv_heads = s.kv_heads;
-  a.head_dim = s.head_dim;
-  a.block_size = s.block_size;
-  a.max_blocks_per_seq =
-      (std::max(s.context, o.long_first) + s.block_size - 1) / std::max(s.block_size, 1);
-  try {
-    validate_shapes(a, false);
-  } catch (const Error& e) {
-    bad(std::string(e.what()).substr(std::strlen("pagedattn: ")));
-  }
-  // The query tokens of every sequence are rows of q, out and lse: their count is an int, and
-  // q and out (with the CPU backend's per-token tables) must fit in memory.
-  if (s.q_rows() > std::numeric_limits<int>::max()) {
-    cli::bad_value("--q-len", std::to_string(o.q_len),
-                   "batch * q_len = " + std::to_string(s.q_rows()) + " query tokens of --shape " +
-                       text + " exceed the int32 range");
-  }
-  const double have = physical_memory_bytes();
-  for (DType t : o.dtypes) {
-    const double row_bytes = static_cast<double>(s.heads) * s.head_dim * (2.0 * dtype_size(t) + 4) +
-                             4.0 * a.max_blocks_per_seq;
-    const double q_bytes = static_cast<double>(s.q_rows()) * row_bytes;
-    if (o.q_len > 1 && have > 0 && q_bytes > 0.25 * have) {
-      char why[200];
-      std::snprintf(why, sizeof why,
-                    "the %s q, out and lse of --shape %s take %.1f GiB with %d query tokens per "
-                    "sequence, more than a quarter of this machine's %.1f GiB",
-                    dtype_name(t), text.c_str(), q_bytes / (1 << 30), o.q_len, have / (1 << 30));
-      cli::bad_value("--q-len", std::to_string(o.q_len), why);
-    }
-  }
-  for (DType q_dtype : o.dtypes) {
-    const DType t = o.kv_dtype_for(q_dtype);
-    const double blocks =
-        (s.batch - 1.0) * std::ceil(static_cast<double>(s.context) / s.block_size) +
-        std::ceil(static_cast<double>(s.context_of(0)) / s.block_size);
-    const double bytes = 2.0 * blocks * s.block_size * s.kv_heads * s.head_dim * dtype_size(t);
-    if (have > 0 && bytes > 0.5 * have) {
-      char why[160];
-      std::snprintf(why, sizeof why,
-                    "its %s K/V cache takes %.1f GiB, more than half of this machine's %.1f GiB",
-                    dtype_name(t), bytes / (1 << 30), have / (1 << 30));
-      bad(why);
-    }
-  }
-}
-
-Options parse(int argc, char** argv) {
-  Options o;
-  cli::Args args(argc, argv);
-  const std::vector<std::pair<std::string, DType>> dtypes = {
-      {"f32", DType::kF32}, {"f16", DType::kF16}, {"bf16", DType::kBF16}};
-  while (args.next()) {
-    if (args.is_help()) {
-      o.help = true;
-    } else if (args.is("--backend")) {
-      o.backend = args.choice<std::string>({{"cpu", "cpu"}, {"cuda", "cuda"}, {"naive", "naive"}});
-    } else if (args.is("--dtype")) {
-      o.dtypes = args.choice_list(dtypes);
-    } else if (args.is("--shape")) {
-      o.shape_texts.push_back(args.value());
-      o.shapes.push_back(parse_shape(o.shape_texts.back()));
-    } else if (args.is("--threads")) {
-      o.threads = static_cast<int>(args.integer(1, kMaxThreads));
-    } else if (args.is("--csv")) {
-      o.csv = true;
-    } else if (args.is("--contiguous")) {
-      o.contiguous = true;
-    } else if (args.is("--no-naive")) {
-      o.naive = false;
-    } else if (args.is("--iters")) {
-      o.iters = static_cast<int>(args.integer(1, kMaxIters));
-    } else if (args.is("--min-time")) {
-      o.min_time = args.number(0, kMaxSeconds);
-    } else if (args.is("--bw-mib")) {
-      o.bw_mib = static_cast<std::size_t>(args.integer(1, kMaxBwMib));
-    } else if (args.is("--clock")) {
-      o.clock = args.choice<bench::Clock>(
-          {{"wall", bench::Clock::kWall}, {"thread-cpu", bench::Clock::kThreadCpu}});
-    } else if (args.is("--plain")) {
-      o.plain = true;
-    } else if (args.is("--limits")) {
-      o.limits = true;
-    } else if (args.is("--long-first")) {
-      o.long_first = static_cast<int>(args.integer(1, kMaxTokens));
-    } else if (args.is("--window")) {
-      o.variants.window_left = static_cast<int>(args.integer(0, kMaxTokens));
-    } else if (args.is("--soft-cap")) {
-      const std::string text = args.value();
-      o.variants.soft_cap =
-          static_cast<float>(cli::parse_number("--soft-cap", text, 0, kMaxSoftCap, true));
-      // The library takes the cap as a float: one that rounds to 0 there would turn it off.
-      if (o.variants.soft_cap < std::numeric_limits<float>::min()) {
-        cli::bad_value("--soft-cap", text, "too small: below the smallest normal float");
-      }
-    } else if (args.is("--alibi")) {
-      o.variants.alibi = true;
-    } else if (args.is("--sinks")) {
-      o.variants.sinks = true;
-    } else if (args.is("--q-len")) {
-      o.q_len = static_cast<int>(args.integer(1, kMaxQLen));
-    } else if (args.is("--kv-dtype")) {
-      o.kv_dtype = args.choice<DType>({{"f32", DType::kF32},
-                                       {"f16", DType::kF16},
-                                       {"bf16", DType::kBF16},
-                                       {"fp8_e4m3", DType::kFP8E4M3},
-                                       {"fp8_e5m2", DType::kFP8E5M2}});
-    } else if (args.is("--layout")) {
-      o.layout =
-          args.choice<testing::KvLayout>({{"hnd", testing::KvLayout::kHnd},
-                                          {"nhd", testing::KvLayout::kNhd},
-                                          {"combined_nhd", testing::KvLayout::kCombinedNhd}});
-    } else {
-      args.unknown();
-    }
-  }
-  if (o.help) return o;
-  if (o.shapes.empty()) {
-    o.shapes.assign(std::begin(kDefaultShapes), std::end(kDefaultShapes));
-    for (const Shape& s : o.shapes) {
-      o.shape_texts.push_back(std::to_string(s.batch) + "," + std::to_string(s.heads) + "," +
-                              std::to_string(s.kv_heads) + "," + std::to_string(s.head_dim) + "," +
-                              std::to_string(s.context) + "," + std::to_string(s.block_size));
-    }
-  }
-  if (o.dtypes.empty()) o.dtypes.push_back(DType::kBF16);
-  for (std::size_t i = 0; i < o.shapes.size(); ++i) {
-    o.shapes[i].long_first = o.long_first;
-    o.shapes[i].q_len = o.q_len;
-    validate_shape(o.shapes[i], o.shape_texts[i], o);
-  }
-  if (o.limits && o.backend != "cpu") {
-    cli::bad_value("--backend", o.backend, "--limits bounds CPU rows only (--backend cpu)");
-  }
-  if (o.clock == bench::Clock::kThreadCpu) {
-    // The calling thread's CPU time counts only the work done on it: one thread, on the CPU.
-    if (o.backend == "cuda") {
-      cli::bad_value("--clock", "thread-cpu", "times CPU work only, not --backend cuda");
-    }
-    if (o.threads != 1) {  // 0: not given
-      cli::bad_value("--clock", "thread-cpu",
-                     "needs --threads 1 (only the calling thread's CPU time is counted)");
-    }
-  }
-  if (o.threads == 0) o.threads = omp_get_max_threads();
-  o.max_time = std::max(o.max_time, o.min_time);
-  return o;
-}
 
 // Tokens of each kv head one decode step attends to over the batch: every context's, or with a
 // window the last window_left + 1 of each (from window_first_token on; the blocks before it, and
@@ -444,9 +166,11 @@ struct Row {
   std::string backend;
   Shape shape;
   double ms, gbps, pct, rel_err;
-  double compute_gbps = 0;  // --limits: the compute bound (0: not measured)
-  double pattern_gbps = 0;  // --limits: the pattern read (pattern_read_gbps)
-  double read_gbps = 0;     // the read bandwidth of the run
+  double compute_gbps = 0;       // --limits: the compute bound (0: not measured)
+  double pattern_gbps = 0;       // --limits: the pattern read on 4 KiB pages (pattern_read_gbps)
+  double pattern_huge_gbps = 0;  // --limits: the same on huge pages
+  double read_gbps = 0;          // the read bandwidth of the run
+  double huge_pct = -1;          // % of the K/V pools on huge pages (< 0: device memory)
 };
 
 // --limits: the lower of the compute bound and the read bandwidth, and which one it is.
@@ -481,48 +205,67 @@ void print_row(const Options& o, DType dtype, const Row& r) {
                 v.alibi ? 1 : 0, v.sinks ? 1 : 0, s.q_len, testing::kv_layout_name(o.layout),
                 dtype_name(kv));
     if (limits) {
-      std::printf(",%.2f,%.2f,%.1f,%s", r.compute_gbps, r.pattern_gbps,
-                  100.0 * r.gbps / bound_gbps(r), bound_name(r));
+      std::printf(",%.2f,%.2f,%.1f,%s,%.2f", r.compute_gbps, r.pattern_gbps,
+                  100.0 * r.gbps / bound_gbps(r), bound_name(r), r.pattern_huge_gbps);
     } else if (o.limits) {
-      std::printf(",,,,");
+      std::printf(",,,,,");
     }
-    std::printf("\n");
+    if (r.huge_pct >= 0) {
+      std::printf(",%.1f\n", r.huge_pct);
+    } else {
+      std::printf(",\n");
+    }
   } else {
+    char huge[16] = "-";
+    if (r.huge_pct >= 0) std::snprintf(huge, sizeof huge, "%.1f%%", r.huge_pct);
     std::printf(
-        "%-6s %-5s %-8s %4d %4d %4d %4d %7d %4d %5d %-12s %10.3f %8.2f %7.1f%% %10.3g  %s\n",
+        "%-6s %-5s %-8s %4d %4d %4d %4d %7d %4d %5d %-12s %10.3f %8.2f %7.1f%% %10.3g %6s  %s\n",
         r.backend.c_str(), dtype_name(dtype), dtype_name(kv), s.batch, s.heads, s.kv_heads,
         s.head_dim, s.context, s.block_size, s.q_len, testing::kv_layout_name(o.layout), r.ms,
-        r.gbps, r.pct, r.rel_err, variants_text(v).c_str());
+        r.gbps, r.pct, r.rel_err, huge, variants_text(v).c_str());
     if (limits) {
       std::printf(
           "       bound: %s, %.2f GB/s (compute %.2f = %d threads x %.2f in cache; read "
-          "%.2f): %.1f%% of it; pattern read %.2f GB/s\n",
+          "%.2f): %.1f%% of it; pattern read %.2f GB/s on 4 KiB pages, %.2f on huge pages\n",
           bound_name(r), bound_gbps(r), r.compute_gbps, o.threads, r.compute_gbps / o.threads,
-          r.read_gbps, 100.0 * r.gbps / bound_gbps(r), r.pattern_gbps);
+          r.read_gbps, 100.0 * r.gbps / bound_gbps(r), r.pattern_gbps, r.pattern_huge_gbps);
     }
   }
   std::fflush(stdout);
 }
 
-// A case of `shape` plus extra copies of its cache, so consecutive steps read different memory,
-// and the attention variants every step applies. With q_len > 1 every sequence has q_len query
-// tokens: q, out and lse have a row per token (q_rows, out_rows, lse_rows replace the base
-// case's). In a layout other than hnd every copy of the cache is the base case's K and V in that
-// layout (laid), and base's dense K and V are dropped.
+// One copy of a cache: its K and V pools (V's empty when the layout keeps both in one buffer).
+struct KvPools {
+  HostPool k, v;
+};
+
+// A pool with `pages` holding a copy of the n bytes at `from` (written here, so its pages are
+// faulted in now, not in the timed runs).
+HostPool pool_copy(const std::uint8_t* from, std::size_t n, HugePages pages) {
+  HostPool pool(n, pages);
+  if (n) std::memcpy(pool.data(), from, n);
+  return pool;
+}
+
+// A case of `shape` with copies of its cache in pools, so consecutive steps read different
+// memory, and the attention variants every step applies. With q_len > 1 every sequence has q_len
+// query tokens: q, out and lse have a row per token (q_rows, out_rows, lse_rows replace the base
+// case's). Base's own K and V are dropped once copied; in a layout other than hnd every copy holds
+// them in that layout, whose strides `laid` keeps.
 struct RotatingCase {
   testing::HostCase base;
-  std::vector<std::vector<std::uint8_t>> k_copies, v_copies;
-  std::vector<testing::KvStorage> laid;
+  std::optional<testing::KvStorage> laid;  // the layout's geometry (its buffers dropped)
+  std::vector<KvPools> pools;
   bench::Variants variants;
   bench::VariantValues values;
   int q_len = 1;
   std::vector<std::int32_t> q_indptr;
   std::vector<std::uint8_t> q_rows, out_rows;
   std::vector<float> lse_rows;
-  int copies() const {
-    return laid.empty() ? 1 + static_cast<int>(k_copies.size()) : static_cast<int>(laid.size());
-  }
-  DecodeArgs args(int i) {
+  int copies() const { return static_cast<int>(pools.size()); }
+  DecodeArgs args(int i) { return args_over(pools, i); }
+  // The arguments of step i over the copies of `over` (these pools or their twins).
+  DecodeArgs args_over(const std::vector<KvPools>& over, int i) {
     DecodeArgs a = base.args();
     bench::apply_variants(variants, values.slopes.data(), values.sinks.data(), a);
     if (q_len > 1) {
@@ -531,15 +274,32 @@ struct RotatingCase {
       a.out = out_rows.data();
       a.lse = lse_rows.data();
     }
-    const int c = i % copies();
-    if (!laid.empty()) {
-      const testing::KvStorage& kv = laid[static_cast<std::size_t>(c)];
-      kv.apply(a, kv.k.data(), kv.v.data());
-    } else if (c > 0) {
-      a.k_cache = k_copies[c - 1].data();
-      a.v_cache = v_copies[c - 1].data();
+    const KvPools& c = over[static_cast<std::size_t>(i) % over.size()];
+    if (laid) {
+      laid->apply(a, c.k.data(), c.v.data());
+    } else {
+      a.k_cache = c.k.data();
+      a.v_cache = c.v.data();
     }
     return a;
+  }
+  // The same contents in new pools with `pages` (the pattern read's other pages).
+  std::vector<KvPools> twin(HugePages pages) const {
+    std::vector<KvPools> out;
+    for (const KvPools& c : pools) {
+      out.push_back(
+          {pool_copy(c.k.data(), c.k.size(), pages), pool_copy(c.v.data(), c.v.size(), pages)});
+    }
+    return out;
+  }
+  // Percent of the pools' bytes the kernel backs with huge pages.
+  double huge_pct() const {
+    double huge = 0, all = 0;
+    for (const KvPools& c : pools) {
+      huge += static_cast<double>(c.k.huge_page_bytes() + c.v.huge_page_bytes());
+      all += static_cast<double>(c.k.size() + c.v.size());
+    }
+    return all > 0 ? 100.0 * huge / all : 0.0;
   }
 };
 
@@ -557,7 +317,7 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s, b
   if (is_fp8(spec.kv_dtype)) spec.k_scale = spec.v_scale = bench::kFp8KvScale;
   spec.fragmented = !o.contiguous;
   spec.seed = 20261129u + static_cast<std::uint64_t>(s.batch) * 131 + s.context;
-  RotatingCase rc{testing::make_case(spec), {}, {}, {}, o.variants, {o.variants, s.heads}};
+  RotatingCase rc{testing::make_case(spec), {}, {}, o.variants, {o.variants, s.heads}};
   if (s.q_len > 1) {
     // The query rows, drawn like the case's own q (normal, unit variance).
     rc.q_len = s.q_len;
@@ -572,23 +332,19 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s, b
       store_from_float(rc.q_rows.data(), dtype, i, normal(rng));
     }
   }
-  if (o.layout != testing::KvLayout::kHnd) {
-    rc.laid.push_back(testing::store_kv(rc.base, o.layout));
-    std::vector<std::uint8_t>().swap(rc.base.k);
-    std::vector<std::uint8_t>().swap(rc.base.v);
-  }
-  const double cache_bytes = rc.laid.empty()
-                                 ? static_cast<double>(rc.base.k.size() + rc.base.v.size())
-                                 : static_cast<double>(rc.laid[0].k.size() + rc.laid[0].v.size());
+  if (o.layout != testing::KvLayout::kHnd) rc.laid = testing::store_kv(rc.base, o.layout);
+  std::vector<std::uint8_t>& k = rc.laid ? rc.laid->k : rc.base.k;
+  std::vector<std::uint8_t>& v = rc.laid ? rc.laid->v : rc.base.v;
+  const double cache_bytes = static_cast<double>(k.size() + v.size());
   const double want = rotate ? 4.0 * static_cast<double>(bench::last_level_cache_bytes()) : 0.0;
-  const int copies = std::min(64, static_cast<int>(std::ceil(want / std::max(cache_bytes, 1.0))));
-  for (int c = 1; c < copies; ++c) {
-    if (!rc.laid.empty()) {
-      rc.laid.push_back(rc.laid[0]);
-    } else {
-      rc.k_copies.push_back(rc.base.k);
-      rc.v_copies.push_back(rc.base.v);
-    }
+  const int copies =
+      std::clamp(static_cast<int>(std::ceil(want / std::max(cache_bytes, 1.0))), 1, 64);
+  for (int c = 0; c < copies; ++c) {
+    rc.pools.push_back(
+        {pool_copy(k.data(), k.size(), o.huge_pages), pool_copy(v.data(), v.size(), o.huge_pages)});
+  }
+  for (std::vector<std::uint8_t>* bytes : {&rc.base.k, &rc.base.v, &k, &v}) {
+    std::vector<std::uint8_t>().swap(*bytes);
   }
   return rc;
 }
@@ -635,7 +391,8 @@ double in_cache_gbps(const Options& o, DType dtype, const Shape& s) {
 // decode rows count them. Its gap to the streaming read is what the access pattern costs (runs
 // of a few to 64 KB at scattered places); a decode row near it is bound by that, not by its
 // arithmetic.
-double pattern_read_gbps(const Options& o, RotatingCase& rc, DType dtype, const Shape& s) {
+double pattern_read_gbps(const Options& o, RotatingCase& rc, const std::vector<KvPools>& over,
+                         DType dtype, const Shape& s) {
   const DType kv = o.kv_dtype_for(dtype);
   const std::size_t block_bytes =
       static_cast<std::size_t>(s.kv_heads) * s.block_size * s.head_dim * dtype_size(kv) / 64 * 64;
@@ -653,8 +410,8 @@ double pattern_read_gbps(const Options& o, RotatingCase& rc, DType dtype, const 
   const std::int64_t chunk =
       std::max<std::int64_t>(1, (total_blocks + 8 * o.threads - 1) / (8 * o.threads));
   std::vector<std::vector<bench::ReadTask>> passes;
-  for (int c = 0; c < rc.copies(); ++c) {
-    const DecodeArgs a = rc.args(c);
+  for (int c = 0; c < static_cast<int>(over.size()); ++c) {
+    const DecodeArgs a = rc.args_over(over, c);
     const std::int64_t stride =
         a.cache_layout().block_stride * static_cast<std::int64_t>(dtype_size(kv));
     const char* k = static_cast<const char*>(a.k_cache);
@@ -680,10 +437,19 @@ double pattern_read_gbps(const Options& o, RotatingCase& rc, DType dtype, const 
   return kv_bytes(s, kv, o.variants.window_left) / (ms * 1e-3) / 1e9;
 }
 
+// The pattern read on `pages`: over the decode's own pools where they have those pages, else over
+// a twin of them, freed afterwards.
+double pattern_read_on(const Options& o, RotatingCase& rc, HugePages pages, DType dtype,
+                       const Shape& s) {
+  if (pages == o.huge_pages) return pattern_read_gbps(o, rc, rc.pools, dtype, s);
+  const std::vector<KvPools> twin = rc.twin(pages);
+  return pattern_read_gbps(o, rc, twin, dtype, s);
+}
+
 int run(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  const Options o = bench::parse(argc, argv);
   if (o.help) {
-    print_help(argv[0]);
+    bench::print_help(argv[0]);
     return 0;
   }
   FILE* info = o.csv ? stderr : stdout;  // the CSV on stdout stays machine-readable
@@ -696,17 +462,20 @@ int run(int argc, char** argv) {
     std::fprintf(info, "read bandwidth: %.2f GB/s (%d threads, %zu MiB streamed per pass%s)\n",
                  read_bw, o.threads, o.bw_mib,
                  o.clock == bench::Clock::kThreadCpu ? ", thread CPU time" : "");
+    std::fprintf(info, "huge pages: %s for the K/V pools (transparent huge pages: %s)\n",
+                 testing::huge_pages_name(o.huge_pages),
+                 testing::thp_mode_name(testing::thp_mode()));
   }
   std::fflush(info);
   if (o.csv) {
     std::printf(
         "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,"
-        "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len,layout,kv_dtype%s\n",
-        o.limits ? ",compute_gbps,pattern_gbps,pct_bound,bound" : "");
+        "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len,layout,kv_dtype%s,huge_pct\n",
+        o.limits ? ",compute_gbps,pattern_gbps,pct_bound,bound,pattern_huge_gbps" : "");
   } else {
-    std::printf("%-6s %-5s %-8s %4s %4s %4s %4s %7s %4s %5s %-12s %10s %8s %8s %10s  %s\n", "impl",
-                "dtype", "kv", "B", "H", "KV", "D", "ctx", "BS", "q_len", "layout", "ms", "GB/s",
-                "%readBW", "rel_err", "variants");
+    std::printf("%-6s %-5s %-8s %4s %4s %4s %4s %7s %4s %5s %-12s %10s %8s %8s %10s %6s  %s\n",
+                "impl", "dtype", "kv", "B", "H", "KV", "D", "ctx", "BS", "q_len", "layout", "ms",
+                "GB/s", "%readBW", "rel_err", "huge", "variants");
   }
   bool accurate = true;
   std::map<std::tuple<DType, int, int, int, int>, double> in_cache_rates;  // --limits
@@ -733,6 +502,7 @@ int run(int argc, char** argv) {
         continue;
       }
       RotatingCase rc = make_rotating_case(o, dtype, s);
+      const double huge_pct = rc.huge_pct();
       double ours_ms = 0;
       if (o.backend == "cpu") {
         DecodeOptions opt;
@@ -743,6 +513,7 @@ int run(int argc, char** argv) {
         ours_ms = median_ms([&](int i) { decode(rc.args(i), opt); }, std::max(2, rc.copies()),
                             o.iters, o.min_time, o.max_time, o.clock);
         Row r = row_for("cpu", ours_ms, err);
+        r.huge_pct = huge_pct;
         if (o.limits) {
           // The in-cache rate depends on the work per (token, kv head) only: shapes sharing it
           // share one measurement.
@@ -753,7 +524,8 @@ int run(int argc, char** argv) {
             known = in_cache_rates.emplace(work, in_cache_gbps(o, dtype, s)).first;
           }
           r.compute_gbps = o.threads * known->second;
-          r.pattern_gbps = pattern_read_gbps(o, rc, dtype, s);
+          r.pattern_gbps = pattern_read_on(o, rc, HugePages::kOff, dtype, s);
+          r.pattern_huge_gbps = pattern_read_on(o, rc, HugePages::kOn, dtype, s);
           r.read_gbps = read_bw;
         }
         accurate = accurate && !(r.rel_err > tol);
@@ -765,7 +537,8 @@ int run(int argc, char** argv) {
         const double naive_ms =
             median_ms([&](int i) { bench::naive_decode(rc.args(i), o.threads); }, 1,
                       o.backend == "naive" ? o.iters : 3, 0.0, o.max_time, o.clock);
-        const Row r = row_for("naive", naive_ms, err);
+        Row r = row_for("naive", naive_ms, err);
+        r.huge_pct = huge_pct;
         // The baseline is what a user would write first, not the library: its f32 sums over a
         // quarter-million tokens may drift past the tolerance. Reported, and fatal only when
         // the baseline itself is what was asked for.

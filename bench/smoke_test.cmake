@@ -8,8 +8,8 @@ set(quick --csv --threads 2 --iters 2 --min-time 0 --bw-mib 64)
 
 # run_bench(<what> <flag>...): runs pagedattn-bench with the quick flags and these, and fails
 # unless it exits 0 (the exit status carries the accuracy against the f64 reference) and prints
-# the CSV header (with `header_tail` after it where the caller sets one). Sets `rows` (the CSV
-# rows after the header) and `err` (stderr) in the caller.
+# the CSV header (with `header_tail` after it where the caller sets one, then huge_pct). Sets
+# `rows` (the CSV rows after the header) and `err` (stderr) in the caller.
 function(run_bench what)
   execute_process(COMMAND ${BENCH} ${quick} ${ARGN}
                   OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
@@ -19,7 +19,7 @@ function(run_bench what)
   string(REPLACE "\n" ";" lines "${out}")
   list(FILTER lines EXCLUDE REGEX "^$")
   list(POP_FRONT lines header)
-  if(NOT header STREQUAL "${header_want}${header_tail}")
+  if(NOT header STREQUAL "${header_want}${header_tail},huge_pct")
     message(FATAL_ERROR "unexpected CSV header with ${what}: '${header}'")
   endif()
   set(rows "${lines}" PARENT_SCOPE)
@@ -50,7 +50,7 @@ foreach(dtype f32 bf16)
   run_bench("--dtype ${dtype}" --dtype ${dtype} --shape 2,8,2,64,100,16 --shape 1,4,4,128,37,8)
   # (cpu, naive) x 2 shapes
   check_rows("--dtype ${dtype}" 4
-             "^(cpu|naive),${dtype},[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,${num},${num},${num},${num},${plain_tail},hnd,${dtype}$")
+             "^(cpu|naive),${dtype},[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,${num},${num},${num},${num},${plain_tail},hnd,${dtype},${num}$")
   if(NOT err MATCHES "read bandwidth: ${num} GB/s")
     message(FATAL_ERROR "no read bandwidth line in:\n${err}")
   endif()
@@ -75,7 +75,7 @@ foreach(backend cpu naive)
   run_bench("--backend ${backend} and every variant" --backend ${backend} --dtype bf16
             --shape 3,8,2,64,100,16 --window 37 --soft-cap 2.5 --alibi --sinks)
   check_rows("--backend ${backend} and every variant" 0
-             "^${backend},bf16,3,8,2,64,100,16,${num},${num},${num},${num},37,2.5,1,1,1,hnd,bf16$")
+             "^${backend},bf16,3,8,2,64,100,16,${num},${num},${num},${num},37,2.5,1,1,1,hnd,bf16,${num}$")
 endforeach()
 
 # Multi-token queries (--q-len): 4 query tokens per sequence, on the CPU backend and the naive
@@ -88,7 +88,7 @@ foreach(backend cpu naive)
     run_bench("--backend ${backend} --q-len 4 ${extra}" --backend ${backend} --dtype bf16
               --shape 3,8,2,64,100,16 --q-len 4 ${extra_args})
     check_rows("--backend ${backend} --q-len 4 ${extra}" 0
-               "^${backend},bf16,3,8,2,64,100,16,${num},${num},${num},${num},-?[0-9]+,0,0,[01],4,hnd,bf16$")
+               "^${backend},bf16,3,8,2,64,100,16,${num},${num},${num},${num},-?[0-9]+,0,0,[01],4,hnd,bf16,${num}$")
   endforeach()
 endforeach()
 
@@ -101,13 +101,13 @@ foreach(layout nhd combined_nhd)
     run_bench("--backend ${backend} --layout ${layout}" --backend ${backend} --dtype bf16
               --shape 2,8,2,64,100,16 --shape 1,4,4,128,37,8 --layout ${layout})
     check_rows("--backend ${backend} --layout ${layout}" 0
-               "^${backend},bf16,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,${num},${num},${num},${num},${plain_tail},${layout},bf16$")
+               "^${backend},bf16,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,${num},${num},${num},${num},${plain_tail},${layout},bf16,${num}$")
   endforeach()
 endforeach()
 run_bench("--layout nhd --q-len 3 --window 20" --dtype f16 --shape 3,8,2,64,100,16 --layout nhd
           --q-len 3 --window 20)
 check_rows("--layout nhd --q-len 3 --window 20" 2
-           "^(cpu|naive),f16,3,8,2,64,100,16,${num},${num},${num},${num},20,0,0,0,3,nhd,f16$")
+           "^(cpu|naive),f16,3,8,2,64,100,16,${num},${num},${num},${num},20,0,0,0,3,nhd,f16,${num}$")
 
 # fp8 caches (--kv-dtype) read by a bf16 q and out: the CPU backend and the naive baseline (on
 # its own too, so its accuracy is fatal), the exit status carrying each against the f64 reference
@@ -117,12 +117,12 @@ foreach(backend cpu naive)
   run_bench("--backend ${backend} --kv-dtype fp8_e4m3" --backend ${backend} --dtype bf16
             --kv-dtype fp8_e4m3 --shape 2,8,2,64,100,16 --shape 1,4,4,128,37,8)
   check_rows("--backend ${backend} --kv-dtype fp8_e4m3" 0
-             "^${backend},bf16,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,${num},${num},${num},${num},${plain_tail},hnd,fp8_e4m3$")
+             "^${backend},bf16,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+,${num},${num},${num},${num},${plain_tail},hnd,fp8_e4m3,${num}$")
 endforeach()
 run_bench("--kv-dtype fp8_e5m2 --layout combined_nhd --q-len 3 --window 20" --dtype f32
           --kv-dtype fp8_e5m2 --shape 3,8,2,64,100,16 --layout combined_nhd --q-len 3 --window 20)
 check_rows("--kv-dtype fp8_e5m2 --layout combined_nhd --q-len 3 --window 20" 2
-           "^(cpu|naive),f32,3,8,2,64,100,16,${num},${num},${num},${num},20,0,0,0,3,combined_nhd,fp8_e5m2$")
+           "^(cpu|naive),f32,3,8,2,64,100,16,${num},${num},${num},${num},20,0,0,0,3,combined_nhd,fp8_e5m2,${num}$")
 
 # A layout the benchmark does not offer is refused before anything is measured, naming --layout.
 execute_process(COMMAND ${BENCH} ${quick} --shape 1,4,4,64,16 --layout padded_hnd
@@ -133,13 +133,13 @@ if(NOT rc EQUAL 2 OR NOT err MATCHES "--layout = 'padded_hnd'")
 endif()
 
 # --limits: each CPU row gains its compute bound (one thread in cache times --threads), its
-# pattern read, the share of the lower bound it reached and which bound that is; the naive rows
-# leave them empty.
-set(header_tail ",compute_gbps,pattern_gbps,pct_bound,bound")
+# pattern read on 4 KiB pages, the share of the lower bound it reached, which bound that is, and
+# its pattern read on huge pages; the naive rows leave them empty.
+set(header_tail ",compute_gbps,pattern_gbps,pct_bound,bound,pattern_huge_gbps")
 run_bench("--limits" --dtype bf16 --shape 2,8,2,64,100,16 --limits)
 unset(header_tail)
 check_rows("--limits" 2
-           "^(cpu,bf16,.*,hnd,bf16,${num},${num},${num},(read|compute)|naive,bf16,.*,hnd,bf16,,,,)$")
+           "^(cpu,bf16,.*,hnd,bf16,${num},${num},${num},(read|compute),${num}|naive,bf16,.*,hnd,bf16,,,,,),${num}$")
 # The bound is for CPU rows: another backend is refused, naming the flag.
 execute_process(COMMAND ${BENCH} ${quick} --shape 1,4,4,64,16 --backend naive --limits
                 OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
@@ -147,3 +147,16 @@ if(NOT rc EQUAL 2 OR NOT err MATCHES "--limits")
   message(FATAL_ERROR "--limits --backend naive: exit status ${rc}, expected 2 and a message "
                       "naming the flag:\n${err}")
 endif()
+
+# --huge-pages off: the pools refuse transparent huge pages (MADV_NOHUGEPAGE), so none of their
+# bytes is on one, whatever the system's policy; on (the default) is a share in [0, 100].
+run_bench("--huge-pages off" --dtype bf16 --shape 2,8,2,64,100,16 --huge-pages off)
+check_rows("--huge-pages off" 2 "^(cpu|naive),bf16,2,8,2,64,100,16,.*,hnd,bf16,0\\.0$")
+if(NOT err MATCHES "huge pages: off for the K/V pools \\(transparent huge pages: [a-z]+\\)")
+  message(FATAL_ERROR "--huge-pages off: no huge pages line in:\n${err}")
+endif()
+set(header_tail ",compute_gbps,pattern_gbps,pct_bound,bound,pattern_huge_gbps")
+run_bench("--huge-pages on --limits" --dtype f32 --shape 1,4,4,128,37,8 --huge-pages on --limits)
+unset(header_tail)
+check_rows("--huge-pages on --limits" 2
+           "^(cpu,f32,.*,(read|compute),${num}|naive,f32,.*,,,,,),(100\\.0|[0-9]?[0-9]\\.[0-9])$")

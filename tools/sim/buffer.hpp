@@ -8,23 +8,33 @@
 #include <vector>
 
 #include "pagedattn/testing/device_memory.hpp"
+#include "pagedattn/testing/host_pool.hpp"
 
 namespace pagedattn::sim {
 
-// Bytes in host memory (CPU backend) or device memory (CUDA backend), one interface.
+// Bytes in host memory (CPU backend) or device memory (CUDA backend), one interface. A K/V
+// cache (`cache_pool`) lives on the host in a pool with transparent huge pages asked for
+// (testing::HostPool): its blocks are read at scattered places. The other buffers are small and
+// stay ordinary vectors, where a 2 MiB page would be mostly waste.
 class Buffer {
  public:
-  explicit Buffer(bool device) : device_(device) {}
-  void* data() { return device_ ? dev_.get() : host_.data(); }
-  std::size_t size() const { return device_ ? dev_.size() : host_.size(); }
+  explicit Buffer(bool device, bool cache_pool = false) : device_(device), pool_(cache_pool) {}
+  void* data() { return device_ ? dev_.get() : pool_ ? pages_.data() : host_.data(); }
+  std::size_t size() const { return device_ ? dev_.size() : pool_ ? pages_.size() : host_.size(); }
   void resize(std::size_t bytes, int fill_byte = 0) {  // contents are lost
     if (device_) {
       dev_ = testing::DeviceBuffer(bytes);
       if (bytes) testing::device_fill(dev_.get(), fill_byte, bytes);
+    } else if (pool_) {
+      pages_ = testing::HostPool();  // the old pool is gone before the new one is mapped
+      pages_ = testing::HostPool(bytes, testing::HugePages::kOn);
+      if (bytes) std::memset(pages_.data(), fill_byte, bytes);
     } else {
       host_.assign(bytes, static_cast<std::uint8_t>(fill_byte));
     }
   }
+  // Bytes of a host cache pool backed by huge pages (0 for other buffers).
+  std::size_t huge_page_bytes() const { return pool_ ? pages_.huge_page_bytes() : 0; }
   void reserve(std::size_t bytes) {
     if (size() < bytes) resize(std::max(bytes, 2 * size()));
   }
@@ -44,7 +54,9 @@ class Buffer {
 
  private:
   bool device_;
+  bool pool_;
   std::vector<std::uint8_t> host_;
+  testing::HostPool pages_;
   testing::DeviceBuffer dev_;
 };
 

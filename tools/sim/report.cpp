@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "pagedattn/testing/host_pool.hpp"
 #include "pagedattn/testing/tolerance.hpp"
 
 namespace pagedattn::sim {
@@ -59,6 +60,11 @@ void print_setup(const Options& o, const RunStats& s) {
               s.plan.num_blocks, o.block_size,
               static_cast<long long>(s.plan.num_blocks) * o.block_size, s.allocated_bytes / kMiB,
               o.shared_cache ? "one cache shared by the simulated layers" : "simulated layers");
+  if (s.huge_pct >= 0) {
+    std::printf(
+        "huge pages: %.0f%% of the cache's bytes (MADV_HUGEPAGE; transparent huge pages: %s)\n",
+        s.huge_pct, testing::thp_mode_name(testing::thp_mode()));
+  }
   std::printf(
       "workload: %d requests, Poisson %.3g per step, prompt %s, output %s, %d system prompts "
       "of %d tokens (p %.3g), n-way %d (p %.3g), fork p %.3g, max batch %d, seed %llu\n",

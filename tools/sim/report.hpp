@@ -24,6 +24,7 @@ struct RunStats {
   Backend backend = Backend::kCpu;
   CachePlan plan;
   double allocated_bytes = 0;  // the simulated layers' K and V
+  double huge_pct = -1;        // share of those host bytes on huge pages (< 0: device memory)
   double ceiling_gbps = 0;     // the read ceiling measured before the run
   std::vector<LayerTiming> layers;
   long long steps = 0, generated = 0, prompt_tokens = 0, system_tokens = 0;

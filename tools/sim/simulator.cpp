@@ -116,12 +116,19 @@ void Simulator::allocate_layers() {
   const std::size_t caches = o_.shared_cache ? 1 : layers_.size();
   for (std::size_t l = 0; l < caches; ++l) {
     // 0xff bytes are NaN in every dtype: a slot no sequence owns must never be read.
-    k_.push_back(std::make_unique<Buffer>(device_));
+    k_.push_back(std::make_unique<Buffer>(device_, true));
     k_.back()->resize(cache_bytes, 0xff);
-    v_.push_back(std::make_unique<Buffer>(device_));
+    v_.push_back(std::make_unique<Buffer>(device_, true));
     v_.back()->resize(cache_bytes, 0xff);
   }
   s_.allocated_bytes = 2.0 * cache_bytes * caches;
+  if (!device_ && s_.allocated_bytes > 0) {
+    double huge = 0;
+    for (std::size_t l = 0; l < caches; ++l) {
+      huge += static_cast<double>(k_[l]->huge_page_bytes() + v_[l]->huge_page_bytes());
+    }
+    s_.huge_pct = 100.0 * huge / s_.allocated_bytes;
+  }
   for (const int layer : layers_) {
     LayerTiming t;
     t.layer = layer;
