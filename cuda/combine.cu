@@ -5,8 +5,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
+
 #include "combine.cuh"
 #include "cuda_error.hpp"
+#include "device_info.hpp"
 #include "pagedattn/online_softmax.hpp"
 #include "pagedattn/variants.hpp"
 #include "query_rows.cuh"
@@ -17,37 +20,20 @@ namespace {
 
 constexpr int kCombineWarps = 4;
 
-// One warp per (sequence, query head, 32-element slice of head_dim): B=1 still spreads over
-// H * head_dim / 32 warps. Each warp recomputes the row's max and sum (a few floats per split)
-// and merges its slice over the splits, in split order, 32 loads in flight.
+// The (sequence, query token, query head) row idx's slice dc of head_dim: merges it over the
+// sequence's ns splits from partial off, in split order, 32 loads in flight, and writes out (and
+// lse from slice 0).
 template <typename OutT>
-__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombineParams p) {
-  // Launched programmatically after the split kernel: wait until its partials are complete and
-  // visible (a no-op for a plain launch).
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  // The next decode's split kernel is a programmatic dependent of this one: let its CTAs become
-  // resident now; they wait on the device for this grid's end before touching memory.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+__device__ void merge_slice(const CombineParams& p, std::int64_t idx, int dc, int b, int off,
+                            int ns) {
   const int lane = threadIdx.x & 31;
   const int D = p.head_dim;
-  const int dchunks = (D + 31) / 32;
-  const std::int64_t widx =
-      static_cast<std::int64_t>(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
   const std::int64_t rows = static_cast<std::int64_t>(p.max_q) * p.num_heads;  // per split
-  if (widx >= p.batch * rows * dchunks) return;
-  const std::int64_t idx = widx / dchunks;  // the (sequence, query token, query head) row
-  const int dc = static_cast<int>(widx - idx * dchunks);
-  const int b = static_cast<int>(idx / rows);
   const int in_seq = static_cast<int>(idx - b * rows);  // query token * num_heads + head
   const int i = in_seq / p.num_heads, h = in_seq - i * p.num_heads;
   const SeqQueries sq = seq_queries(p.q_indptr, p.q_rows, p.max_q, b);
   if (i >= sq.n) return;  // past the sequence's query tokens
   const int d = dc * 32 + lane;
-  const int off = p.split_offset[b];
-  const int ns = p.split_offset[b + 1] - off;
-  if (ns == 1) return;                 // its split CTA wrote out and lse (SplitParams::out)
   const std::int64_t step = rows * D;  // between splits
   const float* col0 = p.part_acc + (static_cast<std::int64_t>(off) * rows + in_seq) * D + d;
   // The first 32 splits' (m, l) and accumulator loads go out together, before the max is known:
@@ -106,6 +92,48 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   if (p.lse != nullptr && dc == 0 && lane == 0) p.lse[qrow * p.num_heads + h] = total.lse();
 }
 
+// One warp per (sequence, query token, query head, 32-element slice of head_dim) unit, so even
+// B = 1 spreads over H x head_dim / 32 warps. The grid holds at most what is resident at once
+// (launch_combine) and each warp strides over the units, 32 strides at a time: lane j reads the
+// split count of the j-th unit's sequence, and the warp merges only the units whose sequence has
+// several splits. Units of one-split sequences (their split CTA wrote out and lse) cost one
+// round trip per 32 of them, where a CTA per unit would pay a CTA launch each.
+template <typename OutT>
+__global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombineParams p) {
+  // Launched programmatically after the split kernel: wait until its partials are complete and
+  // visible (a no-op for a plain launch).
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  // The next decode's split kernel is a programmatic dependent of this one: let its CTAs become
+  // resident now; they wait on the device for this grid's end before touching memory.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+  const int lane = threadIdx.x & 31;
+  const int dchunks = (p.head_dim + 31) / 32;
+  const std::int64_t rows = static_cast<std::int64_t>(p.max_q) * p.num_heads;  // per split
+  const std::int64_t units = p.batch * rows * dchunks;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kCombineWarps;
+  for (std::int64_t first =
+           static_cast<std::int64_t>(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
+       first < units; first += 32 * stride) {
+    const std::int64_t mine = first + lane * stride;
+    int off = 0, ns = 1;
+    if (mine < units) {
+      const int b = static_cast<int>(mine / dchunks / rows);
+      off = p.split_offset[b];
+      ns = p.split_offset[b + 1] - off;
+    }
+    for (unsigned todo = __ballot_sync(0xffffffffu, ns != 1); todo != 0; todo &= todo - 1) {
+      const int j = __ffs(todo) - 1;
+      const std::int64_t widx = first + j * stride;
+      const std::int64_t idx = widx / dchunks;  // the (sequence, query token, query head) row
+      merge_slice<OutT>(p, idx, static_cast<int>(widx - idx * dchunks),
+                        static_cast<int>(idx / rows), __shfl_sync(0xffffffffu, off, j),
+                        __shfl_sync(0xffffffffu, ns, j));
+    }
+  }
+}
+
 template <typename OutT>
 void launch_combine_typed(const CombineParams& c, int grid, bool pdl, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
@@ -121,19 +149,47 @@ void launch_combine_typed(const CombineParams& c, int grid, bool pdl, cudaStream
   check(cudaLaunchKernelEx(&cfg, combine_kernel<OutT>, c), "combine_kernel launch");
 }
 
+// The combine CTAs resident at once on the current device (at least one per SM), once per device.
+template <typename OutT>
+int resident_ctas() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices] = {};
+  const DeviceInfo& d = current_device();
+  std::atomic<int>* slot = d.device < kMaxDevices ? &known[d.device] : nullptr;
+  if (slot != nullptr && slot->load(std::memory_order_relaxed) > 0) {
+    return slot->load(std::memory_order_relaxed);
+  }
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, combine_kernel<OutT>,
+                                                    kCombineWarps * 32, 0) != cudaSuccess) {
+    cudaGetLastError();
+    per_sm = 1;
+  }
+  const int n = d.sms * (per_sm > 1 ? per_sm : 1);
+  if (slot != nullptr) slot->store(n, std::memory_order_relaxed);
+  return n;
+}
+
+template <typename OutT>
+void launch_combine_sized(const CombineParams& c, bool pdl, cudaStream_t stream) {
+  const std::int64_t warps =
+      static_cast<std::int64_t>(c.batch) * c.max_q * c.num_heads * ((c.head_dim + 31) / 32);
+  const std::int64_t needed = (warps + kCombineWarps - 1) / kCombineWarps;
+  const std::int64_t resident = resident_ctas<OutT>();
+  launch_combine_typed<OutT>(c, static_cast<int>(needed < resident ? needed : resident), pdl,
+                             stream);
+}
+
 }  // namespace
 
 void launch_combine(const CombineParams& c, DType out_dtype, bool pdl, cudaStream_t stream) {
-  const std::int64_t warps =
-      static_cast<std::int64_t>(c.batch) * c.max_q * c.num_heads * ((c.head_dim + 31) / 32);
-  const int grid = static_cast<int>((warps + kCombineWarps - 1) / kCombineWarps);
   switch (out_dtype) {
     case DType::kF32:
-      return launch_combine_typed<float>(c, grid, pdl, stream);
+      return launch_combine_sized<float>(c, pdl, stream);
     case DType::kF16:
-      return launch_combine_typed<__half>(c, grid, pdl, stream);
+      return launch_combine_sized<__half>(c, pdl, stream);
     case DType::kBF16:
-      return launch_combine_typed<__nv_bfloat16>(c, grid, pdl, stream);
+      return launch_combine_sized<__nv_bfloat16>(c, pdl, stream);
   }
   fail(ErrorCode::kUnsupported, "out_dtype", static_cast<int>(out_dtype),
        "no CUDA combine kernel for this dtype");
