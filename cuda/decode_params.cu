@@ -43,12 +43,7 @@ SplitParams make_split_params(const DecodeArgs& a, const DecodePlan& plan, const
   p.alibi = a.alibi_slopes;
   p.logit_variant = cap > 0.f || a.alibi_slopes != nullptr;
   p.sinks = a.sinks;
-  // P rounded to the fragments' dtype (relative error 2^-9 for bf16, 2^-12 for f16, which fp8
-  // caches use) stays below the rounding of a bf16 out (2^-9 of |out|) and of an f16 out from an
-  // f16 or fp8 cache, so hi alone serves there; an f32 out, or an f16 out from a bf16 cache,
-  // takes hi + lo.
-  const bool p_f16 = a.k_dtype == DType::kF16 || is_fp8(a.k_dtype);
-  p.p_lo = !(a.out_dtype == DType::kBF16 || (a.out_dtype == DType::kF16 && p_f16));
+  p.p_lo = p_needs_lo(a.k_dtype, a.out_dtype);
   p.q_indptr = a.q_indptr;
   p.q_rows = a.q_rows();
   p.max_q = a.q_len_bound();

@@ -47,6 +47,11 @@ KernelChoice split_kernel_for(const DecodeArgs& a) {
   facts.plain = split_build_facts(a.k_dtype, a.head_dim, candidate);
   if (facts.plain.ctas_per_sm <= 0) kernel_does_not_fit(a);
   facts.sms = current_device().sms;
+  if (many_rows_serves(shape)) {
+    SplitBuild many_rows = candidate;
+    many_rows.hopper = true;
+    facts.many_rows = split_build_facts(a.k_dtype, a.head_dim, many_rows);
+  }
   if (weighs_dense(shape, candidate, facts.plain)) {
     SplitBuild dense = candidate;
     dense.dense = true;
@@ -72,7 +77,10 @@ SplitChoice split_choice(const DecodeArgs& a) {
   SplitBuild plain = k.build, dense = k.build;
   plain.dense = false;
   dense.dense = true;
-  return {k.build.dense, k.waves, k.ctas_per_sm,
+  return {k.build.dense,
+          k.build.hopper,
+          k.waves,
+          k.ctas_per_sm,
           split_build_facts(a.k_dtype, a.head_dim, plain).ctas_per_sm,
           split_build_facts(a.k_dtype, a.head_dim, dense).ctas_per_sm};
 }

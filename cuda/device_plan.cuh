@@ -45,14 +45,29 @@ struct ItemInfo {
   int seq, split, chunk, offset, found;
 };
 
-__device__ inline void plan_item(const SplitParams& p, int j, ItemInfo* item) {
-  __shared__ long long red_l[kWarps];
-  __shared__ int red_max[kWarps];
-  __shared__ int red_i[kWarps];
+// The shared memory the planner of a CTA of kPlanThreads threads works in: the kernel places it
+// (a static shared variable, or a member of the kernel's shared storage).
+template <int kPlanThreads>
+struct PlanScratch {
+  static constexpr int kPlanWarps = kPlanThreads / 32;
+  long long red_l[kPlanWarps];
+  int red_max[kPlanWarps];
+  int red_i[kPlanWarps];
+  ItemInfo item;
+};
+
+// Finds work item j of the plan; every one of the CTA's kPlanThreads threads takes part.
+template <int kPlanThreads>
+__device__ inline void plan_item(const SplitParams& p, int j, PlanScratch<kPlanThreads>& sh) {
+  constexpr int kPlanWarps = kPlanThreads / 32;
+  long long* red_l = sh.red_l;
+  int* red_max = sh.red_max;
+  int* red_i = sh.red_i;
+  ItemInfo* item = &sh.item;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   long long sum = 0;
   int mx = 0, first = 0;
-  for (int b = tid; b < p.batch; b += kThreads) {
+  for (int b = tid; b < p.batch; b += kPlanThreads) {
     const int nb = planned_of_seq(p, b, &first);
     sum += nb;
     mx = max(mx, nb);
@@ -69,7 +84,7 @@ __device__ inline void plan_item(const SplitParams& p, int j, ItemInfo* item) {
   long long total_blocks = 0;
   int max_blocks = 0;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
+  for (int w = 0; w < kPlanWarps; ++w) {
     total_blocks += red_l[w];
     max_blocks = max(max_blocks, red_max[w]);
   }
@@ -80,7 +95,7 @@ __device__ inline void plan_item(const SplitParams& p, int j, ItemInfo* item) {
     item->found = 0;  // set before the scan's first barrier, found = 1 only after it
   }
   int running = 0;
-  for (int base = 0; base < p.batch; base += kThreads) {
+  for (int base = 0; base < p.batch; base += kPlanThreads) {
     const int b = base + tid;
     int ns = 0;
     if (b < p.batch) {
@@ -95,7 +110,7 @@ __device__ inline void plan_item(const SplitParams& p, int j, ItemInfo* item) {
     if (lane == 31) red_i[warp] = incl;
     __syncthreads();
     int before = running, total = running;
-    for (int w = 0; w < kWarps; ++w) {
+    for (int w = 0; w < kPlanWarps; ++w) {
       if (w < warp) before += red_i[w];
       total += red_i[w];
     }
@@ -115,5 +130,45 @@ __device__ inline void plan_item(const SplitParams& p, int j, ItemInfo* item) {
   }
   if (blockIdx.x == 0 && tid == 0) p.split_offset[p.batch] = running;
   __syncthreads();
+}
+
+// What one CTA of the split grid decodes: its item (sequence, kv head, rows, split) and the
+// tokens of it, [tok_begin, tok_end), of which those from tok_lo on are attended by some query.
+struct CtaWork {
+  CtaItem item;
+  int len;  // the sequence's context length, clamped to the table's capacity
+  int tok_begin, tok_lo, tok_end;
+};
+
+// CTA blockIdx.x's work, derived on the device from the plan (grid order: row chunk fastest,
+// then kv head, then the plan's items). Returns false, uniformly across the CTA, when the CTA
+// has none: past the plan's items, or a row chunk past its sequence's query tokens.
+template <int kPlanThreads>
+__device__ inline bool plan_cta(const SplitParams& p, PlanScratch<kPlanThreads>& sh, CtaWork* w) {
+  const ItemInfo& plan = sh.item;
+  const int i = blockIdx.x;
+  CtaItem& item = w->item;
+  const int row_chunk = i % p.row_chunks;
+  item.kv = (i / p.row_chunks) % p.num_kv_heads;
+  plan_item<kPlanThreads>(p, i / (p.row_chunks * p.num_kv_heads), sh);
+  if (!plan.found) return false;
+  item.seq = plan.seq;
+  const SeqQueries sq = seq_queries(p, item.seq);
+  item.q_row0 = sq.row0;
+  item.n_q = sq.n;
+  item.row_begin = row_chunk * p.rows_per_cta;
+  item.rows = min(p.rows_per_cta, sq.n * p.group - item.row_begin);
+  if (item.rows <= 0) return false;
+  item.part_base = static_cast<std::int64_t>(plan.offset + plan.split) * p.max_q * p.num_heads;
+  w->len = clamp_len(__ldg(p.lens + item.seq), p.max_blocks * p.block_size);
+  int first = 0;  // with a window, the blocks before it are not planned
+  const int nb = planned_of(p, w->len, sq.n, &first);
+  item.finish = splits_for(nb, plan.chunk) == 1;
+  int blk_begin = 0, blk_end = 0;
+  split_block_range(nb, plan.chunk, plan.split, &blk_begin, &blk_end);
+  w->tok_begin = (blk_begin + first) * p.block_size;
+  w->tok_lo = queries_first_token(w->len, sq.n, p.plan.window_left);
+  w->tok_end = min((blk_end + first) * p.block_size, w->len);
+  return true;
 }
 }  // namespace pagedattn::detail::cuda

@@ -8,14 +8,31 @@
 namespace pagedattn::detail::cuda {
 
 CallShape call_shape(const DecodeArgs& a) {
-  return {a.q_dtype, a.k_dtype,      a.head_dim,   a.group_size(),      a.q_len_bound(),
-          a.batch,   a.num_kv_heads, a.block_size, a.max_blocks_per_seq};
+  CallShape s{a.q_dtype, a.k_dtype,      a.head_dim,   a.group_size(),      a.q_len_bound(),
+              a.batch,   a.num_kv_heads, a.block_size, a.max_blocks_per_seq};
+  s.out_dtype = a.out_dtype;
+  s.logit_variant = a.logits_soft_cap > 0.f || a.alibi_slopes != nullptr;
+  return s;
 }
 
 bool use_mma(const CallShape& s) {
   const bool q16 = s.q_dtype == DType::kF16 || s.q_dtype == DType::kBF16;
   if (is_fp8(s.k_dtype)) return q16 && s.head_dim % 32 == 0;
   return (s.k_dtype == DType::kF16 || s.k_dtype == DType::kBF16) && s.q_dtype == s.k_dtype;
+}
+
+bool p_needs_lo(DType k_dtype, DType out_dtype) {
+  const bool p_f16 = k_dtype == DType::kF16 || is_fp8(k_dtype);
+  return !(out_dtype == DType::kBF16 || (out_dtype == DType::kF16 && p_f16));
+}
+
+bool many_rows_serves(const CallShape& s) {
+  const bool q16 = s.k_dtype == DType::kF16 || s.k_dtype == DType::kBF16;
+  const bool block_ok =
+      s.block_size >= 16 && s.block_size <= 256 && (s.block_size & (s.block_size - 1)) == 0;
+  return q16 && s.q_dtype == s.k_dtype && s.head_dim == 128 &&
+         !p_needs_lo(s.k_dtype, s.out_dtype) && !s.logit_variant && block_ok &&
+         std::int64_t{s.group} * s.q_len >= kManyRowsMinRows;
 }
 
 int rows_per_cta(const CallShape& s) { return use_mma(s) ? kMmaRowsPerCta : kSimtRowsPerCta; }
@@ -75,7 +92,12 @@ KernelChoice choose_split_kernel(const CallShape& s, const KernelFacts& f) {
   k.ctas_per_sm = f.plain.ctas_per_sm;
   k.smem_bytes = f.plain.smem_bytes;
   k.waves = kWaves;
-  if (weighs_dense(s, k.build, f.plain)) {
+  if (many_rows_serves(s) && f.many_rows.ctas_per_sm > 0) {
+    k.build.hopper = true;
+    k.build.wide = false;
+    k.ctas_per_sm = f.many_rows.ctas_per_sm;
+    k.smem_bytes = f.many_rows.smem_bytes;
+  } else if (weighs_dense(s, k.build, f.plain)) {
     // Whether the plain build fits as many CTAs as the dense one depends on the registers the
     // compiler gives it, so both are weighed from the facts.
     const bool dense_fits_more = f.dense.ctas_per_sm > f.plain.ctas_per_sm;

@@ -26,6 +26,8 @@ struct CallShape {
   int num_kv_heads = 1;
   int block_size = 16;
   int max_blocks = 1;  // the block table's capacity per sequence
+  DType out_dtype = DType::kBF16;
+  bool logit_variant = false;  // a soft-cap or ALiBi slopes
 };
 CallShape call_shape(const DecodeArgs& a);
 
@@ -35,6 +37,7 @@ struct KernelFacts {
   int sms = 0;
   BuildFacts plain;
   BuildFacts dense;
+  BuildFacts many_rows;  // the Hopper many-row kernel's (read only where many_rows_serves)
 };
 
 // The split kernel a call runs and what its plan aims at.
@@ -62,6 +65,17 @@ constexpr int kMaxSplitsPerSeq = 1024;  // bounds the partials buffer
 // f16, the fragments' type) and the head dim is a multiple of 32 (fp8_frags.cuh). Otherwise the
 // CUDA cores.
 bool use_mma(const CallShape& s);
+// Whether P, rounded to the tensor-core fragments' dtype (relative error 2^-9 for bf16, 2^-12 for
+// f16, which fp8 caches use), needs a lo part next to it (SplitParams::p_lo): not for a bf16 out
+// (whose own rounding is 2^-9 of |out|) nor for an f16 out from an f16 or fp8 cache; an f32 out,
+// or an f16 out from a bf16 cache, does.
+bool p_needs_lo(DType k_dtype, DType out_dtype);
+// The calls the Hopper many-row kernel serves (SplitBuild::hopper): a 16-bit cache with q in its
+// dtype, head dim 128, P without a lo part, no soft-cap or ALiBi (sinks and windows are fine),
+// block sizes 16 to 256 in powers of two (whole TMA boxes per tile), and at least
+// kManyRowsMinRows query rows per kv head (below that the tensor-core path is as fast).
+constexpr int kManyRowsMinRows = 32;
+bool many_rows_serves(const CallShape& s);
 int rows_per_cta(const CallShape& s);
 int row_chunks(const CallShape& s);
 // The wide build: tensor cores, several query tokens and more than 16 rows per CTA, where a warp

@@ -5,6 +5,9 @@
 
 #include "pagedattn/dtype.hpp"
 #include "split_params.cuh"
+#if PAGEDATTN_MANY_ROWS_KERNEL
+#include "hopper/many_rows.hpp"
+#endif
 
 namespace pagedattn::detail::cuda {
 namespace {
@@ -35,6 +38,9 @@ void with_cache_type(DType k_dtype, F&& f) {
 
 bool launch_split(const SplitParams& p, DType k_dtype, int head_dim, SplitBuild b, int grid,
                   cudaStream_t stream) {
+#if PAGEDATTN_MANY_ROWS_KERNEL
+  if (b.hopper) return head_dim == 128 && launch_many_rows(p, k_dtype, grid, stream);
+#endif
   bool launched = false;
   with_cache_type(k_dtype, [&](auto t) {
     using T = typename decltype(t)::type;
@@ -47,6 +53,12 @@ bool launch_split(const SplitParams& p, DType k_dtype, int head_dim, SplitBuild 
 
 BuildFacts split_build_facts(DType k_dtype, int head_dim, SplitBuild b) {
   BuildFacts facts;
+  if (b.hopper) {  // none without the kernel in this build
+#if PAGEDATTN_MANY_ROWS_KERNEL
+    if (head_dim == 128) facts = many_rows_facts(k_dtype);
+#endif
+    return facts;
+  }
   with_cache_type(k_dtype, [&](auto t) {
     using T = typename decltype(t)::type;
     with_head_dim(head_dim,

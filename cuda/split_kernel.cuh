@@ -37,7 +37,6 @@ __device__ __forceinline__ void split_cta(const SplitParams& p) {
   constexpr int STAGES = Cfg::STAGES;
   extern __shared__ __align__(16) char smem_raw[];
   char* smem = align_smem(smem_raw);
-  __shared__ ItemInfo plan;
 
 #if __CUDA_ARCH__ >= 900
   // This grid is launched as a programmatic dependent of the stream's previous kernel (on sm_90,
@@ -50,29 +49,10 @@ __device__ __forceinline__ void split_cta(const SplitParams& p) {
   // started, its CTAs may take free SM slots and wait (griddepcontrol.wait) for this grid's end.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-  const int i = blockIdx.x;
-  CtaItem item;
-  const int row_chunk = i % p.row_chunks;
-  item.kv = (i / p.row_chunks) % p.num_kv_heads;
-  plan_item(p, i / (p.row_chunks * p.num_kv_heads), &plan);
-  if (!plan.found) return;  // uniform: past the plan's items
-  item.seq = plan.seq;
-  const SeqQueries sq = seq_queries(p, item.seq);
-  item.q_row0 = sq.row0;
-  item.n_q = sq.n;
-  item.row_begin = row_chunk * p.rows_per_cta;
-  item.rows = min(p.rows_per_cta, sq.n * p.group - item.row_begin);
-  if (item.rows <= 0) return;  // uniform: a row chunk past this sequence's query tokens
-  item.part_base = static_cast<std::int64_t>(plan.offset + plan.split) * p.max_q * p.num_heads;
-
-  const int len = clamp_len(__ldg(p.lens + item.seq), p.max_blocks * p.block_size);
-  int first = 0;  // with a window, the blocks before it are not planned
-  const int nb = planned_of(p, len, sq.n, &first);
-  item.finish = splits_for(nb, plan.chunk) == 1;
-  int blk_begin = 0, blk_end = 0;
-  split_block_range(nb, plan.chunk, plan.split, &blk_begin, &blk_end);
-  blk_begin += first;
-  blk_end += first;
+  __shared__ PlanScratch<kThreads> plan_scratch;
+  CtaWork work;
+  if (!plan_cta<kThreads>(p, plan_scratch, &work)) return;  // uniform
+  const CtaItem& item = work.item;
   const long long head_off = item.kv * p.head_bytes;
   Pipe pipe;
   pipe.stages = smem;
@@ -83,10 +63,10 @@ __device__ __forceinline__ void split_cta(const SplitParams& p) {
   pipe.gK = static_cast<const char*>(p.k) + head_off;
   pipe.v_minus_k = static_cast<const char*>(p.v) - static_cast<const char*>(p.k);
   pipe.unit = p.row_unit;
-  pipe.tok_begin = blk_begin * p.block_size;
-  pipe.tok_lo = queries_first_token(len, sq.n, p.plan.window_left);
-  pipe.tok_end = min(blk_end * p.block_size, len);
-  pipe.last_pos = len - 1;
+  pipe.tok_begin = work.tok_begin;
+  pipe.tok_lo = work.tok_lo;
+  pipe.tok_end = work.tok_end;
+  pipe.last_pos = work.len - 1;
   pipe.ntiles = (pipe.tok_end - pipe.tok_begin + TT - 1) / TT;
   if constexpr (kMma && kWide) {
     mma_item<T, D, true, true>(p, item, pipe, smem);

@@ -116,6 +116,7 @@ std::vector<LayoutParam> layout_params() {
       v.push_back({b, DType::kBF16, 128, 4, 16, l});
       v.push_back({b, DType::kF16, 64, 1, 7, l});
       v.push_back({b, DType::kF32, 80, 8, 32, l});
+      v.push_back({b, DType::kBF16, 128, 32, 64, l});  // sm_90's many-row kernel (TMA)
     }
   }
   return v;

@@ -253,5 +253,73 @@ TEST(KernelChoice, PlanOptionsAndCallShape) {
   EXPECT_EQ(call_shape(a).q_len, 6);
 }
 
+// The Hopper many-row kernel serves 16-bit caches with q and a P-rounding out in their dtype at
+// head dim 128, whole TMA boxes (block sizes 16 to 256, powers of two), no soft-cap or ALiBi and
+// at least kManyRowsMinRows rows per kv head.
+TEST(KernelChoice, ManyRowsServesItsCallsOnly) {
+  CallShape s = shape(DType::kBF16, DType::kBF16, 128, 8, 4);  // 32 rows
+  s.out_dtype = DType::kBF16;
+  EXPECT_TRUE(many_rows_serves(s));
+  CallShape t = s;
+  t.q_len = 3;  // 24 rows
+  EXPECT_FALSE(many_rows_serves(t));
+  t = s;
+  t.group = 64;
+  t.q_len = 1;
+  EXPECT_TRUE(many_rows_serves(t));
+  for (int bs : {8, 48, 512}) {
+    t = s;
+    t.block_size = bs;
+    EXPECT_FALSE(many_rows_serves(t)) << "block size " << bs;
+  }
+  for (int bs : {16, 32, 64, 128, 256}) {
+    t = s;
+    t.block_size = bs;
+    EXPECT_TRUE(many_rows_serves(t)) << "block size " << bs;
+  }
+  t = s;
+  t.out_dtype = DType::kF32;  // P needs its lo part
+  EXPECT_FALSE(many_rows_serves(t));
+  t = s;
+  t.out_dtype = DType::kF16;  // an f16 out from a bf16 cache: the same
+  EXPECT_FALSE(many_rows_serves(t));
+  t = s;
+  t.logit_variant = true;
+  EXPECT_FALSE(many_rows_serves(t));
+  t = s;
+  t.head_dim = 64;
+  EXPECT_FALSE(many_rows_serves(t));
+  t = shape(DType::kF16, DType::kF16, 128, 8, 4);
+  t.out_dtype = DType::kBF16;  // f16 P under a bf16 out's rounding
+  EXPECT_TRUE(many_rows_serves(t));
+  t = shape(DType::kBF16, DType::kFP8E4M3, 128, 8, 4);
+  t.out_dtype = DType::kBF16;
+  EXPECT_FALSE(many_rows_serves(t));
+}
+
+TEST(KernelChoice, ManyRowsTakenWhereTheDeviceHasIt) {
+  CallShape s = shape(DType::kBF16, DType::kBF16, 128, 8, 8);  // 64 rows
+  s.out_dtype = DType::kBF16;
+  KernelFacts f = facts(2, 0);
+  KernelChoice k = choose_split_kernel(s, f);
+  EXPECT_FALSE(k.build.hopper);  // no many-row kernel on this device
+  EXPECT_TRUE(k.build.wide);
+  f.many_rows = {2, 114848};
+  k = choose_split_kernel(s, f);
+  EXPECT_TRUE(k.build.hopper);
+  EXPECT_TRUE(k.build.mma);
+  EXPECT_FALSE(k.build.wide);
+  EXPECT_EQ(k.rows_per_cta, kMmaRowsPerCta);
+  EXPECT_EQ(k.row_chunks, 1);
+  EXPECT_EQ(k.ctas_per_sm, 2);
+  EXPECT_EQ(k.smem_bytes, 114848);
+  EXPECT_EQ(k.parallelism, 132 * 2);
+  s.q_len = 16;  // 128 rows: two row chunks
+  k = choose_split_kernel(s, f);
+  EXPECT_TRUE(k.build.hopper);
+  EXPECT_EQ(k.row_chunks, 2);
+  EXPECT_EQ(k.parallelism, 132);
+}
+
 }  // namespace
 }  // namespace pagedattn::detail::cuda

@@ -407,9 +407,10 @@ TEST_P(QueryTokenReference, MatchesTheReference) {
 
 std::vector<GridParam> grid_params() {
   std::vector<GridParam> v;
-  // Head dims 64, 128 and 80 (a padded one), groups 1, 4, 8 and 16, block sizes 1, 16 and 7;
+  // Head dims 64, 128 and 80 (a padded one), groups 1, 4, 8 and 16, block sizes 1, 16, 7 and 64
+  // (with 16 and 64 at group 8, sm_90 takes its many-row kernel from 4 query tokens on);
   // group 64 at head dim 256 for the plain call and all variants together.
-  const GridShape shapes[] = {{64, 16, 4}, {128, 16, 8}, {80, 7, 16}, {128, 1, 1}};
+  const GridShape shapes[] = {{64, 16, 4}, {128, 16, 8}, {80, 7, 16}, {128, 1, 1}, {128, 64, 8}};
   for (Backend b : {Backend::kCpu, Backend::kCuda}) {
     for (VariantKind k : {VariantKind::kPlain, VariantKind::kWindow, VariantKind::kSoftCap,
                           VariantKind::kAlibi, VariantKind::kSinks, VariantKind::kAll}) {

@@ -44,11 +44,13 @@ void check_launch(const DecodeArgs& args, const pagedattn::DecodeOptions& option
 // Device workspace bytes decode needs for these shapes (see pagedattn::cuda_workspace_size).
 std::size_t workspace_size(const DecodeArgs& args);
 // The split kernel's build decode runs for these shapes (dense: more CTAs per SM, fp8
-// tensor-core kernels, cuda/split_kernel.cuh), the CTAs per SM and waves of it its plan aims at
-// (cuda/kernel_choice.cpp, choose_split_kernel), and the CTAs per SM each build fits (the same for
-// both where there is no dense build), so the tests can check each choice.
+// tensor-core kernels, cuda/split_kernel.cuh; many_rows: the Hopper many-row kernel,
+// cuda/hopper/), the CTAs per SM and waves of it its plan aims at (cuda/kernel_choice.cpp,
+// choose_split_kernel), and the CTAs per SM each build fits (the same for both where there is no
+// dense build), so the tests can check each choice.
 struct SplitChoice {
   bool dense = false;
+  bool many_rows = false;
   int waves = 1;
   int ctas_per_sm = 0;
   int plain_fits = 0;
