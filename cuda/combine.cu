@@ -94,10 +94,11 @@ __device__ void merge_slice(const CombineParams& p, std::int64_t idx, int dc, in
 
 // One warp per (sequence, query token, query head, 32-element slice of head_dim) unit, so even
 // B = 1 spreads over H x head_dim / 32 warps. The grid holds at most what is resident at once
-// (launch_combine) and each warp strides over the units, 32 strides at a time: lane j reads the
-// split count of the j-th unit's sequence, and the warp merges only the units whose sequence has
-// several splits. Units of one-split sequences (their split CTA wrote out and lse) cost one
-// round trip per 32 of them, where a CTA per unit would pay a CTA launch each.
+// (launch_combine). Where that covers the units, each warp takes one; otherwise each warp strides
+// over them, 32 strides at a time: lane j reads the split count of the j-th unit's sequence, and
+// the warp merges only the units whose sequence has several splits. Units of one-split sequences
+// (their split CTA wrote out and lse) cost one round trip per 32 of them, where a CTA per unit
+// would pay a CTA launch each.
 template <typename OutT>
 __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombineParams p) {
   // Launched programmatically after the split kernel: wait until its partials are complete and
@@ -113,9 +114,18 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
   const std::int64_t rows = static_cast<std::int64_t>(p.max_q) * p.num_heads;  // per split
   const std::int64_t units = p.batch * rows * dchunks;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kCombineWarps;
-  for (std::int64_t first =
-           static_cast<std::int64_t>(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
-       first < units; first += 32 * stride) {
+  const std::int64_t warp =
+      static_cast<std::int64_t>(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5);
+  if (units <= stride) {  // a unit per warp at most: nothing to scan
+    if (warp >= units) return;
+    const std::int64_t idx = warp / dchunks;  // the (sequence, query token, query head) row
+    const int b = static_cast<int>(idx / rows);
+    const int off = p.split_offset[b];
+    const int ns = p.split_offset[b + 1] - off;
+    if (ns != 1) merge_slice<OutT>(p, idx, static_cast<int>(warp - idx * dchunks), b, off, ns);
+    return;
+  }
+  for (std::int64_t first = warp; first < units; first += 32 * stride) {
     const std::int64_t mine = first + lane * stride;
     int off = 0, ns = 1;
     if (mine < units) {

@@ -182,6 +182,18 @@ TEST(CudaDecode, SkewedBatch) {
   expect_matches_reference(c);
 }
 
+// More (row, head-dim slice) units than the combine's resident warps, long sequences (several
+// splits) among short ones (one): each warp scans units 32 strides at a time and merges only
+// those of the long sequences.
+TEST(CudaDecode, CombineStridesOverMoreRowsThanResidentWarps) {
+  SKIP_WITHOUT_CUDA();
+  std::vector<int> lens(300, 20);
+  for (std::size_t b = 3; b < lens.size(); b += 37) lens[b] = 6000 + static_cast<int>(b);
+  testing::HostCase c = testing::make_case(spec_for(DType::kBF16, 64, 8, 128, 16, lens));
+  testing::run_decode(c, cuda_options());
+  expect_matches_reference(c);
+}
+
 // single_split (one work item per sequence and kv head) gives the same function.
 TEST(CudaDecode, SingleSplit) {
   SKIP_WITHOUT_CUDA();
