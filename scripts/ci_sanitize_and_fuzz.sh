@@ -81,8 +81,7 @@ if [[ "${SKIP_SANITIZE:-0}" != 1 ]]; then
   # -g1: line tables and inlined frames, all a sanitizer report's stack trace reads; -g's
   # variable locations are for a debugger, and tracking them slowed the build by about a sixth.
   # -O1, the level the sanitizers' own docs suggest: the instrumented SIMD kernels compile
-  # several times faster than at -O2 (the AVX-512 one 38 s against 292 s), which outweighs the
-  # slower tests (the build and tests took 6.6 minutes on 2 cores against 10.8 at -O2).
+  # several times faster than at -O2, which outweighs the slower tests (docs/fuzzing.md).
   cmake -S . -B "$asan" -DPAGEDATTN_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DPAGEDATTN_TEST_SHARDS="$shards" \
     -DPAGEDATTN_BUILD_TESTS=ON -DPAGEDATTN_BUILD_FUZZ=ON -DPAGEDATTN_BUILD_BENCH=OFF \
