@@ -45,7 +45,10 @@ KernelChoice split_kernel_for(const DecodeArgs& a) {
   const SplitBuild candidate = candidate_build(shape);
   KernelFacts facts;
   facts.plain = split_build_facts(a.k_dtype, a.head_dim, candidate);
-  if (facts.plain.ctas_per_sm <= 0) kernel_does_not_fit(a);
+  if (facts.plain.ctas_per_sm <= 0 && candidate.mma && a.k_dtype == DType::kF32) {
+    facts.simt = split_build_facts(a.k_dtype, a.head_dim, SplitBuild{});
+  }
+  if (facts.plain.ctas_per_sm <= 0 && facts.simt.ctas_per_sm <= 0) kernel_does_not_fit(a);
   facts.sms = current_device().sms;
   if (many_rows_serves(shape)) {
     SplitBuild many_rows = candidate;

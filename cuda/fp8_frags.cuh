@@ -30,10 +30,6 @@
 
 namespace pagedattn::detail::cuda {
 
-// Head dims with an fp8 tensor-core kernel: each ldmatrix covers two 16-code chunks.
-template <typename T, int D>
-constexpr bool kMmaHeadDim = !is_fp8_type<T> || D % 32 == 0;
-
 // Codes `a` (low half) and `b` (high half) of word x as an f16 pair. e5m2 is the top byte of an
 // f16, so a byte permute is the whole conversion; e4m3 goes through the sm_89 conversion (exact).
 template <typename T, int a, int b>

@@ -18,6 +18,10 @@ CallShape call_shape(const DecodeArgs& a) {
 bool use_mma(const CallShape& s) {
   const bool q16 = s.q_dtype == DType::kF16 || s.q_dtype == DType::kBF16;
   if (is_fp8(s.k_dtype)) return q16 && s.head_dim % 32 == 0;
+  if (s.k_dtype == DType::kF32) {
+    return s.q_dtype == DType::kF32 && s.head_dim % 32 == 0 && s.head_dim <= 128 &&
+           std::int64_t{s.group} * s.q_len >= kTf32MinRows;
+  }
   return (s.k_dtype == DType::kF16 || s.k_dtype == DType::kBF16) && s.q_dtype == s.k_dtype;
 }
 
@@ -35,7 +39,15 @@ bool many_rows_serves(const CallShape& s) {
          std::int64_t{s.group} * s.q_len >= kManyRowsMinRows;
 }
 
-int rows_per_cta(const CallShape& s) { return use_mma(s) ? kMmaRowsPerCta : kSimtRowsPerCta; }
+int rows_per_cta(const CallShape& s) {
+  if (!use_mma(s)) return kSimtRowsPerCta;
+  return s.k_dtype == DType::kF32 ? kTf32RowsPerCta : kMmaRowsPerCta;
+}
+
+bool simt_stands_in(const CallShape& s, const KernelFacts& f) {
+  return s.k_dtype == DType::kF32 && use_mma(s) && f.plain.ctas_per_sm <= 0 &&
+         f.simt.ctas_per_sm > 0;
+}
 
 int row_chunks(const CallShape& s) {
   const std::int64_t rows = static_cast<std::int64_t>(s.group) * s.q_len;
@@ -86,6 +98,15 @@ bool two_dense_waves_pay(const CallShape& s, int sms, int most) {
 
 KernelChoice choose_split_kernel(const CallShape& s, const KernelFacts& f) {
   KernelChoice k;
+  if (simt_stands_in(s, f)) {
+    const std::int64_t rows = std::int64_t{s.group} * s.q_len;
+    k.rows_per_cta = kSimtRowsPerCta;
+    k.row_chunks = static_cast<int>((rows + kSimtRowsPerCta - 1) / kSimtRowsPerCta);
+    k.ctas_per_sm = f.simt.ctas_per_sm;
+    k.smem_bytes = f.simt.smem_bytes;
+    k.parallelism = std::max(1, f.sms * k.ctas_per_sm * k.waves / k.row_chunks);
+    return k;
+  }
   k.build = candidate_build(s);
   k.rows_per_cta = rows_per_cta(s);
   k.row_chunks = row_chunks(s);

@@ -38,12 +38,15 @@ struct KernelFacts {
   BuildFacts plain;
   BuildFacts dense;
   BuildFacts many_rows;  // the Hopper many-row kernel's (read only where many_rows_serves)
+  // The CUDA-core build's, read only where the plain build is f32's tf32 build and does not fit
+  // (simt_stands_in).
+  BuildFacts simt;
 };
 
 // The split kernel a call runs and what its plan aims at.
 struct KernelChoice {
   SplitBuild build;
-  int rows_per_cta = 0;  // kMmaRowsPerCta or kSimtRowsPerCta
+  int rows_per_cta = 0;  // rows_per_cta(s), or kSimtRowsPerCta where simt_stands_in
   int row_chunks = 0;    // CTAs per work item: ceil(group x q_len / rows_per_cta)
   int ctas_per_sm = 0;   // what the plan fills, at most what fits of the build; 0: none fits
   int waves = 1;         // waves of those CTAs the plan aims at
@@ -62,8 +65,11 @@ constexpr int kMaxSplitsPerSeq = 1024;  // bounds the partials buffer
 
 // The tensor cores for every group size of a 16-bit cache with q in the cache dtype, even MHA
 // (the MMAs cost little next to the copies); for an fp8 cache when q is f16 or bf16 (exact in
-// f16, the fragments' type) and the head dim is a multiple of 32 (fp8_frags.cuh). Otherwise the
-// CUDA cores.
+// f16, the fragments' type) and the head dim is a multiple of 32 (fp8_frags.cuh); for an f32
+// cache with an f32 q (3xTF32, tf32_frags.cuh) at head dims 64, 96 and 128 with at least
+// kTf32MinRows query rows per kv head. Otherwise the CUDA cores: with one or two rows they read
+// an f32 cache faster than the three MMAs per product run (docs/cuda.md).
+constexpr int kTf32MinRows = 3;
 bool use_mma(const CallShape& s);
 // Whether P, rounded to the tensor-core fragments' dtype (relative error 2^-9 for bf16, 2^-12 for
 // f16, which fp8 caches use), needs a lo part next to it (SplitParams::p_lo): not for a bf16 out
@@ -76,7 +82,11 @@ bool p_needs_lo(DType k_dtype, DType out_dtype);
 // kManyRowsMinRows query rows per kv head (below that the tensor-core path is as fast).
 constexpr int kManyRowsMinRows = 32;
 bool many_rows_serves(const CallShape& s);
+// kMmaRowsPerCta on the tensor cores (kTf32RowsPerCta for f32), else kSimtRowsPerCta.
 int rows_per_cta(const CallShape& s);
+// Where f32's tf32 build needs more shared memory than the device has (sm_86 and sm_89: 99 KB
+// per block) and the CUDA-core build fits, that one runs instead.
+bool simt_stands_in(const CallShape& s, const KernelFacts& f);
 int row_chunks(const CallShape& s);
 // The wide build: tensor cores, several query tokens and more than 16 rows per CTA, where a warp
 // takes 2 or 4 slices of each tile and folds them at once; head dims with one (wide_head_dim).

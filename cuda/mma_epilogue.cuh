@@ -35,9 +35,10 @@ __device__ __forceinline__ void mma_stash(const SplitParams& p, const CtaItem& i
   for (int r = 0; r < 2; ++r) {
     float* row = base + (w.g + 8 * r) * SROW;
     if (w.q4 == 0) *reinterpret_cast<float2*>(row + D) = make_float2(st[r].m, st[r].l);
-    if constexpr (Cfg::kFp8) {
-      // n-tiles 2 c and 2 c + 1 hold dims 16 c + 4 q4 .. + 3 (fp8_chunk_dim); V's scale joins
-      // the sum here: sum p (code x v_scale) = v_scale x sum p code.
+    if constexpr (Cfg::kFp8 || Cfg::kTf32) {
+      // n-tiles 2 c and 2 c + 1 hold dims 16 c + 4 q4 .. + 3 (fp8_chunk_dim; the tf32 path's
+      // columns are in the same order); V's scale joins the sum here:
+      // sum p (code x v_scale) = v_scale x sum p code.
 #pragma unroll
       for (int c = 0; c < D / 16; ++c) {
         const int d = fp8_chunk_dim(c, w.q4);

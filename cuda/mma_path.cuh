@@ -1,5 +1,6 @@
-// The tensor-core path (f16/bf16 caches with q in the same dtype, any group): S = Q K^T and
-// O += P V with mma.sync m16n8k16, the CTA's rows (query token x query head of the group; see
+// The tensor-core path (f16/bf16 caches with q in the same dtype, fp8 caches, f32 caches in 3xTF32;
+// kernel_choice.hpp says which calls): S = Q K^T and O += P V with mma.sync (m16n8k16; m16n8k8
+// for f32, tf32_frags.cuh), the CTA's rows (query token x query head of the group; see
 // query_rows.cuh) as M (padded to 16; up to 4 row tiles, 64 rows), 16-token slices as N (scores)
 // and K (P V). The keys and values are read once for all of a sequence's query tokens. The 4
 // warps take different token slices (or row tiles for more than 16 rows), each with its own
@@ -59,7 +60,7 @@ __device__ __forceinline__ void mma_fold(const SplitParams& p, MmaWarp w, MmaQSm
   float alpha[2];
   mma_softmax<NS>(s, rows.efac, st, alpha);
   mma_rescale<D>(o, alpha);
-  if (p.p_lo) {
+  if (MmaCfg<T, D>::kTf32 || p.p_lo) {  // tf32 splits P whatever p_lo says
 #pragma unroll
     for (int j = 0; j < NS; ++j) {
       mma_values<T, D, true>(v_at, tile.v, sl0 + j * w.WT, s[j], disagree, keep, o);
@@ -126,6 +127,7 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
     k_at[j] = Geo::offset(k_tok, 2 * j + k_half);
     v_at[j] = Geo::offset(v_tok, 2 * j + v_half);
   }
+  if constexpr (Cfg::kTf32) tf32_v_offsets<D>(w.g, w.q4, v_at);  // 8-byte loads, not ldmatrix
 
   for (int it = 0; it < pipe.ntiles; ++it) {
     const int next_id = pipe.begin(it);

@@ -1,6 +1,6 @@
 // The P V step of the tensor-core path (mma_path.cuh): O += P V for a warp's 16-token slices, the
 // weights' score fragment reused in registers as the A operand and V's rows through
-// ldmatrix.trans as the B operand.
+// ldmatrix.trans as the B operand (f32 caches: 3xTF32, V's rows by 8-byte loads, tf32_frags.cuh).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,7 @@
 #include "fp8_frags.cuh"
 #include "mma_layout.cuh"
 #include "ptx.cuh"
+#include "tf32_frags.cuh"
 
 namespace pagedattn::detail::cuda {
 
@@ -40,15 +41,74 @@ __device__ __forceinline__ void for_v_tiles(const char* v_slice, const int (&v_a
   }
 }
 
-// O += P V for slice sl of tile vS (s: its weights), P as the A operand in hi and lo parts (lo
+// Zeroes a non-finite f32 (a bit pattern) and returns its indicator: 1.0f where it was not
+// finite, else 0.
+__device__ __forceinline__ std::uint32_t take_non_finite_f32(std::uint32_t& x) {
+  if ((x & 0x7f800000u) != 0x7f800000u) return 0u;
+  x = 0u;
+  return 0x3f800000u;
+}
+
+// O += P V in 3xTF32 for the slice at v_slice (s: its weights; v_at: tf32_v_offsets), two
+// k-steps of 8 tokens, each with one 8-byte load per token and pair of n-tiles
+// (tf32_frags.cuh). disagree, keep: as for mma16_values.
+template <int D>
+__device__ __forceinline__ void tf32_values(const int (&v_at)[4], const char* v_slice,
+                                            const float (&s)[2][4], bool disagree, unsigned keep,
+                                            float (&o)[D / 8][4]) {
+  constexpr int ROW = RowGeom<float, D>::kRowBytes;
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    const Tf32A a = tf32_p(s, n);
+    const char* vn = v_slice + 8 * n * ROW;
+    // The indicator operand of the rows that attend to each token (the permuted k order).
+    std::uint32_t att[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int e = (r >> 1) | ((r & 1) << 1);  // a0..a3 are elements 0, 2, 1, 3
+      att[r] = (keep >> (n * 4 + e)) & 1u ? 0x3f800000u : 0u;
+    }
+#pragma unroll
+    for (int m = 0; m < D / 16; ++m) {
+      const uint2 x0 = *reinterpret_cast<const uint2*>(vn + v_at[m & 1] + (m >> 1) * 128);
+      const uint2 x1 = *reinterpret_cast<const uint2*>(vn + v_at[2 + (m & 1)] + (m >> 1) * 128);
+      std::uint32_t b[4] = {x0.x, x1.x, x0.y, x1.y};  // n-tile 2 m: b[0], b[1]; 2 m + 1: b[2], b[3]
+      if (!disagree) {
+        mma_3xtf32(o[2 * m], a, b[0], b[1]);
+        mma_3xtf32(o[2 * m + 1], a, b[2], b[3]);
+        continue;
+      }
+      // As in mma16_values: V's non-finite values go in as 0, and the indicator product makes the
+      // columns of the rows that attend to one NaN.
+      std::uint32_t nf[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) nf[j] = take_non_finite_f32(b[j]);
+      float hit[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      mma_tf32(hit[0], att, nf[0], nf[1]);
+      mma_tf32(hit[1], att, nf[2], nf[3]);
+      mma_3xtf32(o[2 * m], a, b[0], b[1]);
+      mma_3xtf32(o[2 * m + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (hit[h][e] > 0.f) o[2 * m + h][e] = NAN;
+        }
+      }
+    }
+  }
+}
+
+// O += P V for slice sl of tile vS (s: its weights) from a 16-bit or fp8 tile, P as the A operand
+// in hi and lo parts (lo
 // only with kLo, which is p.p_lo: a compile-time flag here so that a fold's P V products for all
 // its slices are one straight run of code, the fragments of the next slice loaded while the
 // products of this one issue). disagree, keep: whether the rows disagree on the slice and each
 // element's verdict (mma_keep_bits).
 template <typename T, int D, bool kLo>
-__device__ __forceinline__ void mma_values(const int (&v_at)[4], const char* vS, int sl,
-                                           const float (&s)[2][4], bool disagree, unsigned keep,
-                                           float (&o)[D / 8][4]) {
+__device__ __forceinline__ void mma16_values(const int (&v_at)[4], const char* vS, int sl,
+                                             const float (&s)[2][4], bool disagree, unsigned keep,
+                                             float (&o)[D / 8][4]) {
   using Cfg = MmaCfg<T, D>;
   using Op = MmaOp<typename Cfg::MmaT>;
   std::uint32_t ph[4], pl[4] = {0u, 0u, 0u, 0u};
@@ -108,6 +168,18 @@ __device__ __forceinline__ void mma_values(const int (&v_at)[4], const char* vS,
         }
       }
     });
+  }
+}
+
+// O += P V for slice sl of tile vS: mma16_values, or tf32_values for an f32 tile.
+template <typename T, int D, bool kLo>
+__device__ __forceinline__ void mma_values(const int (&v_at)[4], const char* vS, int sl,
+                                           const float (&s)[2][4], bool disagree, unsigned keep,
+                                           float (&o)[D / 8][4]) {
+  if constexpr (MmaCfg<T, D>::kTf32) {
+    tf32_values<D>(v_at, vS + sl * 16 * MmaCfg<T, D>::ROW, s, disagree, keep, o);
+  } else {
+    mma16_values<T, D, kLo>(v_at, vS, sl, s, disagree, keep, o);
   }
 }
 

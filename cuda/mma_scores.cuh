@@ -1,5 +1,6 @@
 // The score step of the tensor-core path (mma_path.cuh): Q's A fragments, loaded once per item,
-// and S = Q K^T of a warp's 16-token slices of a tile, K through ldmatrix as the B operand.
+// and S = Q K^T of a warp's 16-token slices of a tile, K through ldmatrix as the B operand (for
+// f32 caches in 3xTF32, tf32_frags.cuh).
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include "ptx.cuh"
 #include "query_rows.cuh"
 #include "split_params.cuh"
+#include "tf32_frags.cuh"
 
 namespace pagedattn::detail::cuda {
 
@@ -28,7 +30,10 @@ __device__ __forceinline__ void mma_load_q(const SplitParams& p, const CtaItem& 
                                            std::uint32_t (&qf)[MmaCfg<T, D>::kQK][4],
                                            float (&logit_fac)[2]) {
   using Cfg = MmaCfg<T, D>;
-  if constexpr (Cfg::kFp8) {
+  if constexpr (Cfg::kTf32) {
+    // The warps of a row tile share its fragments: the first one stores them.
+    if (w.wt == 0) tf32_store_q<D>(q, p.q_stride, qr, w.wh, w.lane, w.q4, sQ);
+  } else if constexpr (Cfg::kFp8) {
     fp8_q_fragments<D>(p, qr, w.q4, head_scale(p.k_scale, p.k_scales, item.kv), logit_fac,
                        [&](int kk, const std::uint32_t(&a)[4]) {
                          if constexpr (Cfg::kQInSmem) {
@@ -103,7 +108,22 @@ __device__ __forceinline__ void mma_scores(MmaWarp w, MmaQSmem qs,
       for (int j = 0; j < NS; ++j) s[j][n][e] = 0.f;
     }
   }
-  if constexpr (Cfg::kFp8) {
+  if constexpr (Cfg::kTf32) {
+    // k-steps of 8 dims: the ldmatrix of the 16-bit path (tf32_frags.cuh), Q's split fragments
+    // from shared memory, three MMAs per n-tile.
+#pragma unroll
+    for (int kk = 0; kk < D / 8; ++kk) {
+      const Tf32A a = tf32_load_q<D>(qs.base, w.wh, w.lane, kk);
+#pragma unroll
+      for (int j = 0; j < NS; ++j) {
+        std::uint32_t bk[4];
+        ldmatrix_x4(bk, kS + (sl0 + j * w.WT) * 16 * Cfg::ROW + k_at[kk % 4] + (kk / 4) * 128);
+        float(&acc)[2][4] = acc_of<NS>(s, s_odd, j, kk);
+        mma_3xtf32(acc[0], a, bk[0], bk[1]);
+        mma_3xtf32(acc[1], a, bk[2], bk[3]);
+      }
+    }
+  } else if constexpr (Cfg::kFp8) {
     // One ldmatrix: tokens 0-7 and 8-15 of chunks 2 j and 2 j + 1, i.e. k-steps 2 jj, 2 jj + 1.
 #pragma unroll
     for (int jj = 0; jj < D / 32; ++jj) {

@@ -14,6 +14,9 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kSimtRowsPerWarp = 4;
 constexpr int kSimtRowsPerCta = kSimtRowsPerWarp * kWarps;
 constexpr int kMmaRowsPerCta = 64;
+// The tf32 path (f32 caches) holds one row tile: its split Q fragments take shared memory that
+// the stages need (tf32_frags.cuh).
+constexpr int kTf32RowsPerCta = 16;
 
 // Which build of a cache dtype's split kernel a call runs (choose_split_kernel,
 // kernel_choice.hpp).

@@ -170,17 +170,17 @@ template <typename T, int D>
 constexpr int kDenseMinCtas = is_fp8_type<T> ? (D == 64 ? 4 : (D == 128 ? 3 : 0)) : 0;
 
 // Calls f(bool_constant<kMma>, integral_constant<int, kMinCtas>, bool_constant<kWide>) for
-// build b of the kernel of cache dtype T at head dim D: the CUDA cores (kMma false: f32 caches,
-// kCanMma false, and head dims without a tensor-core kernel), the wide build where b asks for it
-// and there is one (wide_head_dim), the dense build where b asks for it and there is one
-// (kDenseMinCtas), else the plain tensor-core build.
-template <typename T, bool kCanMma, int D, typename F>
+// build b of the kernel of cache dtype T at head dim D: the CUDA cores (kMma false: where b asks
+// for them, and head dims without a tensor-core kernel), the wide build where b asks for it and
+// there is one (wide_head_dim; not for f32, whose tf32 path holds one row tile), the dense build
+// where b asks for it and there is one (kDenseMinCtas), else the plain tensor-core build.
+template <typename T, int D, typename F>
 void with_split_build(SplitBuild b, F&& f) {
   using std::bool_constant;
   using std::integral_constant;
-  if constexpr (kCanMma && kMmaHeadDim<T, D>) {
+  if constexpr (kMmaHeadDim<T, D>) {
     if (b.mma) {
-      if constexpr (wide_head_dim(D)) {
+      if constexpr (wide_head_dim(D) && !MmaCfg<T, D>::kTf32) {
         if (b.wide) {
           return f(bool_constant<true>{}, integral_constant<int, 0>{}, bool_constant<true>{});
         }
@@ -198,12 +198,11 @@ void with_split_build(SplitBuild b, F&& f) {
 }
 
 // SplitKernels<T, D> (split_params.cuh) through with_split_build, so the planner counts the CTAs
-// and shared memory of the kernel that runs. Cache dtypes other than f32 have a tensor-core variant
-// (fp8 at head dims that are multiples of 32: kMmaHeadDim).
+// and shared memory of the kernel that runs. Every cache dtype has a tensor-core variant at the
+// head dims of kMmaHeadDim.
 template <typename T, int D>
 void SplitKernels<T, D>::launch(const SplitParams& p, SplitBuild b, int grid, cudaStream_t stream) {
-  constexpr bool kCanMma = !std::is_same_v<T, float>;
-  with_split_build<T, kCanMma, D>(b, [&](auto mma, auto min_ctas, auto wide) {
+  with_split_build<T, D>(b, [&](auto mma, auto min_ctas, auto wide) {
     launch_split_typed<T, D, decltype(mma)::value, decltype(min_ctas)::value,
                        decltype(wide)::value>(p, grid, stream);
   });
@@ -211,9 +210,8 @@ void SplitKernels<T, D>::launch(const SplitParams& p, SplitBuild b, int grid, cu
 
 template <typename T, int D>
 BuildFacts SplitKernels<T, D>::facts(SplitBuild b) {
-  constexpr bool kCanMma = !std::is_same_v<T, float>;
   BuildFacts f;
-  with_split_build<T, kCanMma, D>(b, [&](auto mma, auto min_ctas, auto wide) {
+  with_split_build<T, D>(b, [&](auto mma, auto min_ctas, auto wide) {
     using Cfg = typename std::conditional<decltype(mma)::value, MmaCfg<T, D>, SimtCfg<T, D>>::type;
     f.ctas_per_sm = prepare_split_typed<T, D, decltype(mma)::value, decltype(min_ctas)::value,
                                         decltype(wide)::value>();

@@ -56,21 +56,57 @@ TEST(KernelChoice, QInAnotherDtypeThanA16BitCacheRunsOnTheCudaCores) {
   EXPECT_FALSE(use_mma(shape(DType::kF16, DType::kBF16, 128, 8, 1)));
 }
 
-TEST(KernelChoice, F32CacheRunsOnTheCudaCores) {
+TEST(KernelChoice, F32CacheWithThreeRowsOrMoreRunsTf32OnTheTensorCores) {
   const KernelChoice k =
-      choose_split_kernel(shape(DType::kF32, DType::kF32, 128, 8, 1), facts(4, 5));
-  expect_build(k, false, false, false);
-  EXPECT_EQ(k.rows_per_cta, kSimtRowsPerCta);
+      choose_split_kernel(shape(DType::kF32, DType::kF32, 128, 8, 1), facts(1, 5));
+  expect_build(k, true, false, false);
+  EXPECT_EQ(k.rows_per_cta, kTf32RowsPerCta);
   EXPECT_EQ(k.row_chunks, 1);
-  EXPECT_EQ(k.ctas_per_sm, 4);
-  EXPECT_EQ(k.parallelism, 132 * 4);
+  EXPECT_EQ(k.ctas_per_sm, 1);
+  EXPECT_EQ(k.parallelism, 132);
   // 32 rows are two chunks of 16, and so are 3 query tokens x group 8 = 24 rows.
   const KernelChoice g32 =
-      choose_split_kernel(shape(DType::kF32, DType::kF32, 128, 32, 1), facts(4, 5));
+      choose_split_kernel(shape(DType::kF32, DType::kF32, 128, 32, 1), facts(1, 5));
   EXPECT_EQ(g32.row_chunks, 2);
-  EXPECT_EQ(g32.parallelism, 132 * 4 / 2);
+  EXPECT_EQ(g32.parallelism, 132 / 2);
   EXPECT_EQ(row_chunks(shape(DType::kF32, DType::kF32, 128, 8, 3)), 2);
-  EXPECT_FALSE(use_wide(shape(DType::kF32, DType::kF32, 128, 8, 8)));  // no tensor cores
+  // Three rows: group 3, or group 1 with three query tokens.
+  EXPECT_TRUE(use_mma(shape(DType::kF32, DType::kF32, 64, 3, 1)));
+  EXPECT_TRUE(use_mma(shape(DType::kF32, DType::kF32, 96, 1, 3)));
+  // One row tile per CTA: never the wide build.
+  EXPECT_FALSE(use_wide(shape(DType::kF32, DType::kF32, 128, 8, 8)));
+}
+
+TEST(KernelChoice, F32CacheRunsOnTheCudaCoresElsewhere) {
+  // One or two rows per kv head, head dims without a tf32 kernel, q in another dtype.
+  for (const CallShape& s :
+       {shape(DType::kF32, DType::kF32, 128, 1, 1), shape(DType::kF32, DType::kF32, 128, 2, 1),
+        shape(DType::kF32, DType::kF32, 80, 8, 1), shape(DType::kF32, DType::kF32, 256, 8, 1),
+        shape(DType::kBF16, DType::kF32, 128, 8, 1)}) {
+    EXPECT_FALSE(use_mma(s));
+    const KernelChoice k = choose_split_kernel(s, facts(4, 5));
+    expect_build(k, false, false, false);
+    EXPECT_EQ(k.rows_per_cta, kSimtRowsPerCta);
+    EXPECT_EQ(k.ctas_per_sm, 4);
+  }
+}
+
+TEST(KernelChoice, CudaCoresStandInWhereTheTf32BuildDoesNotFit) {
+  const CallShape s = shape(DType::kF32, DType::kF32, 128, 32, 1);
+  KernelFacts f = facts(0, 0);  // sm_86: the tf32 build needs more than 99 KB
+  f.simt = {3, 50000};
+  EXPECT_TRUE(simt_stands_in(s, f));
+  const KernelChoice k = choose_split_kernel(s, f);
+  expect_build(k, false, false, false);
+  EXPECT_EQ(k.rows_per_cta, kSimtRowsPerCta);
+  EXPECT_EQ(k.row_chunks, 2);  // 32 rows in chunks of 16
+  EXPECT_EQ(k.ctas_per_sm, 3);
+  EXPECT_EQ(k.smem_bytes, 50000);
+  EXPECT_EQ(k.parallelism, 132 * 3 / 2);
+  // Only for f32, and only where the tf32 build does not fit.
+  f.plain = {1, 150000};
+  EXPECT_FALSE(simt_stands_in(s, f));
+  EXPECT_FALSE(simt_stands_in(shape(DType::kBF16, DType::kBF16, 128, 8, 1), facts(0, 0)));
 }
 
 TEST(KernelChoice, MultiTokenRowsTakeTheWideBuild) {
