@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "pagedattn/cache_layout.hpp"
+#include "pagedattn/detail/visit_dtype.hpp"
 #include "pagedattn/variants.hpp"
 
 namespace pagedattn::bench {
@@ -97,23 +98,9 @@ void naive_rows(const DecodeArgs& a, int threads) {
 }  // namespace
 
 void naive_decode(const DecodeArgs& args, int threads) {
-  switch (args.k_dtype) {
-    case DType::kF32:
-      naive_rows<float>(args, threads);
-      break;
-    case DType::kF16:
-      naive_rows<f16_t>(args, threads);
-      break;
-    case DType::kBF16:
-      naive_rows<bf16_t>(args, threads);
-      break;
-    case DType::kFP8E4M3:
-      naive_rows<fp8_e4m3_t>(args, threads);
-      break;
-    case DType::kFP8E5M2:
-      naive_rows<fp8_e5m2_t>(args, threads);
-      break;
-  }
+  detail::visit_storage_type(args.k_dtype, [&](auto kv_type) {
+    naive_rows<typename decltype(kv_type)::type>(args, threads);
+  });
 }
 
 }  // namespace pagedattn::bench

@@ -20,31 +20,17 @@ namespace {
 // cache blocks at whatever alignment their allocation has.
 using SumFn = std::uint64_t (*)(const char*, std::size_t);
 
-// 64-byte loads: one cache line each.
+// 64-byte loads: one cache line each; with kPrefetch, also a software prefetch 2 KB ahead, which
+// some hosts stream faster with.
+template <bool kPrefetch>
 __attribute__((target("avx512f"))) std::uint64_t sum_avx512(const char* p, std::size_t bytes) {
-  const __m512i* a = reinterpret_cast<const __m512i*>(p);
-  const std::size_t n = bytes / 64;
-  __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
-  for (std::size_t i = 0; i + 4 <= n; i += 4) {
-    s0 = _mm512_add_epi64(s0, _mm512_loadu_si512(a + i));
-    s1 = _mm512_add_epi64(s1, _mm512_loadu_si512(a + i + 1));
-    s2 = _mm512_add_epi64(s2, _mm512_loadu_si512(a + i + 2));
-    s3 = _mm512_add_epi64(s3, _mm512_loadu_si512(a + i + 3));
-  }
-  return _mm512_reduce_add_epi64(
-      _mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
-}
-
-// The same with a software prefetch 2 KB ahead, which some hosts stream faster with.
-__attribute__((target("avx512f"))) std::uint64_t sum_avx512_prefetch(const char* p,
-                                                                     std::size_t bytes) {
   constexpr std::size_t kAhead = 2048;
   const __m512i* a = reinterpret_cast<const __m512i*>(p);
   const std::size_t n = bytes / 64;
   __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
   for (std::size_t i = 0; i + 4 <= n; i += 4) {
     const char* line = p + i * 64 + kAhead;
-    if (line + 256 <= p + bytes) {
+    if (kPrefetch && line + 256 <= p + bytes) {
       _mm_prefetch(line, _MM_HINT_T0);
       _mm_prefetch(line + 64, _MM_HINT_T0);
       _mm_prefetch(line + 128, _MM_HINT_T0);
@@ -104,8 +90,8 @@ double measure_read_bandwidth_gbps(std::size_t bytes, int threads, int repeats, 
   SumFn kernels[2] = {};
   int num_kernels = 0;
   if (__builtin_cpu_supports("avx512f")) {
-    kernels[num_kernels++] = &sum_avx512;
-    kernels[num_kernels++] = &sum_avx512_prefetch;
+    kernels[num_kernels++] = &sum_avx512<false>;
+    kernels[num_kernels++] = &sum_avx512<true>;
   } else if (__builtin_cpu_supports("avx2")) {
     kernels[num_kernels++] = &sum_avx2;
   } else {
@@ -133,7 +119,7 @@ double measure_read_bandwidth_gbps(std::size_t bytes, int threads, int repeats, 
 }
 
 double time_read_tasks(const std::vector<ReadTask>& tasks, int threads, Clock clock) {
-  const SumFn sum = __builtin_cpu_supports("avx512f") ? &sum_avx512_prefetch
+  const SumFn sum = __builtin_cpu_supports("avx512f") ? &sum_avx512<true>
                     : __builtin_cpu_supports("avx2")  ? &sum_avx2
                                                       : &sum_sse2;
   const long long n = static_cast<long long>(tasks.size());
@@ -144,7 +130,7 @@ double time_read_tasks(const std::vector<ReadTask>& tasks, int threads, Clock cl
     const ReadTask& task = tasks[static_cast<std::size_t>(i)];
     for (std::size_t j = 0; j < task.size(); ++j) {
       // The next range's first 2 KB are requested now, a range ahead: the in-range prefetch of
-      // sum_avx512_prefetch stops at its range's end, and the hardware prefetchers do not follow
+      // sum_avx512<true> stops at its range's end, and the hardware prefetchers do not follow
       // a jump to another place (decode prefetches the blocks ahead the same way).
       if (j + 1 < task.size()) {
         const ReadRange& next = task[j + 1];

@@ -9,6 +9,7 @@
 
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/detail/cache_backends.hpp"
+#include "pagedattn/detail/visit_dtype.hpp"
 #include "pagedattn/dtype.hpp"
 #include "work_threads.hpp"
 
@@ -63,18 +64,9 @@ void write_typed(const CacheWriteArgs& a, const CacheOpOptions& o) {
 
 template <typename Src>
 void write_from(const CacheWriteArgs& a, const CacheOpOptions& o) {
-  switch (a.cache_dtype) {
-    case DType::kF32:
-      return write_typed<Src, float>(a, o);
-    case DType::kF16:
-      return write_typed<Src, f16_t>(a, o);
-    case DType::kBF16:
-      return write_typed<Src, bf16_t>(a, o);
-    case DType::kFP8E4M3:
-      return write_typed<Src, fp8_e4m3_t>(a, o);
-    case DType::kFP8E5M2:
-      return write_typed<Src, fp8_e5m2_t>(a, o);
-  }
+  visit_storage_type(a.cache_dtype, [&](auto cache_type) {
+    write_typed<Src, typename decltype(cache_type)::type>(a, o);
+  });
 }
 
 }  // namespace

@@ -41,8 +41,11 @@ inline fbatch<Arch> widen_scalar(const T* p) {
   return fbatch<Arch>::load_aligned(tmp);
 }
 
+// The widening of a set without vector paths of its own: one batch at a time, f32 as it is, every
+// other type element by element, nothing scaled. Widen itself where a set has no specialization;
+// the base of those (SSE2, NEON) that add vector loads for some types only.
 template <class Arch>
-struct Widen {
+struct WidenPortable {
   template <class T>
   static constexpr bool kPairs = false;
   template <class T>
@@ -58,6 +61,9 @@ struct Widen {
   }
   static fbatch<Arch> load(const float* p) { return fbatch<Arch>::load_unaligned(p); }
 };
+
+template <class Arch>
+struct Widen : WidenPortable<Arch> {};
 
 // fp8 through f16 (both exact): e5m2 is the top byte of an f16. e4m3's magnitude bits shifted
 // into an f16's exponent and mantissa read as the value times 2^-8, subnormals included (both
@@ -96,17 +102,9 @@ inline __m512i e4m3_f16_bits(__m512i s) {
 
 #if XSIMD_WITH_SSE2
 template <>
-struct Widen<xsimd::sse2> {
+struct Widen<xsimd::sse2> : WidenPortable<xsimd::sse2> {
   using A = xsimd::sse2;
-  template <class T>
-  static constexpr bool kPairs = false;
-  template <class T>
-  static constexpr bool kTwo = false;
-  template <class T>
-  static constexpr bool kQuads = false;
-  template <class T>
-  static constexpr float kScale = 1.f;
-  static fbatch<A> load(const float* p) { return fbatch<A>::load_unaligned(p); }
+  using WidenPortable<A>::load;  // f32, and the types without a load below
   static fbatch<A> load(const bf16_t* p) {
     const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
     return _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), x));  // bits << 16
@@ -115,10 +113,6 @@ struct Widen<xsimd::sse2> {
     alignas(16) float tmp[4];
     for (int i = 0; i < 4; ++i) tmp[i] = f16_to_float(p[i]);
     return fbatch<A>::load_aligned(tmp);
-  }
-  template <class T>
-  static fbatch<A> load(const T* p) {
-    return widen_scalar<A>(p);
   }
 };
 #endif
@@ -313,27 +307,15 @@ struct Widen<xsimd::avx512bw> {
 
 #if XSIMD_WITH_NEON64
 template <>
-struct Widen<xsimd::neon64> {
+struct Widen<xsimd::neon64> : WidenPortable<xsimd::neon64> {
   using A = xsimd::neon64;
-  template <class T>
-  static constexpr bool kPairs = false;
-  template <class T>
-  static constexpr bool kTwo = false;
-  template <class T>
-  static constexpr bool kQuads = false;
-  template <class T>
-  static constexpr float kScale = 1.f;
-  static fbatch<A> load(const float* p) { return fbatch<A>::load_unaligned(p); }
+  using WidenPortable<A>::load;             // f32, and the types without a load below
   static fbatch<A> load(const bf16_t* p) {  // zero-extend each 16-bit element and shift it up
     const uint16x4_t x = vld1_u16(reinterpret_cast<const std::uint16_t*>(p));
     return vreinterpretq_f32_u32(vshll_n_u16(x, 16));
   }
   static fbatch<A> load(const f16_t* p) {  // exact, as the scalar f16_to_float
     return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const std::uint16_t*>(p))));
-  }
-  template <class T>
-  static fbatch<A> load(const T* p) {
-    return widen_scalar<A>(p);
   }
 };
 #endif

@@ -14,6 +14,18 @@
 namespace pagedattn::fuzz {
 namespace {
 
+// The scalar fields run_cuda gives DeviceCase without and puts back for the backend: the window,
+// the soft-cap, the row strides and the multi-token query counts. (q_indptr and kv_strides
+// describe buffers, which run_cuda copies to the device apart.)
+void copy_fields_device_case_lacks(const DecodeArgs& from, DecodeArgs& to) {
+  to.window_left = from.window_left;
+  to.logits_soft_cap = from.logits_soft_cap;
+  to.q_row_stride = from.q_row_stride;
+  to.out_row_stride = from.out_row_stride;
+  to.num_q_tokens = from.num_q_tokens;
+  to.max_q_len = from.max_q_len;
+}
+
 // The CUDA backend over device copies of a host case (the slopes, sinks and q_indptr included),
 // out and lse copied back. DeviceCase checks the shapes itself, so it is given the case without
 // its window, soft-cap, row strides, multi-token queries and cache layout, which are put back for
@@ -27,13 +39,8 @@ namespace {
 // of batch rows instead.
 void run_cuda(const BuiltCase& bc, const DecodeArgs& host, const detail::DecodeOptions& o) {
   DecodeArgs plain = host;
-  plain.window_left = -1;
-  plain.logits_soft_cap = 0.f;
-  plain.q_row_stride = 0;
-  plain.out_row_stride = 0;
+  copy_fields_device_case_lacks(DecodeArgs{}, plain);  // the defaults: none of them
   plain.q_indptr = nullptr;
-  plain.num_q_tokens = 0;
-  plain.max_q_len = 0;
   plain.kv_strides = CacheStrides{};
   const bool own_kv = bc.laid_out();
   if (own_kv) {
@@ -59,12 +66,7 @@ void run_cuda(const BuiltCase& bc, const DecodeArgs& host, const detail::DecodeO
   if (own_lse) plain.lse = nullptr;
   const testing::DeviceCase dev(plain, o.cuda_stream);
   DecodeArgs d = dev.args();
-  d.window_left = host.window_left;
-  d.logits_soft_cap = host.logits_soft_cap;
-  d.q_row_stride = host.q_row_stride;
-  d.out_row_stride = host.out_row_stride;
-  d.num_q_tokens = host.num_q_tokens;
-  d.max_q_len = host.max_q_len;
+  copy_fields_device_case_lacks(host, d);
   testing::DeviceBuffer dq, dout, dlse, dindptr, dk, dv;
   if (own_kv) {
     // The storage's pointers and strides on device copies, then the arguments' own strides
