@@ -1,5 +1,6 @@
 // The check after a non-finite value was planted in q or K: the heads it reaches are NaN, in the
-// backend's result and in the reference's, and every other head is finite and as the reference.
+// backend's result and in the reference's, and every other head is finite and as the reference;
+// and the parameter grid of the tests that plant them (test_non_finite.cpp, test_variants.cpp).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -7,9 +8,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "pagedattn/reference.hpp"
+#include "pagedattn/testing/poison.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/testing/tolerance.hpp"
 
@@ -54,6 +58,28 @@ inline void expect_nan_in_poisoned_heads(const testing::HostCase& c, const Refer
   }
   EXPECT_LE(err / scale, testing::out_tolerance(dtype));
   EXPECT_LE(lse_err, testing::lse_tolerance());
+}
+
+// A non-finite test's parameters: the backend, the dtype of every tensor, and where the bad value
+// goes.
+using NonFiniteParam = std::tuple<Backend, DType, testing::Poison>;
+
+// Both backends and the three dtypes, each with a NaN or an infinity in q and in a K row, and
+// `last_row` (a kKLastRow poison: the last K row of a context that ends inside a block).
+inline auto non_finite_params(testing::Poison last_row) {
+  using testing::Poison;
+  return ::testing::Combine(
+      ::testing::Values(Backend::kCpu, Backend::kCuda),
+      ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+      ::testing::Values(Poison::kQNaN, Poison::kQPosInf, Poison::kQNegInf, Poison::kKNaN,
+                        Poison::kKPosInf, Poison::kKNegInf, last_row));
+}
+
+// "cpu_f32_q_nan" and the like.
+inline std::string non_finite_name(const ::testing::TestParamInfo<NonFiniteParam>& info) {
+  const auto [backend, dtype, poison] = info.param;
+  return std::string(backend_name(backend)) + "_" + dtype_name(dtype) + "_" +
+         testing::poison_name(poison);
 }
 
 }  // namespace pagedattn

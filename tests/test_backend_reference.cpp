@@ -55,19 +55,14 @@ int ctx_len(Ctx c, int bs) {
 // Readable parameter values in test listings.
 void PrintTo(Ctx c, std::ostream* os) { *os << "ctx " << ctx_name(c); }
 
-// A grid row's case, the dtypes left to the caller: the length under test next to other lengths
-// in the same batch (L, 37, L, 0), each sequence's blocks scattered over a pool with spare blocks
-// and a padded table.
+// A grid row's case, f32 until the caller sets the dtypes: the length under test next to other
+// lengths in the same batch (L, 37, L, 0), each sequence's blocks scattered over a pool with spare
+// blocks and a padded table.
 testing::CaseSpec grid_spec(int num_heads, int num_kv_heads, int head_dim, int block_size,
                             Ctx ctx) {
-  testing::CaseSpec spec;
-  spec.num_heads = num_heads;
-  spec.num_kv_heads = num_kv_heads;
-  spec.head_dim = head_dim;
-  spec.block_size = block_size;
   const int L = ctx_len(ctx, block_size);
-  spec.context_lens = {L, 37, L, 0};
-  spec.batch = 4;
+  testing::CaseSpec spec = testing::shaped_spec(DType::kF32, num_heads, num_kv_heads, head_dim,
+                                                block_size, {L, 37, L, 0});
   spec.spare_blocks = 5;
   spec.table_padding = 2;
   spec.seed = testing::seed_for_test();

@@ -13,6 +13,7 @@
 #include "pagedattn/cache_ops.hpp"
 #include "pagedattn/detail/dispatch.hpp"
 #include "pagedattn/reference.hpp"
+#include "pagedattn/testing/cache_op_args.hpp"
 #include "pagedattn/testing/device_case.hpp"
 #include "pagedattn/testing/device_memory.hpp"
 #include "pagedattn/testing/kv_layouts.hpp"
@@ -155,51 +156,39 @@ TEST_P(CacheOpLayouts, WriteAndCopyAsInHnd) {
 
   CacheOpOptions o;
   o.backend = backend;
-  auto run = [&](testing::KvStorage& st) {
-    CacheWriteArgs w;
+  // Writes the tokens into caches k_cache and v_cache laid out as `st`, then copies the blocks;
+  // every pointer in the backend's memory.
+  auto write_then_copy = [&](const testing::KvStorage& st, void* k_cache, void* v_cache,
+                             const void* k, const void* v, const std::int32_t* slot_mapping) {
+    const auto pool = [&](auto args) {  // `args` (empty) picks CacheWriteArgs or CopyBlocksArgs
+      return testing::pool_args<decltype(args)>(KV, D, BS, c.num_blocks, k_cache, v_cache,
+                                                c.spec.kv_dtype, st.geometry.strides);
+    };
+    CacheWriteArgs w = pool(CacheWriteArgs{});
     w.num_tokens = tokens;
-    w.num_kv_heads = KV;
-    w.head_dim = D;
-    w.block_size = BS;
-    w.num_blocks = c.num_blocks;
+    w.key = k;
+    w.value = v;
     w.src_dtype = DType::kF32;
-    w.cache_dtype = c.spec.kv_dtype;
-    w.kv_strides = st.geometry.strides;
-    CopyBlocksArgs cp;
-    cp.num_kv_heads = KV;
-    cp.head_dim = D;
-    cp.block_size = BS;
-    cp.num_blocks = c.num_blocks;
-    cp.cache_dtype = c.spec.kv_dtype;
-    cp.kv_strides = st.geometry.strides;
+    w.slot_mapping = slot_mapping;
+    write_cache(w, o);
+    CopyBlocksArgs cp = pool(CopyBlocksArgs{});
     cp.pairs = pairs;
     cp.num_pairs = 2;
+    copy_blocks(cp, o);
+  };
+  auto run = [&](testing::KvStorage& st) {
     const std::int64_t v_off =
         st.geometry.v_offset * static_cast<std::int64_t>(dtype_size(c.spec.kv_dtype));
     if (backend == Backend::kCpu) {
-      w.key = key.data();
-      w.value = value.data();
-      w.slot_mapping = slots.data();
-      w.k_cache = st.k.data();
-      w.v_cache = st.geometry.shared ? st.k.data() + v_off : st.v.data();
-      write_cache(w, o);
-      cp.k_cache = w.k_cache;
-      cp.v_cache = w.v_cache;
-      copy_blocks(cp, o);
+      std::uint8_t* v_cache = st.geometry.shared ? st.k.data() + v_off : st.v.data();
+      write_then_copy(st, st.k.data(), v_cache, key.data(), value.data(), slots.data());
       return;
     }
     testing::DeviceBuffer dk(st.k.data(), st.k.size()), dv(st.v.data(), st.v.size());
     testing::DeviceBuffer dkey(key.data(), key.size() * 4), dval(value.data(), value.size() * 4);
     testing::DeviceBuffer dslots(slots.data(), slots.size() * 4);
-    w.key = dkey.get();
-    w.value = dval.get();
-    w.slot_mapping = dslots.as<std::int32_t>();
-    w.k_cache = dk.get();
-    w.v_cache = st.geometry.shared ? dk.as<std::uint8_t>() + v_off : dv.get();
-    write_cache(w, o);
-    cp.k_cache = w.k_cache;
-    cp.v_cache = w.v_cache;
-    copy_blocks(cp, o);
+    void* v_cache = st.geometry.shared ? dk.as<std::uint8_t>() + v_off : dv.get();
+    write_then_copy(st, dk.get(), v_cache, dkey.get(), dval.get(), dslots.as<std::int32_t>());
     dk.to_host(st.k);
     if (!st.geometry.shared) dv.to_host(st.v);
   };
@@ -311,6 +300,15 @@ struct EngineCache {
   void (*fields)(DecodeArgs& a, const float* base);
 };
 
+// The doc's fields for a cache whose blocks hold K then V ([num_blocks][2][...]), each half laid
+// out as `half`: V starts one half-block after K, and blocks are two halves apart.
+void k_then_v_in_each_block(DecodeArgs& a, const float* kv_cache, const CacheStrides& half) {
+  a.kv_strides = half;
+  a.k_cache = kv_cache;
+  a.v_cache = kv_cache + half.block;
+  a.kv_strides.block = 2 * half.block;
+}
+
 const EngineCache kEngineCaches[] = {
     {"vllm_flash_attn",  // kv_cache: [2][num_blocks][block_size][num_kv_heads][head_dim]
      [](auto NB, auto BS, auto H, auto D) { return 2 * NB * BS * H * D; },
@@ -330,10 +328,8 @@ const EngineCache kEngineCaches[] = {
        return (((b * 2 + kv) * BS + t) * H + h) * D + d;
      },
      [](DecodeArgs& a, const float* kv_cache) {
-       a.kv_strides = CacheStrides::nhd(a.num_kv_heads, a.block_size, a.head_dim);
-       a.k_cache = kv_cache;
-       a.v_cache = kv_cache + a.kv_strides.block;  // V: the second half of each block
-       a.kv_strides.block *= 2;
+       k_then_v_in_each_block(a, kv_cache,
+                              CacheStrides::nhd(a.num_kv_heads, a.block_size, a.head_dim));
      }},
     {"flashinfer_hnd_combined",  // paged_kv_cache: [num_pages][2][num_kv_heads][page_size][D]
      [](auto NB, auto BS, auto H, auto D) { return NB * 2 * H * BS * D; },
@@ -341,10 +337,8 @@ const EngineCache kEngineCaches[] = {
        return (((b * 2 + kv) * H + h) * BS + t) * D + d;
      },
      [](DecodeArgs& a, const float* kv_cache) {
-       a.kv_strides = CacheStrides::hnd(a.num_kv_heads, a.block_size, a.head_dim);
-       a.k_cache = kv_cache;
-       a.v_cache = kv_cache + a.kv_strides.block;
-       a.kv_strides.block *= 2;
+       k_then_v_in_each_block(a, kv_cache,
+                              CacheStrides::hnd(a.num_kv_heads, a.block_size, a.head_dim));
      }},
     {"sglang_token_pool",  // k_buffer, v_buffer: [num_tokens][num_kv_heads][head_dim], page 1
      [](auto NB, auto, auto H, auto D) { return 2 * NB * H * D; },

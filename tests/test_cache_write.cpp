@@ -19,6 +19,7 @@
 #include "gtest_printers.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/cache_ops.hpp"
+#include "pagedattn/testing/cache_op_args.hpp"
 #include "pagedattn/testing/device_memory.hpp"
 
 namespace pagedattn {
@@ -34,20 +35,14 @@ struct WriteCase {
   std::vector<float> k_scales, v_scales;  // per kv head, or empty
 
   CacheWriteArgs args() {
-    CacheWriteArgs a;
+    CacheWriteArgs a = testing::pool_args<CacheWriteArgs>(
+        num_kv_heads, head_dim, block_size, num_blocks, k_cache.data(), v_cache.data(), cache);
     a.num_tokens = num_tokens;
-    a.num_kv_heads = num_kv_heads;
-    a.head_dim = head_dim;
-    a.block_size = block_size;
-    a.num_blocks = num_blocks;
     a.key = key.data();
     a.value = value.data();
     a.src_dtype = src;
     a.src_token_stride = src_stride;
     a.slot_mapping = slots.data();
-    a.k_cache = k_cache.data();
-    a.v_cache = v_cache.data();
-    a.cache_dtype = cache;
     a.k_scale = k_scale;
     a.v_scale = v_scale;
     a.k_scales = k_scales.empty() ? nullptr : k_scales.data();
@@ -344,14 +339,8 @@ struct CopyCase {
 };
 
 CopyBlocksArgs copy_args(CopyCase& c, const std::vector<BlockCopy>& pairs, DType t) {
-  CopyBlocksArgs a;
-  a.num_kv_heads = 2;
-  a.head_dim = 64;
-  a.block_size = 4;
-  a.num_blocks = 8;
-  a.k_cache = c.k.data();
-  a.v_cache = c.v.data();
-  a.cache_dtype = t;
+  // 2 kv heads, head_dim 64, blocks of 4 slots, 8 blocks (make_copy_case's sizes).
+  CopyBlocksArgs a = testing::pool_args<CopyBlocksArgs>(2, 64, 4, 8, c.k.data(), c.v.data(), t);
   a.pairs = pairs.data();
   a.num_pairs = static_cast<int>(pairs.size());
   return a;

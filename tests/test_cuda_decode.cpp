@@ -16,25 +16,15 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_device.hpp"
 #include "pagedattn/detail/backends.hpp"
 #include "pagedattn/testing/device_case.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "reference_check.hpp"
 #include "test_seed.hpp"
 
-// The CUDA runtime is linked only when the CUDA backend is built (tests/CMakeLists.txt).
-#if defined(PAGEDATTN_TESTS_WITH_CUDA) && PAGEDATTN_TESTS_WITH_CUDA
-#include <cuda_runtime.h>
-
-#include "pagedattn/testing/cuda_check.hpp"
-#define PAGEDATTN_TEST_HAS_CUDA_RUNTIME 1
-#endif
-
 namespace pagedattn {
 namespace {
-
-#define SKIP_WITHOUT_CUDA() \
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device"
 
 std::uint64_t test_seed() { return testing::seed_for_test(); }
 

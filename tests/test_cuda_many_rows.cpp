@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_device.hpp"
 #include "pagedattn/detail/backends.hpp"
 #include "pagedattn/detail/dispatch.hpp"
 #include "pagedattn/reference.hpp"
@@ -22,16 +23,8 @@
 #include "test_seed.hpp"
 #include "variant_args.hpp"
 
-#if defined(PAGEDATTN_TESTS_WITH_CUDA) && PAGEDATTN_TESTS_WITH_CUDA
-#include <cuda_runtime.h>
-#define PAGEDATTN_TEST_HAS_CUDA_RUNTIME 1
-#endif
-
 namespace pagedattn {
 namespace {
-
-#define SKIP_WITHOUT_CUDA() \
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device"
 
 // Whether the current device is compute capability 9.0, where the kernel runs.
 bool device_is_sm90() {

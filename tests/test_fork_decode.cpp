@@ -16,6 +16,7 @@
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/pagedattn.hpp"
 #include "pagedattn/reference.hpp"
+#include "pagedattn/testing/cache_op_args.hpp"
 
 namespace pagedattn {
 namespace {
@@ -33,38 +34,26 @@ struct Pool {
     k.assign(bytes, 0xff);  // NaN in every dtype: an unwritten slot read by decode would show
     v.assign(bytes, 0xff);
   }
+  // Cache-write or block-copy arguments over this pool.
+  template <typename CacheOpArgs>
+  CacheOpArgs pool_args() {
+    return testing::pool_args<CacheOpArgs>(kKvHeads, kDim, block_size, num_blocks, k.data(),
+                                           v.data(), dtype);
+  }
   void write(const std::vector<float>& key, const std::vector<float>& value,
              const std::vector<std::int32_t>& slots) {
-    CacheWriteArgs a;
+    CacheWriteArgs a = pool_args<CacheWriteArgs>();
     a.num_tokens = static_cast<int>(slots.size());
-    a.num_kv_heads = kKvHeads;
-    a.head_dim = kDim;
-    a.block_size = block_size;
-    a.num_blocks = num_blocks;
     a.key = key.data();
     a.value = value.data();
     a.slot_mapping = slots.data();
-    a.k_cache = k.data();
-    a.v_cache = v.data();
-    a.cache_dtype = dtype;
-    CacheOpOptions o;
-    o.backend = Backend::kCpu;
-    write_cache(a, o);
+    write_cache(a, CacheOpOptions{Backend::kCpu});
   }
   void copy(const BlockCopy& p) {
-    CopyBlocksArgs a;
-    a.num_kv_heads = kKvHeads;
-    a.head_dim = kDim;
-    a.block_size = block_size;
-    a.num_blocks = num_blocks;
-    a.k_cache = k.data();
-    a.v_cache = v.data();
-    a.cache_dtype = dtype;
+    CopyBlocksArgs a = pool_args<CopyBlocksArgs>();
     a.pairs = &p;
     a.num_pairs = 1;
-    CacheOpOptions o;
-    o.backend = Backend::kCpu;
-    copy_blocks(a, o);
+    copy_blocks(a, CacheOpOptions{Backend::kCpu});
   }
   DecodeArgs decode_args(const std::vector<float>& q, std::vector<float>& out,
                          const BlockManager::Tables& t) const {

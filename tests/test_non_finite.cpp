@@ -40,8 +40,7 @@ void store(std::vector<std::uint8_t>& buf, DType t, std::size_t i, float x) {
   }
 }
 
-using Param = std::tuple<Backend, DType, Poison>;
-class NonFinite : public ::testing::TestWithParam<Param> {};
+class NonFinite : public ::testing::TestWithParam<NonFiniteParam> {};
 
 TEST_P(NonFinite, GivesNaNInTheHeadsItReaches) {
   const auto [backend, dtype, poison] = GetParam();
@@ -108,21 +107,7 @@ TEST_P(NonFinite, GivesNaNInTheHeadsItReaches) {
   expect_nan_in_poisoned_heads(c, ref, bad_head);
 }
 
-std::string param_name(const ::testing::TestParamInfo<Param>& info) {
-  const auto [backend, dtype, poison] = info.param;
-  std::string s = backend == Backend::kCuda ? "cuda_" : "cpu_";
-  s += dtype == DType::kF32 ? "f32_" : dtype == DType::kF16 ? "f16_" : "bf16_";
-  return s + poison_name(poison);
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    All, NonFinite,
-    ::testing::Combine(::testing::Values(Backend::kCpu, Backend::kCuda),
-                       ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
-                       ::testing::Values(Poison::kQNaN, Poison::kQPosInf, Poison::kQNegInf,
-                                         Poison::kKNaN, Poison::kKPosInf, Poison::kKNegInf,
-                                         Poison::kKLastRowNaN)),
-    param_name);
+INSTANTIATE_TEST_SUITE_P(All, NonFinite, non_finite_params(Poison::kKLastRowNaN), non_finite_name);
 
 }  // namespace
 }  // namespace pagedattn

@@ -873,42 +873,26 @@ TEST(QueryTokenValidation, CudaCheckedModeRefusesBadQueryArguments) {
 // window start must not overflow (it once did, and validation then skipped the sequence's table
 // entries, so a bad block id reached the kernel).
 TEST(QueryTokenValidation, HugeWindowWithMoreQueriesThanContext) {
-  const int H = 1, D = 64, BS = 16;
-  std::vector<float> q(3 * H * D, 0.1f), k(BS * D, 0.1f), v(BS * D, 0.1f), out(3 * H * D, 7.f);
-  std::vector<float> lse(3, 7.f);
-  std::vector<std::int32_t> table = {1000000}, lens = {1}, indptr = {0, 3};
-  DecodeArgs a;
-  a.batch = 1;
-  a.num_heads = a.num_kv_heads = H;
-  a.head_dim = D;
-  a.block_size = BS;
-  a.num_blocks = 1;
-  a.max_blocks_per_seq = 1;
-  a.q = q.data();
-  a.k_cache = k.data();
-  a.v_cache = v.data();
-  a.out = out.data();
-  a.lse = lse.data();
-  a.block_table = table.data();
-  a.context_lens = lens.data();
-  a.q_indptr = indptr.data();
-  a.num_q_tokens = 3;
-  a.max_q_len = 3;
-  a.window_left = std::numeric_limits<std::int32_t>::max();
-  detail::DecodeOptions o;
-  o.backend = Backend::kCpu;
-  try {
-    detail::decode(a, o);
-    ADD_FAILURE() << "block id 1000000 of a 1-block pool was accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "block_table[0][0]");
+  // One head, one sequence of one token with three query tokens, a pool of one block.
+  testing::CaseSpec spec = testing::shaped_spec(DType::kF32, 1, 1, 64, 16, {1});
+  spec.spare_blocks = 0;
+  spec.seed = testing::seed_for_test();
+  QueryCase qc = make_query_case(spec, {3});
+  const Variants huge_window{std::numeric_limits<std::int32_t>::max(), 0.f, {}, {}};
+  const std::int32_t valid_id = table_entry(qc.c, 0, 0);
+  table_entry(qc.c, 0, 0) = 1000000;
+  {
+    const Unwritten unwritten(qc.c);
+    expect_error([&] { run_query_decode(qc, huge_window, Backend::kCpu); }, ErrorCode::kOutOfRange,
+                 "block_table[0][0]", {"block_table[0][0] = 1000000"},
+                 "block id 1000000 of a 1-block pool");
+    unwritten.check();
   }
-  for (const float x : out) EXPECT_EQ(x, 7.f);
   // With a valid id every query token's result matches the reference.
-  table[0] = 0;
-  detail::decode(a, o);
-  const ReferenceResult ref = reference_decode(a);
-  for (std::size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], ref.out[i], 1e-5);
+  table_entry(qc.c, 0, 0) = valid_id;
+  const ReferenceResult ref = query_reference(qc, huge_window);
+  run_query_decode(qc, huge_window, Backend::kCpu);
+  expect_matches(qc, ref, "a valid block id");
 }
 
 TEST(QueryTokenValidation, EmptyBatchReadsNothing) {

@@ -462,7 +462,6 @@ INSTANTIATE_TEST_SUITE_P(All, VariantBackend, ::testing::Values(Backend::kCpu, B
 
 using testing::Poison;
 
-using NonFiniteParam = std::tuple<Backend, DType, Poison>;
 class VariantNonFinite : public ::testing::TestWithParam<NonFiniteParam> {};
 
 // NaN or +-Inf in q, or in a K row inside the window, gives NaN in all of that head's out and in
@@ -517,19 +516,8 @@ TEST_P(VariantNonFinite, GivesNaNInTheHeadsItReaches) {
   }
 }
 
-std::string non_finite_name(const ::testing::TestParamInfo<NonFiniteParam>& info) {
-  const auto [backend, dtype, poison] = info.param;
-  return std::string(backend_name(backend)) + "_" + dtype_name(dtype) + "_" + poison_name(poison);
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    All, VariantNonFinite,
-    ::testing::Combine(::testing::Values(Backend::kCpu, Backend::kCuda),
-                       ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
-                       ::testing::Values(Poison::kQNaN, Poison::kQPosInf, Poison::kQNegInf,
-                                         Poison::kKNaN, Poison::kKPosInf, Poison::kKNegInf,
-                                         Poison::kKLastRowPosInf)),
-    non_finite_name);
+INSTANTIATE_TEST_SUITE_P(All, VariantNonFinite, non_finite_params(Poison::kKLastRowPosInf),
+                         non_finite_name);
 
 // ---- Argument errors: typed, naming the field, nothing written. ----
 

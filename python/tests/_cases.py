@@ -420,6 +420,15 @@ def rejection(call, out, **kwargs):
     return info.value
 
 
+def rejection_case(seed: int, context_lens: Sequence[int], device="cpu"):
+    """The decode tensors of a small case on device (q, k_cache, v_cache, block_table,
+    context_lens) and an out like q filled with NaN: what rejection and check_rejected call
+    with."""
+    tensors = case_tensors(make_case(np.random.default_rng(seed), context_lens=context_lens),
+                           device)
+    return tensors, torch.full_like(tensors[0], float("nan"))
+
+
 def check_rejected(call, out, bad_calls) -> None:
     """For each (kwargs, argument) of bad_calls: call(**kwargs) is a rejection (above) naming
     argument."""

@@ -5,7 +5,7 @@ import pytest
 
 import pagedattn
 from _cases import (DTYPES, LSE_TOL, OUT_TOL, case_tensors, check_lse, check_out, from_torch,
-                    load, make_case, needs_cuda, rejection, store, to_torch)
+                    load, make_case, needs_cuda, rejection, rejection_case, store, to_torch)
 
 torch = pytest.importorskip("torch")
 
@@ -172,9 +172,7 @@ def test_cuda_graph_capture_with_workspace_and_replay():
 
 @needs_cuda
 def test_cuda_errors():
-    c = make_case(np.random.default_rng(16), context_lens=[30, 70])
-    q, k, v, table, lens = case_tensors(c, "cuda")
-    out = torch.full_like(q, float("nan"))
+    (q, k, v, table, lens), out = rejection_case(16, [30, 70], "cuda")
 
     def decode(**kw):
         a = dict(q=q, k_cache=k, v_cache=v, block_table=table, context_lens=lens)

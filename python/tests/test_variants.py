@@ -15,7 +15,8 @@ from pagedattn import _ext
 
 from _cases import (alibi_slopes, arg, case_tensors, check_lse, check_out, check_rejected,
                     described, empty, from_torch, load, make_case, needs_cuda, needs_torch,
-                    random_sinks, reference_decode, rejection, store, torch, variant_kwargs)
+                    random_sinks, reference_decode, rejection, rejection_case, store, torch,
+                    variant_kwargs)
 
 
 def first_attended(n: int, window_left: int) -> int:
@@ -327,9 +328,7 @@ def test_torch_cpu_variants(dtype):
 
 @needs_torch
 def test_torch_cpu_variant_errors():
-    c = make_case(np.random.default_rng(13), context_lens=[5, 40])
-    tensors = case_tensors(c)
-    out = torch.full(tensors[0].shape, float("nan"))
+    tensors, out = rejection_case(13, [5, 40])
     check_rejected(lambda **bad: pagedattn.decode(*tensors, out=out, **bad), out,
                    ((dict(alibi_slopes=torch.ones(8, dtype=torch.float64)), "alibi_slopes"),
                     (dict(sinks=torch.ones(7)), "sinks"),
@@ -366,9 +365,7 @@ def test_cuda_variants(dtype, variants):
 
 @needs_cuda
 def test_cuda_variant_errors():
-    c = make_case(np.random.default_rng(14), context_lens=[30, 70])
-    q, k, v, table, lens = case_tensors(c, "cuda")
-    out = torch.full_like(q, float("nan"))
+    (q, k, v, table, lens), out = rejection_case(14, [30, 70], "cuda")
 
     def err(**kw):
         return rejection(lambda **a: pagedattn.decode(q, k, v, table, lens, out=out, **a), out,
