@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU job, run on the H200 machine from the repository root over a build made elsewhere:
 #   scripts/gpu_job.sh [stage...]     stages: tests sanitize bench flashinfer anchors fuzz ncu
-#                                     ncu-flashinfer cp python variants qlen (default: tests
+#                                     ncu-flashinfer cp python transformers variants qlen (default: tests
 #                                     sanitize bench flashinfer anchors fuzz)
 # Env: BUILD (default build-gpu), OUT (logs; default ./out), FLASHINFER (FlashInfer's decode
 # benchmark binary, default build-peers/fi_decode_bench, built by bench/peers/flashinfer/build.sh;
@@ -9,7 +9,7 @@
 # for the anchor shapes alone (bf16).
 # Logs: tests.log, sanitize.log, bench.csv, bench.log, anchors.log (+ the anchors' own CSV),
 # flashinfer.csv, flashinfer.log, fuzz.log, ncu.log, cp.log, cp_bench.csv, python.log,
-# variants.csv, summary.txt.
+# variants.csv, transformers.log, transformers.csv, summary.txt.
 # variants: plain decode against each attention variant and all of them, on three anchor shapes
 # (bf16) and one f32 shape (the CUDA-core path). qlen: multi-token queries (q_len 1 to 16) on
 # the large-KV shapes, ours and FlashInfer's prefill path (qlen.csv, fi_qlen.csv).
@@ -17,6 +17,13 @@
 # nvidia-nccl-cu13 wheel; NCCL_NVLS_ENABLE=0 keeps NVLink multicast off). python: builds the
 # Python package for this machine's python3 (PYDEPS: a prefix with xsimd and Eigen's CMake
 # packages where the machine lacks them) and runs its tests and examples on the GPU.
+# transformers: Hugging Face Transformers' continuous batching with attn_implementation="pagedattn"
+# (needs no BUILD): installs a folder of wheels (TFWHEELS, default wheels/transformers: transformers
+# 5.25.0 and its dependencies for this machine's python3, torch excepted, which is the machine's;
+# scikit-build-core for the build) without the network, builds the Python package as the python
+# stage does, runs the integration's tests on the GPU (f32 and bf16) and
+# python/examples/transformers_throughput.py (decode tokens/s against Transformers' own paged
+# attention; 4K-token prompts at batch 8, 32 and 128, then 1K and 8K).
 # Every stage has its own timeout so a hang cannot eat the job.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -268,5 +275,46 @@ if has python; then
     echo "examples rc=$?"
   } > "$OUT/python.log" 2>&1
   note "$(grep -E 'rc=|passed|failed' "$OUT/python.log" | tr '\n' ' ')"
+fi
+if has transformers; then
+  # The wheels go to a folder of their own on PYTHONPATH, ahead of the machine's site-packages
+  # (--no-deps: exactly the folder's wheels; numpy, torch and triton stay the machine's).
+  [ -n "${PYDEPS:-}" ] && export CMAKE_PREFIX_PATH="$(cd "$PYDEPS" && pwd)"
+  TFWHEELS=${TFWHEELS:-wheels/transformers}
+  tfsite=$(mktemp -d)
+  {
+    echo "## wheels ($TFWHEELS)"
+    if ls "$TFWHEELS"/*.whl > /dev/null 2>&1; then
+      timeout 180 python3 -m pip install -q --no-index --no-deps --target "$tfsite" \
+        "$TFWHEELS"/*.whl
+      echo "wheels rc=$?"
+    else
+      echo "no wheels in '$TFWHEELS': using the machine's transformers, if any"
+    fi
+    echo "## pip install"
+    PYTHONPATH=$tfsite CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90-real -DPAGEDATTN_NCCL=OFF" \
+      CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) timeout 400 python3 -m pip install -q \
+      --no-build-isolation --no-deps --target "$tfsite" .
+    echo "pip rc=$?"
+    PYTHONPATH=$tfsite timeout 60 python3 -c 'import sys, torch, transformers, pagedattn
+print("python", sys.version.split()[0], "torch", torch.__version__, "transformers",
+      transformers.__version__, "pagedattn cuda", pagedattn.cuda_available())'
+    echo "## pytest"
+    PYTHONPATH=$tfsite timeout 240 python3 -m pytest -q -rs \
+      python/tests/test_transformers_integration.py
+    echo "pytest rc=$?"
+    echo "## throughput: 4K-token prompts"
+    PYTHONPATH=$tfsite timeout 240 python3 python/examples/transformers_throughput.py \
+      --batch 8,32,128 --prompt 4096 > "$OUT/transformers.csv"
+    echo "throughput 4K rc=$?"
+    echo "## throughput: 1K and 8K-token prompts (paged|eager skipped)"
+    PYTHONPATH=$tfsite timeout 150 python3 python/examples/transformers_throughput.py \
+      --batch 8,32,128 --prompt 1024,8192 --impls pagedattn,sdpa | tail -n +2 \
+      >> "$OUT/transformers.csv"
+    echo "throughput 1K 8K rc=${PIPESTATUS[0]}"
+  } > "$OUT/transformers.log" 2>&1
+  note "transformers $(grep -E 'rc=|passed|failed' "$OUT/transformers.log" | tr '\n' ' ')"
+  grep -E '^(FAILED|ERROR)' "$OUT/transformers.log" | head -10 | tee -a "$SUMMARY"
+  cat "$OUT/transformers.csv" >> "$SUMMARY"
 fi
 note "# done $(date -u +%FT%TZ)"
