@@ -129,7 +129,17 @@ void item_kernel_avx512bf16(const ItemContext& ctx, const WorkItem& item, int kv
                             float* l, float* acc, ItemScratch scratch);
 #endif
 
-// One instruction set's task kernel: ItemKernel's kv_count form, or item_kernel_avx512bf16.
+#if PAGEDATTN_CPU_X86 && PAGEDATTN_CPU_AMX
+// ItemKernel with Q.K on AMX tiles (isa_amx.cpp): a bf16 cache with ctx.q_bf16 set, a group that
+// is a multiple of 8, a head dim that is a multiple of 32 and the q buffer take S^T = K Q^T as
+// _tile_dpbf16ps; anything else runs the AVX-512 kernel. Call it only where the CPU has AMX-TILE,
+// AMX-BF16 and AVX-512 BF16 and the operating system has granted the tile state.
+void item_kernel_amx(const ItemContext& ctx, const WorkItem& item, int kv_count, float* m, float* l,
+                     float* acc, ItemScratch scratch);
+#endif
+
+// One instruction set's task kernel: ItemKernel's kv_count form, item_kernel_avx512bf16 or
+// item_kernel_amx.
 using KernelFn = void (*)(const ItemContext&, const WorkItem&, int, float*, float*, float*,
                           ItemScratch);
 
@@ -137,8 +147,8 @@ using KernelFn = void (*)(const ItemContext&, const WorkItem&, int, float*, floa
 // none of that name or the CPU cannot run it (for tests that run every path in one process).
 KernelFn kernel_for_isa(const char* name);
 
-// The name of the instruction set the dispatcher picks on this machine ("avx512bf16", "avx512",
-// "avx2" or "sse2" on x86-64, "neon" on AArch64).
+// The name of the instruction set the dispatcher picks on this machine ("amx", "avx512bf16",
+// "avx512", "avx2" or "sse2" on x86-64, "neon" on AArch64).
 const char* active_isa_name();
 
 }  // namespace pagedattn::detail::cpu

@@ -14,6 +14,10 @@
 #if PAGEDATTN_CPU_X86
 #include <cpuid.h>
 #endif
+#if PAGEDATTN_CPU_AMX && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #include "pagedattn/detail/backends.hpp"
 #include "pagedattn/online_softmax.hpp"
 #include "pagedattn/split_plan.hpp"
@@ -76,7 +80,44 @@ bool is_amd_zen5_or_later() {
   return (base == 0xf ? base + ext : base) >= 26;
 }
 #endif
+#if PAGEDATTN_CPU_AMX
+// The tile registers' state (XTILEDATA, XSAVE component 18) is granted to a Linux process only
+// on request: arch_prctl(ARCH_REQ_XCOMP_PERM, 18), once per process, kept by its threads.
+constexpr int kArchReqXcompPerm = 0x1023;
+constexpr int kXfeatureXtiledata = 18;
+// XCR0 (xgetbv 0): which state components the operating system saves.
+std::uint64_t xcr0() {
+  std::uint32_t lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (static_cast<std::uint64_t>(hi) << 32) | lo;
+}
+// AMX-TILE and AMX-BF16 (CPUID leaf 7, sub-leaf 0, EDX bits 24 and 22) on top of AVX-512 BF16,
+// the tile state enabled by the operating system (OSXSAVE, leaf 1 ECX bit 27; XCR0 bits 17 and
+// 18) and granted to this process. Asked once; a refusal leaves AMX unavailable.
+bool request_amx() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!has_avx512bf16() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if ((edx & (1u << 24)) == 0 || (edx & (1u << 22)) == 0) return false;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || (ecx & (1u << 27)) == 0) return false;
+  constexpr std::uint64_t kTileState = (1ull << 17) | (1ull << 18);
+  if ((xcr0() & kTileState) != kTileState) return false;
+#if defined(__linux__)
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+bool has_amx() {
+  static const bool granted = request_amx();
+  return granted;
+}
+#endif
 const IsaEntry kIsas[] = {
+#if PAGEDATTN_CPU_AMX
+    // Auto takes it wherever it runs: shapes it does not take run the AVX-512 kernel, which
+    // auto picks on the Intel processors that have AMX (docs/cpu.md has the measurements).
+    {{&item_kernel_amx, "amx"}, &has_amx},
+#endif
 #if PAGEDATTN_CPU_AVX512BF16
     {{&item_kernel_avx512bf16, "avx512bf16"}, &has_avx512bf16, &is_amd_zen5_or_later},
 #endif

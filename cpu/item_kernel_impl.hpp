@@ -11,6 +11,8 @@
 //                                            the block; each V row widened once per tile
 //                                            (or, with a bf16 out on AVX-512 BF16: weights
 //                                            rounded to bf16, two tokens per vdpbf16ps)
+// On AMX (isa_amx.cpp, amx_tiles.hpp) the scores of a bf16 q and cache are one tile product
+// S^T = K Q^T per 16 tokens, and with a bf16 out the values one tile product acc += P V.
 // The next physical blocks are prefetched while the current one is computed. Nothing allocates.
 // The three steps are block_scores.hpp, block_softmax.hpp and block_values.hpp; the prefetch is
 // paced_prefetch.hpp. Here: a block's tile of heads, an item's blocks, and the entry points.
@@ -21,6 +23,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "amx_tiles.hpp"
 #include "block_scores.hpp"
 #include "block_softmax.hpp"
 #include "block_values.hpp"
@@ -50,14 +53,28 @@ inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int
   constexpr int RV = kWideV ? 8 : Shape::value_heads(R);
   constexpr int DC = kWideV ? 2 : Shape::vectors(RV);
   static_assert(R % RV == 0, "values tiles cover the scores tile");
-  int t = 0;
-  for (; t + TT <= n; t += TT) {
-    pf.piece();
-    scores_of<Arch, R, TT, P>(q, D, k + t * ts, ts, s + t, ss, scale);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<QT, AmxQWord>) {
+    amx_block_scores<R>(q, D, k, ts, n, s, ss, scale, pf);
+  } else
+#endif
+  {
+    int t = 0;
+    for (; t + TT <= n; t += TT) {
+      pf.piece();
+      scores_of<Arch, R, TT, P>(q, D, k + t * ts, ts, s + t, ss, scale);
+    }
+    for (; t < n; ++t) scores_of<Arch, R, 1, P>(q, D, k + t * ts, ts, s + t, ss, scale);
   }
-  for (; t < n; ++t) scores_of<Arch, R, 1, P>(q, D, k + t * ts, ts, s + t, ss, scale);
   if (var.active()) transform_logits<Arch, R>(s, ss, n, var);
   softmax_tile<Arch, R>(s, ss, n, m, l, acc, D);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (PW && std::is_same_v<QT, AmxQWord> && R == kAmxHeads) {
+    weights_to_bf16<R>(s, ss, n);
+    amx_block_values(s, ss, v, ts, n, acc, D, pf);
+    return;
+  }
+#endif
 #if defined(__AVX512BF16__)
   if constexpr (PW) {
     static_assert((std::is_same_v<T, bf16_t> || kQuadV) && P, "bf16 words of V");

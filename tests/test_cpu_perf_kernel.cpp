@@ -90,13 +90,16 @@ void check_kernel_on(Arch, const char* name, const testing::CaseSpec& spec,
           const double want = ref.out[row * D + d];
           scale = std::max(scale, std::fabs(want));
           const float got = acc[static_cast<std::size_t>(s0 + g) * D + d];
-          err = std::max(err, std::fabs(got * inv - want));
+          // A NaN difference counts as infinite: std::max would drop it.
+          const double diff = std::fabs(got * inv - want);
+          err = std::isnan(diff) ? INFINITY : std::max(err, diff);
         }
         const double lse = st.lse(), want_lse = ref.lse[row];
         if (std::isinf(want_lse)) {
           EXPECT_EQ(lse, want_lse) << name << " row " << row;
         } else {
-          lse_err = std::max(lse_err, std::fabs(lse - want_lse));
+          const double lse_diff = std::fabs(lse - want_lse);
+          lse_err = std::isnan(lse_diff) ? INFINITY : std::max(lse_err, lse_diff);
         }
       }
     }
@@ -121,6 +124,12 @@ void check_every_kernel(const testing::CaseSpec& spec, bool all_kv_heads = false
     check_kernel_on(xsimd::avx512bw{}, "avx512bf16", spec, all_kv_heads, fn);
     // And P.V on vdpbf16ps, as for a bf16 out (only the bf16 q and cache take it).
     check_kernel_on(xsimd::avx512bw{}, "avx512bf16", spec, all_kv_heads, fn, true);
+  }
+  // Q.K on AMX tiles where the CPU has AMX (bf16 q and cache, groups that are multiples of 8,
+  // with the q buffer; else the avx512 kernel).
+  if (const detail::cpu::KernelFn fn = detail::cpu::kernel_for_isa("amx")) {
+    check_kernel_on(xsimd::avx512bw{}, "amx", spec, all_kv_heads, fn);
+    check_kernel_on(xsimd::avx512bw{}, "amx", spec, all_kv_heads, fn, true);
   }
 #elif PAGEDATTN_CPU_ARM64
   check_kernel_on(xsimd::neon64{}, "neon", spec, all_kv_heads);

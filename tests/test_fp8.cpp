@@ -162,7 +162,7 @@ TEST(Fp8, RandomValuesGoToTheNearestCode) {
 }
 
 // The CPU kernels this host runs, by their PAGEDATTN_CPU_ISA names.
-const char* const kCpuIsas[] = {"avx512bf16", "avx512", "avx2", "sse2", "neon"};
+const char* const kCpuIsas[] = {"amx", "avx512bf16", "avx512", "avx2", "sse2", "neon"};
 
 // An ItemContext over case c's caches with q_scaled = q (one f32 row of head_dim per head: q
 // times the scale and its kv head's K scale, which the kernels that take a bf16 q apply

@@ -228,7 +228,7 @@ void run_kernel(testing::HostCase& c, const Variants& v, detail::cpu::KernelFn f
 
 TEST(VariantCpuIsa, EveryKernelAppliesTheVariants) {
   std::vector<std::pair<const char*, detail::cpu::KernelFn>> kernels;
-  for (const char* name : {"avx512bf16", "avx512", "avx2", "sse2", "neon"}) {
+  for (const char* name : {"amx", "avx512bf16", "avx512", "avx2", "sse2", "neon"}) {
     if (const detail::cpu::KernelFn fn = detail::cpu::kernel_for_isa(name)) {
       kernels.emplace_back(name, fn);
     }

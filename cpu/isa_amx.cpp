@@ -1,0 +1,56 @@
+// ItemKernel on AMX (built with the AVX-512 BF16 kernel's flags plus -mamx-tile -mamx-bf16): a
+// bf16 cache read with a bf16 q at a GQA group that is a multiple of 8 and a head dim that is a
+// multiple of 32 takes Q.K on AMX tiles (amx_tiles.hpp), and with a bf16 out (the weights may be
+// rounded to bf16) P.V too; the softmax is the AVX-512 kernel's, and so is P.V for other outs (V
+// widened in pairs). Anything else runs the AVX-512 kernel of isa_avx512.cpp.
+#include "item_kernel_impl.hpp"
+
+namespace pagedattn::detail::cpu {
+namespace {
+
+// Whether the AMX scores step takes this task: the shape fits whole B tiles of heads and whole
+// 32-dim steps, and the q buffer is there to hold the packed q.
+bool amx_takes(const ItemContext& ctx, const ItemScratch& scratch) {
+  return ctx.q_bf16 != nullptr && ctx.kv_dtype == DType::kBF16 && scratch.q != nullptr &&
+         ctx.group_size % kAmxHeads == 0 && ctx.layout.head_dim % kAmxDims == 0;
+}
+
+// One task on AMX: q packed into the q buffer (kv_count * G * D words of the num_heads * D floats
+// it holds), this thread's tiles configured for the task and released after it, and the
+// accumulators put back from the pair order of the widened V.
+void run_item_amx(const ItemContext& c, const WorkItem& it, int kv_count, float* m, float* l,
+                  float* acc, ItemScratch scratch) {
+  using A = xsimd::avx512bw;
+  constexpr int W = 16;
+  const int D = c.layout.head_dim;
+  const int heads = kv_count * c.group_size;
+  const std::int64_t head0 = static_cast<std::int64_t>(it.kv_head) * c.group_size * D;
+  AmxQWord* q = reinterpret_cast<AmxQWord*>(scratch.q);
+  amx_pack_q(c.q_bf16 + it.seq * c.q_bf16_stride + head0, heads, D, q);
+  amx_configure_tiles();
+  alignas(64) float tmp[2 * W];
+  if (c.bf16_weights) {  // P.V on tiles too (a bf16 out), in token-pair order
+    run_item<A, bf16_t, true, true>(c, it, kv_count, static_cast<const AmxQWord*>(q), m, l, acc,
+                                    scratch);
+    _tile_release();
+    for (int h = 0; h < heads; ++h) {
+      from_token_pair_order<false>(acc + static_cast<std::int64_t>(h) * D, tmp, D);
+    }
+    return;
+  }
+  run_item<A, bf16_t, true>(c, it, kv_count, static_cast<const AmxQWord*>(q), m, l, acc, scratch);
+  _tile_release();
+  for (int h = 0; h < heads; ++h) {
+    from_pair_order<W>(acc + static_cast<std::int64_t>(h) * D, tmp, D);
+  }
+}
+
+}  // namespace
+
+void item_kernel_amx(const ItemContext& ctx, const WorkItem& item, int kv_count, float* m, float* l,
+                     float* acc, ItemScratch scratch) {
+  if (amx_takes(ctx, scratch)) return run_item_amx(ctx, item, kv_count, m, l, acc, scratch);
+  ItemKernel{}(xsimd::avx512bw{}, ctx, item, kv_count, m, l, acc, scratch);
+}
+
+}  // namespace pagedattn::detail::cpu

@@ -1,0 +1,175 @@
+// The AMX kernel (cpu/isa_amx.cpp: Q.K as _tile_dpbf16ps on a bf16 q and cache, and P.V too with
+// bf16 weights) against the f64 reference, called directly through kernel_for_isa("amx") whatever
+// PAGEDATTN_CPU_ISA picks: GQA groups 8 to 64, head dims 64, 128 and 256, block sizes 1 to 32 with
+// contexts that end inside a block, the attention variants the kernel applies, and non-finite K
+// rows. Skipped where the build has no AMX kernel or the CPU (or the operating system) offers no
+// AMX.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cpu_kernel.hpp"
+#include "kernel_context.hpp"
+#include "pagedattn/online_softmax.hpp"
+#include "pagedattn/reference.hpp"
+#include "pagedattn/testing/poison.hpp"
+#include "pagedattn/testing/random_case.hpp"
+#include "pagedattn/variants.hpp"
+#include "test_seed.hpp"
+#include "variant_args.hpp"
+
+namespace pagedattn {
+namespace {
+
+using detail::cpu::KernelFn;
+
+constexpr const char* kNoAmx =
+    "no AMX kernel here: the build lacks -mamx-tile/-mamx-bf16, or the CPU lacks AMX-TILE, "
+    "AMX-BF16 or AVX-512 BF16, or the operating system refused the tile state";
+
+// Two kv heads of `group` query heads each, a bf16 q and cache, an f32 out.
+testing::CaseSpec amx_spec(int group, int head_dim, int block_size, std::vector<int> lens,
+                           std::uint64_t salt) {
+  testing::CaseSpec s =
+      testing::shaped_spec(DType::kBF16, 2 * group, 2, head_dim, block_size, std::move(lens));
+  s.out_dtype = DType::kF32;
+  s.table_padding = 2;
+  s.spare_blocks = 4;
+  s.seed = testing::seed_for(salt);
+  return s;
+}
+
+struct KernelResult {
+  std::vector<float> out;  // [batch][heads][head_dim]
+  std::vector<float> lse;  // [batch][heads]
+};
+
+// Runs `fn` over each sequence's attended blocks as one item covering every kv head (the
+// backend's path, with the q buffer) and finalizes in f32 as the backend does, without sinks.
+// bf16_weights: the weights may be rounded to bf16 for P.V (the backend's setting for a bf16
+// out: the AMX kernel then takes P.V on tiles too).
+KernelResult run_kernel(const DecodeArgs& a, KernelFn fn, bool bf16_weights) {
+  const int H = a.num_heads, D = a.head_dim;
+  std::vector<float> q;
+  detail::cpu::ItemContext ctx = item_context(a, q);
+  ctx.window_left = a.window_left;
+  ctx.soft_cap = a.logits_soft_cap;
+  ctx.alibi_slopes = a.alibi_slopes;
+  ctx.bf16_weights = bf16_weights;
+  alignas(64) float scores[detail::cpu::kHeadTile * 256];
+  std::vector<float> m(H), l(H), acc(static_cast<std::size_t>(H) * D);
+  std::vector<float> q_buffer(static_cast<std::size_t>(H) * D + 16);
+  KernelResult r{std::vector<float>(static_cast<std::size_t>(a.batch) * H * D),
+                 std::vector<float>(static_cast<std::size_t>(a.batch) * H)};
+  for (int b = 0; b < a.batch; ++b) {
+    const int L = a.context_lens[b];
+    const WorkItem item{b, 0, 0, window_first_block(L, a.window_left, a.block_size),
+                        blocks_for(L, a.block_size)};
+    fn(ctx, item, a.num_kv_heads, m.data(), l.data(), acc.data(),
+       detail::cpu::ItemScratch{scores, q_buffer.data()});
+    for (int h = 0; h < H; ++h) {
+      const SoftmaxState st{m[h], l[h]};
+      const std::size_t row = static_cast<std::size_t>(b) * H + h;
+      const bool nan = std::isnan(st.l);
+      const float inv = nan ? NAN : st.inv_sum();
+      for (int d = 0; d < D; ++d)
+        r.out[row * D + d] = acc[static_cast<std::size_t>(h) * D + d] * inv;
+      r.lse[row] = nan ? NAN : st.lse();
+    }
+  }
+  return r;
+}
+
+// The AMX kernel's result against the f64 reference at the f32 tolerance, or the bf16 one with
+// bf16 weights (NaN exactly where the reference has NaN), and against the AVX-512 kernel's: some
+// output must differ in its last bits, or the tile path did not run (the AVX-512 kernel takes Q.K
+// on the pre-scaled f32 q).
+void expect_amx_matches_reference(const testing::CaseSpec& spec, bool bf16_weights,
+                                  const Variants& v = {}, testing::HostCase* poisoned = nullptr) {
+  testing::HostCase c = poisoned != nullptr ? *poisoned : testing::make_case(spec);
+  const DecodeArgs a = with_variants(c.args(), v);
+  const ReferenceResult ref = reference_decode(a);
+  const KernelResult got = run_kernel(a, detail::cpu::kernel_for_isa("amx"), bf16_weights);
+  const KernelResult avx512 = run_kernel(a, detail::cpu::kernel_for_isa("avx512"), false);
+  SCOPED_TRACE(testing::describe(spec) + " " + describe(v) + " " + testing::seed_note(spec.seed) +
+               (bf16_weights ? " bf16 weights" : ""));
+  double scale = 1e-30, err = 0, lse_err = 0;
+  std::size_t differs = 0;
+  for (std::size_t i = 0; i < ref.out.size(); ++i) {
+    if (std::isnan(ref.out[i])) {
+      EXPECT_TRUE(std::isnan(got.out[i])) << "out " << i;
+      continue;
+    }
+    scale = std::max(scale, std::fabs(ref.out[i]));
+    // A NaN difference counts as infinite (std::max would drop it).
+    const double diff = std::fabs(got.out[i] - ref.out[i]);
+    err = std::isnan(diff) ? INFINITY : std::max(err, diff);
+    differs += got.out[i] != avx512.out[i];
+  }
+  for (std::size_t i = 0; i < ref.lse.size(); ++i) {
+    if (std::isnan(ref.lse[i]) || std::isinf(ref.lse[i])) {
+      EXPECT_TRUE(std::isnan(ref.lse[i]) ? std::isnan(got.lse[i]) : got.lse[i] == ref.lse[i])
+          << "lse " << i;
+    } else {
+      const double diff = std::fabs(got.lse[i] - ref.lse[i]);
+      lse_err = std::isnan(diff) ? INFINITY : std::max(lse_err, diff);
+    }
+  }
+  EXPECT_LE(err / scale, testing::out_tolerance(bf16_weights ? DType::kBF16 : DType::kF32));
+  EXPECT_LE(lse_err, testing::lse_tolerance());
+  if (scale > 1e-30) EXPECT_GT(differs, 0u) << "the AMX kernel gave the AVX-512 kernel's bits";
+}
+
+TEST(CpuAmx, TileScoresMatchTheReference) {
+  if (detail::cpu::kernel_for_isa("amx") == nullptr) GTEST_SKIP() << kNoAmx;
+  // Contexts: empty, one token, a partial last block, several full blocks and a partial one.
+  std::uint64_t salt = 1;
+  for (int group : {8, 16, 32, 64}) {
+    for (int d : {64, 128}) {
+      for (int bs : {1, 16, 7, 32}) {
+        const testing::CaseSpec spec = amx_spec(group, d, bs, {0, 1, 17, 97, 301}, salt++);
+        for (bool bf16_weights : {false, true}) expect_amx_matches_reference(spec, bf16_weights);
+      }
+    }
+  }
+  for (bool bf16_weights : {false, true}) {
+    expect_amx_matches_reference(amx_spec(8, 256, 16, {600, 33}, salt++), bf16_weights);
+  }
+}
+
+TEST(CpuAmx, AppliesTheVariants) {
+  if (detail::cpu::kernel_for_isa("amx") == nullptr) GTEST_SKIP() << kNoAmx;
+  std::uint64_t salt = 100;
+  for (int bs : {16, 7}) {
+    const testing::CaseSpec spec = amx_spec(16, 128, bs, {700, 1, bs + 1, 37}, salt++);
+    const int H = spec.num_heads;
+    std::vector<Variants> configs(5);
+    configs[0].window_left = bs + 1;
+    configs[1].window_left = 300;
+    configs[2].soft_cap = 5.f;
+    configs[3].slopes = alibi_slopes(H);
+    configs[4] = {300, 30.f, alibi_slopes(H), {}};
+    for (const Variants& v : configs) {
+      for (bool bf16_weights : {false, true}) expect_amx_matches_reference(spec, bf16_weights, v);
+    }
+  }
+}
+
+TEST(CpuAmx, NonFiniteKRowMakesItsSequenceNaN) {
+  if (detail::cpu::kernel_for_isa("amx") == nullptr) GTEST_SKIP() << kNoAmx;
+  // NaN K and V rows inside the context of sequence 0 (a full 16-token step and, at 40, the
+  // partial last one) reach every head of that sequence; sequence 1 stays finite.
+  const testing::CaseSpec spec = amx_spec(8, 64, 16, {41, 50}, 300);
+  for (int t : {3, 40}) {
+    testing::HostCase c = testing::make_case(spec);
+    testing::store_nan_tokens(c, 0, t, t + 1);
+    for (bool bf16_weights : {false, true})
+      expect_amx_matches_reference(spec, bf16_weights, {}, &c);
+  }
+}
+
+}  // namespace
+}  // namespace pagedattn
