@@ -51,12 +51,18 @@ __device__ __forceinline__ std::uint32_t take_non_finite_f32(std::uint32_t& x) {
 
 // O += P V in 3xTF32 for the slice at v_slice (s: its weights; v_at: tf32_v_offsets), two
 // k-steps of 8 tokens, each with one 8-byte load per token and pair of n-tiles
-// (tf32_frags.cuh). disagree, keep: as for mma16_values.
+// (tf32_frags.cuh). disagree, keep: as for mma16_values. The slice's products go to a fresh
+// accumulator, added to o by f32 adds: the tensor cores' own sums do not round to nearest, and
+// over the thousands of tokens of a long split their error grew past f32's tolerance, while a
+// slice's six MMAs stay far below it.
 template <int D>
 __device__ __forceinline__ void tf32_values(const int (&v_at)[4], const char* v_slice,
                                             const float (&s)[2][4], bool disagree, unsigned keep,
-                                            float (&o)[D / 8][4]) {
+                                            float (&o_total)[D / 8][4]) {
   constexpr int ROW = RowGeom<float, D>::kRowBytes;
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
     const Tf32A a = tf32_p(s, n);
@@ -96,6 +102,11 @@ __device__ __forceinline__ void tf32_values(const int (&v_at)[4], const char* v_
         }
       }
     }
+  }
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o_total[n][e] += o[n][e];
   }
 }
 

@@ -14,6 +14,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cuda_device.hpp"
@@ -192,6 +193,21 @@ TEST(CudaDecode, SingleSplit) {
   o.single_split = true;
   testing::run_decode(c, o);
   expect_matches_reference(c);
+}
+
+// f32 on the tensor cores (3xTF32, from 3 rows per kv head) over one split of 32768 tokens per kv
+// head: the error stays within f32's tolerance however many tokens one CTA sums (a long split's
+// sums are where the tensor cores' own rounding would add up).
+TEST(CudaDecode, F32OnTensorCoresOverALongSplit) {
+  SKIP_WITHOUT_CUDA();
+  for (const auto& [heads, head_dim] : {std::pair{16, 128}, std::pair{8, 64}}) {
+    testing::HostCase c =
+        testing::make_case(spec_for(DType::kF32, heads, 2, head_dim, 16, {32768, 3000}));
+    detail::DecodeOptions o = cuda_options();
+    o.single_split = true;
+    testing::run_decode(c, o);
+    expect_matches_reference(c);
+  }
 }
 
 #ifdef PAGEDATTN_TEST_HAS_CUDA_RUNTIME
