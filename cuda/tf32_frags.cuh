@@ -4,9 +4,10 @@
 // one rounds them away). hi is x rounded to tf32 (11 significant bits), so |x - hi| <= 2^-11 |x|;
 // the MMA reads lo at tf32 precision too, leaving |x - hi - lo'| <= 2^-22 |x|, and the dropped
 // a_lo b_lo is at most 2^-22 |a b|. Each product is then within about 3 x 2^-22 of a b, near f32's
-// own rounding (2^-24); the tensor cores' f32 sums add their own rounding on top of it. The
-// tests hold this path to the f32 tolerance against the f64 reference (docs/cuda.md has the
-// bound and the measured error).
+// own rounding (2^-24). The tensor cores' f32 sums do not round to nearest, so no accumulator
+// takes more than one slice of MMAs: S is one slice's, and P V's slice is added to the item's
+// accumulator with f32 adds (tf32_values). The tests hold this path to the f32 tolerance
+// against the f64 reference (docs/cuda.md has the bound and the measured error).
 //
 // The fragments, for lane (g, q4):
 //  - Q (A of S = Q K^T, k-step kk over head dims 8 kk .. 8 kk + 7): a0 / a1 dim 8 kk + q4 of rows
