@@ -49,10 +49,12 @@ bool simt_stands_in(const CallShape& s, const KernelFacts& f) {
          f.simt.ctas_per_sm > 0;
 }
 
-int row_chunks(const CallShape& s) {
+int chunks_of_rows(const CallShape& s, int rows_per_cta) {
   const std::int64_t rows = static_cast<std::int64_t>(s.group) * s.q_len;
-  return static_cast<int>((rows + rows_per_cta(s) - 1) / rows_per_cta(s));
+  return static_cast<int>((rows + rows_per_cta - 1) / rows_per_cta);
 }
+
+int row_chunks(const CallShape& s) { return chunks_of_rows(s, rows_per_cta(s)); }
 
 bool use_wide(const CallShape& s) {
   const std::int64_t rows = static_cast<std::int64_t>(s.group) * s.q_len;
@@ -98,22 +100,19 @@ bool two_dense_waves_pay(const CallShape& s, int sms, int most) {
 
 KernelChoice choose_split_kernel(const CallShape& s, const KernelFacts& f) {
   KernelChoice k;
-  if (simt_stands_in(s, f)) {
-    const std::int64_t rows = std::int64_t{s.group} * s.q_len;
-    k.rows_per_cta = kSimtRowsPerCta;
-    k.row_chunks = static_cast<int>((rows + kSimtRowsPerCta - 1) / kSimtRowsPerCta);
-    k.ctas_per_sm = f.simt.ctas_per_sm;
-    k.smem_bytes = f.simt.smem_bytes;
-    k.parallelism = std::max(1, f.sms * k.ctas_per_sm * k.waves / k.row_chunks);
-    return k;
-  }
   k.build = candidate_build(s);
   k.rows_per_cta = rows_per_cta(s);
   k.row_chunks = row_chunks(s);
   k.ctas_per_sm = f.plain.ctas_per_sm;
   k.smem_bytes = f.plain.smem_bytes;
   k.waves = kWaves;
-  if (many_rows_serves(s) && f.many_rows.ctas_per_sm > 0) {
+  if (simt_stands_in(s, f)) {
+    k.build = SplitBuild{};
+    k.rows_per_cta = kSimtRowsPerCta;
+    k.row_chunks = chunks_of_rows(s, kSimtRowsPerCta);
+    k.ctas_per_sm = f.simt.ctas_per_sm;
+    k.smem_bytes = f.simt.smem_bytes;
+  } else if (many_rows_serves(s) && f.many_rows.ctas_per_sm > 0) {
     k.build.hopper = true;
     k.build.wide = false;
     k.ctas_per_sm = f.many_rows.ctas_per_sm;

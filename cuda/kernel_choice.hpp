@@ -87,7 +87,9 @@ int rows_per_cta(const CallShape& s);
 // Where f32's tf32 build needs more shared memory than the device has (sm_86 and sm_89: 99 KB
 // per block) and the CUDA-core build fits, that one runs instead.
 bool simt_stands_in(const CallShape& s, const KernelFacts& f);
-int row_chunks(const CallShape& s);
+// CTAs per work item for the call's rows (group x q_len) at rows_per_cta rows each.
+int chunks_of_rows(const CallShape& s, int rows_per_cta);
+int row_chunks(const CallShape& s);  // chunks_of_rows at rows_per_cta(s)
 // The wide build: tensor cores, several query tokens and more than 16 rows per CTA, where a warp
 // takes 2 or 4 slices of each tile and folds them at once; head dims with one (wide_head_dim).
 bool use_wide(const CallShape& s);

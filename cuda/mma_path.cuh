@@ -123,11 +123,13 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   // swizzle permutes chunks only within a 128-byte segment).
   int k_at[4], v_at[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    k_at[j] = Geo::offset(k_tok, 2 * j + k_half);
-    v_at[j] = Geo::offset(v_tok, 2 * j + v_half);
+  for (int j = 0; j < 4; ++j) k_at[j] = Geo::offset(k_tok, 2 * j + k_half);
+  if constexpr (Cfg::kTf32) {
+    tf32_v_offsets<D>(w.g, w.q4, v_at);  // 8-byte loads, not ldmatrix
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v_at[j] = Geo::offset(v_tok, 2 * j + v_half);
   }
-  if constexpr (Cfg::kTf32) tf32_v_offsets<D>(w.g, w.q4, v_at);  // 8-byte loads, not ldmatrix
 
   for (int it = 0; it < pipe.ntiles; ++it) {
     const int next_id = pipe.begin(it);

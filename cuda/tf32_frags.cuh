@@ -90,8 +90,8 @@ __device__ __forceinline__ void mma_3xtf32(float (&c)[4], const Tf32A& a, std::u
 
 // Where k-step kk of row tile wh keeps the lane's split Q fragment in shared memory: 16 bytes of
 // hi, then 16 of lo.
-template <int D>
-__device__ __forceinline__ char* tf32_q_at(char* sQ, int wh, int lane, int kk) {
+template <int D, class Byte>
+__device__ __forceinline__ Byte* tf32_q_at(Byte* sQ, int wh, int lane, int kk) {
   return sQ + ((wh * (D / 8) + kk) * 32 + lane) * 32;
 }
 template <int D>
@@ -121,7 +121,7 @@ __device__ __forceinline__ void tf32_store_q(const float* q, std::int64_t q_stri
 
 template <int D>
 __device__ __forceinline__ Tf32A tf32_load_q(const char* sQ, int wh, int lane, int kk) {
-  const char* at = tf32_q_at<D>(const_cast<char*>(sQ), wh, lane, kk);
+  const char* at = tf32_q_at<D>(sQ, wh, lane, kk);
   const uint4 h = *reinterpret_cast<const uint4*>(at);
   const uint4 l = *reinterpret_cast<const uint4*>(at + 16);
   return {{h.x, h.y, h.z, h.w}, {l.x, l.y, l.z, l.w}};
