@@ -16,10 +16,8 @@ py="$tmp/venv/bin/python"
 "$py" -m pip install -q --disable-pip-version-check numpy pytest ml_dtypes
 "$py" -m pip install -q --disable-pip-version-check .
 if [ -n "${EXTRAS_WHEELS:-}" ]; then
-  mapfile -t extra < <("$py" -c 'import tomllib
-print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["transformers"]))')
   "$py" -m pip install -q --disable-pip-version-check --no-index --find-links "$EXTRAS_WHEELS" \
-    "${extra[@]}"
+    -r "$EXTRAS_WHEELS/requirements.txt"
 fi
 "$py" -c 'import pagedattn; print("python: pagedattn", pagedattn.__version__, "built with CUDA:", pagedattn.built_with_cuda)'
 
