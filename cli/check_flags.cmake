@@ -194,7 +194,10 @@ elseif(CLI STREQUAL "pagedattn-demo")
 elseif(CLI STREQUAL "pagedattn-sim")
   expect_help(--requests --rate --prompt-len --output-len --fork-prob --seed --max-batch --blocks
               --block-size --heads --kv-heads --head-dim --dtype --layers --shared-cache --backend
-              --threads --verify-every --csv --progress --no-progress --help)
+              --threads --verify-every --verify-seqs --workload --csv --progress --no-progress
+              --help)
+  expect_bad("--workload nope" "--workload = 'nope'" "chat or long")
+  expect_bad("--verify-seqs -1" "--verify-seqs = '-1'")
   expect_bad("--requests 0" "--requests = '0'")
   expect_bad("--requests 10x" "--requests = '10x'")
   expect_bad("--rate 0" "--rate = '0'" "(0, ")

@@ -45,11 +45,12 @@ class Buffer {
     else
       std::memcpy(host_.data(), src, bytes);
   }
-  void download(void* dst, std::size_t bytes) {
+  void download(void* dst, std::size_t bytes, std::size_t offset = 0) {
+    const auto* src = static_cast<const std::uint8_t*>(data()) + offset;
     if (device_)
-      testing::copy_to_host(dst, dev_.get(), bytes);
+      testing::copy_to_host(dst, src, bytes);
     else
-      std::memcpy(dst, host_.data(), bytes);
+      std::memcpy(dst, src, bytes);
   }
 
  private:
@@ -63,10 +64,11 @@ class Buffer {
 // Cheap uniform values in [-1, 1) for K, V and q: the simulator writes a lot of them.
 struct FastRandom {
   std::uint64_t s;
-  float next() {
+  std::uint64_t next_u64() {  // xorshift64*
     s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
-    return static_cast<float>((s * 0x2545F4914F6CDD1DULL) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    return s * 0x2545F4914F6CDD1DULL;
   }
+  float next() { return static_cast<float>(next_u64() >> 40) * (2.0f / 16777216.0f) - 1.0f; }
   void fill(std::vector<float>& v, std::size_t n, float scale) {
     v.resize(n);
     for (float& x : v) x = scale * next();

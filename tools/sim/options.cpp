@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "pagedattn/cli/args.hpp"
@@ -124,12 +125,19 @@ std::string usage(const char* argv0) {
      << "  --soft-cap C        logits soft-cap, 0: none (0)\n"
      << "  --sim-layers N      layers simulated, spread over the model (cpu 2, cuda 8)\n"
      << "workload:\n"
-     << "  --requests N        requests in the run (" << d.requests << ")\n"
-     << "  --rate R            mean new requests per step, Poisson, > 0 (" << d.rate << ")\n"
+     << "  --workload W        the defaults of the five flags below: chat (the cpu backend's)\n"
+     << "                      or long (the cuda backend's); values are chat's, then long's\n"
+     << "  --requests N        requests in the run (" << kChatWorkload.requests << ", "
+     << kLongWorkload.requests << ")\n"
+     << "  --rate R            mean new requests per step, Poisson, > 0 (" << kChatWorkload.rate
+     << ", " << kLongWorkload.rate << ")\n"
      << "  --prompt-len DIST   N, A:B (uniform, A <= B), exp:MEAN (MEAN >= 1) or\n"
-     << "                      lognormal:MEDIAN:SIGMA (SIGMA in [0, 3]) (" << d.prompt_len.text()
-     << ")\n"
-     << "  --output-len DIST   tokens to generate, same forms (" << d.output_len.text() << ")\n"
+     << "                      lognormal:MEDIAN:SIGMA (SIGMA in [0, 3]) ("
+     << kChatWorkload.prompt_len << ", " << kLongWorkload.prompt_len << ")\n"
+     << "  --output-len DIST   tokens to generate, same forms (" << kChatWorkload.output_len << ", "
+     << kLongWorkload.output_len << ")\n"
+     << "  --max-batch N       running sequences at most (" << kChatWorkload.max_batch << ", "
+     << kLongWorkload.max_batch << ")\n"
      << "  --system-prompts N  shared system prompts, 0: none (" << d.system_prompts << ")\n"
      << "  --system-len N      tokens of each (" << d.system_len << ")\n"
      << "  --system-prob P     chance a request starts with one (" << d.system_prob << ")\n"
@@ -138,7 +146,6 @@ std::string usage(const char* argv0) {
      << "  --fork-prob P       chance in [0, 1] a request forks once mid-generation ("
      << d.fork_prob << ")\n"
      << "  --seed S            an unsigned 64-bit integer (" << d.seed << ")\n"
-     << "  --max-batch N       running sequences at most (" << d.max_batch << ")\n"
      << "cache:\n"
      << "  --cache-mib M       memory for the whole model's cache (cpu: 25% of available RAM,\n"
      << "                      at most 1024; cuda: 50% of free device memory)\n"
@@ -152,6 +159,8 @@ std::string usage(const char* argv0) {
      << "  --threads N         CPU threads (OpenMP default)\n"
      << "  --verify-every N    check every N-th step against the f64 reference; 0: none ("
      << d.verify_every << ")\n"
+     << "  --verify-seqs N     sequences of a checked step recomputed, 0: all (" << d.verify_seqs
+     << ")\n"
      << "  --csv FILE          write a per-step timeline (plot it with scripts/plot_sim.sh)\n"
      << "  --progress / --no-progress   the progress bar on stderr (default: when a terminal)\n"
      << "  --help, -h          this text\n\n"
@@ -228,10 +237,42 @@ bool parse_model_flag(cli::Args& args, ShapeFlags& f) {
   return true;
 }
 
+// The workload flags given on the command line; each replaces the preset's value.
+struct WorkloadFlags {
+  std::string preset;  // --workload; empty: the backend's default
+  std::set<std::string> given;
+};
+
+const WorkloadPreset* find_workload(const std::string& name) {
+  for (const WorkloadPreset* w : {&kChatWorkload, &kLongWorkload}) {
+    if (name == w->name) return w;
+  }
+  return nullptr;
+}
+
+// The preset's values for the workload flags not given: --workload's preset, else the
+// backend's default (long on CUDA, where the cache holds far more than short chat fills).
+void apply_workload(Options& o, const WorkloadFlags& f) {
+  const bool device = resolve_backend(o.backend) == Backend::kCuda;
+  const WorkloadPreset& w =
+      f.preset.empty() ? (device ? kLongWorkload : kChatWorkload) : *find_workload(f.preset);
+  o.workload = w.name;
+  const auto unset = [&](const char* flag) { return f.given.count(flag) == 0; };
+  if (unset("--requests")) o.requests = w.requests;
+  if (unset("--rate")) o.rate = w.rate;
+  if (unset("--prompt-len")) o.prompt_len = LengthDist::parse(w.prompt_len, "--prompt-len");
+  if (unset("--output-len")) o.output_len = LengthDist::parse(w.output_len, "--output-len");
+  if (unset("--max-batch")) o.max_batch = w.max_batch;
+}
+
 // Flags of the workload; false when `a` is not one.
-bool parse_workload_flag(cli::Args& args, Options& o) {
+bool parse_workload_flag(cli::Args& args, Options& o, WorkloadFlags& f) {
   const std::string& a = args.flag();
-  if (a == "--requests") {
+  f.given.insert(a);
+  if (a == "--workload") {
+    f.preset = args.value();
+    if (!find_workload(f.preset)) cli::bad_value(a, f.preset, "expected chat or long");
+  } else if (a == "--requests") {
     o.requests = static_cast<int>(args.integer(1, kMaxCount));
   } else if (a == "--rate") {
     o.rate = args.number(0, kMaxRate, /*lo_open=*/true);
@@ -256,6 +297,7 @@ bool parse_workload_flag(cli::Args& args, Options& o) {
   } else if (a == "--max-batch") {
     o.max_batch = static_cast<int>(args.integer(1, kMaxCount));
   } else {
+    f.given.erase(a);
     return false;
   }
   return true;
@@ -304,12 +346,13 @@ void check_capacity(const Options& o) {
 Options parse_options(int argc, char** argv) {
   Options o;
   ShapeFlags shape;
+  WorkloadFlags workload;
   cli::Args args(argc, argv);
   while (args.next()) {
     const std::string& a = args.flag();
     if (args.is_help()) {
       o.help = true;
-    } else if (parse_model_flag(args, shape) || parse_workload_flag(args, o)) {
+    } else if (parse_model_flag(args, shape) || parse_workload_flag(args, o, workload)) {
     } else if (a == "--shared-cache") {
       o.shared_cache = true;
     } else if (a == "--progress" || a == "--no-progress") {
@@ -332,6 +375,8 @@ Options parse_options(int argc, char** argv) {
       o.threads = static_cast<int>(args.integer(1, kMaxThreads));
     } else if (a == "--verify-every") {
       o.verify_every = static_cast<int>(args.integer(0, kMaxCount));
+    } else if (a == "--verify-seqs") {
+      o.verify_seqs = static_cast<int>(args.integer(0, kMaxCount));
     } else if (a == "--csv") {
       o.csv = args.text();
     } else {
@@ -340,6 +385,7 @@ Options parse_options(int argc, char** argv) {
   }
   if (o.help) return o;
   o.model = shape.apply();
+  apply_workload(o, workload);
   check_shape(o);
   check_capacity(o);
   return o;

@@ -28,15 +28,34 @@ struct LengthDist {
   static LengthDist parse_parts(const std::string& text, const std::string& option);
 };
 
+// The defaults of the arrival, length and batch flags (docs/simulator.md, "The workload"): `chat`
+// is short chat traffic, the CPU backend's default; `long` is long prompts at a large batch,
+// the CUDA backend's, where a device's cache holds hundreds of thousands of tokens per layer.
+struct WorkloadPreset {
+  const char* name;
+  int requests;
+  double rate;
+  const char* prompt_len;
+  const char* output_len;
+  int max_batch;
+};
+inline constexpr WorkloadPreset kChatWorkload = {
+    "chat", 48, 0.5, "lognormal:300:0.9", "lognormal:120:0.7", 32};
+inline constexpr WorkloadPreset kLongWorkload = {
+    "long", 384, 16, "lognormal:3000:0.6", "lognormal:200:0.5", 128};
+
 struct Options {
   bool help = false;                          // --help: print usage() and run nothing
   Model model = *find_model("llama-3.1-8b");  // the preset with the shape flags applied
   int sim_layers = 0;  // layers simulated (sampled over the model); 0: the backend's default
-  int requests = 48;   // requests in the whole run
-  double rate = 0.5;   // mean new requests per decode step (Poisson)
+  // --workload: the preset whose values the flags below start from (the backend's default when
+  // not given; an explicit --requests, --rate, --prompt-len, --output-len or --max-batch wins).
+  std::string workload = kChatWorkload.name;
+  int requests = kChatWorkload.requests;  // requests in the whole run
+  double rate = kChatWorkload.rate;       // mean new requests per decode step (Poisson)
   // Log-normal lengths: long right tails, prompts longer than outputs (docs/simulator.md).
-  LengthDist prompt_len = LengthDist::parse("lognormal:300:0.9", "--prompt-len");
-  LengthDist output_len = LengthDist::parse("lognormal:120:0.7", "--output-len");
+  LengthDist prompt_len = LengthDist::parse(kChatWorkload.prompt_len, "--prompt-len");
+  LengthDist output_len = LengthDist::parse(kChatWorkload.output_len, "--output-len");
   int system_prompts = 4;    // distinct shared system prompts, each cached once
   int system_len = 256;      // tokens of each
   double system_prob = 0.5;  // chance a request starts with one (then its prompt follows it)
@@ -44,14 +63,15 @@ struct Options {
   double n_way_prob = 0.1;   // chance a request samples n_way sequences from one prompt
   double fork_prob = 0;      // chance a request forks once, at a random point of its output
   std::uint64_t seed = 1;
-  int max_batch = 32;    // running sequences at most
-  int num_blocks = 0;    // cache blocks per layer; 0: from the memory budget
+  int max_batch = kChatWorkload.max_batch;  // running sequences at most
+  int num_blocks = 0;                       // cache blocks per layer; 0: from the memory budget
   double cache_mib = 0;  // the budget for the whole model's cache; 0: a share of free memory
   int block_size = 16;
   DType dtype = DType::kBF16;  // cache, query and output dtype
   bool shared_cache = false;   // every layer reads one K/V cache (less memory)
   Backend backend = Backend::kAuto;
-  int verify_every = 25;  // check every N-th step (and the last) against the f64 reference
+  int verify_every = 25;  // check every N-th step against the f64 reference
+  int verify_seqs = 8;    // sequences of a checked step recomputed (0: every one)
   std::string csv;        // per-step timeline
   int progress = -1;      // -1: when stderr is a terminal
   int threads = 0;

@@ -66,11 +66,11 @@ void print_setup(const Options& o, const RunStats& s) {
         s.huge_pct, testing::thp_mode_name(testing::thp_mode()));
   }
   std::printf(
-      "workload: %d requests, Poisson %.3g per step, prompt %s, output %s, %d system prompts "
+      "workload: %s: %d requests, Poisson %.3g per step, prompt %s, output %s, %d system prompts "
       "of %d tokens (p %.3g), n-way %d (p %.3g), fork p %.3g, max batch %d, seed %llu\n",
-      o.requests, o.rate, o.prompt_len.text().c_str(), o.output_len.text().c_str(),
-      o.system_prompts, o.system_len, o.system_prob, o.n_way, o.n_way_prob, o.fork_prob,
-      o.max_batch, static_cast<unsigned long long>(o.seed));
+      o.workload.c_str(), o.requests, o.rate, o.prompt_len.text().c_str(),
+      o.output_len.text().c_str(), o.system_prompts, o.system_len, o.system_prob, o.n_way,
+      o.n_way_prob, o.fork_prob, o.max_batch, static_cast<unsigned long long>(o.seed));
   std::printf("read ceiling: %.1f GB/s (%s streaming read, measured in this run)\n", s.ceiling_gbps,
               s.backend == Backend::kCuda ? "device" : "host");
   std::fflush(stdout);
@@ -120,9 +120,9 @@ void print_summary(const Options& o, const RunStats& s) {
     std::printf("verify: no step sampled (--verify-every 0)\n");
   } else {
     std::printf(
-        "verify: %d sampled steps against the f64 reference, max rel err %.3g (tolerance "
-        "%.3g), max lse err %.3g: %s\n",
-        s.verified, s.worst_rel, testing::out_tolerance(o.dtype), s.worst_lse,
+        "verify: %d sampled steps (%lld sequences) against the f64 reference, max rel err %.3g "
+        "(tolerance %.3g), max lse err %.3g: %s\n",
+        s.verified, s.verified_seqs, s.worst_rel, testing::out_tolerance(o.dtype), s.worst_lse,
         s.mismatches ? "MISMATCH" : "OK");
   }
 }

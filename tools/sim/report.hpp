@@ -33,6 +33,7 @@ struct RunStats {
   int peak_used = 0, peak_running = 0;
   std::vector<float> occupancy, fragmentation;  // per step
   int verified = 0, mismatches = 0;
+  long long verified_seqs = 0;  // sequences recomputed over the checked steps
   double worst_rel = 0, worst_lse = 0;
   bool all_free = true;
 };

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <vector>
@@ -45,10 +46,12 @@ class Simulator {
   void fork_some();
   void make_room();
   void append_tokens();
+  void fill_token_rows();
   void write(const std::vector<std::int32_t>& slots);
   void copy(const std::vector<BlockCopy>& pairs);
   double decode_layers(bool verify, double* bytes);
-  void verify_layer(int sampled, const DecodeArgs& args);
+  void verify_layer(int sampled, const DecodeArgs& args, const BlockManager::Tables& t);
+  std::vector<int> verified_rows(int batch);
   void finish_some();
   void csv_row(std::FILE* f, double decode_s, double bytes);
   int num_blocks() const { return s_.plan.num_blocks; }
@@ -66,8 +69,12 @@ class Simulator {
   std::vector<std::unique_ptr<Buffer>> k_, v_;  // per simulated layer, or one shared
   std::vector<std::unique_ptr<Buffer>> sinks_;  // per simulated layer, with sinks
   std::vector<std::vector<float>> sinks_host_;
-  Buffer key_, value_, slots_, q_, out_, lse_, table_, lens_;
-  std::vector<float> host_rows_k_, host_rows_v_;
+  // Random f32 K and V rows that new tokens are written from, a window at a random offset per
+  // write: generated once, so writing a long prompt costs the write and nothing on the host.
+  Buffer token_k_, token_v_;
+  int token_rows_ = 0;
+  Buffer slots_, q_, out_, lse_, table_, lens_;
+  std::vector<std::uint8_t> q_host_;  // this step's queries, as decode() read them
   CacheOpOptions cache_opts_;
   DecodeOptions decode_opts_;
 
@@ -89,8 +96,8 @@ Simulator::Simulator(const Options& o)
       s_{backend_, plan_cache(o, device_)},
       bm_(s_.plan.num_blocks, o.block_size),
       row_(static_cast<std::size_t>(o.model.num_kv_heads) * o.model.head_dim),
-      key_(device_),
-      value_(device_),
+      token_k_(device_),
+      token_v_(device_),
       slots_(device_),
       q_(device_),
       out_(device_),
@@ -99,6 +106,7 @@ Simulator::Simulator(const Options& o)
       lens_(device_) {
   running_.reserve(static_cast<std::size_t>(o.max_batch) + 1);  // no reallocation mid-loop
   allocate_layers();
+  fill_token_rows();
   cache_opts_.backend = backend_;
   cache_opts_.num_threads = o.threads;
   decode_opts_.backend = backend_;
@@ -158,30 +166,43 @@ void Simulator::start_system_prompts() {
   write(slots);
 }
 
+// Up to 64 MiB of rows (K and V together), at least 64 and at most 4096 tokens' worth.
+void Simulator::fill_token_rows() {
+  const std::size_t row_bytes = row_ * sizeof(float);
+  token_rows_ = static_cast<int>(std::clamp<std::size_t>((32u << 20) / row_bytes, 64, 4096));
+  std::vector<float> rows;
+  fast_.fill(rows, token_rows_ * row_, 2.0f);
+  token_k_.upload(rows.data(), rows.size() * sizeof(float));
+  fast_.fill(rows, token_rows_ * row_, 1.0f);
+  token_v_.upload(rows.data(), rows.size() * sizeof(float));
+}
+
+// The K/V of new tokens, into every simulated layer's cache: each write_cache call takes up to
+// token_rows_ of them from a random offset into the random rows.
 void Simulator::write(const std::vector<std::int32_t>& slots) {
   if (slots.empty()) return;
-  const std::size_t n = slots.size();
-  slots_.upload(slots.data(), n * sizeof(std::int32_t));
+  slots_.upload(slots.data(), slots.size() * sizeof(std::int32_t));
+  const std::size_t row_bytes = row_ * sizeof(float);
   for (std::size_t l = 0; l < k_.size(); ++l) {
-    // New tokens arrive in f32 and are converted to the cache dtype by write_cache.
-    fast_.fill(host_rows_k_, n * row_, 2.0f);
-    fast_.fill(host_rows_v_, n * row_, 1.0f);
-    key_.upload(host_rows_k_.data(), n * row_ * sizeof(float));
-    value_.upload(host_rows_v_.data(), n * row_ * sizeof(float));
-    CacheWriteArgs a;
-    a.num_tokens = static_cast<int>(n);
-    a.num_kv_heads = o_.model.num_kv_heads;
-    a.head_dim = o_.model.head_dim;
-    a.block_size = o_.block_size;
-    a.num_blocks = num_blocks();
-    a.key = key_.data();
-    a.value = value_.data();
-    a.src_dtype = DType::kF32;
-    a.slot_mapping = static_cast<const std::int32_t*>(slots_.data());
-    a.k_cache = k_[l]->data();
-    a.v_cache = v_[l]->data();
-    a.cache_dtype = o_.dtype;
-    write_cache(a, cache_opts_);
+    for (std::size_t first = 0; first < slots.size(); first += token_rows_) {
+      const int n = static_cast<int>(std::min<std::size_t>(token_rows_, slots.size() - first));
+      const std::size_t offset = (fast_.next_u64() % (token_rows_ - n + 1)) * row_bytes;
+      CacheWriteArgs a;
+      a.num_tokens = n;
+      a.num_kv_heads = o_.model.num_kv_heads;
+      a.head_dim = o_.model.head_dim;
+      a.block_size = o_.block_size;
+      a.num_blocks = num_blocks();
+      // New tokens arrive in f32 and are converted to the cache dtype by write_cache.
+      a.key = static_cast<const std::uint8_t*>(token_k_.data()) + offset;
+      a.value = static_cast<const std::uint8_t*>(token_v_.data()) + offset;
+      a.src_dtype = DType::kF32;
+      a.slot_mapping = static_cast<const std::int32_t*>(slots_.data()) + first;
+      a.k_cache = k_[l]->data();
+      a.v_cache = v_[l]->data();
+      a.cache_dtype = o_.dtype;
+      write_cache(a, cache_opts_);
+    }
   }
 }
 
@@ -322,10 +343,10 @@ double Simulator::decode_layers(bool verify, double* bytes) {
   const std::size_t q_elems = static_cast<std::size_t>(batch) * m.num_heads * m.head_dim;
   std::vector<float> q32;
   fast_.fill(q32, q_elems, 2.0f);
-  std::vector<std::uint8_t> q(q_elems * dtype_size(o_.dtype));
-  for (std::size_t i = 0; i < q_elems; ++i) store_from_float(q.data(), o_.dtype, i, q32[i]);
-  q_.upload(q.data(), q.size());
-  out_.reserve(q.size());
+  q_host_.resize(q_elems * dtype_size(o_.dtype));
+  for (std::size_t i = 0; i < q_elems; ++i) store_from_float(q_host_.data(), o_.dtype, i, q32[i]);
+  q_.upload(q_host_.data(), q_host_.size());
+  out_.reserve(q_host_.size());
   lse_.reserve(static_cast<std::size_t>(batch) * m.num_heads * sizeof(float));
 
   DecodeArgs a;
@@ -367,59 +388,105 @@ double Simulator::decode_layers(bool verify, double* bytes) {
     s_.layers[l].bytes += tokens * token_bytes;
     *bytes += tokens * token_bytes;
     seconds += dt;
-    if (l == check) verify_layer(l, a);
+    if (l == check) verify_layer(l, a, t);
   }
   return seconds;
 }
 
-// Compares this layer's output with reference_decode over host copies of the same inputs.
-void Simulator::verify_layer(int sampled, const DecodeArgs& device_args) {
-  DecodeArgs a = device_args;
-  const int cache = o_.shared_cache ? 0 : sampled;
+// The batch rows a checked step recomputes: --verify-seqs of them (all with 0), spread evenly
+// over the batch from a random start, ascending.
+std::vector<int> Simulator::verified_rows(int batch) {
+  const int n = o_.verify_seqs > 0 ? std::min(o_.verify_seqs, batch) : batch;
+  const int start = static_cast<int>(fast_.next_u64() % static_cast<std::uint64_t>(batch));
+  std::vector<int> rows;
+  for (int i = 0; i < n; ++i) {
+    rows.push_back(static_cast<int>((start + static_cast<long long>(i) * batch / n) % batch));
+  }
+  std::sort(rows.begin(), rows.end());
+  return rows;
+}
+
+// Compares this layer's output for some of the batch's sequences with reference_decode over
+// host copies of their inputs: their queries and table rows, and on the device the cache blocks
+// their tables name, copied into a compact host cache.
+void Simulator::verify_layer(int sampled, const DecodeArgs& run, const BlockManager::Tables& t) {
+  const std::vector<int> rows = verified_rows(run.batch);
+  const std::size_t esize = dtype_size(o_.dtype);
+  const std::size_t q_row = static_cast<std::size_t>(run.num_heads) * run.head_dim;
+  std::vector<std::uint8_t> out_all(static_cast<std::size_t>(run.batch) * q_row * esize);
+  std::vector<float> lse_all(static_cast<std::size_t>(run.batch) * run.num_heads);
+  out_.download(out_all.data(), out_all.size());
+  lse_.download(lse_all.data(), lse_all.size() * sizeof(float));
+
+  DecodeArgs a = run;
+  a.batch = static_cast<int>(rows.size());
+  std::vector<std::uint8_t> q(rows.size() * q_row * esize);
+  std::vector<std::int32_t> table(rows.size() * t.max_blocks_per_seq), lens(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    std::memcpy(q.data() + i * q_row * esize, q_host_.data() + rows[i] * q_row * esize,
+                q_row * esize);
+    std::copy_n(t.block_table.begin() + static_cast<std::size_t>(rows[i]) * t.max_blocks_per_seq,
+                t.max_blocks_per_seq, table.begin() + i * t.max_blocks_per_seq);
+    lens[i] = t.context_lens[rows[i]];
+  }
+  a.q = q.data();
+  a.block_table = table.data();
+  a.context_lens = lens.data();
   a.sinks = a.sinks ? sinks_host_[sampled].data() : nullptr;
-  const std::size_t q_bytes =
-      static_cast<std::size_t>(a.batch) * a.num_heads * a.head_dim * dtype_size(o_.dtype);
-  std::vector<std::uint8_t> q, out(q_bytes), k, v;
-  std::vector<float> lse(static_cast<std::size_t>(a.batch) * a.num_heads);
-  std::vector<std::int32_t> table, lens;
-  if (device_) {
-    q.resize(q_bytes);
-    q_.download(q.data(), q_bytes);
-    k.resize(k_[cache]->size());
-    v.resize(v_[cache]->size());
-    k_[cache]->download(k.data(), k.size());
-    v_[cache]->download(v.data(), v.size());
-    table.resize(static_cast<std::size_t>(a.batch) * a.max_blocks_per_seq);
-    lens.resize(a.batch);
-    table_.download(table.data(), table.size() * sizeof(std::int32_t));
-    lens_.download(lens.data(), lens.size() * sizeof(std::int32_t));
-    a.q = q.data();
+  std::vector<std::uint8_t> k, v;
+  if (device_) {  // the blocks the rows' tables name, renumbered in a compact cache
+    const int cache = o_.shared_cache ? 0 : sampled;
+    const std::size_t block_bytes =
+        static_cast<std::size_t>(run.num_kv_heads) * o_.block_size * run.head_dim * esize;
+    std::vector<std::int32_t> compact(num_blocks(), -1);
+    int used = 0;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const int blocks = (lens[i] + o_.block_size - 1) / o_.block_size;
+      for (int j = 0; j < blocks; ++j) {
+        std::int32_t& entry = table[i * t.max_blocks_per_seq + j];
+        if (compact[entry] < 0) {
+          compact[entry] = used++;
+          k.resize(used * block_bytes);
+          v.resize(used * block_bytes);
+          k_[cache]->download(k.data() + (used - 1) * block_bytes, block_bytes,
+                              entry * block_bytes);
+          v_[cache]->download(v.data() + (used - 1) * block_bytes, block_bytes,
+                              entry * block_bytes);
+        }
+        entry = compact[entry];
+      }
+    }
+    a.num_blocks = std::max(1, used);
+    k.resize(a.num_blocks * block_bytes);
+    v.resize(a.num_blocks * block_bytes);
     a.k_cache = k.data();
     a.v_cache = v.data();
-    a.block_table = table.data();
-    a.context_lens = lens.data();
   }
-  out_.download(out.data(), q_bytes);
-  lse_.download(lse.data(), lse.size() * sizeof(float));
   const ReferenceResult ref = reference_decode(a);
   double err = 0, scale = 1e-30, lse_err = 0;
   bool finite = true;
-  for (std::size_t i = 0; i < ref.out.size(); ++i) {
-    const double got = load_as_float(out.data(), o_.dtype, i);
-    finite = finite && std::isfinite(got);
-    err = std::max(err, std::fabs(got - ref.out[i]));
-    scale = std::max(scale, std::fabs(ref.out[i]));
-  }
-  for (std::size_t i = 0; i < ref.lse.size(); ++i) {
-    if (std::isfinite(ref.lse[i]))
-      lse_err = std::max(lse_err, std::fabs(lse[i] - ref.lse[i]));
-    else if (lse[i] != ref.lse[i])
-      lse_err = INFINITY;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    for (std::size_t e = 0; e < q_row; ++e) {
+      const double got = load_as_float(out_all.data(), o_.dtype, rows[i] * q_row + e);
+      const double want = ref.out[i * q_row + e];
+      finite = finite && std::isfinite(got);
+      err = std::max(err, std::fabs(got - want));
+      scale = std::max(scale, std::fabs(want));
+    }
+    for (int h = 0; h < run.num_heads; ++h) {
+      const double got = lse_all[static_cast<std::size_t>(rows[i]) * run.num_heads + h];
+      const double want = ref.lse[i * run.num_heads + h];
+      if (std::isfinite(want))
+        lse_err = std::max(lse_err, std::fabs(got - want));
+      else if (got != want)
+        lse_err = INFINITY;
+    }
   }
   const double rel = err / scale;
   s_.worst_rel = std::max(s_.worst_rel, rel);
   s_.worst_lse = std::max(s_.worst_lse, lse_err);
   ++s_.verified;
+  s_.verified_seqs += static_cast<long long>(rows.size());
   if (!finite || rel > testing::out_tolerance(o_.dtype) || lse_err > testing::lse_tolerance()) {
     ++s_.mismatches;
     std::fprintf(stderr,
