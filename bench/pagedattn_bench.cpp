@@ -57,7 +57,7 @@
 #include "bench_options.hpp"
 #include "bench_variants.hpp"
 #include "cuda_timing.hpp"
-#include "naive_decode.hpp"
+#include "pagedattn/testing/naive_decode.hpp"
 #include "pagedattn/cli/args.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/host_pool.hpp"
@@ -532,10 +532,10 @@ int run(int argc, char** argv) {
         print_row(o, dtype, r);
       }
       if (o.backend == "naive" || o.naive) {
-        bench::naive_decode(rc.args(0), o.threads);
+        testing::naive_decode(rc.args(0), o.threads);
         const double err = rel_err_vs_reference(rc.args(0));
         const double naive_ms =
-            median_ms([&](int i) { bench::naive_decode(rc.args(i), o.threads); }, 1,
+            median_ms([&](int i) { testing::naive_decode(rc.args(i), o.threads); }, 1,
                       o.backend == "naive" ? o.iters : 3, 0.0, o.max_time, o.clock);
         Row r = row_for("naive", naive_ms, err);
         r.huge_pct = huge_pct;

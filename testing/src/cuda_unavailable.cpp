@@ -1,8 +1,10 @@
-// Built when the CUDA backend is not: device memory and the CUDA round trip report the backend as
-// unavailable (device_memory.cu and device_case.cu stand in for them with CUDA).
+// Built when the CUDA backend is not: device memory, the CUDA round trip and the naive CUDA decode
+// report the backend as unavailable (device_memory.cu, device_case.cu and naive_decode_cuda.cu
+// stand in for them with CUDA).
 #include "pagedattn/error.hpp"
 #include "pagedattn/testing/device_case.hpp"
 #include "pagedattn/testing/device_memory.hpp"
+#include "pagedattn/testing/naive_decode.hpp"
 
 namespace pagedattn::testing {
 namespace {
@@ -23,5 +25,6 @@ void device_synchronize() { unavailable(); }
 DeviceCase::DeviceCase(const DecodeArgs&, void*) { unavailable(); }
 void DeviceCase::download(const DecodeArgs&, void*) const { unavailable(); }
 void cuda_decode_from_host(const DecodeArgs&, const detail::DecodeOptions&) { unavailable(); }
+void naive_decode_cuda(const DecodeArgs&) { unavailable(); }
 
 }  // namespace pagedattn::testing

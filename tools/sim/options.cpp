@@ -161,6 +161,8 @@ std::string usage(const char* argv0) {
      << d.verify_every << ")\n"
      << "  --verify-seqs N     sequences of a checked step recomputed, 0: all (" << d.verify_seqs
      << ")\n"
+     << "  --compare naive     also time the naive decode (a CTA or thread per query head, one\n"
+     << "                      token at a time) on every step's inputs, for scale\n"
      << "  --csv FILE          write a per-step timeline (plot it with scripts/plot_sim.sh)\n"
      << "  --progress / --no-progress   the progress bar on stderr (default: when a terminal)\n"
      << "  --help, -h          this text\n\n"
@@ -377,6 +379,8 @@ Options parse_options(int argc, char** argv) {
       o.verify_every = static_cast<int>(args.integer(0, kMaxCount));
     } else if (a == "--verify-seqs") {
       o.verify_seqs = static_cast<int>(args.integer(0, kMaxCount));
+    } else if (a == "--compare") {
+      o.compare_naive = args.choice<bool>({{"naive", true}});
     } else if (a == "--csv") {
       o.csv = args.text();
     } else {

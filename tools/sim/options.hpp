@@ -70,10 +70,11 @@ struct Options {
   DType dtype = DType::kBF16;  // cache, query and output dtype
   bool shared_cache = false;   // every layer reads one K/V cache (less memory)
   Backend backend = Backend::kAuto;
-  int verify_every = 25;  // check every N-th step against the f64 reference
-  int verify_seqs = 8;    // sequences of a checked step recomputed (0: every one)
-  std::string csv;        // per-step timeline
-  int progress = -1;      // -1: when stderr is a terminal
+  int verify_every = 25;       // check every N-th step against the f64 reference
+  int verify_seqs = 8;         // sequences of a checked step recomputed (0: every one)
+  bool compare_naive = false;  // --compare naive: time the naive decode on the same steps too
+  std::string csv;             // per-step timeline
+  int progress = -1;           // -1: when stderr is a terminal
   int threads = 0;
 };
 

@@ -96,6 +96,13 @@ void print_summary(const Options& o, const RunStats& s) {
   const double gbps = seconds > 0 ? bytes / seconds / 1e9 : 0.0;
   std::printf("attention: %.2f GB of K/V read in %.2f s: %.2f GB/s, %.0f%% of the read ceiling\n",
               bytes / 1e9, seconds, gbps, s.ceiling_gbps > 0 ? 100 * gbps / s.ceiling_gbps : 0.0);
+  if (s.naive_seconds > 0) {
+    std::printf(
+        "naive decode (--compare naive): %.3f ms per step over the simulated layers, %.2f GB/s; "
+        "pagedattn's decode is %.1fx faster\n",
+        1e3 * s.naive_seconds / steps, bytes / s.naive_seconds / 1e9,
+        seconds > 0 ? s.naive_seconds / seconds : 0.0);
+  }
   // The ceiling is a streaming read of memory; a cache small enough to stay in the processor's
   // caches between steps is read faster than that.
   if (s.ceiling_gbps > 0 && gbps > s.ceiling_gbps) {

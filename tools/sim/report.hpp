@@ -30,6 +30,7 @@ struct RunStats {
   long long steps = 0, generated = 0, prompt_tokens = 0, system_tokens = 0;
   long long forks = 0, n_way_forks = 0, cow_copies = 0, preemptions = 0;
   double wall_seconds = 0;
+  double naive_seconds = 0;  // the naive decode's time over the simulated layers (--compare)
   int peak_used = 0, peak_running = 0;
   std::vector<float> occupancy, fragmentation;  // per step
   int verified = 0, mismatches = 0;

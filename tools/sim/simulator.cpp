@@ -1,5 +1,6 @@
 #include "sim/simulator.hpp"
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "pagedattn/block_manager.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/reference.hpp"
+#include "pagedattn/testing/naive_decode.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/testing/tolerance.hpp"
 #include "sim/buffer.hpp"
@@ -49,11 +51,12 @@ class Simulator {
   void fill_token_rows();
   void write(const std::vector<std::int32_t>& slots);
   void copy(const std::vector<BlockCopy>& pairs);
-  double decode_layers(bool verify, double* bytes);
+  double decode_layers(bool verify, double* bytes, double* naive_seconds);
+  double time_naive(const DecodeArgs& args);
   void verify_layer(int sampled, const DecodeArgs& args, const BlockManager::Tables& t);
   std::vector<int> verified_rows(int batch);
   void finish_some();
-  void csv_row(std::FILE* f, double decode_s, double bytes);
+  void csv_row(std::FILE* f, double decode_s, double bytes, double naive_s);
   int num_blocks() const { return s_.plan.num_blocks; }
 
   const Options o_;
@@ -73,7 +76,7 @@ class Simulator {
   // write: generated once, so writing a long prompt costs the write and nothing on the host.
   Buffer token_k_, token_v_;
   int token_rows_ = 0;
-  Buffer slots_, q_, out_, lse_, table_, lens_;
+  Buffer slots_, q_, out_, lse_, table_, lens_, naive_out_, naive_lse_;
   std::vector<std::uint8_t> q_host_;  // this step's queries, as decode() read them
   CacheOpOptions cache_opts_;
   DecodeOptions decode_opts_;
@@ -103,7 +106,9 @@ Simulator::Simulator(const Options& o)
       out_(device_),
       lse_(device_),
       table_(device_),
-      lens_(device_) {
+      lens_(device_),
+      naive_out_(device_),
+      naive_lse_(device_) {
   running_.reserve(static_cast<std::size_t>(o.max_batch) + 1);  // no reallocation mid-loop
   allocate_layers();
   fill_token_rows();
@@ -329,9 +334,28 @@ void Simulator::append_tokens() {
   s_.generated += step_new_tokens_;
 }
 
+// The naive decode of the same inputs into buffers of its own (the checks read decode()'s
+// output), timed like decode().
+double Simulator::time_naive(const DecodeArgs& args) {
+  DecodeArgs a = args;
+  naive_out_.reserve(out_.size());
+  naive_lse_.reserve(lse_.size());
+  a.out = naive_out_.data();
+  a.lse = static_cast<float*>(naive_lse_.data());
+  const Clock::time_point t0 = Clock::now();
+  if (device_) {
+    testing::naive_decode_cuda(a);
+    testing::device_synchronize();
+  } else {
+    testing::naive_decode(a, o_.threads > 0 ? o_.threads : omp_get_max_threads());
+  }
+  return seconds_since(t0);
+}
+
 // One decode() per simulated layer, each with that layer's variants; returns the seconds spent in
-// them and adds their K/V bytes (the tokens each layer attends to) to *bytes.
-double Simulator::decode_layers(bool verify, double* bytes) {
+// them and adds their K/V bytes (the tokens each layer attends to) to *bytes, and with --compare
+// naive the naive decode's seconds over the same inputs to *naive_seconds.
+double Simulator::decode_layers(bool verify, double* bytes, double* naive_seconds) {
   const Model& m = o_.model;
   std::vector<BlockManager::SeqId> ids;
   for (const Running& r : running_) ids.push_back(r.seq);
@@ -388,6 +412,7 @@ double Simulator::decode_layers(bool verify, double* bytes) {
     s_.layers[l].bytes += tokens * token_bytes;
     *bytes += tokens * token_bytes;
     seconds += dt;
+    if (o_.compare_naive) *naive_seconds += time_naive(a);
     if (l == check) verify_layer(l, a, t);
   }
   return seconds;
@@ -509,16 +534,16 @@ void Simulator::finish_some() {
   running_.swap(still);
 }
 
-void Simulator::csv_row(std::FILE* f, double decode_s, double bytes) {
+void Simulator::csv_row(std::FILE* f, double decode_s, double bytes, double naive_s) {
   if (!f) return;
   long long context = 0;
   for (const std::int32_t len : step_lens_) context += len;
-  std::fprintf(f, "%lld,%d,%zu,%zu,%d,%d,%lld,%d,%d,%.4f,%.4f,%lld,%lld,%lld,%.4f,%.3f\n", s_.steps,
-               arrived_, running_.size(), waiting_.size(), finished_requests_, step_new_tokens_,
-               context, bm_.num_used_blocks(), bm_.num_free_blocks(),
+  std::fprintf(f, "%lld,%d,%zu,%zu,%d,%d,%lld,%d,%d,%.4f,%.4f,%lld,%lld,%lld,%.4f,%.3f,%.4f\n",
+               s_.steps, arrived_, running_.size(), waiting_.size(), finished_requests_,
+               step_new_tokens_, context, bm_.num_used_blocks(), bm_.num_free_blocks(),
                static_cast<double>(bm_.num_used_blocks()) / std::max(1, bm_.num_blocks()),
                bm_.fragmentation(), s_.cow_copies, s_.forks, s_.preemptions, decode_s * 1e3,
-               decode_s > 0 ? bytes / decode_s / 1e9 : 0.0);
+               decode_s > 0 ? bytes / decode_s / 1e9 : 0.0, naive_s * 1e3);
 }
 
 int Simulator::run() {
@@ -529,7 +554,7 @@ int Simulator::run() {
     std::fputs(
         "step,arrived,running,waiting,finished,new_tokens,context_tokens,used_blocks,"
         "free_blocks,occupancy,fragmentation,cow_copies,forks,preemptions,decode_ms,"
-        "attn_gbps\n",
+        "attn_gbps,naive_ms\n",
         csv);
   }
   s_.ceiling_gbps = device_ ? device_read_ceiling_gbps() : cpu_read_ceiling_gbps(o_.threads);
@@ -547,13 +572,14 @@ int Simulator::run() {
     make_room();
     append_tokens();
     const bool verify = o_.verify_every > 0 && s_.steps % o_.verify_every == 0;
-    double bytes = 0;
-    const double decode_s = decode_layers(verify, &bytes);
+    double bytes = 0, naive_s = 0;
+    const double decode_s = decode_layers(verify, &bytes, &naive_s);
+    s_.naive_seconds += naive_s;
     s_.peak_used = std::max(s_.peak_used, bm_.num_used_blocks());
     s_.peak_running = std::max(s_.peak_running, static_cast<int>(running_.size()));
     s_.occupancy.push_back(static_cast<float>(bm_.num_used_blocks()) / num_blocks());
     s_.fragmentation.push_back(static_cast<float>(bm_.fragmentation()));
-    csv_row(csv, decode_s, bytes);
+    csv_row(csv, decode_s, bytes, naive_s);
     finish_some();
     ++s_.steps;
     progress.update(finished_requests_, s_.steps);

@@ -1,4 +1,4 @@
-#include "naive_decode.hpp"
+#include "pagedattn/testing/naive_decode.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include "pagedattn/detail/visit_dtype.hpp"
 #include "pagedattn/variants.hpp"
 
-namespace pagedattn::bench {
+namespace pagedattn::testing {
 namespace {
 
 template <class T>
@@ -103,4 +103,4 @@ void naive_decode(const DecodeArgs& args, int threads) {
   });
 }
 
-}  // namespace pagedattn::bench
+}  // namespace pagedattn::testing
