@@ -45,7 +45,8 @@ inline fbatch<Arch> weigh_block(float* sr, int nw, float* ar, int D, float alpha
 // reduction is a chain of shuffles, a scalar compare and a scalar exp that the next step waits on
 // (docs/cpu.md has what that cost).
 template <int R>
-inline void softmax_heads_512(float* s, int ss, int n, float* m, float* l, float* acc, int D) {
+inline void softmax_heads_512(float* s, int ss, int n, const int* rows_n, float* m, float* l,
+                              float* acc, int D) {
   static_assert(R >= 1 && R <= 16, "one lane per head");
   using B = fbatch<xsimd::avx512bw>;
   constexpr int W = 16;
@@ -59,12 +60,13 @@ inline void softmax_heads_512(float* s, int ss, int n, float* m, float* l, float
   unsigned bad = 0;
   for (int r = 0; r < R; ++r) {
     float* sr = s + r * ss;
+    const int nr = rows_n != nullptr ? rows_n[r] : n;  // the head's tokens: a prefix of the block
     __mmask16 nonfinite = 0;
     __m512 vmax = ninf;
     for (int t = 0; t < nw; t += W) {
       __m512 x = _mm512_load_ps(sr + t);
-      if (t + W > n) {  // past the block's tokens: -inf, a weight of 0
-        const __mmask16 valid = static_cast<__mmask16>((1u << (n - t)) - 1);
+      if (t + W > nr) {  // past the head's tokens: -inf, a weight of 0
+        const __mmask16 valid = static_cast<__mmask16>(nr > t ? (1u << (nr - t)) - 1 : 0u);
         x = _mm512_mask_mov_ps(ninf, valid, x);
         _mm512_store_ps(sr + t, x);
         nonfinite |= _mm512_mask_fpclass_ps_mask(valid, x, 0x99);  // NaN or +-Inf
@@ -119,12 +121,16 @@ inline void softmax_heads_512(float* s, int ss, int n, float* m, float* l, float
 }
 #endif
 
-// Folds one block's n logits per head (s[r * ss + t], t < n) into the states of R heads. On
-// return s holds the weights p = exp(s - m_new), zero from n up to the next multiple of W. The
-// state update (rescale_to, add) is SoftmaxState's; only the vector max and exp are done here
-// (on AVX-512 softmax_heads_512 does the same update for all R heads at once).
+// Folds one block's n logits per head (s[r * ss + t], t < n) into the states of R heads; with
+// rows_n, head r takes only its first rows_n[r] <= n logits (the tokens before its causal bound,
+// when a sequence's query tokens share the tile) and the rest count as padding, their values
+// never looked at. On return s holds the weights p = exp(s - m_new), zero from a head's count up
+// to the next multiple of W past n. The state update (rescale_to, add) is SoftmaxState's; only
+// the vector max and exp are done here (on AVX-512 softmax_heads_512 does the same update for all
+// R heads at once).
 template <class Arch, int R>
-inline void softmax_tile(float* s, int ss, int n, float* m, float* l, float* acc, int D) {
+inline void softmax_tile(float* s, int ss, int n, const int* rows_n, float* m, float* l, float* acc,
+                         int D) {
   using B = fbatch<Arch>;
   constexpr int W = static_cast<int>(B::size);
   const int nw = (n + W - 1) / W * W;
@@ -132,30 +138,31 @@ inline void softmax_tile(float* s, int ss, int n, float* m, float* l, float* acc
   // From 4 heads on: the trees cost as much for one head as for 16 (about 90 instructions),
   // which one head's two lane reductions below (about 20) do not.
   if constexpr (std::is_same_v<Arch, xsimd::avx512bw> && R >= 4) {
-    softmax_heads_512<R>(s, ss, n, m, l, acc, D);
+    softmax_heads_512<R>(s, ss, n, rows_n, m, l, acc, D);
     return;
   }
 #endif
   for (int r = 0; r < R; ++r) {
     float* sr = s + r * ss;
+    const int nr = rows_n != nullptr ? rows_n[r] : n;  // the head's tokens: a prefix of the block
     // A NaN or infinite logit (NaN or Inf in q or in a K row) makes the head's result NaN: the
     // state becomes NaN (m = l = NaN, acc = NaN) and stays so; its weights are 0. x - x is 0 for
     // a finite x and NaN otherwise, so one sum over the valid logits tells.
     B vbad(0.f);
     int t0 = 0;
-    for (; t0 + W <= n; t0 += W) {
+    for (; t0 + W <= nr; t0 += W) {
       const B x = B::load_aligned(sr + t0);
       vbad += x - x;
     }
     float bad = xsimd::hadd(vbad);
-    for (; t0 < n; ++t0) bad += sr[t0] - sr[t0];
+    for (; t0 < nr; ++t0) bad += sr[t0] - sr[t0];
     if (bad != 0.f || l[r] != l[r]) {
       m[r] = l[r] = NAN;
       std::fill(acc + r * D, acc + (r + 1) * D, NAN);
       for (int t = 0; t < nw; ++t) sr[t] = 0.f;
       continue;
     }
-    for (int t = n; t < nw; ++t) sr[t] = -INFINITY;
+    for (int t = nr; t < nw; ++t) sr[t] = -INFINITY;
     B vmax(-INFINITY);
     for (int t = 0; t < nw; t += W) vmax = xsimd::max(vmax, B::load_aligned(sr + t));
     const float tile_max = LaneReduce<Arch>::max(vmax);

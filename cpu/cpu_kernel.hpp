@@ -46,6 +46,12 @@ struct ItemContext {
   const std::int32_t* context_lens;
   int num_heads;
   int group_size;
+  // Query tokens together (decode_cpu.cpp): each sequence's rows of a kv head are its query
+  // tokens times the group, token i's token_group heads at rows [i * token_group, (i + 1) *
+  // token_group), and token i of sequence b's n_b = q_indptr[b + 1] - q_indptr[b] attends the
+  // context up to position L - n_b + i. token_group 0: one query token per sequence.
+  int token_group = 0;
+  const std::int32_t* q_indptr = nullptr;
   // The attention variants (pagedattn/variants.hpp); the plan already starts each sequence at
   // its window's first block.
   int window_left = -1;
@@ -55,10 +61,13 @@ struct ItemContext {
 
 // What the variants do to the logits of one block for a tile of heads: the soft-cap, then the
 // ALiBi bias slope_r * pos, pos = first_pos + t for the block's t-th computed token.
+// With several query tokens of a sequence in the tile, rows_n[r] is the number of the block's
+// computed tokens head r attends (a prefix: its causal bound), null when every head attends all.
 struct BlockLogits {
   float cap = 0.f;                // 0: none
   const float* slopes = nullptr;  // the tile's first head's slope, or null
   int first_pos = 0;              // position of the first computed token minus (L - 1)
+  const int* rows_n = nullptr;
   bool active() const { return cap > 0.f || slopes != nullptr; }
 };
 

@@ -201,7 +201,8 @@ struct Task {
 // reused while the context lengths and the shape are unchanged (every layer of a decode step).
 struct CallerState {
   FloatBuffer q_scaled;
-  FloatBuffer partials;  // m[P], l[P], acc[P][D]
+  std::vector<bf16_t> q_words;  // the raw bf16 q in the kernel's row order (query tokens together)
+  FloatBuffer partials;         // m[P], l[P], acc[P][D]
   SplitPlan plan;
   std::vector<std::int32_t> plan_lens;
   std::vector<Task> tasks;  // built from the plan on every call (grow-only)
@@ -377,53 +378,133 @@ struct Partials {
   float* acc;
 };
 
-// Combine of row = (b, h): merges its splits in split order (deterministic), finalizes, and
-// writes out and lse. `merged`: D floats of scratch.
-void combine_row(const DecodeArgs& a, const SplitPlan& plan, const Partials& part, std::int64_t row,
-                 float* merged) {
-  const int H = a.num_heads, D = a.head_dim, G = a.group_size();
-  const int b = static_cast<int>(row / H), h = static_cast<int>(row % H);
+// How the kernel's rows map onto the call's. One query token per sequence: the kernel's row
+// (b, h) is the call's. Query tokens together (tokens > 1, or q_indptr set): the kernel sees
+// each kv head with tokens x G rows, row i * G + g being query head kv * G + g of the
+// sequence's query token i (rows of tokens past its n_b are padding, never written out).
+struct TokenRows {
+  const std::int32_t* q_indptr = nullptr;
+  int tokens = 1;
+};
+
+// Merges the splits of the kernel's row (b, h) of H rows per sequence in split order
+// (deterministic); returns the state and where its accumulator is (`merged`: D floats).
+SoftmaxState merge_splits(const SplitPlan& plan, const Partials& part, int b, int h, int H, int D,
+                          float* merged, const float** acc) {
   const int splits = plan.num_splits[b];
-  SoftmaxState state = SoftmaxState::empty();
-  const float* acc = merged;
   if (splits == 1) {  // nothing to merge: finalize the one partial in place
     const std::int64_t p = plan.partial_index(b, 0, h, H);
-    state = SoftmaxState{part.m[p], part.l[p]};
-    acc = &part.acc[p * D];
-  } else {
-    std::fill(merged, merged + D, 0.f);
-    for (int s = 0; s < splits; ++s) {
-      const std::int64_t p = plan.partial_index(b, s, h, H);
-      softmax_merge(state, merged, SoftmaxState{part.m[p], part.l[p]}, &part.acc[p * D], D);
-    }
+    *acc = &part.acc[p * D];
+    return SoftmaxState{part.m[p], part.l[p]};
   }
+  SoftmaxState state = SoftmaxState::empty();
+  std::fill(merged, merged + D, 0.f);
+  for (int s = 0; s < splits; ++s) {
+    const std::int64_t p = plan.partial_index(b, s, h, H);
+    softmax_merge(state, merged, SoftmaxState{part.m[p], part.l[p]}, &part.acc[p * D], D);
+  }
+  *acc = merged;
+  return state;
+}
+
+// Finalizes query row q_row's head h (of the call) from its merged state and writes out and lse.
+void finish_row(const DecodeArgs& a, SoftmaxState state, const float* acc, std::int64_t q_row,
+                int h) {
+  const int D = a.head_dim;
   // The sink joins the denominator only (out = acc * fa / l with its l).
   const float fa = a.sinks != nullptr ? add_sink(state, a.sinks[h]) : 1.f;
   // A NaN state (a NaN or infinite logit in some split; see softmax_tile) gives NaN out and
   // lse, never the 0 and -inf of an empty context.
   const bool nan = std::isnan(state.l);
   // An fp8 cache's V scale: sum p (code x v_scale) = v_scale x sum p code.
-  store_row(a.out, a.out_dtype, b * a.out_stride() + static_cast<std::int64_t>(h) * D, acc,
-            nan ? NAN : state.inv_sum() * fa * head_scale(a.v_scale, a.v_scales, h / G), D);
-  if (a.lse) a.lse[row] = nan ? NAN : state.lse();
+  store_row(
+      a.out, a.out_dtype, q_row * a.out_stride() + static_cast<std::int64_t>(h) * D, acc,
+      nan ? NAN : state.inv_sum() * fa * head_scale(a.v_scale, a.v_scales, h / a.group_size()), D);
+  if (a.lse) a.lse[q_row * a.num_heads + h] = nan ? NAN : state.lse();
 }
 
-// One query token per sequence; sequence b reads table row seq_rows[b] (null: row b).
+// Combine of the kernel's row `row` (sequence row / Hk, head row % Hk of Hk = tokens x H): its
+// splits merged, then written as the call's (query token, head) it stands for.
+void combine_row(const DecodeArgs& a, const SplitPlan& plan, const Partials& part,
+                 const TokenRows& tr, std::int64_t row, float* merged) {
+  const int H = a.num_heads, G = a.group_size(), Hk = tr.tokens * H, Gk = tr.tokens * G;
+  const int b = static_cast<int>(row / Hk), hk = static_cast<int>(row % Hk);
+  const int kv = hk / Gk, i = hk % Gk / G, h = kv * G + hk % G;
+  std::int64_t q_row = b;
+  if (tr.q_indptr != nullptr) {
+    if (i >= tr.q_indptr[b + 1] - tr.q_indptr[b]) return;  // padding
+    q_row = tr.q_indptr[b] + i;
+  }
+  const float* acc = nullptr;
+  const SoftmaxState state = merge_splits(plan, part, b, hk, Hk, a.head_dim, merged, &acc);
+  finish_row(a, state, acc, q_row, h);
+}
+
+// The kernel's q (query tokens together, tr.tokens > 1): [batch][kv head][token][G][D], each row
+// widened and scaled as scale_queries does, rows of padding tokens zero. With a bf16 q also the
+// same rows of the raw bf16 q into `words` (for the kernels that read q_bf16).
+const float* gather_queries(const DecodeArgs& a, const TokenRows& tr, FloatBuffer& buffer,
+                            std::vector<bf16_t>& words) {
+  const int H = a.num_heads, D = a.head_dim, G = a.group_size(), KV = a.num_kv_heads;
+  const float scale = a.effective_scale();
+  const std::size_t elems = static_cast<std::size_t>(a.batch) * tr.tokens * H * D;
+  float* q = buffer.get(elems);
+  const bool bf16 = a.q_dtype == DType::kBF16;
+  if (bf16) words.assign(elems, bf16_t{});
+  for (int b = 0; b < a.batch; ++b) {
+    const int n_b = tr.q_indptr[b + 1] - tr.q_indptr[b];
+    for (int kv = 0; kv < KV; ++kv) {
+      const float s = scale * head_scale(a.k_scale, a.k_scales, kv);
+      for (int i = 0; i < tr.tokens; ++i) {
+        for (int g = 0; g < G; ++g) {
+          const std::int64_t dst =
+              ((static_cast<std::int64_t>(b) * KV + kv) * tr.tokens * G + i * G + g) * D;
+          const std::int64_t src =
+              (tr.q_indptr[b] + i) * a.q_stride() + static_cast<std::int64_t>(kv * G + g) * D;
+          for (int d = 0; d < D; ++d) {
+            q[dst + d] = i < n_b ? load_as_float(a.q, a.q_dtype, src + d) * s : 0.f;
+            if (bf16 && i < n_b) words[dst + d] = static_cast<const bf16_t*>(a.q)[src + d];
+          }
+        }
+      }
+    }
+  }
+  return q;
+}
+
+// Runs the call: one query token per sequence (sequence b reads table row seq_rows[b]; null: row
+// b), or with tr.tokens > 1 the sequences' query tokens together, each K/V row read once for all
+// of a sequence's tokens.
 void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
-                      const std::int32_t* seq_rows) {
+                      const std::int32_t* seq_rows, const TokenRows& tr) {
   const IsaChoice& kernel = isa();
-  const int H = a.num_heads, D = a.head_dim, G = a.group_size(), BS = a.block_size;
-  const int threads = threads_for_call(a, options);
+  const int D = a.head_dim, BS = a.block_size;
+  // The kernel's view: tr.tokens x the heads per sequence, in groups of tr.tokens x G.
+  DecodeArgs k = a;
+  k.num_heads = a.num_heads * tr.tokens;
+  k.q_indptr = nullptr;
+  k.num_q_tokens = k.max_q_len = 0;
+  const int H = k.num_heads, G = k.group_size();
+  const int threads = threads_for_call(k, options);
   CallerState& st = caller_state();
-  const SplitPlan& plan = st.plan_for(a, plan_options(a, options, threads));
-  make_tasks(plan, a.num_kv_heads, threads, st.tasks);
+  const SplitPlan& plan = st.plan_for(k, plan_options(k, options, threads));
+  make_tasks(plan, k.num_kv_heads, threads, st.tasks);
 
   const std::int64_t P = plan.num_partials(H);
   Partials part;
   part.m = st.partials.get(static_cast<std::size_t>(P) * (D + 2));
   part.l = part.m + P;
   part.acc = part.l + P;
-  const ItemContext ctx = item_context(a, scale_queries(a, st.q_scaled), seq_rows);
+  ItemContext ctx;
+  if (tr.q_indptr == nullptr) {
+    ctx = item_context(k, scale_queries(k, st.q_scaled), seq_rows);
+  } else {
+    ctx = item_context(k, gather_queries(a, tr, st.q_scaled, st.q_words), seq_rows);
+    ctx.q_bf16 = a.q_dtype == DType::kBF16 ? st.q_words.data() : nullptr;
+    ctx.q_bf16_stride = static_cast<std::int64_t>(H) * D;
+    ctx.token_group = a.group_size();
+    ctx.q_indptr = tr.q_indptr;
+  }
 
   const std::int64_t num_tasks = static_cast<std::int64_t>(st.tasks.size());
   const Task* tasks = st.tasks.data();
@@ -446,7 +527,7 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
     }
 
 #pragma omp for schedule(dynamic, 8)
-    for (std::int64_t row = 0; row < num_rows; ++row) combine_row(a, plan, part, row, merged);
+    for (std::int64_t row = 0; row < num_rows; ++row) combine_row(a, plan, part, tr, row, merged);
   };
   if (threads > 1) {
 #pragma omp parallel num_threads(threads)
@@ -460,7 +541,8 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
 // P = L_b - n_b + i, is exactly a one-token query of a context of P + 1 tokens over b's table
 // row (pagedattn.hpp), so the call runs as one of num_q_tokens such sequences, each reading its
 // sequence's table row (rows[r]; lens[r] its context). Each query token reads its keys and values
-// itself.
+// itself: the way for a window or ALiBi, whose bounds and biases differ per token at the
+// context's start (decode() takes the tokens together otherwise).
 DecodeArgs as_sequences(const DecodeArgs& a, std::vector<std::int32_t>& lens,
                         std::vector<std::int32_t>& rows) {
   lens.resize(static_cast<std::size_t>(a.num_q_tokens));
@@ -481,21 +563,59 @@ DecodeArgs as_sequences(const DecodeArgs& a, std::vector<std::int32_t>& lens,
   return v;
 }
 
+// The call with each sequence's context as its query tokens read it together: the whole context,
+// none for a sequence without query tokens (`lens` holds the lengths).
+DecodeArgs with_read_lengths(const DecodeArgs& a, std::vector<std::int32_t>& lens) {
+  lens.resize(static_cast<std::size_t>(a.batch));
+  for (int b = 0; b < a.batch; ++b) {
+    lens[b] = a.q_indptr[b + 1] > a.q_indptr[b] ? a.context_lens[b] : 0;
+  }
+  DecodeArgs v = a;
+  v.context_lens = lens.data();
+  return v;
+}
+
+// Multi-token queries without a window or ALiBi take the query tokens together: every token
+// attends a prefix of the context, so one pass over each sequence's K/V serves them all, each
+// row masked at its own causal bound (ItemContext::token_group). Rows per query head: the
+// largest n_b of the call.
+TokenRows tokens_together(const DecodeArgs& a) {
+  TokenRows tr;
+  if (a.q_indptr == nullptr || a.window_left >= 0 || a.alibi_slopes != nullptr) return tr;
+  tr.q_indptr = a.q_indptr;
+  tr.tokens = 0;
+  for (int b = 0; b < a.batch; ++b)
+    tr.tokens = std::max(tr.tokens, a.q_indptr[b + 1] - a.q_indptr[b]);
+  return tr;
+}
+
 }  // namespace
 
 void decode(const DecodeArgs& a, const DecodeOptions& options) {
   if (a.q_indptr == nullptr) {
-    decode_sequences(a, options, nullptr);
+    decode_sequences(a, options, nullptr, TokenRows{});
     return;
   }
   thread_local std::vector<std::int32_t> lens, rows;
+  const TokenRows tr = tokens_together(a);
+  if (tr.q_indptr != nullptr) {
+    if (tr.tokens > 0) decode_sequences(with_read_lengths(a, lens), options, nullptr, tr);
+    return;
+  }
   const DecodeArgs v = as_sequences(a, lens, rows);
-  if (v.batch > 0) decode_sequences(v, options, rows.data());
+  if (v.batch > 0) decode_sequences(v, options, rows.data(), TokenRows{});
 }
 
 SplitPlan split_plan(const DecodeArgs& a, const DecodeOptions& options) {
   std::vector<std::int32_t> lens, rows;
-  const DecodeArgs v = a.q_indptr != nullptr ? as_sequences(a, lens, rows) : a;
+  const TokenRows tr = tokens_together(a);
+  DecodeArgs v = a;
+  if (tr.q_indptr != nullptr) {
+    v = with_read_lengths(a, lens);
+    v.num_heads *= tr.tokens;
+  } else if (a.q_indptr != nullptr) {
+    v = as_sequences(a, lens, rows);
+  }
   const PlanOptions po = plan_options(v, options, threads_for_call(v, options));
   return make_split_plan(v.context_lens, v.batch, v.num_kv_heads, v.block_size, po);
 }

@@ -37,48 +37,24 @@
 namespace pagedattn::detail::cpu {
 namespace {
 
-// One block of n tokens (k, v: its first slot) for R query heads starting at q.
-template <class Arch, int R, bool P, bool PW, class T, class QT>
-inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int n, int D,
-                       float scale, const BlockLogits& var, float* s, int ss, float* m, float* l,
-                       float* acc, PacedPrefetch& pf) {
-  using Shape = TileShape<Arch>;
-  constexpr int W = Shape::W;
-  constexpr int TT = Shape::tokens(R);
-  // fp8 V through f16 costs several instructions per widened batch: with 32 registers an 8-head
-  // tile (two vectors of head_dim per head, 16 accumulators) widens each V row once instead of
-  // twice. Quads (the table, about half the instructions) need four vectors per tile.
-  constexpr bool kQuadV = P && kGroupBatches<Arch, T> == 4;
-  constexpr bool kWideV = is_fp8_type<T> && Shape::kRegs == 32 && R == 8 && !kQuadV;
-  constexpr int RV = kWideV ? 8 : Shape::value_heads(R);
-  constexpr int DC = kWideV ? 2 : Shape::vectors(RV);
-  static_assert(R % RV == 0, "values tiles cover the scores tile");
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (std::is_same_v<QT, AmxQWord>) {
-    amx_block_scores<R>(q, D, k, ts, n, s, ss, scale, pf);
-  } else
-#endif
-  {
-    int t = 0;
-    for (; t + TT <= n; t += TT) {
-      pf.piece();
-      scores_of<Arch, R, TT, P>(q, D, k + t * ts, ts, s + t, ss, scale);
+// P V of the tile's R heads (weights in s, RV heads per values tile) over their first n tokens;
+// with rows_n, head r over its first rows_n[r], one head per values tile, so no head reads a V
+// row past its own tokens (0 x NaN would reach it). PW: the weights are bf16 pairs already.
+template <class Arch, int R, int RV, int DC, bool P, bool PW, class T>
+inline void tile_values(float* s, int ss, const T* v, std::int64_t ts, int n, const int* rows_n,
+                        float* acc, int D, PacedPrefetch& pf) {
+  if (rows_n != nullptr) {
+    for (int r = 0; r < R; ++r) {
+      if (rows_n[r] > 0) {
+        tile_values<Arch, 1, 1, TileShape<Arch>::vectors(1), P, PW>(
+            s + r * ss, ss, v, ts, rows_n[r], nullptr, acc + r * D, D, pf);
+      }
     }
-    for (; t < n; ++t) scores_of<Arch, R, 1, P>(q, D, k + t * ts, ts, s + t, ss, scale);
-  }
-  if (var.active()) transform_logits<Arch, R>(s, ss, n, var);
-  softmax_tile<Arch, R>(s, ss, n, m, l, acc, D);
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (PW && std::is_same_v<QT, AmxQWord> && R == kAmxHeads) {
-    weights_to_bf16<R>(s, ss, n);
-    amx_block_values(s, ss, v, ts, n, acc, D, pf);
     return;
   }
-#endif
+  constexpr int W = TileShape<Arch>::W;
 #if defined(__AVX512BF16__)
   if constexpr (PW) {
-    static_assert((std::is_same_v<T, bf16_t> || kQuadV) && P, "bf16 words of V");
-    weights_to_bf16<R>(s, ss, n);
     for (int r = 0; r < R; r += RV) {
       const bf16_t* p = reinterpret_cast<const bf16_t*>(s + r * ss);
       float* a = acc + static_cast<std::int64_t>(r) * D;
@@ -111,6 +87,57 @@ inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int
       for (; d < D; d += W) values_tile<Arch, RV, 1, P>(p, ss, v, ts, n, a, D, d);
     }
   }
+}
+
+// One block of n tokens (k, v: its first slot) for R query heads starting at q.
+template <class Arch, int R, bool P, bool PW, class T, class QT>
+inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int n, int D,
+                       float scale, const BlockLogits& var, float* s, int ss, float* m, float* l,
+                       float* acc, PacedPrefetch& pf) {
+  using Shape = TileShape<Arch>;
+  constexpr int W = Shape::W;
+  constexpr int TT = Shape::tokens(R);
+  // fp8 V through f16 costs several instructions per widened batch: with 32 registers an 8-head
+  // tile (two vectors of head_dim per head, 16 accumulators) widens each V row once instead of
+  // twice. Quads (the table, about half the instructions) need four vectors per tile.
+  constexpr bool kQuadV = P && kGroupBatches<Arch, T> == 4;
+  constexpr bool kWideV = is_fp8_type<T> && Shape::kRegs == 32 && R == 8 && !kQuadV;
+  constexpr int RV = kWideV ? 8 : Shape::value_heads(R);
+  constexpr int DC = kWideV ? 2 : Shape::vectors(RV);
+  static_assert(R % RV == 0, "values tiles cover the scores tile");
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<QT, AmxQWord>) {
+    amx_block_scores<R>(q, D, k, ts, n, s, ss, scale, pf);
+  } else
+#endif
+  {
+    int t = 0;
+    for (; t + TT <= n; t += TT) {
+      pf.piece();
+      scores_of<Arch, R, TT, P>(q, D, k + t * ts, ts, s + t, ss, scale);
+    }
+    for (; t < n; ++t) scores_of<Arch, R, 1, P>(q, D, k + t * ts, ts, s + t, ss, scale);
+  }
+  if (var.active()) transform_logits<Arch, R>(s, ss, n, var);
+  softmax_tile<Arch, R>(s, ss, n, var.rows_n, m, l, acc, D);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (PW && std::is_same_v<QT, AmxQWord> && R == kAmxHeads) {
+    weights_to_bf16<R>(s, ss, n);
+    if (var.rows_n == nullptr) {
+      amx_block_values(s, ss, v, ts, n, acc, D, pf);
+      return;
+    }
+    tile_values<Arch, R, RV, DC, P, PW>(s, ss, v, ts, n, var.rows_n, acc, D, pf);
+    return;
+  }
+#endif
+#if defined(__AVX512BF16__)
+  if constexpr (PW) {
+    static_assert((std::is_same_v<T, bf16_t> || kQuadV) && P, "bf16 words of V");
+    weights_to_bf16<R>(s, ss, n);
+  }
+#endif
+  tile_values<Arch, R, RV, DC, P, PW>(s, ss, v, ts, n, var.rows_n, acc, D, pf);
 }
 
 // Folds the blocks of `it` for kv heads [it.kv_head, it.kv_head + kv_count) into their states
@@ -163,6 +190,11 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
   }
   // With a window, the tokens of the first block before it are skipped (never computed).
   const int first_tok = window_first_token(L, c.window_left);
+  // Query tokens together: the position of the sequence's first query token (its later tokens'
+  // are the next ones); rows of padding tokens (i >= n_b) attend the whole context.
+  const int n_b = c.token_group > 0 ? c.q_indptr[it.seq + 1] - c.q_indptr[it.seq] : 1;
+  const int first_query_pos = L - n_b;
+  int rows_n[kHeadTile];  // the tile's rows' token counts in a block past a causal bound
   for (int blk = it.block_begin; blk < it.block_end; ++blk) {
     const int id = c.table.block(it.seq, blk);
     const int skip = std::max(0, first_tok - blk * BS);
@@ -193,6 +225,17 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
         const int rest = G - g;
         const int R = rest >= 8 && TileShape<Arch>::kRegs == 32 ? 8 : rest >= 4 ? 4 : rest;
         if (c.alibi_slopes != nullptr) var.slopes = c.alibi_slopes + kv * G + g;
+        // Query tokens together: where the block passes the causal bound of some of the tile's
+        // rows, each row takes the prefix of the block it attends.
+        var.rows_n = nullptr;
+        if (c.token_group > 0 && var.first_pos + n - 1 > first_query_pos - (L - 1)) {
+          for (int r = 0; r < R; ++r) {
+            const int i = (g + r) / c.token_group;
+            const int last = i < n_b ? first_query_pos + i : L - 1;  // its last attended position
+            rows_n[r] = std::clamp(last - (blk * BS + skip) + 1, 0, n);
+          }
+          var.rows_n = rows_n;
+        }
         switch (R) {
           case 8:
             block_tile<Arch, 8, P, PW>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g,
