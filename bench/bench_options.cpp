@@ -57,6 +57,8 @@ void print_help(const char* prog) {
       "                     CPU time for the decode rows and the read bandwidth alike (needs\n"
       "                     --threads 1: comparable figures on a host shared with other work)\n"
       "  --plain            CUDA: time plain launches (default: CUDA-graph replays)\n"
+      "  --batch-invariant  cpu, cuda: every row with DecodeOptions::batch_invariant (each\n"
+      "                     sequence's bits independent of the batch; docs/batch_invariance.md)\n"
       "  --long-first T     sequence 0 of each shape holds T tokens (1 to %d), the others CTX\n"
       "                     (a skewed batch; the context column shows CTX)\n"
       "  --limits           cpu: also time each shape's work on one thread with its K and V in\n"
@@ -229,6 +231,8 @@ Options parse(int argc, char** argv) {
       o.clock = args.choice<Clock>({{"wall", Clock::kWall}, {"thread-cpu", Clock::kThreadCpu}});
     } else if (args.is("--plain")) {
       o.plain = true;
+    } else if (args.is("--batch-invariant")) {
+      o.batch_invariant = true;
     } else if (args.is("--limits")) {
       o.limits = true;
     } else if (args.is("--long-first")) {

@@ -27,13 +27,14 @@ struct Options {
   bool csv = false;
   bool contiguous = false;
   bool naive = true;
-  bool plain = false;      // CUDA: plain launches instead of CUDA-graph replays
-  int long_first = 0;      // > 0: sequence 0 of every shape holds this many tokens
-  Variants variants;       // --window, --soft-cap, --alibi, --sinks: on every row
-  int q_len = 1;           // --q-len: query tokens per sequence
-  int iters = 20;          // timed runs at least
-  double min_time = 0.5;   // seconds of timed runs at least
-  double max_time = 10.0;  // stop after this many seconds (at least 3 runs)
+  bool plain = false;            // CUDA: plain launches instead of CUDA-graph replays
+  bool batch_invariant = false;  // DecodeOptions::batch_invariant on every row
+  int long_first = 0;            // > 0: sequence 0 of every shape holds this many tokens
+  Variants variants;             // --window, --soft-cap, --alibi, --sinks: on every row
+  int q_len = 1;                 // --q-len: query tokens per sequence
+  int iters = 20;                // timed runs at least
+  double min_time = 0.5;         // seconds of timed runs at least
+  double max_time = 10.0;        // stop after this many seconds (at least 3 runs)
   std::size_t bw_mib = 2048;
   Clock clock = Clock::kWall;  // --clock: what the CPU rows and bandwidth time
   bool limits = false;         // --limits: each CPU row's compute bound beside the read bandwidth

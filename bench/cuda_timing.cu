@@ -245,9 +245,10 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
 
   cudaStream_t stream;
   check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  const std::size_t ws_bytes = cuda_workspace_size(in[0].args);
-  DeviceBuffer ws(ws_bytes);
   DecodeOptions opt;
+  opt.batch_invariant = options.batch_invariant;
+  const std::size_t ws_bytes = cuda_workspace_size(in[0].args, opt);
+  DeviceBuffer ws(ws_bytes);
   opt.backend = Backend::kCuda;
   opt.cuda_stream = stream;
   opt.workspace = ws.get();

@@ -33,8 +33,9 @@ struct Shape {
 };
 
 struct CudaTimingOptions {
-  bool graph = true;        // time CUDA-graph replays (false: plain launches)
-  bool contiguous = false;  // block tables in order instead of a random permutation
+  bool graph = true;             // time CUDA-graph replays (false: plain launches)
+  bool contiguous = false;       // block tables in order instead of a random permutation
+  bool batch_invariant = false;  // DecodeOptions::batch_invariant
   int min_iterations = 50;
   Variants variants;  // applied to every step (their slopes and sinks copied to the device)
   // Where K and V live (kv_strides); kHnd is the default dense layout, kv_strides left 0.

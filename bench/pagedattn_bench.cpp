@@ -57,11 +57,11 @@
 #include "bench_options.hpp"
 #include "bench_variants.hpp"
 #include "cuda_timing.hpp"
-#include "pagedattn/testing/naive_decode.hpp"
 #include "pagedattn/cli/args.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/host_pool.hpp"
 #include "pagedattn/testing/kv_layouts.hpp"
+#include "pagedattn/testing/naive_decode.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/validate.hpp"
 #include "pagedattn/variants.hpp"
@@ -491,6 +491,7 @@ int run(int argc, char** argv) {
         bench::CudaTimingOptions co;
         co.contiguous = o.contiguous;
         co.graph = !o.plain;
+        co.batch_invariant = o.batch_invariant;
         co.min_iterations = std::max(o.iters, 50);
         co.variants = o.variants;
         co.layout = o.layout;
@@ -508,6 +509,7 @@ int run(int argc, char** argv) {
         DecodeOptions opt;
         opt.backend = Backend::kCpu;
         opt.num_threads = o.threads;
+        opt.batch_invariant = o.batch_invariant;
         decode(rc.args(0), opt);
         const double err = rel_err_vs_reference(rc.args(0));
         ours_ms = median_ms([&](int i) { decode(rc.args(i), opt); }, std::max(2, rc.copies()),

@@ -70,13 +70,14 @@ struct CallerState {
   SplitPlan plan;
   std::vector<std::int32_t> plan_lens;
   std::vector<Task> tasks;  // built from the plan on every call (grow-only)
-  int plan_kv_heads = -1, plan_block_size = -1, plan_parallelism = -1, plan_window = -1;
+  int plan_kv_heads = -1, plan_block_size = -1, plan_parallelism = -1, plan_window = -1,
+      plan_fixed_chunk = -1;
   bool plan_single = false;
 
   const SplitPlan& plan_for(const DecodeArgs& a, const PlanOptions& po) {
     const bool same = plan_kv_heads == a.num_kv_heads && plan_block_size == a.block_size &&
                       plan_parallelism == po.parallelism && plan_single == po.single_split &&
-                      plan_window == po.window_left &&
+                      plan_window == po.window_left && plan_fixed_chunk == po.fixed_chunk_tokens &&
                       plan_lens.size() == static_cast<std::size_t>(a.batch) &&
                       std::equal(plan_lens.begin(), plan_lens.end(), a.context_lens);
     if (!same) {
@@ -87,6 +88,7 @@ struct CallerState {
       plan_parallelism = po.parallelism;
       plan_single = po.single_split;
       plan_window = po.window_left;
+      plan_fixed_chunk = po.fixed_chunk_tokens;
     }
     return plan;
   }
@@ -161,6 +163,10 @@ PlanOptions plan_options(const DecodeArgs& a, const DecodeOptions& options, int 
   po.min_chunk_tokens = 256;
   po.single_split = options.single_split;
   po.window_left = a.window_left;
+  if (options.batch_invariant) {  // splits from each sequence's own length alone
+    po.fixed_chunk_tokens = kBatchInvariantChunkTokens;
+    po.max_splits_per_seq = kBatchInvariantMaxSplits;
+  }
   return po;
 }
 
@@ -433,10 +439,14 @@ DecodeArgs with_read_lengths(const DecodeArgs& a, std::vector<std::int32_t>& len
 // Multi-token queries without a window or ALiBi take the query tokens together: every token
 // attends a prefix of the context, so one pass over each sequence's K/V serves them all, each
 // row masked at its own causal bound (ItemContext::token_group). Rows per query head: the
-// largest n_b of the call.
-TokenRows tokens_together(const DecodeArgs& a) {
+// largest n_b of the call, so a batch-invariant decode takes each token apart instead (a
+// sequence's rows would otherwise run in blocks sized by the batch's longest).
+TokenRows tokens_together(const DecodeArgs& a, const DecodeOptions& options) {
   TokenRows tr;
-  if (a.q_indptr == nullptr || a.window_left >= 0 || a.alibi_slopes != nullptr) return tr;
+  if (a.q_indptr == nullptr || a.window_left >= 0 || a.alibi_slopes != nullptr ||
+      options.batch_invariant) {
+    return tr;
+  }
   tr.q_indptr = a.q_indptr;
   tr.tokens = 0;
   for (int b = 0; b < a.batch; ++b)
@@ -452,7 +462,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
     return;
   }
   thread_local std::vector<std::int32_t> lens, rows;
-  const TokenRows tr = tokens_together(a);
+  const TokenRows tr = tokens_together(a, options);
   if (tr.q_indptr != nullptr) {
     if (tr.tokens > 0) decode_sequences(with_read_lengths(a, lens), options, nullptr, tr);
     return;
@@ -463,7 +473,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
 
 SplitPlan split_plan(const DecodeArgs& a, const DecodeOptions& options) {
   std::vector<std::int32_t> lens, rows;
-  const TokenRows tr = tokens_together(a);
+  const TokenRows tr = tokens_together(a, options);
   DecodeArgs v = a;
   if (tr.q_indptr != nullptr) {
     v = with_read_lengths(a, lens);

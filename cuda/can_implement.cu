@@ -81,7 +81,8 @@ RowUnits can_implement(const DecodeArgs& a, const pagedattn::DecodeOptions& opti
   if (options.workspace != nullptr) require_aligned("workspace", options.workspace);
   require_row_strides(a);
   const RowUnits units = row_units(a);
-  split_kernel_for(a);  // a kernel that does not fit on this device: an error naming head_dim
+  // A kernel that does not fit on this device: an error naming head_dim.
+  split_kernel_for(a, options.batch_invariant);
   if (options.cuda_checked) check_device_tables(a, static_cast<cudaStream_t>(options.cuda_stream));
   return units;
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "pagedattn/dtype.hpp"
+#include "variant_policy.cuh"
 
 namespace pagedattn::detail::cuda {
 
@@ -24,13 +25,14 @@ struct CombineParams {
   void* out;
   long long out_stride;  // elements between consecutive sequences' rows of out
   float* lse;
-  const float* sinks;  // f32 [num_heads], natural-log units, or null (DecodeArgs::sinks)
   int batch, num_heads, head_dim;
 };
 
-// Enqueues the combine on `stream`. pdl: launch it as a programmatic dependent of the kernel
-// before it (which must have triggered griddepcontrol.launch_dependents). Throws on a launch error.
-void launch_combine(const CombineParams& params, DType out_dtype, bool pdl, cudaStream_t stream);
+// Enqueues the combine on `stream`, finishing each row with the variant policy var (the same as
+// the split kernel's). pdl: launch it as a programmatic dependent of the kernel before it (which
+// must have triggered griddepcontrol.launch_dependents). Throws on a launch error.
+void launch_combine(const CombineParams& params, const GeneralVariant& var, DType out_dtype,
+                    bool pdl, cudaStream_t stream);
 
 // Whether the build holds machine code or PTX the current device can run (the combine stands for
 // every kernel of the library: all are built for the same architectures).

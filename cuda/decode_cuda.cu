@@ -18,7 +18,7 @@ namespace {
 // Enqueues the split kernel over the plan's grid, or, with no table entries at all (every
 // context 0), zeroes the split offsets so the combine sees no splits.
 void launch_splits(const DecodeArgs& a, const DecodePlan& plan, const SplitParams& p,
-                   cudaStream_t stream) {
+                   const GeneralVariant& var, cudaStream_t stream) {
   if (plan.splits == 0) {
     check(cudaMemsetAsync(p.split_offset, 0, (a.batch + 1) * sizeof(int), stream),
           "cudaMemsetAsync");
@@ -28,7 +28,7 @@ void launch_splits(const DecodeArgs& a, const DecodePlan& plan, const SplitParam
   if (grid64 > INT32_MAX) {
     fail(ErrorCode::kUnsupported, "batch", a.batch, "too many work items for one launch");
   }
-  if (!launch_split(p, a.k_dtype, a.head_dim, plan.kernel.build, static_cast<int>(grid64),
+  if (!launch_split(p, var, a.k_dtype, a.head_dim, plan.kernel.build, static_cast<int>(grid64),
                     stream)) {
     fail(
         ErrorCode::kUnsupported, "head_dim", a.head_dim,
@@ -47,7 +47,7 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   cudaStream_t stream = static_cast<cudaStream_t>(options.cuda_stream);
   // The grid and the workspace depend on shapes only, sized for the split plan; single_split
   // needs fewer splits, so the same grid and workspace serve it.
-  DecodePlan plan = plan_decode(a);
+  DecodePlan plan = plan_decode(a, options.batch_invariant);
   plan.options.single_split = options.single_split;
   char* ws = nullptr;
   std::optional<StreamWorkspace> own;  // returned to the pool on this stream when decode ends
@@ -62,11 +62,12 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
     ws = own->get();
   }
   const SplitParams p = make_split_params(a, plan, units, ws);
-  launch_splits(a, plan, p, stream);
+  const GeneralVariant var = general_variant(a);
+  launch_splits(a, plan, p, var, stream);
   // With splits, on sm_90, the combine is a programmatic dependent launch: its CTAs are scheduled
   // while the split grid drains and wait on the device (griddepcontrol.wait) instead of paying a
   // launch after it.
-  launch_combine(make_combine_params(a, p), a.out_dtype, plan.splits > 0 && p.pdl, stream);
+  launch_combine(make_combine_params(a, p), var, a.out_dtype, plan.splits > 0 && p.pdl, stream);
 }
 
 }  // namespace pagedattn::detail::cuda
@@ -74,12 +75,16 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
 namespace pagedattn {
 
 std::size_t cuda_workspace_size(const DecodeArgs& args) {
+  return cuda_workspace_size(args, DecodeOptions{});
+}
+
+std::size_t cuda_workspace_size(const DecodeArgs& args, const DecodeOptions& options) {
   validate_shapes(args);
   std::string why;
   if (!detail::cuda::available(&why)) {
     fail(ErrorCode::kBackendUnavailable, "backend", "cuda", "unavailable: " + why);
   }
-  return detail::cuda::workspace_size(args);
+  return detail::cuda::workspace_size(args, options.batch_invariant);
 }
 
 }  // namespace pagedattn

@@ -37,12 +37,6 @@ SplitParams make_split_params(const DecodeArgs& a, const DecodePlan& plan, const
   p.k_scales = a.k_scales;
   p.v_scales = a.v_scales;
   p.plan = plan.options;
-  const float cap = a.logits_soft_cap;
-  p.cap2 = cap > 0.f ? cap * kLog2e : 0.f;
-  p.cap_k = cap > 0.f ? soft_cap_exp2_scale(p.cap2) : 0.f;
-  p.alibi = a.alibi_slopes;
-  p.logit_variant = cap > 0.f || a.alibi_slopes != nullptr;
-  p.sinks = a.sinks;
   p.p_lo = p_needs_lo(a.k_dtype, a.out_dtype);
   p.q_indptr = a.q_indptr;
   p.q_rows = a.q_rows();
@@ -60,6 +54,17 @@ SplitParams make_split_params(const DecodeArgs& a, const DecodePlan& plan, const
   return p;
 }
 
+GeneralVariant general_variant(const DecodeArgs& a) {
+  GeneralVariant v;
+  const float cap = a.logits_soft_cap;
+  v.cap2 = cap > 0.f ? cap * kLog2e : 0.f;
+  v.cap_k = cap > 0.f ? soft_cap_exp2_scale(v.cap2) : 0.f;
+  v.alibi = a.alibi_slopes;
+  v.sinks = a.sinks;
+  v.transforms = cap > 0.f || a.alibi_slopes != nullptr;
+  return v;
+}
+
 CombineParams make_combine_params(const DecodeArgs& a, const SplitParams& p) {
   CombineParams c{};
   c.part_ml = p.part_ml;
@@ -71,7 +76,6 @@ CombineParams make_combine_params(const DecodeArgs& a, const SplitParams& p) {
   c.out = a.out;
   c.out_stride = a.out_stride();
   c.lse = a.lse;
-  c.sinks = a.sinks;
   c.batch = a.batch;
   c.num_heads = a.num_heads;
   c.head_dim = a.head_dim;

@@ -40,8 +40,14 @@ WorkspaceLayout workspace_layout(const DecodeArgs& a, std::int64_t splits) {
 
 }  // namespace
 
-KernelChoice split_kernel_for(const DecodeArgs& a) {
-  const CallShape shape = call_shape(a);
+KernelChoice split_kernel_for(const DecodeArgs& a, bool batch_invariant) {
+  const CallShape call = call_shape(a);
+  // A batch-invariant decode takes its build from what a sequence owns: as if each had one query
+  // token (the batch's most would pick the wide, tf32 or many-row build for all of them), and
+  // never the dense fp8 build, which is weighed on the batch. Its row chunks still cover the
+  // batch's rows.
+  CallShape shape = call;
+  if (batch_invariant) shape.q_len = 1;
   const SplitBuild candidate = candidate_build(shape);
   KernelFacts facts;
   facts.plain = split_build_facts(a.k_dtype, a.head_dim, candidate);
@@ -55,28 +61,36 @@ KernelChoice split_kernel_for(const DecodeArgs& a) {
     many_rows.hopper = true;
     facts.many_rows = split_build_facts(a.k_dtype, a.head_dim, many_rows);
   }
-  if (weighs_dense(shape, candidate, facts.plain)) {
+  if (!batch_invariant && weighs_dense(shape, candidate, facts.plain)) {
     SplitBuild dense = candidate;
     dense.dense = true;
     facts.dense = split_build_facts(a.k_dtype, a.head_dim, dense);
   }
-  return choose_split_kernel(shape, facts);
+  KernelChoice k = choose_split_kernel(shape, facts);
+  if (batch_invariant) k.row_chunks = chunks_of_rows(call, k.rows_per_cta);
+  return k;
 }
 
-DecodePlan plan_decode(const DecodeArgs& a) {
+DecodePlan plan_decode(const DecodeArgs& a, bool batch_invariant) {
   DecodePlan plan;
-  plan.kernel = split_kernel_for(a);
+  plan.kernel = split_kernel_for(a, batch_invariant);
   plan.options = plan_options(plan.kernel, a.window_left);
+  if (batch_invariant) {  // splits from each sequence's own length alone
+    plan.options.fixed_chunk_tokens = kBatchInvariantChunkTokens;
+    plan.options.max_splits_per_seq = kBatchInvariantMaxSplits;
+  }
   plan.splits =
       max_plan_splits(a.batch, a.max_blocks_per_seq, a.num_kv_heads, a.block_size, plan.options);
   plan.workspace = workspace_layout(a, plan.splits);
   return plan;
 }
 
-std::size_t workspace_size(const DecodeArgs& a) { return plan_decode(a).workspace.total; }
+std::size_t workspace_size(const DecodeArgs& a, bool batch_invariant) {
+  return plan_decode(a, batch_invariant).workspace.total;
+}
 
 SplitChoice split_choice(const DecodeArgs& a) {
-  const KernelChoice k = split_kernel_for(a);
+  const KernelChoice k = split_kernel_for(a, false);
   SplitBuild plain = k.build, dense = k.build;
   plain.dense = false;
   dense.dense = true;

@@ -1,7 +1,7 @@
 // The host steps of a CUDA decode, each its own function, in the order decode (decode_cuda.cu)
 // runs them: what is refused before any launch (can_implement), the plan of the call (its split
-// kernel, plan options, grid bound and workspace), the kernels' parameters, then the launches.
-// Internal to the backend.
+// kernel, plan options, grid bound and workspace), the kernels' parameters and variant policy, then
+// the launches. Internal to the backend.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,6 +13,7 @@
 #include "kernel_choice.hpp"
 #include "pagedattn/detail/backends.hpp"
 #include "split_params.cuh"
+#include "variant_policy.cuh"
 
 namespace pagedattn::detail::cuda {
 
@@ -35,9 +36,9 @@ RowUnits can_implement(const DecodeArgs& a, const pagedattn::DecodeOptions& opti
 void check_device_tables(const DecodeArgs& a, cudaStream_t stream);
 
 // decode_plan.cu: the split kernel for this call on the current device (choose_split_kernel over
-// what the occupancy calculator reports of its builds); a kernel that fits nowhere is an error
-// naming head_dim.
-KernelChoice split_kernel_for(const DecodeArgs& a);
+// what the occupancy calculator reports of its builds; for a batch-invariant decode, from what
+// each sequence owns alone); a kernel that fits nowhere is an error naming head_dim.
+KernelChoice split_kernel_for(const DecodeArgs& a, bool batch_invariant);
 
 // Where the partial states go, carved from one workspace buffer in this order, each part
 // 256-byte aligned.
@@ -57,12 +58,15 @@ struct DecodePlan {
   std::int64_t splits = 0;  // the plan's most splits, for any lengths
   WorkspaceLayout workspace;
 };
-DecodePlan plan_decode(const DecodeArgs& a);
+DecodePlan plan_decode(const DecodeArgs& a, bool batch_invariant);
 
 // decode_params.cu: the split kernel's parameters for a call, its plan, its layout in row units
 // and a workspace of plan.workspace.total bytes; the combine's from those.
 SplitParams make_split_params(const DecodeArgs& a, const DecodePlan& plan, const RowUnits& units,
                               char* workspace);
 CombineParams make_combine_params(const DecodeArgs& a, const SplitParams& p);
+// The variant policy every decode runs (variant_policy.cuh), from the call's soft-cap, ALiBi
+// slopes and sinks.
+GeneralVariant general_variant(const DecodeArgs& a);
 
 }  // namespace pagedattn::detail::cuda

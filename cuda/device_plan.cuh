@@ -99,7 +99,8 @@ __device__ inline void plan_item(const SplitParams& p, int j, PlanScratch<kPlanT
     const int b = base + tid;
     int ns = 0;
     if (b < p.batch) {
-      ns = splits_for(planned_of_seq(p, b, &first), chunk);
+      const int nb = planned_of_seq(p, b, &first);
+      ns = splits_for(nb, seq_chunk_blocks(nb, chunk, p.plan));
     }
     int incl = ns;
 #pragma unroll
@@ -163,9 +164,10 @@ __device__ inline bool plan_cta(const SplitParams& p, PlanScratch<kPlanThreads>&
   w->len = clamp_len(__ldg(p.lens + item.seq), p.max_blocks * p.block_size);
   int first = 0;  // with a window, the blocks before it are not planned
   const int nb = planned_of(p, w->len, sq.n, &first);
-  item.finish = splits_for(nb, plan.chunk) == 1;
+  const int chunk = seq_chunk_blocks(nb, plan.chunk, p.plan);
+  item.finish = splits_for(nb, chunk) == 1;
   int blk_begin = 0, blk_end = 0;
-  split_block_range(nb, plan.chunk, plan.split, &blk_begin, &blk_end);
+  split_block_range(nb, chunk, plan.split, &blk_begin, &blk_end);
   w->tok_begin = (blk_begin + first) * p.block_size;
   w->tok_lo = queries_first_token(w->len, sq.n, p.plan.window_left);
   w->tok_end = min((blk_end + first) * p.block_size, w->len);

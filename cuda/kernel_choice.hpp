@@ -27,7 +27,6 @@ struct CallShape {
   int block_size = 16;
   int max_blocks = 1;  // the block table's capacity per sequence
   DType out_dtype = DType::kBF16;
-  bool logit_variant = false;  // a soft-cap or ALiBi slopes
 };
 CallShape call_shape(const DecodeArgs& a);
 
@@ -77,7 +76,7 @@ bool use_mma(const CallShape& s);
 // or an f16 out from a bf16 cache, does.
 bool p_needs_lo(DType k_dtype, DType out_dtype);
 // The calls the Hopper many-row kernel serves (SplitBuild::hopper): a 16-bit cache with q in its
-// dtype, head dim 128, P without a lo part, no soft-cap or ALiBi (sinks and windows are fine),
+// dtype, head dim 128, P without a lo part (every variant: it runs the variant policy's hooks),
 // block sizes 16 to 256 in powers of two (whole TMA boxes per tile), and at least
 // kManyRowsMinRows query rows per kv head (below that the tensor-core path is as fast).
 constexpr int kManyRowsMinRows = 32;

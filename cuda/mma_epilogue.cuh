@@ -11,12 +11,12 @@
 #include <cstdint>
 
 #include "fp8_frags.cuh"
-#include "logit_variants.cuh"
 #include "mma_layout.cuh"
 #include "pagedattn/online_softmax.hpp"
 #include "query_rows.cuh"
 #include "split_params.cuh"
 #include "store_out.cuh"
+#include "variant_policy.cuh"
 
 namespace pagedattn::detail::cuda {
 
@@ -77,9 +77,9 @@ __device__ __forceinline__ float2 mma_merged(const float* first, const float (&f
 
 // After the stash and a barrier: each of the CTA's R rows merged over its warps' slots by tpr
 // threads, then written (part_base: the item's first partial state).
-template <typename T, int D, bool kMulti>
-__device__ __forceinline__ void mma_merge_store(const SplitParams& p, const CtaItem& item,
-                                                char* smem, MmaWarp w, int R,
+template <typename T, int D, bool kMulti, typename V>
+__device__ __forceinline__ void mma_merge_store(const SplitParams& p, const V& var,
+                                                const CtaItem& item, char* smem, MmaWarp w, int R,
                                                 std::int64_t part_base) {
   const float* scratch = reinterpret_cast<const float*>(smem);
   constexpr int SROW = D + 2;
@@ -110,7 +110,7 @@ __device__ __forceinline__ void mma_merge_store(const SplitParams& p, const CtaI
   if (item.finish) {                 // the sequence's only split: out and lse directly
     const std::int64_t out_row = static_cast<std::int64_t>(row.qrow) * p.num_heads + row.head;
     const std::int64_t out_at = row.qrow * p.out_stride + static_cast<std::int64_t>(row.head) * D;
-    const float fa = fold_sink(p, total, row.head);  // the sink: denominator only
+    const float fa = var.finish(total, row.head);  // the variant's finish (a sink)
     const float inv = total.inv_sum() * fa;
     for (int c = c0; c < D; c += 2 * tpr) {
       const float2 a = mma_merged<D>(first, fac, w.WT, c);

@@ -1,34 +1,36 @@
 // The logit step of the tensor-core path (mma_path.cuh): a slice's scores become logits in log2
-// units (scaled, soft-capped, ALiBi), non-finite logits of attended tokens are noted, and the
-// tokens a row does not attend to are masked to -inf.
+// units (scaled, then the variant policy's logit), non-finite logits of attended tokens are noted,
+// and the tokens a row does not attend to are masked to -inf.
 #pragma once
 
-#include "logit_variants.cuh"
 #include "mma_layout.cuh"
 #include "query_rows.cuh"
 #include "split_params.cuh"
+#include "variant_policy.cuh"
 
 namespace pagedattn::detail::cuda {
 
 // The lane's rows g and g + 8 of its warp's row tile and their logit parameters, fixed for the
-// item.
+// item; V is the variant policy (variant_policy.cuh).
+template <typename V>
 struct MmaRows {
   QueryRow qr[2];
   // The logit factor: scale * log2(e), for fp8 also the K scale and the power of two a bf16 q
   // was scaled by (fp8_q_fragments).
   float logit_fac[2];
-  // Without the soft-cap and ALiBi, and with positive logit factors, the logits stay unscaled
+  // When the variant leaves logits alone, and with positive logit factors, the logits stay unscaled
   // until the exponentials: the row max is taken on them and scaled once (a positive factor
   // keeps the max, rounding included), and each weight is one exp2 of fma(s, fac, -shift).
   // Otherwise the logits are scaled first (efac = 1).
   bool late;
   float efac[2];
-  float slope2[2];  // the ALiBi slopes (log2 units; 0 without ALiBi)
+  typename V::Row vrow[2];  // the variant's constants of each row
 };
 
 // Where the rows disagree on the slice from token t0 (rows_disagree): each element's own row's
 // verdict, bit n * 4 + e for element (n, e).
-__device__ __forceinline__ unsigned mma_keep_bits(const SplitParams& p, const MmaRows& rows,
+template <typename V>
+__device__ __forceinline__ unsigned mma_keep_bits(const SplitParams& p, const MmaRows<V>& rows,
                                                   MmaWarp w, int t0, int last_pos) {
   unsigned keep = 0u;
 #pragma unroll
@@ -47,11 +49,11 @@ __device__ __forceinline__ unsigned mma_keep_bits(const SplitParams& p, const Mm
 // Note slice sl's non-finite logits of attended tokens in bad (x * 0 is 0 for finite x, NaN
 // otherwise; rows that are not read are zero-filled, so they add 0 unless q itself is not
 // finite), scale them (unless `late`: then the scale joins the exponentials), apply the
-// soft-cap and ALiBi, mask the rows the slice's 16 mask bits exclude (warp-uniform: only
+// variant's logit, mask the rows the slice's 16 mask bits exclude (warp-uniform: only
 // partial or skipped tiles) and the tokens a row does not attend to (`keep`, bit n * 4 + e
 // for element (n, e)).
-template <bool kMulti>
-__device__ __forceinline__ void mma_logits(const SplitParams& p, MmaWarp w, const MmaRows& rows,
+template <bool kMulti, typename V>
+__device__ __forceinline__ void mma_logits(const V& var, MmaWarp w, const MmaRows<V>& rows,
                                            MmaTile tile, int last_pos, int sl, float (&s)[2][4],
                                            unsigned keep, float (&bad)[2][2]) {
   const int t0 = tile.t0 + sl * 16;  // the slice's first token
@@ -70,14 +72,14 @@ __device__ __forceinline__ void mma_logits(const SplitParams& p, MmaWarp w, cons
       for (int e = 0; e < 4; ++e) s[n][e] *= rows.logit_fac[e >> 1];
     }
   }
-  if (p.logit_variant) {  // uniform: the soft-cap and ALiBi, on every column of the slice
+  if (var.transforms_logits()) {                // uniform: on every column of the slice
     const int rel0 = t0 + 2 * w.q4 - last_pos;  // t - (L - 1); a row's own is + back
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[n][e] = variant_logit(p, s[n][e], rows.slope2[e >> 1],
-                                rel0 + n * 8 + (e & 1) + (kMulti ? rows.qr[e >> 1].back : 0));
+        s[n][e] = var.logit(rows.vrow[e >> 1], s[n][e],
+                            rel0 + n * 8 + (e & 1) + (kMulti ? rows.qr[e >> 1].back : 0));
       }
     }
   }

@@ -18,7 +18,6 @@
 #include <cstdint>
 
 #include "kv_pipeline.cuh"
-#include "logit_variants.cuh"
 #include "mma_epilogue.cuh"
 #include "mma_layout.cuh"
 #include "mma_logits.cuh"
@@ -28,6 +27,7 @@
 #include "pagedattn/online_softmax.hpp"
 #include "query_rows.cuh"
 #include "split_params.cuh"
+#include "variant_policy.cuh"
 
 namespace pagedattn::detail::cuda {
 
@@ -39,13 +39,13 @@ namespace pagedattn::detail::cuda {
 // on the slice's last tokens (causal) and, with a window, on its first ones (uniform); then
 // each element gets its row's verdict, bit n * 4 + e of `keep`. The wide fold (NS > 1) is
 // taken only on tiles where the rows agree.
-template <typename T, int D, bool kMulti, int NS>
-__device__ __forceinline__ void mma_fold(const SplitParams& p, MmaWarp w, MmaQSmem qs,
+template <typename T, int D, bool kMulti, int NS, typename V>
+__device__ __forceinline__ void mma_fold(const SplitParams& p, const V& var, MmaWarp w, MmaQSmem qs,
                                          const std::uint32_t (&qf)[MmaCfg<T, D>::kQK][4],
                                          const int (&k_at)[4], const int (&v_at)[4],
-                                         const MmaRows& rows, MmaTile tile, int last_pos, int n_q,
-                                         int sl0, SoftmaxState2 (&st)[2], float (&bad)[2][2],
-                                         float (&o)[D / 8][4]) {
+                                         const MmaRows<V>& rows, MmaTile tile, int last_pos,
+                                         int n_q, int sl0, SoftmaxState2 (&st)[2],
+                                         float (&bad)[2][2], float (&o)[D / 8][4]) {
   float s[NS][2][4];
   mma_scores<T, D, NS>(w, qs, qf, k_at, tile.k, sl0, s);
   const int t0 = tile.t0 + sl0 * 16;  // the (first) slice's first token
@@ -55,7 +55,7 @@ __device__ __forceinline__ void mma_fold(const SplitParams& p, MmaWarp w, MmaQSm
   if (disagree) keep = mma_keep_bits(p, rows, w, t0, last_pos);
 #pragma unroll
   for (int j = 0; j < NS; ++j) {
-    mma_logits<kMulti>(p, w, rows, tile, last_pos, sl0 + j * w.WT, s[j], keep, bad);
+    mma_logits<kMulti>(var, w, rows, tile, last_pos, sl0 + j * w.WT, s[j], keep, bad);
   }
   float alpha[2];
   mma_softmax<NS>(s, rows.efac, st, alpha);
@@ -77,9 +77,9 @@ __device__ __forceinline__ void mma_fold(const SplitParams& p, MmaWarp w, MmaQSm
 // kMulti = false instance, where the per-row masks and the row arithmetic fold away: one-token
 // decode, the common case, pays nothing for multi-token queries (docs/cuda.md). kFold (with
 // kMulti, in the wide build): a warp that takes 2 or 4 slices of a full tile folds them with one
-// softmax step (mma_fold).
-template <typename T, int D, bool kMulti, bool kFold>
-__device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& item,
+// softmax step (mma_fold). V: the variant policy (variant_policy.cuh).
+template <typename T, int D, bool kMulti, bool kFold, typename V>
+__device__ __forceinline__ void mma_item(const SplitParams& p, const V& var, const CtaItem& item,
                                          typename MmaCfg<T, D>::Pipe& pipe, char* smem) {
   using Cfg = MmaCfg<T, D>;
   using Geo = RowGeom<T, D>;
@@ -89,7 +89,7 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   const std::int64_t part_base = item.part_base;
   char* sQ = smem + Cfg::STAGE_AREA;
   const T* q = static_cast<const T*>(p.q);
-  MmaRows rows;
+  MmaRows<V> rows;
 #pragma unroll
   for (int r = 0; r < 2; ++r) rows.qr[r] = query_row<kMulti>(p, item, w.wh * 16 + w.g + 8 * r);
   // Q of the rows (same dtype as the cache, so exact), rows past the CTA's zero.
@@ -106,7 +106,7 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   // NaN once a row met a non-finite logit: per row, two chains (n-tiles 0 and 1) so the
   // checks of a fold are not one dependent sequence.
   float bad[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-  rows.late = !p.logit_variant &&
+  rows.late = !var.transforms_logits() &&
               __all_sync(0xffffffffu, rows.logit_fac[0] > 0.f && rows.logit_fac[1] > 0.f);
   rows.efac[0] = rows.late ? rows.logit_fac[0] : 1.f;
   rows.efac[1] = rows.late ? rows.logit_fac[1] : 1.f;
@@ -116,7 +116,7 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   const int k_tok = (w.lane & 7) + (w.lane >> 4) * 8, k_half = (w.lane >> 3) & 1;
   const int v_tok = (w.lane & 7) + ((w.lane >> 3) & 1) * 8, v_half = w.lane >> 4;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) rows.slope2[r] = alibi_slope2(p, rows.qr[r].head, rows.qr[r].valid);
+  for (int r = 0; r < 2; ++r) rows.vrow[r] = var.row(rows.qr[r].head, rows.qr[r].valid);
   // Each lane's ldmatrix offsets of K and V within a 16-row slice, hoisted out of the tile loop:
   // slice sl adds sl * 16 rows (a multiple of 8, so the swizzle is unchanged), and k-step kk
   // reads chunk 2 kk + half, at the offset of step kk % 4 plus 128 bytes per 4 steps (the
@@ -143,19 +143,19 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
           !rows_disagree(tile.t0, tile.t0 + Cfg::TT - 1, pipe.last_pos, item.n_q,
                          p.plan.window_left)) {
         if (w.WT == 1) {
-          mma_fold<T, D, kMulti, 4>(p, w, qs, qf, k_at, v_at, rows, tile, pipe.last_pos, item.n_q,
-                                    0, st, bad, o);
+          mma_fold<T, D, kMulti, 4>(p, var, w, qs, qf, k_at, v_at, rows, tile, pipe.last_pos,
+                                    item.n_q, 0, st, bad, o);
         } else {
-          mma_fold<T, D, kMulti, 2>(p, w, qs, qf, k_at, v_at, rows, tile, pipe.last_pos, item.n_q,
-                                    w.wt, st, bad, o);
+          mma_fold<T, D, kMulti, 2>(p, var, w, qs, qf, k_at, v_at, rows, tile, pipe.last_pos,
+                                    item.n_q, w.wt, st, bad, o);
         }
         pipe.end(it, next_id);
         continue;
       }
     }
     for (int sl = w.wt; sl * 16 < nrows; sl += w.WT) {
-      mma_fold<T, D, kMulti, 1>(p, w, qs, qf, k_at, v_at, rows, tile, pipe.last_pos, item.n_q, sl,
-                                st, bad, o);
+      mma_fold<T, D, kMulti, 1>(p, var, w, qs, qf, k_at, v_at, rows, tile, pipe.last_pos, item.n_q,
+                                sl, st, bad, o);
     }
     pipe.end(it, next_id);
   }
@@ -163,7 +163,7 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const CtaItem& it
   mma_finish_rows(st, bad);
   mma_stash<T, D>(p, item, smem, w, st, o);
   __syncthreads();
-  mma_merge_store<T, D, kMulti>(p, item, smem, w, R, part_base);
+  mma_merge_store<T, D, kMulti>(p, var, item, smem, w, R, part_base);
 }
 
 }  // namespace pagedattn::detail::cuda

@@ -5,12 +5,12 @@
 
 #include <cstdint>
 
-#include "logit_variants.cuh"
 #include "pagedattn/online_softmax.hpp"
 #include "query_rows.cuh"
 #include "simt_layout.cuh"
 #include "split_params.cuh"
 #include "store_out.cuh"
+#include "variant_policy.cuh"
 
 namespace pagedattn::detail::cuda {
 
@@ -40,8 +40,8 @@ __device__ __forceinline__ void simt_merge_halves(float (&acc)[kSimtRowsPerWarp]
 
 // The warp's rows (V's scale applied) written by the lower half of warp wt = 0: out and lse
 // directly for the sequence's only split, else the partial state (part_base: the item's first).
-template <int D>
-__device__ __forceinline__ void simt_store(const SplitParams& p, const CtaItem& item,
+template <int D, typename V>
+__device__ __forceinline__ void simt_store(const SplitParams& p, const V& var, const CtaItem& item,
                                            std::int64_t part_base, SimtWarp w,
                                            const QueryRow (&qr)[kSimtRowsPerWarp],
                                            float (&acc)[kSimtRowsPerWarp][D / 16],
@@ -57,7 +57,7 @@ __device__ __forceinline__ void simt_store(const SplitParams& p, const CtaItem& 
     for (int e = 0; e < E; ++e) acc[h][e] *= vs;
     if (item.finish) {  // the sequence's only split: out and lse directly
       const std::int64_t row = static_cast<std::int64_t>(qr[h].qrow) * p.num_heads + qr[h].head;
-      const float fa = fold_sink(p, st[h], qr[h].head);  // the sink: denominator only
+      const float fa = var.finish(st[h], qr[h].head);
       const float inv = st[h].inv_sum() * fa;
       const std::int64_t at =
           qr[h].qrow * p.out_stride + static_cast<std::int64_t>(qr[h].head) * D + w.l16 * E;
@@ -81,10 +81,10 @@ __device__ __forceinline__ void simt_store(const SplitParams& p, const CtaItem& 
 // After the pipeline drained (smem: the stage area, now the merge scratch): the half-warps
 // merged, the warps wt > 0 of each row group stashed in the scratch, and warp wt = 0 merging them
 // in order wt = 1, 2, ... and writing the rows.
-template <int D>
-__device__ __forceinline__ void simt_epilogue(const SplitParams& p, const CtaItem& item,
-                                              std::int64_t part_base, SimtWarp w,
-                                              const QueryRow (&qr)[kSimtRowsPerWarp],
+template <int D, typename V>
+__device__ __forceinline__ void simt_epilogue(const SplitParams& p, const V& var,
+                                              const CtaItem& item, std::int64_t part_base,
+                                              SimtWarp w, const QueryRow (&qr)[kSimtRowsPerWarp],
                                               float (&acc)[kSimtRowsPerWarp][D / 16],
                                               SoftmaxState2 (&st)[kSimtRowsPerWarp],
                                               const float (&bad)[kSimtRowsPerWarp], char* smem) {
@@ -116,7 +116,7 @@ __device__ __forceinline__ void simt_epilogue(const SplitParams& p, const CtaIte
         for (int e = 0; e < E; ++e) acc[h][e] = acc[h][e] * fa + row[w.l16 * E + e] * fb;
       }
     }
-    simt_store<D>(p, item, part_base, w, qr, acc, st);
+    simt_store<D>(p, var, item, part_base, w, qr, acc, st);
   }
 }
 

@@ -48,13 +48,13 @@ struct SimtWarp {
 };
 
 // The warp's query rows, fixed for the item: each lane's E elements of q (scaled into log2
-// units) and the ALiBi slopes (log2 units, 0 without).
-template <int D>
+// units) and the variant policy's constants of each row (V::Row).
+template <int D, typename V>
 struct SimtRows {
   static constexpr int HW = kSimtRowsPerWarp, E = D / 16;
   QueryRow qr[HW];
   float q[HW][E];
-  float slope2[HW];
+  typename V::Row vrow[HW];
 };
 
 }  // namespace pagedattn::detail::cuda

@@ -12,21 +12,21 @@
 #include <cstdint>
 
 #include "kv_pipeline.cuh"
-#include "logit_variants.cuh"
 #include "pagedattn/online_softmax.hpp"
 #include "query_rows.cuh"
 #include "simt_epilogue.cuh"
 #include "simt_layout.cuh"
 #include "simt_loads.cuh"
 #include "split_params.cuh"
+#include "variant_policy.cuh"
 
 namespace pagedattn::detail::cuda {
 
-// The warp's query rows: each lane's E elements of q, scaled into log2 units, and the ALiBi
-// slopes.
-template <int D, bool kMulti>
-__device__ __forceinline__ void simt_rows(const SplitParams& p, const CtaItem& item, SimtWarp w,
-                                          SimtRows<D>& rows) {
+// The warp's query rows: each lane's E elements of q, scaled into log2 units, and the variant
+// policy's constants of each row.
+template <int D, bool kMulti, typename V>
+__device__ __forceinline__ void simt_rows(const SplitParams& p, const V& var, const CtaItem& item,
+                                          SimtWarp w, SimtRows<D, V>& rows) {
   constexpr int HW = kSimtRowsPerWarp, E = D / 16;
 #pragma unroll
   for (int h = 0; h < HW; ++h) rows.qr[h] = query_row<kMulti>(p, item, w.h_first + h);
@@ -42,16 +42,17 @@ __device__ __forceinline__ void simt_rows(const SplitParams& p, const CtaItem& i
     }
   }
 #pragma unroll
-  for (int h = 0; h < HW; ++h) rows.slope2[h] = alibi_slope2(p, rows.qr[h].head, h < w.nh);
+  for (int h = 0; h < HW; ++h) rows.vrow[h] = var.row(rows.qr[h].head, h < w.nh);
 }
 
 // The logits sc of token t (row r of tile kS; ok: its row-mask bit) for the warp's rows, each
 // half-warp's dot products summed over its 16 lanes (shuffles over all 32), and whether each row
 // attends to it (att). bad: NaN once a row met a non-finite logit.
-template <typename T, int D, bool kMulti>
-__device__ __forceinline__ void simt_scores(const SplitParams& p, const CtaItem& item, int last_pos,
-                                            SimtWarp w, const SimtRows<D>& rows, const char* kS,
-                                            int r, bool ok, int t, float (&sc)[kSimtRowsPerWarp],
+template <typename T, int D, bool kMulti, typename V>
+__device__ __forceinline__ void simt_scores(const SplitParams& p, const V& var, const CtaItem& item,
+                                            int last_pos, SimtWarp w, const SimtRows<D, V>& rows,
+                                            const char* kS, int r, bool ok, int t,
+                                            float (&sc)[kSimtRowsPerWarp],
                                             bool (&att)[kSimtRowsPerWarp],
                                             float (&bad)[kSimtRowsPerWarp]) {
   constexpr int HW = kSimtRowsPerWarp, E = D / 16;
@@ -71,9 +72,7 @@ __device__ __forceinline__ void simt_scores(const SplitParams& p, const CtaItem&
                     row_attends(t, last_pos, rows.qr[h].back, p.plan.window_left));
     // x * 0 is 0 for a finite logit, NaN otherwise.
     bad[h] = fmaf(att[h] ? d : 0.f, 0.f, bad[h]);
-    if (p.logit_variant) {  // uniform
-      d = variant_logit(p, d, rows.slope2[h], t - last_pos + rows.qr[h].back);
-    }
+    if (var.transforms_logits()) d = var.logit(rows.vrow[h], d, t - last_pos + rows.qr[h].back);
     sc[h] = d;
   }
 }
@@ -105,16 +104,17 @@ __device__ __forceinline__ void simt_update(SimtWarp w, const char* vS, int r,
 
 // kMulti: the item's sequence has several query tokens (item.n_q > 1). One-token decode runs the
 // kMulti = false instance, where the per-row causal tests and the row arithmetic fold away.
-template <typename T, int D, bool kMulti>
-__device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& item,
+// V: the variant policy (variant_policy.cuh).
+template <typename T, int D, bool kMulti, typename V>
+__device__ __forceinline__ void simt_item(const SplitParams& p, const V& var, const CtaItem& item,
                                           typename SimtCfg<T, D>::Pipe& pipe, char* smem) {
   using Cfg = SimtCfg<T, D>;
   constexpr int STAGES = Cfg::STAGES;
   constexpr int HW = kSimtRowsPerWarp, E = D / 16;
   const SimtWarp w(item.rows);
   const std::int64_t part_base = item.part_base;
-  SimtRows<D> rows;
-  simt_rows<D, kMulti>(p, item, w, rows);
+  SimtRows<D, V> rows;
+  simt_rows<D, kMulti>(p, var, item, w, rows);
   pipe.prologue();
   float acc[HW][E];
   SoftmaxState2 st[HW];
@@ -139,13 +139,13 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const CtaItem& i
       const int t = pipe.tok_begin + it * Cfg::TT + r;
       float sc[HW];
       bool att[HW];
-      simt_scores<T, D, kMulti>(p, item, pipe.last_pos, w, rows, kS, r, ok, t, sc, att, bad);
+      simt_scores<T, D, kMulti>(p, var, item, pipe.last_pos, w, rows, kS, r, ok, t, sc, att, bad);
       if (ok) simt_update<T, D>(w, vS, r, sc, att, acc, st);
     }
     pipe.end(it, next_id);
   }
   pipe.drain();  // the stage area becomes the merge scratch
-  simt_epilogue<D>(p, item, part_base, w, rows.qr, acc, st, bad, smem);
+  simt_epilogue<D>(p, var, item, part_base, w, rows.qr, acc, st, bad, smem);
 }
 
 }  // namespace pagedattn::detail::cuda

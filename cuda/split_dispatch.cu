@@ -36,16 +36,16 @@ void with_cache_type(DType k_dtype, F&& f) {
 
 }  // namespace
 
-bool launch_split(const SplitParams& p, DType k_dtype, int head_dim, SplitBuild b, int grid,
-                  cudaStream_t stream) {
+bool launch_split(const SplitParams& p, const GeneralVariant& var, DType k_dtype, int head_dim,
+                  SplitBuild b, int grid, cudaStream_t stream) {
 #if PAGEDATTN_MANY_ROWS_KERNEL
-  if (b.hopper) return head_dim == 128 && launch_many_rows(p, k_dtype, grid, stream);
+  if (b.hopper) return head_dim == 128 && launch_many_rows(p, var, k_dtype, grid, stream);
 #endif
   bool launched = false;
   with_cache_type(k_dtype, [&](auto t) {
     using T = typename decltype(t)::type;
     launched = with_head_dim(head_dim, [&](auto dim) {
-      SplitKernels<T, decltype(dim)::value>::launch(p, b, grid, stream);
+      SplitKernels<T, decltype(dim)::value>::launch(p, var, b, grid, stream);
     });
   });
   return launched;

@@ -28,9 +28,10 @@
 namespace pagedattn::detail::cuda {
 
 // kWide: the wide build (tensor cores, several query tokens; SplitBuild::wide), where every
-// sequence's rows take the multi-token path with several slices per warp folded at once.
-template <typename T, int D, bool kMma, bool kWide>
-__device__ __forceinline__ void split_cta(const SplitParams& p) {
+// sequence's rows take the multi-token path with several slices per warp folded at once. V: the
+// variant policy (variant_policy.cuh), whose hooks the compute paths call.
+template <typename T, int D, bool kMma, bool kWide, typename V>
+__device__ __forceinline__ void split_cta(const SplitParams& p, const V& var) {
   using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
   using Pipe = typename Cfg::Pipe;
   constexpr int TT = Cfg::TT;
@@ -69,18 +70,18 @@ __device__ __forceinline__ void split_cta(const SplitParams& p) {
   pipe.last_pos = work.len - 1;
   pipe.ntiles = (pipe.tok_end - pipe.tok_begin + TT - 1) / TT;
   if constexpr (kMma && kWide) {
-    mma_item<T, D, true, true>(p, item, pipe, smem);
+    mma_item<T, D, true, true>(p, var, item, pipe, smem);
   } else if constexpr (kMma) {
     if (item.n_q > 1) {
-      mma_item<T, D, true, false>(p, item, pipe, smem);
+      mma_item<T, D, true, false>(p, var, item, pipe, smem);
     } else {
-      mma_item<T, D, false, false>(p, item, pipe, smem);
+      mma_item<T, D, false, false>(p, var, item, pipe, smem);
     }
   } else {
     if (item.n_q > 1) {
-      simt_item<T, D, true>(p, item, pipe, smem);
+      simt_item<T, D, true>(p, var, item, pipe, smem);
     } else {
-      simt_item<T, D, false>(p, item, pipe, smem);
+      simt_item<T, D, false>(p, var, item, pipe, smem);
     }
   }
 }
@@ -90,29 +91,29 @@ __device__ __forceinline__ void split_cta(const SplitParams& p) {
 // thread at what that many CTAs allow). The wide build is a kernel of its own: in one kernel
 // with the other paths, its fold of several slices raised the one-token path's register budget
 // too, costing CTAs per SM. At head dim 64 it is capped for four CTAs per SM (wide_min_ctas).
-template <typename T, int D, bool kMma, bool kWide>
+template <typename T, int D, bool kMma, bool kWide, typename V>
 __global__ void __launch_bounds__(kThreads, kWide ? wide_min_ctas(D) : 0)
-    split_kernel(SplitParams p) {
-  split_cta<T, D, kMma, kWide>(p);
+    split_kernel(SplitParams p, V var) {
+  split_cta<T, D, kMma, kWide>(p, var);
 }
-template <typename T, int D, bool kMma, int kMinCtas>
-__global__ void __launch_bounds__(kThreads, kMinCtas) split_kernel_min_ctas(SplitParams p) {
-  split_cta<T, D, kMma, false>(p);
+template <typename T, int D, bool kMma, int kMinCtas, typename V>
+__global__ void __launch_bounds__(kThreads, kMinCtas) split_kernel_min_ctas(SplitParams p, V var) {
+  split_cta<T, D, kMma, false>(p, var);
 }
-template <typename T, int D, bool kMma, int kMinCtas, bool kWide>
+template <typename T, int D, bool kMma, int kMinCtas, bool kWide, typename V>
 constexpr auto split_kernel_fn() {
   static_assert(kMinCtas == 0 || !kWide, "the wide build has no dense variant");
   if constexpr (kMinCtas == 0) {
-    return &split_kernel<T, D, kMma, kWide>;
+    return &split_kernel<T, D, kMma, kWide, V>;
   } else {
-    return &split_kernel_min_ctas<T, D, kMma, kMinCtas>;
+    return &split_kernel_min_ctas<T, D, kMma, kMinCtas, V>;
   }
 }
 
 // Once per device and kernel: raise the dynamic shared-memory limit (a per-device attribute)
 // and read the kernel's occupancy. Returns CTAs per SM, or 0 when the kernel cannot run on this
 // device (the attribute could not be set, or no CTA fits): decode reports that before launching.
-template <typename T, int D, bool kMma, int kMinCtas, bool kWide>
+template <typename T, int D, bool kMma, int kMinCtas, bool kWide, typename V>
 int prepare_split_typed() {
   using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
   constexpr int kMaxDevices = 64;
@@ -124,7 +125,7 @@ int prepare_split_typed() {
     const int known = slot->load(std::memory_order_relaxed);
     if (known > 0) return known;
   }
-  constexpr auto kernel = split_kernel_fn<T, D, kMma, kMinCtas, kWide>();
+  constexpr auto kernel = split_kernel_fn<T, D, kMma, kMinCtas, kWide, V>();
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM) !=
       cudaSuccess) {
     return 0;
@@ -140,10 +141,10 @@ int prepare_split_typed() {
   return n;
 }
 
-template <typename T, int D, bool kMma, int kMinCtas, bool kWide>
-void launch_split_typed(const SplitParams& p, int grid, cudaStream_t stream) {
+template <typename T, int D, bool kMma, int kMinCtas, bool kWide, typename V>
+void launch_split_typed(const SplitParams& p, const V& var, int grid, cudaStream_t stream) {
   using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
-  prepare_split_typed<T, D, kMma, kMinCtas, kWide>();
+  prepare_split_typed<T, D, kMma, kMinCtas, kWide, V>();
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(kThreads);
@@ -155,7 +156,7 @@ void launch_split_typed(const SplitParams& p, int grid, cudaStream_t stream) {
   cfg.attrs = attr;
   cfg.numAttrs = p.pdl ? 1 : 0;
   // Its error is checked by the caller.
-  cudaLaunchKernelEx(&cfg, split_kernel_fn<T, D, kMma, kMinCtas, kWide>(), p);
+  cudaLaunchKernelEx(&cfg, split_kernel_fn<T, D, kMma, kMinCtas, kWide, V>(), p, var);
 }
 
 // CTAs per SM that the dense build of a kernel is compiled for (0: there is none). The fp8
@@ -197,15 +198,24 @@ void with_split_build(SplitBuild b, F&& f) {
   f(bool_constant<false>{}, integral_constant<int, 0>{}, bool_constant<false>{});
 }
 
+// Enqueues build b of the split kernel of cache dtype T at head dim D with variant policy V: what
+// SplitKernels<T, D>::launch runs with the library's policy, and what a test runs with its own.
+template <typename T, int D, typename V>
+void launch_split_build(const SplitParams& p, const V& var, SplitBuild b, int grid,
+                        cudaStream_t stream) {
+  with_split_build<T, D>(b, [&](auto mma, auto min_ctas, auto wide) {
+    launch_split_typed<T, D, decltype(mma)::value, decltype(min_ctas)::value,
+                       decltype(wide)::value>(p, var, grid, stream);
+  });
+}
+
 // SplitKernels<T, D> (split_params.cuh) through with_split_build, so the planner counts the CTAs
 // and shared memory of the kernel that runs. Every cache dtype has a tensor-core variant at the
 // head dims of kMmaHeadDim.
 template <typename T, int D>
-void SplitKernels<T, D>::launch(const SplitParams& p, SplitBuild b, int grid, cudaStream_t stream) {
-  with_split_build<T, D>(b, [&](auto mma, auto min_ctas, auto wide) {
-    launch_split_typed<T, D, decltype(mma)::value, decltype(min_ctas)::value,
-                       decltype(wide)::value>(p, grid, stream);
-  });
+void SplitKernels<T, D>::launch(const SplitParams& p, const GeneralVariant& var, SplitBuild b,
+                                int grid, cudaStream_t stream) {
+  launch_split_build<T, D>(p, var, b, grid, stream);
 }
 
 template <typename T, int D>
@@ -214,7 +224,7 @@ BuildFacts SplitKernels<T, D>::facts(SplitBuild b) {
   with_split_build<T, D>(b, [&](auto mma, auto min_ctas, auto wide) {
     using Cfg = typename std::conditional<decltype(mma)::value, MmaCfg<T, D>, SimtCfg<T, D>>::type;
     f.ctas_per_sm = prepare_split_typed<T, D, decltype(mma)::value, decltype(min_ctas)::value,
-                                        decltype(wide)::value>();
+                                        decltype(wide)::value, GeneralVariant>();
     f.smem_bytes = Cfg::SMEM;
   });
   return f;

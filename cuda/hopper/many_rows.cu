@@ -26,10 +26,10 @@ static_assert(offsetof(SharedStorage<__nv_bfloat16>, k) % 1024 == 0 &&
 
 // One CTA per work item of the split plan (planned on the device, as the split kernel's): the
 // producer warp copies the item's tiles, the consumer warpgroup folds them and writes the rows.
-template <typename T>
+template <typename T, typename V>
 __global__ void __launch_bounds__(kCtaThreads, 2)
     many_rows_kernel(const __grid_constant__ CUtensorMap map_k,
-                     const __grid_constant__ CUtensorMap map_v, const SplitParams p) {
+                     const __grid_constant__ CUtensorMap map_v, const SplitParams p, const V var) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   // A programmatic dependent of the stream's previous kernel, as the split kernel is
   // (split_kernel.cuh): nothing global is read before that kernel is done.
@@ -52,14 +52,14 @@ __global__ void __launch_bounds__(kCtaThreads, 2)
     produce_tiles(sm, &map_k, &map_v, p, tw);
     return;
   }
-  const RowPair rp = row_pair(p, tw);
+  const RowPair<V> rp = row_pair(p, var, tw);
   load_q(sm, p, tw);
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
   SoftmaxState2 st[2] = {SoftmaxState2::empty(), SoftmaxState2::empty()};
-  consume_tiles(sm, p, tw, rp, o, st);
-  store_rows(p, tw, rp, o, st);
+  consume_tiles(sm, p, var, tw, rp, o, st);
+  store_rows(p, var, tw, rp, o, st);
 #else
   __trap();  // never launched: the host takes this kernel only on sm_90
 #endif
@@ -134,10 +134,10 @@ int ctas_per_sm() {
   }
   constexpr int kSmem = sizeof(SharedStorage<T>);
   int n = 0;
-  if (cudaFuncSetAttribute(many_rows_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           kSmem) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, many_rows_kernel<T>, kCtaThreads, kSmem) !=
-          cudaSuccess) {
+  if (cudaFuncSetAttribute(many_rows_kernel<T, GeneralVariant>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, many_rows_kernel<T, GeneralVariant>,
+                                                    kCtaThreads, kSmem) != cudaSuccess) {
     cudaGetLastError();
     n = 0;
   }
@@ -147,7 +147,7 @@ int ctas_per_sm() {
 }
 
 template <typename T>
-void launch_typed(const SplitParams& p, int grid, cudaStream_t stream) {
+void launch_typed(const SplitParams& p, const GeneralVariant& var, int grid, cudaStream_t stream) {
   const CUtensorMap map_k = cache_map<T>(p.k, p);
   const CUtensorMap map_v = cache_map<T>(p.v, p);
   ctas_per_sm<T>();  // sets the shared-memory limit on this device
@@ -161,7 +161,8 @@ void launch_typed(const SplitParams& p, int grid, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = p.pdl ? 1 : 0;
-  cudaLaunchKernelEx(&cfg, many_rows_kernel<T>, map_k, map_v, p);  // checked by the caller
+  // Checked by the caller.
+  cudaLaunchKernelEx(&cfg, many_rows_kernel<T, GeneralVariant>, map_k, map_v, p, var);
 }
 
 }  // namespace sm90
@@ -178,11 +179,12 @@ BuildFacts many_rows_facts(DType k_dtype) {
   return f;
 }
 
-bool launch_many_rows(const SplitParams& p, DType k_dtype, int grid, cudaStream_t stream) {
+bool launch_many_rows(const SplitParams& p, const GeneralVariant& var, DType k_dtype, int grid,
+                      cudaStream_t stream) {
   if (k_dtype == DType::kBF16) {
-    sm90::launch_typed<__nv_bfloat16>(p, grid, stream);
+    sm90::launch_typed<__nv_bfloat16>(p, var, grid, stream);
   } else if (k_dtype == DType::kF16) {
-    sm90::launch_typed<__half>(p, grid, stream);
+    sm90::launch_typed<__half>(p, var, grid, stream);
   } else {
     return false;
   }

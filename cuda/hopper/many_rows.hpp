@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "../split_params.cuh"
+#include "../variant_policy.cuh"
 #include "pagedattn/dtype.hpp"
 
 namespace pagedattn::detail::cuda {
@@ -17,7 +18,9 @@ BuildFacts many_rows_facts(DType k_dtype);
 
 // Enqueues the kernel over `grid` CTAs; false when this build has none for k_dtype. The cache
 // is read through TMA tensor maps built here from the parameters' layout; a layout TMA cannot
-// describe is an error naming the cache strides.
-bool launch_many_rows(const SplitParams& p, DType k_dtype, int grid, cudaStream_t stream);
+// describe is an error naming the cache strides. The kernel runs the variant policy's hooks as
+// the split kernel does.
+bool launch_many_rows(const SplitParams& p, const GeneralVariant& var, DType k_dtype, int grid,
+                      cudaStream_t stream);
 
 }  // namespace pagedattn::detail::cuda

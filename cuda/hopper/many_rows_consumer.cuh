@@ -22,17 +22,22 @@ __device__ __forceinline__ int thread_row(int r) {
   return (threadIdx.x / 32) * 16 + (threadIdx.x % 32) / 4 + 8 * r;
 }
 
-// This thread's two rows and the keys each attends (padding rows: every key of the item).
+// This thread's two rows, the keys each attends (padding rows: every key of the item) and the
+// variant policy's constants of each.
+template <typename V>
 struct RowPair {
   QueryRow row[2];
   int lo[2], hi[2];
+  typename V::Row vrow[2];
 };
 
-__device__ inline RowPair row_pair(const SplitParams& p, const TileWork& tw) {
-  RowPair rp;
+template <typename V>
+__device__ inline RowPair<V> row_pair(const SplitParams& p, const V& var, const TileWork& tw) {
+  RowPair<V> rp;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     rp.row[r] = query_row<true>(p, tw.w.item, thread_row(r));
+    rp.vrow[r] = var.row(rp.row[r].head, rp.row[r].valid);
     rp.lo[r] = tw.w.tok_lo;
     rp.hi[r] = tw.w.tok_end - 1;
     if (rp.row[r].valid) row_bounds(p, tw.w, rp.row[r].back, &rp.lo[r], &rp.hi[r]);
@@ -88,7 +93,8 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const std::uint32_t (&p
 
 // Keys outside a row's attended range, or on a page that was not copied, get -inf: a select, so
 // the NaN logits of unused slots vanish.
-__device__ inline void mask_scores(float (&s)[32], int key0, const RowPair& rp, std::uint32_t ok,
+template <typename V>
+__device__ inline void mask_scores(float (&s)[32], int key0, const RowPair<V>& rp, std::uint32_t ok,
                                    int page_rows) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -121,6 +127,29 @@ __device__ void clear_unread_v(T* v, int key0, const TileWork& tw, std::uint32_t
   }
   fence_proxy_async();
   consumer_sync();
+}
+
+// The variant's logit on every score of the tile (scaled into log2 units first), for a policy
+// that transforms logits; before the mask, which then leaves -inf where it must. A non-finite
+// score becomes NaN, not the policy's value of it (a soft-capped Inf would look finite), so that
+// it poisons its row as it does without a variant.
+template <typename V>
+__device__ inline void variant_scores(const V& var, float (&s)[32], int key0, int last_pos,
+                                      const RowPair<V>& rp, float scale_log2) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int key = key0 + 8 * i + 2 * (lane % 4) + e;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float& x = s[4 * i + 2 * r + e];
+        x = isfinite(x) ? var.logit(rp.vrow[r], x * scale_log2, key - last_pos + rp.row[r].back)
+                        : NAN;
+      }
+    }
+  }
 }
 
 // One tile's online softmax: raises each row's max, returns in alpha the factor for what O
@@ -176,9 +205,13 @@ __device__ __forceinline__ void release(std::uint64_t* empty) {
 // Every tile of the item into o and st: S, the mask where the tile needs one, the softmax and
 // P V, each waited for before the next (two CTAs per SM overlap one's softmax with the other's
 // MMAs).
-template <typename T>
-__device__ void consume_tiles(SharedStorage<T>& sm, const SplitParams& p, const TileWork& tw,
-                              const RowPair& rp, float (&o)[64], SoftmaxState2 (&st)[2]) {
+template <typename T, typename V>
+__device__ void consume_tiles(SharedStorage<T>& sm, const SplitParams& p, const V& var,
+                              const TileWork& tw, const RowPair<V>& rp, float (&o)[64],
+                              SoftmaxState2 (&st)[2]) {
+  // Scores stay unscaled until the exponentials, unless the variant transforms them.
+  const bool transforms = var.transforms_logits();
+  const float exp_scale = transforms ? 1.f : p.scale_log2;
   const PageGeom g = page_geom(p.block_size);
   const std::uint32_t all_pages = (1u << g.pages_per_tile) - 1u;
   const std::uint32_t q = smem_u32(sm.q);
@@ -192,6 +225,7 @@ __device__ void consume_tiles(SharedStorage<T>& sm, const SplitParams& p, const 
     issue_scores<T>(sc, q, smem_u32(sm.k[s]));
     wgmma_wait<0>();
     fence_regs(sc);
+    if (transforms) variant_scores(var, sc, key0, tw.w.len - 1, rp, p.scale_log2);
     // Uniform across the CTA: the tile leaves the keys every row attends, or misses a page.
     if (key0 < tw.all_lo || key0 + kTileKeys - 1 > tw.all_hi || ok != all_pages) {
       mask_scores(sc, key0, rp, ok, g.page_rows);
@@ -199,7 +233,7 @@ __device__ void consume_tiles(SharedStorage<T>& sm, const SplitParams& p, const 
     }
     float alpha[2];
     std::uint32_t pf[16];
-    softmax_tile(sc, st, p.scale_log2, alpha);
+    softmax_tile(sc, st, exp_scale, alpha);
     rescale_and_pack<T>(o, alpha, sc, pf);
     issue_pv<T>(o, pf, smem_u32(sm.v[s]));
     wgmma_wait<0>();

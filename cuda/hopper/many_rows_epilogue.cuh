@@ -4,14 +4,16 @@
 // row (m in log2 units, l, acc) for the combine.
 #pragma once
 
-#include "../logit_variants.cuh"
 #include "../store_out.cuh"
+#include "../variant_policy.cuh"
 #include "many_rows_consumer.cuh"
 
 namespace pagedattn::detail::cuda::sm90 {
 
-__device__ inline void store_rows(const SplitParams& p, const TileWork& tw, const RowPair& rp,
-                                  const float (&o)[64], const SoftmaxState2 (&st)[2]) {
+template <typename V>
+__device__ inline void store_rows(const SplitParams& p, const V& var, const TileWork& tw,
+                                  const RowPair<V>& rp, const float (&o)[64],
+                                  const SoftmaxState2 (&st)[2]) {
   const int lane = threadIdx.x % 32;
   const CtaItem& item = tw.w.item;
 #pragma unroll
@@ -25,7 +27,7 @@ __device__ inline void store_rows(const SplitParams& p, const TileWork& tw, cons
     if (item.finish) {
       const std::int64_t out_at =
           row.qrow * p.out_stride + static_cast<std::int64_t>(row.head) * kHeadDim;
-      const float fa = fold_sink(p, total, row.head);  // the sink: denominator only
+      const float fa = var.finish(total, row.head);  // the variant's finish (a sink)
       const float inv = total.inv_sum() * fa;
 #pragma unroll
       for (int i = 0; i < 16; ++i) {

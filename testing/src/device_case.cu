@@ -32,20 +32,24 @@ DeviceCase::DeviceCase(const DecodeArgs& host, void* stream_ptr) : args_(host) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const CacheLayout layout =
       CacheLayout::dense(host.num_blocks, host.num_kv_heads, host.block_size, host.head_dim);
-  const std::size_t qo_elems =
-      static_cast<std::size_t>(host.batch) * host.num_heads * host.head_dim;
+  // Rows of q, out and lse: batch, or num_q_tokens with q_indptr (dense rows).
+  const std::size_t rows = static_cast<std::size_t>(host.q_rows());
+  const std::size_t qo_elems = rows * host.num_heads * host.head_dim;
   const std::size_t cache_elems = static_cast<std::size_t>(layout.elements());
   const std::size_t table_elems =
       host.batch == 0 ? 0
                       : static_cast<std::size_t>(host.batch - 1) * host.table_stride() +
                             host.max_blocks_per_seq;
   out_bytes_ = qo_elems * dtype_size(host.out_dtype);
-  lse_bytes_ = host.lse ? static_cast<std::size_t>(host.batch) * host.num_heads * sizeof(float) : 0;
+  lse_bytes_ = host.lse ? rows * host.num_heads * sizeof(float) : 0;
   q_ = upload(host.q, qo_elems * dtype_size(host.q_dtype), stream);
   k_ = upload(host.k_cache, cache_elems * dtype_size(host.k_dtype), stream);
   v_ = upload(host.v_cache, cache_elems * dtype_size(host.v_dtype), stream);
   table_ = upload(host.block_table, table_elems * sizeof(std::int32_t), stream);
   lens_ = upload(host.context_lens, host.batch * sizeof(std::int32_t), stream);
+  if (host.q_indptr) {
+    indptr_ = upload(host.q_indptr, (host.batch + 1) * sizeof(std::int32_t), stream);
+  }
   out_ = upload(host.out, out_bytes_, stream);  // carries the caller's poison
   if (host.lse) lse_ = upload(host.lse, lse_bytes_, stream);
   const std::size_t head_bytes = static_cast<std::size_t>(host.num_heads) * sizeof(float);
@@ -60,6 +64,7 @@ DeviceCase::DeviceCase(const DecodeArgs& host, void* stream_ptr) : args_(host) {
   args_.v_cache = v_.get();
   args_.block_table = table_.as<const std::int32_t>();
   args_.context_lens = lens_.as<const std::int32_t>();
+  args_.q_indptr = host.q_indptr ? indptr_.as<const std::int32_t>() : nullptr;
   args_.out = out_.get();
   args_.lse = host.lse ? lse_.as<float>() : nullptr;
   args_.alibi_slopes = host.alibi_slopes ? slopes_.as<const float>() : nullptr;

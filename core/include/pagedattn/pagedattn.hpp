@@ -172,6 +172,14 @@ struct DecodeOptions {
   // (the same errors as the CPU path) before any kernel runs. Synchronizes the stream. Without
   // it, out-of-range lengths are clamped and tokens of out-of-range block ids are skipped.
   bool cuda_checked = false;
+  // A sequence's out and lse depend only on that sequence's own inputs (its q rows, context,
+  // blocks and the call's dtypes, variants and layout), never on the other sequences of the
+  // batch, their number or their order: bitwise the same in any batch. Each sequence is cut into
+  // splits of a fixed size in tokens (kBatchInvariantChunkTokens, pagedattn/split_plan.hpp)
+  // merged in a fixed order, and the CUDA backend runs the same kernel build for every batch.
+  // Costs speed where the default plan would split less (large batches) and, on CUDA, workspace
+  // (cuda_workspace_size(args, options)); docs/batch_invariance.md.
+  bool batch_invariant = false;
 };
 
 // Device workspace bytes the CUDA backend needs for these shapes on the current device. Depends
@@ -179,6 +187,9 @@ struct DecodeOptions {
 // lengths or q_indptr's values), so one workspace serves every later step of the same shapes,
 // CUDA-graph replays included.
 std::size_t cuda_workspace_size(const DecodeArgs& args);
+// The same for a decode with these options: a batch-invariant decode needs room for every
+// sequence's splits at the table's capacity.
+std::size_t cuda_workspace_size(const DecodeArgs& args, const DecodeOptions& options);
 
 // Runs decode attention. Throws pagedattn::Error on bad input, before writing anything.
 void decode(const DecodeArgs& args, const DecodeOptions& options = {});

@@ -34,13 +34,27 @@ struct PlanOptions {
   // DecodeArgs::window_left: a sequence's items cover only the blocks from
   // window_first_block(L) on (see planned_blocks).
   int window_left = -1;
+  // Batch-invariant plans (DecodeOptions::batch_invariant) when > 0: every sequence is cut into
+  // splits of this many tokens, whatever else is in the batch, its chunk raised only where its
+  // own length needs more than max_splits_per_seq of them (seq_chunk_blocks).
+  int fixed_chunk_tokens = 0;
 };
+
+// The split size in tokens of batch-invariant plans, on both backends: short enough that one
+// sequence of a few thousand tokens still spreads over many items, long enough that a large
+// batch is not mostly partial states.
+constexpr int kBatchInvariantChunkTokens = 512;
+// At most this many splits per sequence in a batch-invariant plan: it bounds the workspace, which
+// must hold every sequence's splits at the table's capacity (max_plan_splits).
+constexpr int kBatchInvariantMaxSplits = 64;
 
 struct SplitPlan {
   int batch = 0;
   int num_kv_heads = 0;
   int block_size = 0;
-  int chunk_blocks = 0;           // at most this many logical blocks per split
+  // At most this many logical blocks per split (seq_chunk_blocks: a batch-invariant plan gives a
+  // sequence too long for max_splits_per_seq of them its own, larger chunk).
+  int chunk_blocks = 0;
   std::vector<int> num_splits;    // per sequence; 0 for an empty context
   std::vector<int> split_offset;  // prefix sums of num_splits, batch + 1 entries
   std::vector<WorkItem> items;    // ordered by (seq, kv_head, split)
@@ -70,6 +84,7 @@ PAGEDATTN_HOST_DEVICE int choose_chunk_blocks(std::int64_t total_blocks, int max
                                               const PlanOptions& o) {
   if (max_blocks <= 0) return 1;
   if (o.single_split) return max_blocks;
+  if (o.fixed_chunk_tokens > 0) return blocks_for(o.fixed_chunk_tokens, block_size);
   // Enough items to fill the machine: kv_heads * total_blocks / chunk ~= parallelism.
   const std::int64_t kv = num_kv_heads > 1 ? num_kv_heads : 1;
   const std::int64_t work = total_blocks * kv;
@@ -105,6 +120,16 @@ PAGEDATTN_HOST_DEVICE int choose_chunk_blocks(std::int64_t total_blocks, int max
   // Bounded splits per sequence keep the partials buffer small.
   chunk = chunk > by_splits ? chunk : by_splits;
   return static_cast<int>(chunk < max_blocks ? chunk : max_blocks);
+}
+
+// The chunk of a sequence of nb planned blocks under the plan's chunk: the same, except in a
+// batch-invariant plan, where a sequence too long for max_splits_per_seq splits of it takes the
+// fewest blocks per split that fit (from its own length alone).
+PAGEDATTN_HOST_DEVICE int seq_chunk_blocks(int nb, int chunk, const PlanOptions& o) {
+  if (o.fixed_chunk_tokens <= 0 || o.single_split) return chunk;
+  const int max_splits = o.max_splits_per_seq > 1 ? o.max_splits_per_seq : 1;
+  const int need = static_cast<int>((static_cast<std::int64_t>(nb) + max_splits - 1) / max_splits);
+  return need > chunk ? need : chunk;
 }
 
 // The blocks of a context of `len` tokens with q_len query tokens that the plan covers, from
@@ -144,11 +169,14 @@ inline std::int64_t max_plan_splits(int batch, int max_blocks_per_seq, int num_k
                                     int block_size, const PlanOptions& o) {
   if (batch <= 0 || max_blocks_per_seq <= 0) return 0;
   const std::int64_t min_chunk =
-      blocks_for(o.min_chunk_tokens > 1 ? o.min_chunk_tokens : 1, block_size);
+      blocks_for(o.fixed_chunk_tokens > 0 ? o.fixed_chunk_tokens
+                                          : (o.min_chunk_tokens > 1 ? o.min_chunk_tokens : 1),
+                 block_size);
   const std::int64_t max_splits = o.max_splits_per_seq > 1 ? o.max_splits_per_seq : 1;
   const std::int64_t by_chunk = (max_blocks_per_seq + min_chunk - 1) / min_chunk;
   const std::int64_t by_seq =
       static_cast<std::int64_t>(batch) * (by_chunk < max_splits ? by_chunk : max_splits);
+  if (o.fixed_chunk_tokens > 0) return by_seq;  // the chunk owes nothing to the parallelism
   const std::int64_t kv = num_kv_heads > 1 ? num_kv_heads : 1;
   const std::int64_t parallel = o.parallelism > 1 ? o.parallelism : 1;
   const std::int64_t by_work = (parallel + kv - 1) / kv + batch;

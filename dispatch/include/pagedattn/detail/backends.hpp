@@ -42,7 +42,7 @@ void decode(const DecodeArgs& args, const DecodeOptions& options);
 // with cuda_checked the device tables (read back, waiting for the stream).
 void check_launch(const DecodeArgs& args, const pagedattn::DecodeOptions& options);
 // Device workspace bytes decode needs for these shapes (see pagedattn::cuda_workspace_size).
-std::size_t workspace_size(const DecodeArgs& args);
+std::size_t workspace_size(const DecodeArgs& args, bool batch_invariant);
 // The split kernel's build decode runs for these shapes (dense: more CTAs per SM, fp8
 // tensor-core kernels, cuda/split_kernel.cuh; many_rows: the Hopper many-row kernel,
 // cuda/hopper/), the CTAs per SM and waves of it its plan aims at (cuda/kernel_choice.cpp,

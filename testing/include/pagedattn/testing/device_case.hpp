@@ -24,7 +24,8 @@ class DeviceCase {
   void download(const DecodeArgs& host, void* stream = nullptr) const;
 
  private:
-  DeviceBuffer q_, k_, v_, table_, lens_, out_, lse_, slopes_, sinks_, k_scales_, v_scales_;
+  DeviceBuffer q_, k_, v_, table_, lens_, indptr_, out_, lse_, slopes_, sinks_, k_scales_,
+      v_scales_;
   DecodeArgs args_;
   std::size_t out_bytes_ = 0, lse_bytes_ = 0;
 };
