@@ -71,7 +71,7 @@ void print_help() {
       "  --max-shrink N    shrink evaluations at most, 0 to %d (default 400; 0 disables)\n"
       "  --no-progress     no live progress line\n"
       "  --fault NAME      test only: plant a bug (last-block-off-by-one, wrong-kv-head,\n"
-      "                    drop-split)\n"
+      "                    drop-split, batch-dependent-plan)\n"
       "  --expect-failure  test only: succeed iff a failure is found (and shrunk)\n"
       "  --help, -h        this text\n",
       kMaxCount, kMaxSeconds, pagedattn::kMaxThreads, kMaxCount, kMaxShrink);
@@ -110,7 +110,8 @@ Config parse(int argc, char** argv) {
       c.fault = args.choice<std::string>({{"none", ""},
                                           {"last-block-off-by-one", "last-block-off-by-one"},
                                           {"wrong-kv-head", "wrong-kv-head"},
-                                          {"drop-split", "drop-split"}});
+                                          {"drop-split", "drop-split"},
+                                          {"batch-dependent-plan", "batch-dependent-plan"}});
     } else if (args.is("--print-case")) {
       c.print_case = true;
     } else if (args.is("--no-progress")) {
@@ -138,6 +139,7 @@ pagedattn::testing::Fault parse_fault(const std::string& name) {
   if (name == "last-block-off-by-one") return Fault::kLastBlockOffByOne;
   if (name == "wrong-kv-head") return Fault::kWrongKvHead;
   if (name == "drop-split") return Fault::kDropSplit;
+  if (name == "batch-dependent-plan") return Fault::kBatchDependentPlan;
   return Fault::kNone;
 }
 
@@ -161,6 +163,7 @@ struct Counts {
   long long misaligned_kv = 0;
   // Valid cases with an fp8 cache, per format, and those with per-head scales.
   long long fp8_e4m3 = 0, fp8_e5m2 = 0, fp8_per_head = 0;
+  long long invariance_checks = 0;  // batch-invariance checks that ran and held
   long long failures = 0;
   double worst_ratio = 0;
 };
@@ -194,6 +197,7 @@ void count(Counts& n, const pf::FuzzCase& c, const pf::Outcome& o) {
     }
   }
   if (o.failed()) ++n.failures;
+  n.invariance_checks += o.invariance_checks;
   n.worst_ratio = std::max(n.worst_ratio, o.worst_ratio);
 }
 
@@ -211,11 +215,13 @@ std::string counts_text(const Counts& n, double elapsed) {
                 "batch 0 %lld; variants: window %lld, soft-cap %lld, alibi %lld, sinks %lld; "
                 "multi-token %lld; strided: q %lld, out %lld, misaligned for cuda %lld; "
                 "layouts: %s, misaligned for cuda %lld; fp8: e4m3 %lld, e5m2 %lld, per-head "
-                "scales %lld), malformed %lld; failures %lld; worst err/tol %.3g",
+                "scales %lld), malformed %lld; batch-invariance checks %lld; failures %lld; worst "
+                "err/tol %.3g",
                 n.cases, elapsed, elapsed > 0 ? n.cases / elapsed : 0.0, n.valid, n.huge,
                 n.long_ctx, n.empty_batch, n.window, n.soft_cap, n.alibi, n.sinks, n.multi_token,
                 n.strided_q, n.strided_out, n.misaligned, layouts.c_str(), n.misaligned_kv,
-                n.fp8_e4m3, n.fp8_e5m2, n.fp8_per_head, n.malformed, n.failures, n.worst_ratio);
+                n.fp8_e4m3, n.fp8_e5m2, n.fp8_per_head, n.malformed, n.invariance_checks,
+                n.failures, n.worst_ratio);
   return buf;
 }
 

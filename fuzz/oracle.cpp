@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "batch_invariance_check.hpp"
 #include "build_case.hpp"
 #include "context_parallel_check.hpp"
 #include "output_checks.hpp"
@@ -142,6 +143,12 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
         !bad.empty()) {
       return fail("plan", tag + "planner vs single split: " + bad);
     }
+    if (std::string bad = check_batch_invariance(backend, c, bc, ref, tol, threads, checked,
+                                                 &outcome.worst_ratio);
+        !bad.empty()) {
+      return fail("batch-invariant", bad);
+    }
+    outcome.invariance_checks += a.batch > 0;
     planned.emplace_back(backend, std::move(runs[0]));
   }
   if (std::string bad = check_context_parallel(c, bc, ref, cpu_tol, &outcome.worst_ratio, options);

@@ -1,8 +1,9 @@
 // The oracles a fuzz case goes through: each backend against the f64 reference, backends against
-// each other, the planner's split plan against a single split, every output written and finite,
+// each other, the planner's split plan against a single split, a sequence's bits in a
+// batch-invariant decode against another batch's, every output written and finite,
 // the gaps of a strided out never written, and malformed inputs rejected with the documented
 // error and the outputs untouched. The checks themselves: output_checks.hpp, tolerance.hpp,
-// context_parallel_check.hpp.
+// batch_invariance_check.hpp, context_parallel_check.hpp.
 #pragma once
 
 #include <string>
@@ -29,6 +30,7 @@ struct Outcome {
   std::string oracle;      // which check failed: "reference", "finite", "gap", "plan", "cross", ...
   std::string message;     // what and where
   double worst_ratio = 0;  // largest error / tolerance seen over the numeric checks
+  int invariance_checks = 0;  // backends whose batch-invariance check ran and held
   bool failed() const { return verdict == Verdict::kFail; }
 };
 

@@ -114,13 +114,14 @@ void run_cuda(const BuiltCase& bc, const DecodeArgs& host, const detail::DecodeO
 
 }  // namespace
 
-void run_backend(Backend backend, const BuiltCase& bc, int threads, bool single_split,
-                 bool checked) {
+void run_backend(Backend backend, const BuiltCase& bc, int threads, bool single_split, bool checked,
+                 bool batch_invariant) {
   detail::DecodeOptions o;
   o.backend = backend;
   o.num_threads = threads;
   o.single_split = single_split;
   o.cuda_checked = checked;
+  o.batch_invariant = batch_invariant;
   if (backend == Backend::kCuda) {
     run_cuda(bc, bc.args, o);
   } else {

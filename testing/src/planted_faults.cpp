@@ -127,6 +127,15 @@ void drop_split(const DecodeArgs& a, const detail::DecodeOptions& o) {
   }
 }
 
+// The planner ignores DecodeOptions::batch_invariant: the call again with the default plan, whose
+// splits follow the batch's size and the thread count.
+void batch_dependent_plan(const DecodeArgs& a, const detail::DecodeOptions& o) {
+  if (!o.batch_invariant) return;
+  detail::DecodeOptions v = o;
+  v.batch_invariant = false;
+  detail::decode(a, v);
+}
+
 }  // namespace
 
 void decode_with_fault(const DecodeArgs& args, const detail::DecodeOptions& options, Fault fault) {
@@ -144,6 +153,9 @@ void decode_with_fault(const DecodeArgs& args, const detail::DecodeOptions& opti
       break;
     case Fault::kDropSplit:
       drop_split(args, options);
+      break;
+    case Fault::kBatchDependentPlan:
+      batch_dependent_plan(args, options);
       break;
     case Fault::kNone:
       break;

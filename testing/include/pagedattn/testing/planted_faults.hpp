@@ -10,9 +10,10 @@ namespace pagedattn::testing {
 
 enum class Fault : int {
   kNone = 0,
-  kLastBlockOffByOne,  // a partial last block reads one slot past the context
-  kWrongKvHead,        // kv head 1 reads kv head 0's keys and values
-  kDropSplit,          // the combine ignores the last split of a split sequence
+  kLastBlockOffByOne,   // a partial last block reads one slot past the context
+  kWrongKvHead,         // kv head 1 reads kv head 0's keys and values
+  kDropSplit,           // the combine ignores the last split of a split sequence
+  kBatchDependentPlan,  // a batch-invariant call gets the default, batch-dependent split plan
 };
 
 // detail::decode(args, options), errors included, then, where the call ran on the CPU backend,
