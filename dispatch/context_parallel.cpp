@@ -102,12 +102,17 @@ std::size_t context_parallel_state_bytes(const DecodeArgs& args) {
 }
 
 std::size_t context_parallel_workspace_size(const DecodeArgs& args, int ranks) {
+  return context_parallel_workspace_size(args, ranks, DecodeOptions{});
+}
+
+std::size_t context_parallel_workspace_size(const DecodeArgs& args, int ranks,
+                                            const DecodeOptions& options) {
   if (ranks < 1) fail(ErrorCode::kInvalidArgument, "ranks", ranks, "must be at least 1");
   DecodeArgs local = args;
   local.out_dtype = DType::kF32;
   local.out_row_stride = 0;
   return static_cast<std::size_t>(ranks) * context_parallel_state_bytes(args) +
-         cuda_workspace_size(local);
+         cuda_workspace_size(local, options);
 }
 
 void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
@@ -142,10 +147,10 @@ void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
       // failed after it would leave the others waiting in the collective.
       detail::cuda::check_launch(args, options);
       if (options.workspace != nullptr &&
-          options.workspace_bytes < context_parallel_workspace_size(args, ranks)) {
+          options.workspace_bytes < context_parallel_workspace_size(args, ranks, options)) {
         fail(ErrorCode::kInvalidArgument, "workspace_bytes", options.workspace_bytes,
              "too small: context_parallel_workspace_size() = " +
-                 std::to_string(context_parallel_workspace_size(args, ranks)));
+                 std::to_string(context_parallel_workspace_size(args, ranks, options)));
       }
     }
   } catch (const Error&) {

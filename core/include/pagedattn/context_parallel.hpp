@@ -80,5 +80,9 @@ std::size_t context_parallel_state_bytes(const DecodeArgs& args);
 // device: the gathered states plus the local decode's workspace (cuda_workspace_size). Like that,
 // it depends on shapes only, so one workspace serves every step of the same shapes.
 std::size_t context_parallel_workspace_size(const DecodeArgs& args, int ranks);
+// The same for a step with these options (a batch-invariant one needs more, as
+// cuda_workspace_size(args, options) says).
+std::size_t context_parallel_workspace_size(const DecodeArgs& args, int ranks,
+                                            const DecodeOptions& options);
 
 }  // namespace pagedattn
