@@ -31,5 +31,6 @@ void copy_and_wait(void*, const void*, std::size_t, void*) { unavailable(); }
 namespace pagedattn {
 
 std::size_t cuda_workspace_size(const DecodeArgs&) { return 0; }
+std::size_t cuda_workspace_size(const DecodeArgs&, const DecodeOptions&) { return 0; }
 
 }  // namespace pagedattn
