@@ -11,6 +11,7 @@ CallShape call_shape(const DecodeArgs& a) {
   CallShape s{a.q_dtype, a.k_dtype,      a.head_dim,   a.group_size(),      a.q_len_bound(),
               a.batch,   a.num_kv_heads, a.block_size, a.max_blocks_per_seq};
   s.out_dtype = a.out_dtype;
+  s.logit_variant = a.logits_soft_cap > 0.f || a.alibi_slopes != nullptr;
   return s;
 }
 
@@ -34,7 +35,7 @@ bool many_rows_serves(const CallShape& s) {
   const bool block_ok =
       s.block_size >= 16 && s.block_size <= 256 && (s.block_size & (s.block_size - 1)) == 0;
   return q16 && s.q_dtype == s.k_dtype && s.head_dim == 128 &&
-         !p_needs_lo(s.k_dtype, s.out_dtype) && block_ok &&
+         !p_needs_lo(s.k_dtype, s.out_dtype) && !s.logit_variant && block_ok &&
          std::int64_t{s.group} * s.q_len >= kManyRowsMinRows;
 }
 

@@ -27,6 +27,7 @@ struct CallShape {
   int block_size = 16;
   int max_blocks = 1;  // the block table's capacity per sequence
   DType out_dtype = DType::kBF16;
+  bool logit_variant = false;  // a soft-cap or ALiBi slopes
 };
 CallShape call_shape(const DecodeArgs& a);
 
@@ -76,7 +77,8 @@ bool use_mma(const CallShape& s);
 // or an f16 out from a bf16 cache, does.
 bool p_needs_lo(DType k_dtype, DType out_dtype);
 // The calls the Hopper many-row kernel serves (SplitBuild::hopper): a 16-bit cache with q in its
-// dtype, head dim 128, P without a lo part (every variant: it runs the variant policy's hooks),
+// dtype, head dim 128, P without a lo part, no soft-cap or ALiBi (it runs them through the variant
+// policy's hooks, but measured 14% slower than the tensor-core path at 64 rows per kv head),
 // block sizes 16 to 256 in powers of two (whole TMA boxes per tile), and at least
 // kManyRowsMinRows query rows per kv head (below that the tensor-core path is as fast).
 constexpr int kManyRowsMinRows = 32;

@@ -320,6 +320,9 @@ TEST(KernelChoice, ManyRowsServesItsCallsOnly) {
   t.out_dtype = DType::kF16;  // an f16 out from a bf16 cache: the same
   EXPECT_FALSE(many_rows_serves(t));
   t = s;
+  t.logit_variant = true;
+  EXPECT_FALSE(many_rows_serves(t));
+  t = s;
   t.head_dim = 64;
   EXPECT_FALSE(many_rows_serves(t));
   t = shape(DType::kF16, DType::kF16, 128, 8, 4);
