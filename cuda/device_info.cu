@@ -39,6 +39,14 @@ const DeviceInfo& current_device() {
     // sm_80-only build running on Hopper through PTX compiled none, and launched as a dependent
     // it would not wait for the kernel before it.
     d.pdl = d.cc_major >= 9 && kernels_ptx_version() >= 90;
+    check(cudaDeviceGetAttribute(&d.smem.per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
+          "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&d.smem.reserved_per_cta, cudaDevAttrReservedSharedMemoryPerBlock,
+                                 dev),
+          "cudaDeviceGetAttribute");
+    check(
+        cudaDeviceGetAttribute(&d.smem.optin_per_cta, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+        "cudaDeviceGetAttribute");
     d.device = dev;
   }
   return d;

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "split_build.hpp"
+
 namespace pagedattn::detail::cuda {
 
 struct DeviceInfo {
@@ -12,6 +14,7 @@ struct DeviceInfo {
   int sms = 0;
   int cc_major = 0, cc_minor = 0;
   bool pdl = false;  // programmatic dependent launch (griddepcontrol): sm_90 with sm_90 code
+  SmemFacts smem;
 };
 
 // The current device's facts (cached per device; thread-safe). Throws pagedattn::Error on a CUDA

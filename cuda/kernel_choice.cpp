@@ -135,6 +135,7 @@ KernelChoice choose_split_kernel(const CallShape& s, const KernelFacts& f) {
     }
   }
   k.parallelism = std::max(1, f.sms * k.ctas_per_sm * k.waves / k.row_chunks);
+  k.build.resident_ctas = k.ctas_per_sm;
   return k;
 }
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "device_info.hpp"
 #include "device_plan.cuh"
 #include "kv_pipeline.cuh"
 #include "mma_path.cuh"
@@ -110,19 +111,28 @@ constexpr auto split_kernel_fn() {
   }
 }
 
+// What prepare_split_typed found of one kernel on one device.
+struct PreparedKernel {
+  std::atomic<int> ctas{0};        // CTAs per SM at the kernel's own shared memory; 0: not yet
+  std::atomic<int> smem_limit{0};  // the dynamic shared memory a launch may ask for
+};
+
 // Once per device and kernel: raise the dynamic shared-memory limit (a per-device attribute)
 // and read the kernel's occupancy. Returns CTAs per SM, or 0 when the kernel cannot run on this
 // device (the attribute could not be set, or no CTA fits): decode reports that before launching.
+// Where more than one CTA fits, the limit is raised further, to what one CTA per SM could take,
+// so that a launch may pad shared memory to hold fewer CTAs per SM (launch_split_typed).
 template <typename T, int D, bool kMma, int kMinCtas, bool kWide, typename V>
-int prepare_split_typed() {
+int prepare_split_typed(PreparedKernel** prepared = nullptr) {
   using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> ctas[kMaxDevices] = {};
+  static PreparedKernel slots[kMaxDevices];
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return 0;
-  std::atomic<int>* slot = dev < kMaxDevices ? &ctas[dev] : nullptr;
+  PreparedKernel* slot = dev < kMaxDevices ? &slots[dev] : nullptr;
+  if (prepared != nullptr) *prepared = slot;
   if (slot != nullptr) {
-    const int known = slot->load(std::memory_order_relaxed);
+    const int known = slot->ctas.load(std::memory_order_acquire);
     if (known > 0) return known;
   }
   constexpr auto kernel = split_kernel_fn<T, D, kMma, kMinCtas, kWide, V>();
@@ -137,18 +147,44 @@ int prepare_split_typed() {
     n = 1;
   }
   if (n < 1) return 0;  // does not fit on this device at all
-  if (slot != nullptr) slot->store(n, std::memory_order_relaxed);
+  int limit = Cfg::SMEM;
+  const int one_per_sm =
+      n > 1 ? shared_memory_for_residency(current_device().smem, Cfg::SMEM, 1) : 0;
+  if (one_per_sm > limit) {
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, one_per_sm) ==
+        cudaSuccess) {
+      limit = one_per_sm;
+    } else {
+      cudaGetLastError();  // launches keep the kernel's own shared memory
+    }
+  }
+  if (slot != nullptr) {
+    slot->smem_limit.store(limit, std::memory_order_relaxed);
+    slot->ctas.store(n, std::memory_order_release);
+  }
   return n;
 }
 
+// The dynamic shared memory a launch of the kernel asks for: its own, or, where the plan gives
+// work to fewer CTAs per SM than fit (SplitBuild::resident_ctas), enough that no more fit.
 template <typename T, int D, bool kMma, int kMinCtas, bool kWide, typename V>
-void launch_split_typed(const SplitParams& p, const V& var, int grid, cudaStream_t stream) {
+int launch_shared_memory(int resident_ctas) {
   using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
-  prepare_split_typed<T, D, kMma, kMinCtas, kWide, V>();
+  PreparedKernel* slot = nullptr;
+  const int fits = prepare_split_typed<T, D, kMma, kMinCtas, kWide, V>(&slot);
+  if (resident_ctas < 1 || fits <= resident_ctas || slot == nullptr) return Cfg::SMEM;
+  const int padded = shared_memory_for_residency(current_device().smem, Cfg::SMEM, resident_ctas);
+  return padded > 0 && padded <= slot->smem_limit.load(std::memory_order_relaxed) ? padded
+                                                                                  : Cfg::SMEM;
+}
+
+template <typename T, int D, bool kMma, int kMinCtas, bool kWide, typename V>
+void launch_split_typed(const SplitParams& p, const V& var, int resident_ctas, int grid,
+                        cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = Cfg::SMEM;
+  cfg.dynamicSmemBytes = launch_shared_memory<T, D, kMma, kMinCtas, kWide, V>(resident_ctas);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -205,7 +241,7 @@ void launch_split_build(const SplitParams& p, const V& var, SplitBuild b, int gr
                         cudaStream_t stream) {
   with_split_build<T, D>(b, [&](auto mma, auto min_ctas, auto wide) {
     launch_split_typed<T, D, decltype(mma)::value, decltype(min_ctas)::value,
-                       decltype(wide)::value>(p, var, grid, stream);
+                       decltype(wide)::value>(p, var, b.resident_ctas, grid, stream);
   });
 }
 

@@ -195,6 +195,9 @@ TEST(KernelChoice, Fp8TakesOneCtaFewerWhereTheMostLeavesSlotsEmpty) {
   const KernelChoice same = choose_split_kernel(s, facts(3, 3));
   EXPECT_FALSE(same.build.dense);
   EXPECT_EQ(same.ctas_per_sm, 2);
+  // The launch is told to keep the third CTA that fits off each SM.
+  EXPECT_EQ(same.build.resident_ctas, 2);
+  EXPECT_EQ(k.build.resident_ctas, 2);
   // One fewer than one CTA per SM is none: the most.
   const KernelChoice one = choose_split_kernel(s, facts(1, 1));
   EXPECT_EQ(one.ctas_per_sm, 1);
@@ -227,6 +230,26 @@ TEST(KernelChoice, Fp8TakesTheMostOverTwoWavesOfPairs) {
   EXPECT_TRUE(k.build.dense);
   EXPECT_EQ(k.ctas_per_sm, 3);
   EXPECT_EQ(k.waves, 1);
+}
+
+// H100's shared memory: 228 KB per SM, 1 KB reserved per CTA, 227 KB at most per CTA. A kernel
+// of 40,000 bytes fits five CTAs (5 x 41,024 = 205,120); padded for two, a third does not fit.
+TEST(KernelChoice, SharedMemoryPaddedToCapResidency) {
+  constexpr SmemFacts h100{233472, 1024, 232448};
+  const auto fits = [&](int smem) { return h100.per_sm / (smem + h100.reserved_per_cta); };
+  EXPECT_EQ(fits(40000), 5);
+  for (int ctas = 1; ctas < 5; ++ctas) {
+    const int s = shared_memory_for_residency(h100, 40000, ctas);
+    SCOPED_TRACE(ctas);
+    EXPECT_EQ(fits(s), ctas);
+    EXPECT_EQ(fits(s - 1), ctas + 1);  // the smallest such size
+  }
+  // A kernel that already takes more than that keeps its own size; none holds zero CTAs.
+  EXPECT_EQ(shared_memory_for_residency(h100, 100000, 2), 100000);
+  EXPECT_EQ(shared_memory_for_residency(h100, 40000, 0), 0);
+  // Where one CTA per SM would need more than one CTA may ask for, there is no such size.
+  constexpr SmemFacts tight{102400, 1024, 40000};
+  EXPECT_EQ(shared_memory_for_residency(tight, 30000, 1), 0);
 }
 
 TEST(KernelChoice, OnlyThePlainFp8TensorCoreBuildWeighsTheDenseOne) {
