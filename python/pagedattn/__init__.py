@@ -528,6 +528,7 @@ def decode(
     v_scale: float = 1.0,
     k_scales: Optional[Tensor] = None,
     v_scales: Optional[Tensor] = None,
+    batch_invariant: bool = False,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """One decode step of attention over a paged KV cache.
 
@@ -631,6 +632,10 @@ def decode(
             contiguous: per-kv-head scales, multiplied with k_scale and v_scale. Each in
             [1e-30, 1e30] (checked on the CPU and, on CUDA, with ``checked``). Other caches
             take None only.
+        batch_invariant: give each sequence's out and lse bits that depend on its own inputs
+            alone, not on the rest of the batch: splits of a fixed token count and a fixed
+            merge order (docs/batch_invariance.md, which gives its cost). On CUDA a caller's
+            workspace must then be sized with ``workspace_size(..., batch_invariant=True)``.
 
     All tensors must be on one device. The input tensors are read in place and ``out``/``lse``
     written in place: nothing is copied.
@@ -651,7 +656,7 @@ def decode(
             return _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, out,
                                  lse, return_lse, backend, stream, workspace, checked, window_left,
                                  logits_soft_cap, alibi_slopes, sinks, q_indptr, max_q_len,
-                                 kv_layout, k_scale, v_scale, k_scales, v_scales)
+                                 kv_layout, k_scale, v_scale, k_scales, v_scales, batch_invariant)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("block_table", block_table), ("context_lens", context_lens)):
         _check_tensor(x, name)
@@ -675,6 +680,8 @@ def decode(
     keywords = _kv_scales(k_scale, v_scale, k_scales, v_scales)
     if layout != "HND":
         keywords["kv_layout"] = layout
+    if batch_invariant:
+        keywords["batch_invariant"] = True
     _ext.decode(
         _ref(q_in), _ref(k_in), _ref(v_in),
         _ref(_unwrap(block_table, "block_table", [])),
@@ -690,7 +697,7 @@ def decode(
 def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, out, lse,
                   return_lse, backend, stream, workspace, checked, window_left, logits_soft_cap,
                   alibi_slopes, sinks, q_indptr, max_q_len, kv_layout, k_scale, v_scale, k_scales,
-                  v_scales):
+                  v_scales, batch_invariant):
     """decode() when every tensor is a plain PyTorch tensor, the serving loop's case: the same
     checks (in the module) and results, with the least Python work per call. A call without
     attention variants, multi-token queries, an NHD cache or fp8 scales passes the module none
@@ -714,6 +721,8 @@ def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, 
     plain = (alibi_slopes is None and sinks is None and window_left == -1
              and logits_soft_cap == 0.0)
     keywords = _kv_scales(k_scale, v_scale, k_scales, v_scales)
+    if batch_invariant:
+        keywords["batch_invariant"] = True
     if plain and q_indptr is None and max_q_len is None and layout == "HND" and not keywords:
         _ext.decode(q_d, k_d, v_d, table_d, lens_d, out_d, lse_d, scale, backend, stream, ws_d,
                     bool(checked), [])
@@ -732,7 +741,8 @@ def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, 
 
 
 def workspace_size(q: Tensor, k_cache: Tensor, block_table: Tensor, *, backend: str = "auto",
-                   max_q_len: Optional[int] = None, kv_layout: str = "HND") -> int:
+                   max_q_len: Optional[int] = None, kv_layout: str = "HND",
+                   batch_invariant: bool = False) -> int:
     """Bytes of CUDA workspace decode needs for these shapes on the tensors' device.
 
     Depends on batch, num_heads, head_dim, num_kv_heads, block_size, the table's width and the
@@ -744,6 +754,8 @@ def workspace_size(q: Tensor, k_cache: Tensor, block_table: Tensor, *, backend: 
     For multi-token queries (decode's ``q_indptr``) pass the ``max_q_len`` the decode calls will
     pass: q is then [num_q_tokens, num_heads, head_dim] and the batch is block_table.shape[0].
     ``kv_layout`` says how to read k_cache's shape, as for decode(); its strides do not matter.
+    ``batch_invariant`` sizes it for decode's batch-invariant mode, which needs more: room for
+    every sequence's fixed-size splits at the table's capacity.
     """
     for name, x in (("q", q), ("k_cache", k_cache), ("block_table", block_table)):
         _check_tensor(x, name)
@@ -754,6 +766,7 @@ def workspace_size(q: Tensor, k_cache: Tensor, block_table: Tensor, *, backend: 
     return _ext.workspace_size(
         _ref(_unwrap(q, "q", tags)), _ref(_unwrap(k_cache, "k_cache", tags)),
         _ref(_unwrap(block_table, "block_table", [])), backend, max_len, layout, tags,
+        bool(batch_invariant),
     )
 
 

@@ -39,6 +39,7 @@ def decode(
     v_scale: float = 1.0,
     k_scales: Optional[Any] = None,
     v_scales: Optional[Any] = None,
+    batch_invariant: bool = False,
 ) -> None: ...
 def workspace_size(
     q: Any,
@@ -48,6 +49,7 @@ def workspace_size(
     max_q_len: Optional[int] = None,
     kv_layout: str = "HND",
     tags: Sequence[str] = ...,
+    batch_invariant: bool = False,
 ) -> int: ...
 def write_cache(
     key: Any,

@@ -234,7 +234,8 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
             nb::handle workspace_h, bool checked, const std::vector<std::string>& tags,
             int window_left, double logits_soft_cap, nb::handle alibi_h, nb::handle sinks_h,
             nb::handle q_indptr_h, std::optional<int> max_q_len, const std::string& kv_layout,
-            double k_scale, double v_scale, nb::handle k_scales_h, nb::handle v_scales_h) {
+            double k_scale, double v_scale, nb::handle k_scales_h, nb::handle v_scales_h,
+            bool batch_invariant) {
   const bool query_tokens = !q_indptr_h.is_none();
   if (!query_tokens && max_q_len) {
     reject(ErrorCode::kInvalidArgument, "max_q_len", "", std::to_string(*max_q_len),
@@ -252,6 +253,7 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
   c.options.backend = pick_backend(backend, c.device, "q");
   c.options.cuda_stream = reinterpret_cast<void*>(stream);
   c.options.cuda_checked = checked;
+  c.options.batch_invariant = batch_invariant;
   read_workspace(c, workspace_h);
 
   DeviceGuard guard(c.device);
@@ -270,7 +272,8 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
 // `kv_layout` and its strides are not looked at.
 std::size_t workspace_size(nb::handle q, nb::handle k_cache, nb::handle block_table,
                            const std::string& backend, std::optional<int> max_q_len,
-                           const std::string& kv_layout, const std::vector<std::string>& tags) {
+                           const std::string& kv_layout, const std::vector<std::string>& tags,
+                           bool batch_invariant) {
   const KvLayout layout = parse_kv_layout(kv_layout);
   Tensor qt = input(q, "q", tags);
   Tensor k = input(k_cache, "k_cache", tags);
@@ -301,8 +304,11 @@ std::size_t workspace_size(nb::handle q, nb::handle k_cache, nb::handle block_ta
     a.num_q_tokens = qt.dim_int(0);
     a.max_q_len = *max_q_len;
   }
+  pagedattn::DecodeOptions options;
+  options.backend = Backend::kCuda;
+  options.batch_invariant = batch_invariant;
   DeviceGuard guard(qt.device);
-  return pagedattn::cuda_workspace_size(a);
+  return pagedattn::cuda_workspace_size(a, options);
 }
 
 }  // namespace
@@ -314,10 +320,10 @@ void bind_decode(nb::module_& m) {
         "alibi_slopes"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),
         "q_indptr"_a.none() = nb::none(), "max_q_len"_a.none() = nb::none(), "kv_layout"_a = "HND",
         "k_scale"_a = 1.0, "v_scale"_a = 1.0, "k_scales"_a.none() = nb::none(),
-        "v_scales"_a.none() = nb::none());
+        "v_scales"_a.none() = nb::none(), "batch_invariant"_a = false);
   m.def("workspace_size", &workspace_size, "q"_a, "k_cache"_a, "block_table"_a, "backend"_a,
         "max_q_len"_a.none() = nb::none(), "kv_layout"_a = "HND",
-        "tags"_a = std::vector<std::string>{});
+        "tags"_a = std::vector<std::string>{}, "batch_invariant"_a = false);
 }
 
 }  // namespace pagedattn::py
