@@ -1,4 +1,4 @@
-// One block of a tile of eight query heads on AMX tiles (isa_amx.cpp). Q.K: S^T = K Q^T with
+// One block of a tile of 8 or 16 query heads on AMX tiles (isa_amx.cpp). Q.K: S^T = K Q^T with
 // _tile_dpbf16ps, K rows read straight from the cache as the A tile and the heads' q packed once
 // per task as the B tile. P.V with bf16 weights (a bf16 out): acc += P V, V interleaved in token
 // pairs as the B tile.
@@ -14,6 +14,7 @@
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #include <immintrin.h>
+#endif
 
 namespace pagedattn::detail::cpu {
 namespace {
@@ -24,23 +25,35 @@ struct AmxQWord {
   std::uint16_t bits;
 };
 
-// The tile shapes. A tile holds 16 tokens x 32 head dims of K (64 bytes a row, one row per
-// token, at the cache's own stride); B holds 32 head dims x 8 query heads in the pair layout
-// _tile_dpbf16ps needs (row j: the pairs (q_h[2j], q_h[2j + 1]) of heads h = 0..7, 32 bytes);
-// C holds 16 tokens x 8 heads of f32 sums. Head dims step 32 at a time, so head_dim must be a
-// multiple of 32.
+// The tile shapes, for tiles of N = 8 or 16 query heads. A holds 16 tokens x 32 head dims of K
+// (64 bytes a row, one row per token, at the cache's own stride); B holds 32 head dims x N query
+// heads in the pair layout _tile_dpbf16ps needs (row j: the pairs (q_h[2j], q_h[2j + 1]) of heads
+// h = 0..N-1, 4 N bytes); C holds 16 tokens x N heads of f32 sums. Head dims step 32 at a time, so
+// head_dim must be a multiple of 32.
 constexpr int kAmxTokens = 16;
 constexpr int kAmxDims = 32;
-constexpr int kAmxHeads = 8;
+constexpr int kAmxHeads = 8;       // the narrow tile: any multiple of 8 rows per kv head
+constexpr int kAmxWideHeads = 16;  // the wide tile: a tile's 16 rows of 64 bytes in C and B
+
+// Heads per tile for `rows` rows per kv head (a multiple of 8: the group, or query tokens x the
+// group): 16 where they come in sixteens, so every tile of the task has the same shape and the
+// tiles are configured once per task; 8 otherwise. A 16-head tile does the work of two 8-head
+// ones in each _tile_dpbf16ps and each load of K or V.
+inline int amx_tile_heads(int rows) {
+  return rows % kAmxWideHeads == 0 ? kAmxWideHeads : kAmxHeads;
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+
 // The tile registers: for Q.K tmm0 = C, tmm1 = K (A), tmm2 = q (B); for P.V (amx_block_values)
-// tmm3 = the bf16 weights (A: 8 heads x 16 tokens), tmm4 and tmm5 = two 16-column halves of a
+// tmm3 = the bf16 weights (A: N heads x 16 tokens), tmm4 and tmm5 = two 16-column halves of a
 // 32-dim chunk of V in token pairs (B: 8 pairs x 16 dims x 2), tmm6 and tmm7 = the matching
-// accumulators (C: 8 heads x 16 f32). GCC's tile intrinsics paste their register arguments into
+// accumulators (C: N heads x 16 f32). GCC's tile intrinsics paste their register arguments into
 // the instruction text, so the calls below name them by number.
 constexpr int kAmxTileC = 0, kAmxTileK = 1, kAmxTileQ = 2;
 constexpr int kAmxTileP = 3, kAmxTileV0 = 4, kAmxTileV1 = 5, kAmxTileAcc0 = 6, kAmxTileAcc1 = 7;
 
-// ldtilecfg's 64-byte operand: palette 1, and rows and bytes per row of tiles 0-2.
+// ldtilecfg's 64-byte operand: palette 1, and rows and bytes per row of each tile.
 struct alignas(64) AmxTileConfig {
   std::uint8_t palette = 1;
   std::uint8_t start_row = 0;
@@ -49,76 +62,76 @@ struct alignas(64) AmxTileConfig {
   std::uint8_t rows[16] = {};
 };
 
-// Configures this thread's tiles for amx_block_scores. The configuration belongs to the thread;
-// _tile_release gives the tiles back (the kernel calls it at the end of each task).
-inline void amx_configure_tiles() {
+// Configures this thread's tiles for tiles of `heads` (8 or 16) query heads. The configuration
+// belongs to the thread; _tile_release gives the tiles back (the kernel calls it at the end of
+// each task).
+inline void amx_configure_tiles(int heads) {
   AmxTileConfig cfg;
   cfg.rows[kAmxTileC] = kAmxTokens;
-  cfg.colsb[kAmxTileC] = kAmxHeads * sizeof(float);
+  cfg.colsb[kAmxTileC] = heads * sizeof(float);
   cfg.rows[kAmxTileK] = kAmxTokens;
   cfg.colsb[kAmxTileK] = kAmxDims * sizeof(bf16_t);
   cfg.rows[kAmxTileQ] = kAmxDims / 2;
-  cfg.colsb[kAmxTileQ] = kAmxHeads * 2 * sizeof(bf16_t);
-  cfg.rows[kAmxTileP] = kAmxHeads;
+  cfg.colsb[kAmxTileQ] = heads * 2 * sizeof(bf16_t);
+  cfg.rows[kAmxTileP] = heads;
   cfg.colsb[kAmxTileP] = kAmxTokens * sizeof(bf16_t);
   for (int tile : {kAmxTileV0, kAmxTileV1}) {
     cfg.rows[tile] = kAmxTokens / 2;
     cfg.colsb[tile] = kAmxTokens * 2 * sizeof(bf16_t);
   }
   for (int tile : {kAmxTileAcc0, kAmxTileAcc1}) {
-    cfg.rows[tile] = kAmxHeads;
+    cfg.rows[tile] = heads;
     cfg.colsb[tile] = kAmxTokens * sizeof(float);
   }
   _tile_loadconfig(&cfg);
 }
 
-// bf16 words of q per packed 8-head tile and 32-dim step: 16 pair rows x 8 heads x 2.
-constexpr int kAmxQStepWords = kAmxDims * kAmxHeads;
-
-// Packs `heads` query heads (a multiple of 8; rows of D bf16 at q) as B tiles: tile g / 8 starts
-// at out + g * D, its 32-dim step c at + c * kAmxQStepWords, and word 16 j + 2 h + e of the step
-// is q_{g+h}[32 c + 2 j + e]. A pair of q words moves as one 32-bit unit: the packing is a
-// transpose of 8 x 16 pairs per step.
-inline void amx_pack_q(const bf16_t* q, int heads, int D, AmxQWord* out) {
-  for (int g = 0; g < heads; g += kAmxHeads) {
+// Packs `heads` query heads (rows of D bf16 at q) as B tiles of N heads (N = tile_heads, which
+// divides heads): tile g / N starts at out + g * D, its 32-dim step c at + c * 32 N, and word
+// 2 N j + 2 h + e of the step is q_{g+h}[32 c + 2 j + e]. A pair of q words moves as one 32-bit
+// unit: the packing is a transpose of N x 16 pairs per step.
+inline void amx_pack_q(const bf16_t* q, int heads, int D, int tile_heads, AmxQWord* out) {
+  const int step_words = kAmxDims * tile_heads;
+  for (int g = 0; g < heads; g += tile_heads) {
     for (int c = 0; c < D / kAmxDims; ++c) {
-      AmxQWord* step = out + static_cast<std::int64_t>(g) * D + c * kAmxQStepWords;
-      for (int h = 0; h < kAmxHeads; ++h) {
+      AmxQWord* step = out + static_cast<std::int64_t>(g) * D + c * step_words;
+      for (int h = 0; h < tile_heads; ++h) {
         const bf16_t* row = q + static_cast<std::int64_t>(g + h) * D + c * kAmxDims;
         for (int j = 0; j < kAmxDims / 2; ++j) {
-          std::memcpy(step + j * 2 * kAmxHeads + 2 * h, row + 2 * j, 2 * sizeof(bf16_t));
+          std::memcpy(step + j * 2 * tile_heads + 2 * h, row + 2 * j, 2 * sizeof(bf16_t));
         }
       }
     }
   }
 }
 
-// s[r * ss + t0 + t] = scale * sums[t * 8 + r] for r < R, t < 16: the C tile (tokens x heads)
+// s[r * ss + t0 + t] = scale * sums[t * N + r] for r < N, t < 16: the C tile (tokens x heads)
 // transposed into the kernel's head rows. Lanes past the block's tokens get whatever the tile
 // computed for them; the softmax never reads them as logits.
-template <int R>
+template <int N>
 inline void amx_store_scores(const float* sums, float* s, int ss, float scale) {
   const __m512i rows =
-      _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(N));
   const __m512 vscale = _mm512_set1_ps(scale);
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+  for (int r = 0; r < N; ++r) {
     const __m512 column = _mm512_i32gather_ps(rows, sums + r, sizeof(float));
     _mm512_store_ps(s + r * ss, _mm512_mul_ps(column, vscale));
   }
 }
 
-// s[r * ss + t] = scale * dot(q_r, k_t) for r < R (R <= 8), t < n, on raw bf16 q and K: per 16
-// tokens, one _tile_dpbf16ps per 32 head dims adds the 16 x 8 dot products of that step (each
-// pair of products added to the f32 sum, rounded to nearest even, denormals flushed). Full
-// 16-token steps load K from the cache; a last partial step copies its n % 16 rows into a
-// buffer first, so no row past the block's tokens is read. q: the tile's packed B (amx_pack_q).
-// The tiles must be configured (amx_configure_tiles).
-template <int R, class Prefetch>
+// s[r * ss + t] = scale * dot(q_r, k_t) for the N heads of a tile (N = 8 or 16, as configured),
+// t < n, on raw bf16 q and K: per 16 tokens, one _tile_dpbf16ps per 32 head dims adds the 16 x N
+// dot products of that step (each pair of products added to the f32 sum, rounded to nearest
+// even, denormals flushed). Full 16-token steps load K from the cache; a last partial step copies
+// its n % 16 rows into a buffer first, so no row past the block's tokens is read. q: the tile's
+// packed B (amx_pack_q). The tiles must be configured for N heads (amx_configure_tiles).
+template <int N, class Prefetch>
 inline void amx_block_scores(const AmxQWord* q, int D, const bf16_t* k, std::int64_t ts, int n,
                              float* s, int ss, float scale, Prefetch& pf) {
-  static_assert(R >= 1 && R <= kAmxHeads, "one B tile of heads");
-  alignas(64) float sums[kAmxTokens * kAmxHeads];
+  static_assert(N == kAmxHeads || N == kAmxWideHeads, "a configured tile width");
+  alignas(64) float sums[kAmxTokens * N];
   alignas(64) bf16_t part[kAmxTokens * kAmxDims];
   const std::int64_t k_stride = ts * static_cast<std::int64_t>(sizeof(bf16_t));
   for (int t0 = 0; t0 < n; t0 += kAmxTokens) {
@@ -136,17 +149,17 @@ inline void amx_block_scores(const AmxQWord* q, int D, const bf16_t* k, std::int
         }
         _tile_loadd(1, part, kAmxDims * sizeof(bf16_t));
       }
-      _tile_loadd(2, q + (d / kAmxDims) * kAmxQStepWords, kAmxHeads * 2 * sizeof(bf16_t));
+      _tile_loadd(2, q + (d / kAmxDims) * kAmxDims * N, N * 2 * sizeof(bf16_t));
       _tile_dpbf16ps(0, 1, 2);
     }
-    _tile_stored(0, sums, kAmxHeads * sizeof(float));
-    amx_store_scores<R>(sums, s + t0, ss, scale);
+    _tile_stored(0, sums, N * sizeof(float));
+    amx_store_scores<N>(sums, s + t0, ss, scale);
   }
 }
 
-// acc_r[0, D) += sum_{t < n} p_r[t] v_t for the 8 heads of a tile, with bf16 weights
-// (weights_to_bf16: row r's weights at the start of s + r * ss, 0 past the block's tokens) and
-// one _tile_dpbf16ps per 16 head dims and 16 tokens. V enters as B in token pairs: the words of
+// acc_r[0, D) += sum_{t < n} p_r[t] v_t for the N heads of a tile (as configured), with bf16
+// weights (weights_to_bf16: row r's weights at the start of s + r * ss, 0 past the block's tokens)
+// and one _tile_dpbf16ps per 16 head dims and 16 tokens. V enters as B in token pairs: the words of
 // rows t and t + 1 interleaved (vpunpcklwd / vpunpckhwd, as values_tile_dp does), so the
 // accumulators run in its token-pair order (from_token_pair_order puts them back). A token past
 // the block's n is a zero row, never read from the cache (0 weight times a NaN would be NaN).
@@ -182,6 +195,6 @@ inline void amx_block_values(const float* s, int ss, const bf16_t* v, std::int64
   }
 }
 
+#endif
 }  // namespace
 }  // namespace pagedattn::detail::cpu
-#endif

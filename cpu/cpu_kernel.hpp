@@ -71,8 +71,8 @@ struct BlockLogits {
   bool active() const { return cap > 0.f || slopes != nullptr; }
 };
 
-// Query heads per register tile of the kernel.
-constexpr int kHeadTile = 8;
+// The most query heads per tile of the kernel: 16 on AMX (amx_tiles.hpp), 8 in registers.
+constexpr int kHeadTile = 16;
 
 // Floats between the score rows of two heads: block_size rounded up to a 64-byte multiple.
 inline int scores_stride(int block_size) { return (block_size + 15) / 16 * 16; }

@@ -16,8 +16,8 @@ bool amx_takes(const ItemContext& ctx, const ItemScratch& scratch) {
 }
 
 // One task on AMX: q packed into the q buffer (kv_count * G * D words of the num_heads * D floats
-// it holds), this thread's tiles configured for the task and released after it, and the
-// accumulators put back from the pair order of the widened V.
+// it holds) in tiles of amx_tile_heads(G) heads, this thread's tiles configured for them and
+// released after the task, and the accumulators put back from the pair order of the widened V.
 void run_item_amx(const ItemContext& c, const WorkItem& it, int kv_count, float* m, float* l,
                   float* acc, ItemScratch scratch) {
   using A = xsimd::avx512bw;
@@ -26,8 +26,9 @@ void run_item_amx(const ItemContext& c, const WorkItem& it, int kv_count, float*
   const int heads = kv_count * c.group_size;
   const std::int64_t head0 = static_cast<std::int64_t>(it.kv_head) * c.group_size * D;
   AmxQWord* q = reinterpret_cast<AmxQWord*>(scratch.q);
-  amx_pack_q(c.q_bf16 + it.seq * c.q_bf16_stride + head0, heads, D, q);
-  amx_configure_tiles();
+  const int tile_heads = amx_tile_heads(c.group_size);
+  amx_pack_q(c.q_bf16 + it.seq * c.q_bf16_stride + head0, heads, D, tile_heads, q);
+  amx_configure_tiles(tile_heads);
   alignas(64) float tmp[2 * W];
   if (c.bf16_weights) {  // P.V on tiles too (a bf16 out), in token-pair order
     run_item<A, bf16_t, true, true>(c, it, kv_count, static_cast<const AmxQWord*>(q), m, l, acc,

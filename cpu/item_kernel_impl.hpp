@@ -1,6 +1,6 @@
 // The body of ItemKernel, included by exactly one translation unit per instruction set.
 //
-// Per physical block and per tile of up to eight query heads of the GQA group:
+// Per physical block and per tile of up to eight query heads of the GQA group (16 on AMX):
 //   scores  S[r][t] = dot(q_r, k_t)          R heads x TT tokens of accumulators, reduced W at a
 //                                            time by RowSums; each K row widened once per tile
 //                                            (or, with AVX-512 BF16 and a bf16 q, not widened:
@@ -12,7 +12,8 @@
 //                                            (or, with a bf16 out on AVX-512 BF16: weights
 //                                            rounded to bf16, two tokens per vdpbf16ps)
 // On AMX (isa_amx.cpp, amx_tiles.hpp) the scores of a bf16 q and cache are one tile product
-// S^T = K Q^T per 16 tokens, and with a bf16 out the values one tile product acc += P V.
+// S^T = K Q^T per 16 tokens, and with a bf16 out the values one tile product acc += P V, on
+// tiles of 8 or 16 heads (amx_tile_heads).
 // The next physical blocks are prefetched while the current one is computed. Nothing allocates.
 // The three steps are block_scores.hpp, block_softmax.hpp and block_values.hpp; the prefetch is
 // paced_prefetch.hpp. Here: a block's tile of heads, an item's blocks, and the entry points.
@@ -36,6 +37,11 @@
 
 namespace pagedattn::detail::cpu {
 namespace {
+
+// Whether q enters as the AMX kernel's packed B tiles (amx_pack_q): then its tiles of heads are
+// AMX tiles.
+template <class QT>
+constexpr bool kAmxQ = std::is_same_v<QT, AmxQWord>;
 
 // P V of the tile's R heads (weights in s, RV heads per values tile) over their first n tokens;
 // with rows_n, head r over its first rows_n[r], one head per values tile, so no head reads a V
@@ -89,6 +95,20 @@ inline void tile_values(float* s, int ss, const T* v, std::int64_t ts, int n, co
   }
 }
 
+template <int R>
+using Heads = std::integral_constant<int, R>;
+
+// Heads of the tile that starts at row g of a kv head's G rows. On AMX the task's tile width
+// (amx_tile_heads), which divides G. Otherwise tiles of 8 heads, then 4, then the rest (1 to 3):
+// with 16 registers an 8-head tile cannot keep q in registers (see scores_tile), so two 4-head
+// tiles run faster there.
+template <class Arch, class QT>
+inline int tile_heads(int G, int g) {
+  if constexpr (kAmxQ<QT>) return amx_tile_heads(G);
+  const int rest = G - g;
+  return rest >= 8 && TileShape<Arch>::kRegs == 32 ? 8 : rest >= 4 ? 4 : rest;
+}
+
 // One block of n tokens (k, v: its first slot) for R query heads starting at q.
 template <class Arch, int R, bool P, bool PW, class T, class QT>
 inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int n, int D,
@@ -106,7 +126,7 @@ inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int
   constexpr int DC = kWideV ? 2 : Shape::vectors(RV);
   static_assert(R % RV == 0, "values tiles cover the scores tile");
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (std::is_same_v<QT, AmxQWord>) {
+  if constexpr (kAmxQ<QT>) {
     amx_block_scores<R>(q, D, k, ts, n, s, ss, scale, pf);
   } else
 #endif
@@ -121,7 +141,7 @@ inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int
   if (var.active()) transform_logits<Arch, R>(s, ss, n, var);
   softmax_tile<Arch, R>(s, ss, n, var.rows_n, m, l, acc, D);
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  if constexpr (PW && std::is_same_v<QT, AmxQWord> && R == kAmxHeads) {
+  if constexpr (PW && kAmxQ<QT>) {
     weights_to_bf16<R>(s, ss, n);
     if (var.rows_n == nullptr) {
       amx_block_values(s, ss, v, ts, n, acc, D, pf);
@@ -220,10 +240,7 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
       for (int g = 0; g < G;) {
         const QT* qg = q + static_cast<std::int64_t>(g) * D;
         float* ag = ai + static_cast<std::int64_t>(g) * D;
-        // Tiles of 8 heads, then 4, then the rest (1 to 3). With 16 registers an 8-head tile
-        // cannot keep q in registers (see scores_tile), so two 4-head tiles run faster there.
-        const int rest = G - g;
-        const int R = rest >= 8 && TileShape<Arch>::kRegs == 32 ? 8 : rest >= 4 ? 4 : rest;
+        const int R = tile_heads<Arch, QT>(G, g);
         if (c.alibi_slopes != nullptr) var.slopes = c.alibi_slopes + kv * G + g;
         // Query tokens together: where the block passes the causal bound of some of the tile's
         // rows, each row takes the prefix of the block it attends.
@@ -236,27 +253,30 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
           }
           var.rows_n = rows_n;
         }
-        switch (R) {
-          case 8:
-            block_tile<Arch, 8, P, PW>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g,
-                                       li + g, ag, pf);
-            break;
-          case 4:
-            block_tile<Arch, 4, P, PW>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g,
-                                       li + g, ag, pf);
-            break;
-          case 3:
-            block_tile<Arch, 3, P, PW>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g,
-                                       li + g, ag, pf);
-            break;
-          case 2:
-            block_tile<Arch, 2, P, PW>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g,
-                                       li + g, ag, pf);
-            break;
-          default:
-            block_tile<Arch, 1, P, PW>(qg, kb, vb, ts, n, D, logit_scale, var, s, ss, mi + g,
-                                       li + g, ag, pf);
-            break;
+        const auto tile = [&](auto heads) {
+          block_tile<Arch, decltype(heads)::value, P, PW>(qg, kb, vb, ts, n, D, logit_scale, var, s,
+                                                          ss, mi + g, li + g, ag, pf);
+        };
+        if constexpr (kAmxQ<QT>) {  // AMX tiles: the task's width throughout
+          R == kAmxWideHeads ? tile(Heads<kAmxWideHeads>{}) : tile(Heads<kAmxHeads>{});
+        } else {
+          switch (R) {
+            case 8:
+              tile(Heads<8>{});
+              break;
+            case 4:
+              tile(Heads<4>{});
+              break;
+            case 3:
+              tile(Heads<3>{});
+              break;
+            case 2:
+              tile(Heads<2>{});
+              break;
+            default:
+              tile(Heads<1>{});
+              break;
+          }
         }
         g += R;
       }
