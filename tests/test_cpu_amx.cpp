@@ -2,21 +2,28 @@
 // bf16 weights) against the f64 reference, called directly through kernel_for_isa("amx") whatever
 // PAGEDATTN_CPU_ISA picks: GQA groups 8 to 64, head dims 64, 128 and 256, block sizes 1 to 32 with
 // contexts that end inside a block, the attention variants the kernel applies, and non-finite K
-// rows. Skipped where the build has no AMX kernel or the CPU (or the operating system) offers no
-// AMX.
+// rows; and through decode() with several query tokens per sequence, whose rows per kv head pick
+// the kernel's tiles of 8 or 16 heads. Skipped where the build has no AMX kernel or the CPU (or
+// the operating system) offers no AMX.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu_kernel.hpp"
+#include "isa_choice.hpp"
 #include "kernel_context.hpp"
+#include "pagedattn/detail/dispatch.hpp"
 #include "pagedattn/online_softmax.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/poison.hpp"
 #include "pagedattn/testing/random_case.hpp"
+#include "pagedattn/testing/tolerance.hpp"
 #include "pagedattn/variants.hpp"
 #include "test_seed.hpp"
 #include "variant_args.hpp"
@@ -168,6 +175,59 @@ TEST(CpuAmx, NonFiniteKRowMakesItsSequenceNaN) {
     testing::store_nan_tokens(c, 0, t, t + 1);
     for (bool bf16_weights : {false, true})
       expect_amx_matches_reference(spec, bf16_weights, {}, &c);
+  }
+}
+
+// Query tokens together (q_indptr): a kv head's rows are the call's most query tokens x the
+// group, in tiles of 16 heads where they come in sixteens (group 4 at 4 and 8 tokens, group 8 at
+// 2, group 16 at 1) and of 8 otherwise (group 4 at 2, group 8 at 1). Through decode() on the CPU
+// backend against the f64 reference: contexts 0 and 1 (queries before the context), ones ending
+// inside a block and crossing several, a sequence with fewer query tokens than the call's most
+// (padding rows), NaN in every cache slot no query may read; bf16 and f32 outs (P.V on tiles with
+// the bf16 one).
+TEST(CpuAmx, QueryTokensTogetherMatchTheReference) {
+  if (std::string(detail::cpu::isa().name) != "amx") {
+    GTEST_SKIP() << "the CPU backend does not run the AMX kernel here";
+  }
+  const std::pair<int, int> shapes[] = {{4, 2}, {4, 4}, {4, 8}, {8, 1}, {8, 2}, {16, 1}};
+  std::uint64_t salt = 400;
+  for (const auto& [group, q_len] : shapes) {
+    for (int bs : {16, 7}) {
+      for (DType out : {DType::kBF16, DType::kF32}) {
+        testing::CaseSpec spec = amx_spec(group, 128, bs, {0, 1, 17, 2 * bs + 3, 301}, salt++);
+        spec.out_dtype = out;
+        testing::HostCase c = testing::make_case(spec);
+        std::vector<std::int32_t> indptr = {0};
+        for (int b = 0; b < spec.batch; ++b) {
+          indptr.push_back(indptr.back() + (b == 3 ? std::max(1, q_len - 1) : q_len));
+        }
+        const std::size_t row = static_cast<std::size_t>(spec.num_heads) * spec.head_dim;
+        const std::size_t rows = static_cast<std::size_t>(indptr.back());
+        std::mt19937_64 rng(spec.seed ^ 0x51a7e5ull);
+        std::normal_distribution<float> dist(0.f, spec.magnitude);
+        c.q.assign(rows * row * sizeof(bf16_t), 0);
+        for (std::size_t i = 0; i < rows * row; ++i) {
+          store_from_float(c.q.data(), DType::kBF16, i, dist(rng));
+        }
+        c.out.assign(rows * row * dtype_size(out), 0);
+        c.lse.assign(rows * spec.num_heads, 0.f);
+        c.poison_outputs();
+        DecodeArgs a = c.args();
+        a.q_indptr = indptr.data();
+        a.num_q_tokens = indptr.back();
+        a.max_q_len = q_len;
+        const ReferenceResult ref = reference_decode(a);
+        detail::DecodeOptions o;
+        o.backend = Backend::kCpu;
+        detail::decode(a, o);
+        const testing::Comparison cmp = testing::compare_outputs(c, ref);
+        SCOPED_TRACE(testing::describe(spec) + " q_len " + std::to_string(q_len) + " " +
+                     testing::seed_note(spec.seed));
+        EXPECT_TRUE(cmp.all_finite) << "first bad element: " << cmp.first_bad;
+        EXPECT_LE(cmp.rel_err(), testing::out_tolerance(out));
+        EXPECT_LE(cmp.max_abs_err_lse, testing::lse_tolerance());
+      }
+    }
   }
 }
 
