@@ -105,19 +105,57 @@ inline void amx_pack_q(const bf16_t* q, int heads, int D, int tile_heads, AmxQWo
   }
 }
 
+// Transposes the 16 x 16 floats of x (x[i] lane j becomes x[j] lane i) in four rounds of
+// shuffles: pairs within 128-bit lanes (unpack), quads within them (shuffle_ps), then 128-bit
+// lanes across two vectors twice (shuffle_f32x4). 64 shuffles, where 16 gathers of 16 load 256
+// floats one by one.
+inline void amx_transpose16(__m512 (&x)[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {  // t[i] lane L: x[i][4L], x[i+1][4L], x[i][4L+1], x[i+1][4L+1]
+    t[i] = _mm512_unpacklo_ps(x[i], x[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(x[i], x[i + 1]);
+  }
+  for (int g = 0; g < 16; g += 4) {  // u[g + j] lane L: column 4L + j of rows g..g+3
+    u[g] = _mm512_shuffle_ps(t[g], t[g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[g + 1] = _mm512_shuffle_ps(t[g], t[g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[g + 2] = _mm512_shuffle_ps(t[g + 1], t[g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[g + 3] = _mm512_shuffle_ps(t[g + 1], t[g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  // t[h + j] lanes: column j of rows h..h+3, column 8 + j of them, column j of rows h+4..h+7,
+  // column 8 + j of them; t[h + 4 + j] the same for columns 4 + j and 12 + j.
+  for (int h = 0; h < 16; h += 8) {
+    for (int j = 0; j < 4; ++j) {
+      t[h + j] = _mm512_shuffle_f32x4(u[h + j], u[h + 4 + j], 0x88);
+      t[h + 4 + j] = _mm512_shuffle_f32x4(u[h + j], u[h + 4 + j], 0xdd);
+    }
+  }
+  for (int j = 0; j < 8; ++j) {  // the columns j and j + 8 of all 16 rows
+    x[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+    x[j + 8] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
+  }
+}
+
 // s[r * ss + t0 + t] = scale * sums[t * N + r] for r < N, t < 16: the C tile (tokens x heads)
-// transposed into the kernel's head rows. Lanes past the block's tokens get whatever the tile
-// computed for them; the softmax never reads them as logits.
+// transposed into the kernel's head rows; 16 heads by shuffles (amx_transpose16), 8 by a gather
+// each. Lanes past the block's tokens get whatever the tile computed for them; the softmax never
+// reads them as logits.
 template <int N>
 inline void amx_store_scores(const float* sums, float* s, int ss, float scale) {
-  const __m512i rows =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(N));
   const __m512 vscale = _mm512_set1_ps(scale);
-#pragma GCC unroll 16
-  for (int r = 0; r < N; ++r) {
-    const __m512 column = _mm512_i32gather_ps(rows, sums + r, sizeof(float));
-    _mm512_store_ps(s + r * ss, _mm512_mul_ps(column, vscale));
+  if constexpr (N == kAmxWideHeads) {
+    __m512 x[16];
+    for (int t = 0; t < kAmxTokens; ++t) x[t] = _mm512_load_ps(sums + t * N);
+    amx_transpose16(x);
+    for (int r = 0; r < N; ++r) _mm512_store_ps(s + r * ss, _mm512_mul_ps(x[r], vscale));
+  } else {
+    const __m512i rows =
+        _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                           _mm512_set1_epi32(N));
+#pragma GCC unroll 8
+    for (int r = 0; r < N; ++r) {
+      const __m512 column = _mm512_i32gather_ps(rows, sums + r, sizeof(float));
+      _mm512_store_ps(s + r * ss, _mm512_mul_ps(column, vscale));
+    }
   }
 }
 
