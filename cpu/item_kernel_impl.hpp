@@ -31,6 +31,7 @@
 #include "cpu_kernel.hpp"
 #include "lane_orders.hpp"
 #include "paced_prefetch.hpp"
+#include "pagedattn/detail/visit_dtype.hpp"
 #include "pagedattn/variants.hpp"
 #include "tile_shape.hpp"
 #include "widen.hpp"
@@ -390,23 +391,9 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, 
 template <class Arch>
 void ItemKernel::operator()(Arch, const ItemContext& ctx, const WorkItem& item, int kv_count,
                             float* m, float* l, float* acc, ItemScratch scratch) const {
-  switch (ctx.kv_dtype) {
-    case DType::kF32:
-      run_item<Arch, float>(ctx, item, kv_count, m, l, acc, scratch);
-      break;
-    case DType::kF16:
-      run_item<Arch, f16_t>(ctx, item, kv_count, m, l, acc, scratch);
-      break;
-    case DType::kBF16:
-      run_item<Arch, bf16_t>(ctx, item, kv_count, m, l, acc, scratch);
-      break;
-    case DType::kFP8E4M3:
-      run_item<Arch, fp8_e4m3_t>(ctx, item, kv_count, m, l, acc, scratch);
-      break;
-    case DType::kFP8E5M2:
-      run_item<Arch, fp8_e5m2_t>(ctx, item, kv_count, m, l, acc, scratch);
-      break;
-  }
+  visit_storage_type(ctx.kv_dtype, [&](auto cache_type) {
+    run_item<Arch, typename decltype(cache_type)::type>(ctx, item, kv_count, m, l, acc, scratch);
+  });
 }
 
 template <class Arch>
