@@ -163,10 +163,7 @@ PlanOptions plan_options(const DecodeArgs& a, const DecodeOptions& options, int 
   po.min_chunk_tokens = 256;
   po.single_split = options.single_split;
   po.window_left = a.window_left;
-  if (options.batch_invariant) {  // splits from each sequence's own length alone
-    po.fixed_chunk_tokens = kBatchInvariantChunkTokens;
-    po.max_splits_per_seq = kBatchInvariantMaxSplits;
-  }
+  if (options.batch_invariant) make_batch_invariant(po);  // splits from each sequence alone
   return po;
 }
 

@@ -75,10 +75,7 @@ DecodePlan plan_decode(const DecodeArgs& a, bool batch_invariant) {
   DecodePlan plan;
   plan.kernel = split_kernel_for(a, batch_invariant);
   plan.options = plan_options(plan.kernel, a.window_left);
-  if (batch_invariant) {  // splits from each sequence's own length alone
-    plan.options.fixed_chunk_tokens = kBatchInvariantChunkTokens;
-    plan.options.max_splits_per_seq = kBatchInvariantMaxSplits;
-  }
+  if (batch_invariant) make_batch_invariant(plan.options);  // splits from each sequence alone
   plan.splits =
       max_plan_splits(a.batch, a.max_blocks_per_seq, a.num_kv_heads, a.block_size, plan.options);
   plan.workspace = workspace_layout(a, plan.splits);

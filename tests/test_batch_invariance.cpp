@@ -238,8 +238,9 @@ INSTANTIATE_TEST_SUITE_P(All, BatchInvariant, ::testing::ValuesIn(invariant_para
 TEST(BatchInvariantPlan, SplitsDependOnTheSequenceAlone) {
   PlanOptions o;
   o.parallelism = 1000;
-  o.fixed_chunk_tokens = kBatchInvariantChunkTokens;
-  o.max_splits_per_seq = kBatchInvariantMaxSplits;
+  make_batch_invariant(o);
+  EXPECT_EQ(o.fixed_chunk_tokens, kBatchInvariantChunkTokens);
+  EXPECT_EQ(o.max_splits_per_seq, kBatchInvariantMaxSplits);
   const int bs = 16, chunk_blocks = kBatchInvariantChunkTokens / bs;
   const std::vector<std::int32_t> alone = {5000};
   const std::vector<std::int32_t> crowd = {7, 5000, 100000, 0, 512};

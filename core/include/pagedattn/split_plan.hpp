@@ -48,6 +48,13 @@ constexpr int kBatchInvariantChunkTokens = 512;
 // must hold every sequence's splits at the table's capacity (max_plan_splits).
 constexpr int kBatchInvariantMaxSplits = 64;
 
+// A batch-invariant plan's options (DecodeOptions::batch_invariant), on both backends: every
+// sequence cut into splits of kBatchInvariantChunkTokens, whatever else is in the batch.
+inline void make_batch_invariant(PlanOptions& o) {
+  o.fixed_chunk_tokens = kBatchInvariantChunkTokens;
+  o.max_splits_per_seq = kBatchInvariantMaxSplits;
+}
+
 struct SplitPlan {
   int batch = 0;
   int num_kv_heads = 0;
