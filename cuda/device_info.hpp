@@ -1,13 +1,29 @@
 // What the CUDA backend needs to know of a device: whether it can run the kernels this library
-// was built with, its SM count, and whether it has programmatic dependent launch (sm_90 and
-// newer). Read once per device.
+// was built with, its SM count, whether it has programmatic dependent launch (sm_90 and newer)
+// and its shared memory. Read once per device.
 #pragma once
 
 #include <string>
 
-#include "split_build.hpp"
-
 namespace pagedattn::detail::cuda {
+
+// An SM's shared memory, as the CUDA runtime reports it.
+struct SmemFacts {
+  int per_sm = 0;            // of one SM
+  int reserved_per_cta = 0;  // what the system takes of it for each resident CTA
+  int optin_per_cta = 0;     // the most one CTA may ask for
+};
+
+// The dynamic shared memory per CTA at which no more than `ctas` CTAs fit on one SM, and no less
+// than `smem` (what the kernel needs): the smallest size that leaves no room for one more. 0 when
+// no size within the per-CTA limit does it.
+constexpr int shared_memory_for_residency(const SmemFacts& f, int smem, int ctas) {
+  if (ctas < 1) return 0;
+  // ctas + 1 CTAs of s bytes fit while (ctas + 1) * (s + reserved) <= per_sm.
+  const int leaves_no_room = f.per_sm / (ctas + 1) - f.reserved_per_cta + 1;
+  const int s = smem > leaves_no_room ? smem : leaves_no_room;
+  return s <= f.optin_per_cta ? s : 0;
+}
 
 struct DeviceInfo {
   int device = -1;

@@ -46,22 +46,4 @@ struct BuildFacts {
 // it.
 constexpr bool wide_head_dim(int head_dim) { return head_dim >= 64 && head_dim <= 128; }
 
-// An SM's shared memory, as the CUDA runtime reports it (device_info.hpp).
-struct SmemFacts {
-  int per_sm = 0;            // of one SM
-  int reserved_per_cta = 0;  // what the system takes of it for each resident CTA
-  int optin_per_cta = 0;     // the most one CTA may ask for
-};
-
-// The dynamic shared memory per CTA at which no more than `ctas` CTAs fit on one SM, and no less
-// than `smem` (what the kernel needs): the smallest size that leaves no room for one more. 0 when
-// no size within the per-CTA limit does it.
-constexpr int shared_memory_for_residency(const SmemFacts& f, int smem, int ctas) {
-  if (ctas < 1) return 0;
-  // ctas + 1 CTAs of s bytes fit while (ctas + 1) * (s + reserved) <= per_sm.
-  const int leaves_no_room = f.per_sm / (ctas + 1) - f.reserved_per_cta + 1;
-  const int s = smem > leaves_no_room ? smem : leaves_no_room;
-  return s <= f.optin_per_cta ? s : 0;
-}
-
 }  // namespace pagedattn::detail::cuda

@@ -121,7 +121,7 @@ struct PreparedKernel {
 // and read the kernel's occupancy. Returns CTAs per SM, or 0 when the kernel cannot run on this
 // device (the attribute could not be set, or no CTA fits): decode reports that before launching.
 // Where more than one CTA fits, the limit is raised further, to what one CTA per SM could take,
-// so that a launch may pad shared memory to hold fewer CTAs per SM (launch_split_typed).
+// so that a launch may pad shared memory to hold fewer CTAs per SM (launch_shared_memory).
 template <typename T, int D, bool kMma, int kMinCtas, bool kWide, typename V>
 int prepare_split_typed(PreparedKernel** prepared = nullptr) {
   using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;

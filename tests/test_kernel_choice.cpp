@@ -3,6 +3,7 @@
 // the header, worked out by hand for each shape.
 #include <gtest/gtest.h>
 
+#include "device_info.hpp"
 #include "kernel_choice.hpp"
 
 namespace pagedattn::detail::cuda {
