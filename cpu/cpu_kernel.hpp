@@ -7,6 +7,7 @@
 
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/dtype.hpp"
+#include "pagedattn/pagedattn.hpp"
 #include "pagedattn/split_plan.hpp"
 
 // The processors with kernels: x86-64 (SSE2, AVX2, AVX-512; isa_sse2/avx2/avx512.cpp) and
@@ -58,6 +59,12 @@ struct ItemContext {
   float soft_cap = 0.f;                 // 0: none
   const float* alibi_slopes = nullptr;  // [num_heads], or null
 };
+
+// The backend's context for a call's work items (decode_cpu.cpp builds every call's this way):
+// a's caches, table, scales and variants over q_scaled, the weights rounded to bf16 for a bf16
+// out. Sequence b reads table row seq_rows[b] (null: row b).
+ItemContext item_context(const DecodeArgs& a, const float* q_scaled,
+                         const std::int32_t* seq_rows = nullptr);
 
 // What the variants do to the logits of one block for a tile of heads: the soft-cap, then the
 // ALiBi bias slope_r * pos, pos = first_pos + t for the block's t-th computed token.

@@ -205,7 +205,8 @@ const float* scale_queries(const DecodeArgs& a, FloatBuffer& buffer) {
   return q_scaled;
 }
 
-// What every work item of the call reads; sequence b reads table row seq_rows[b] (null: row b).
+}  // namespace
+
 ItemContext item_context(const DecodeArgs& a, const float* q_scaled, const std::int32_t* seq_rows) {
   ItemContext ctx;
   ctx.q_scaled = q_scaled;
@@ -228,6 +229,8 @@ ItemContext item_context(const DecodeArgs& a, const float* q_scaled, const std::
   ctx.alibi_slopes = a.alibi_slopes;
   return ctx;
 }
+
+namespace {
 
 // The partial states of a plan's (sequence, split, query head)s: m[P], l[P], acc[P][D].
 struct Partials {

@@ -62,9 +62,6 @@ KernelResult run_kernel(const DecodeArgs& a, KernelFn fn, bool bf16_weights) {
   const int H = a.num_heads, D = a.head_dim;
   std::vector<float> q;
   detail::cpu::ItemContext ctx = item_context(a, q);
-  ctx.window_left = a.window_left;
-  ctx.soft_cap = a.logits_soft_cap;
-  ctx.alibi_slopes = a.alibi_slopes;
   ctx.bf16_weights = bf16_weights;
   alignas(64) float scores[detail::cpu::kHeadTile * 256];
   std::vector<float> m(H), l(H), acc(static_cast<std::size_t>(H) * D);

@@ -164,29 +164,6 @@ TEST(Fp8, RandomValuesGoToTheNearestCode) {
 // The CPU kernels this host runs, by their PAGEDATTN_CPU_ISA names.
 const char* const kCpuIsas[] = {"amx", "avx512bf16", "avx512", "avx2", "sse2", "neon"};
 
-// An ItemContext over case c's caches with q_scaled = q (one f32 row of head_dim per head: q
-// times the scale and its kv head's K scale, which the kernels that take a bf16 q apply
-// themselves).
-detail::cpu::ItemContext item_context(const testing::HostCase& c, const DecodeArgs& a,
-                                      const float* q) {
-  detail::cpu::ItemContext ctx;
-  ctx.q_scaled = q;
-  ctx.q_bf16 = a.q_dtype == DType::kBF16 ? static_cast<const bf16_t*>(a.q) : nullptr;
-  ctx.q_bf16_stride = a.q_stride();
-  ctx.scale = a.effective_scale();
-  ctx.k_scale = a.k_scale;
-  ctx.k_scales = a.k_scales;
-  ctx.k_cache = c.k.data();
-  ctx.v_cache = c.v.data();
-  ctx.kv_dtype = a.k_dtype;
-  ctx.layout = a.cache_layout();
-  ctx.table = BlockTableView{a.block_table, a.max_blocks_per_seq, a.table_stride()};
-  ctx.context_lens = a.context_lens;
-  ctx.num_heads = a.num_heads;
-  ctx.group_size = a.group_size();
-  return ctx;
-}
-
 // A case of one head and one token per sequence, every code of `f` once at least: code
 // (b * D + d) % 256 at dimension d of sequence b's row of `which` cache (the other cache and q
 // all zero), and the rest of each block (slots past the context) NaN codes, which no kernel may
@@ -256,7 +233,7 @@ TEST(Fp8CpuIsa, EveryCodeWidensExactly) {
     CodeCase cc = code_case(f, D, false, q_dtype);
     const DecodeArgs a = cc.c.args();
     std::vector<float> q(static_cast<std::size_t>(cc.batch) * D, 0.f);  // logits 0
-    detail::cpu::ItemContext ctx = item_context(cc.c, a, q.data());
+    detail::cpu::ItemContext ctx = detail::cpu::item_context(a, q.data());
     alignas(64) float scores[detail::cpu::kHeadTile * 256];
     std::vector<float> q_buffer(D + 16);
     for (int i = 0; i < 2 * cc.batch; ++i) {
@@ -292,7 +269,7 @@ TEST(Fp8CpuIsa, EveryCodeWidensExactlyInK) {
     const DecodeArgs a = cc.c.args();
     const CacheLayout l = a.cache_layout();
     const std::vector<float> ones(q_elems, 1.f);
-    detail::cpu::ItemContext ctx = item_context(cc.c, a, ones.data());
+    detail::cpu::ItemContext ctx = detail::cpu::item_context(a, ones.data());
     ctx.scale = 1.f;  // q_scaled is q itself (and K's scale 1): the logit is the code's value
     alignas(64) float scores[detail::cpu::kHeadTile * 256];
     std::vector<float> q_buffer(D + 16);
@@ -368,7 +345,7 @@ TEST(Fp8CpuIsa, EveryKernelMatchesTheReference) {
           // And with the weights rounded to bf16 for P.V (the backend's setting for a bf16 out;
           // the avx512bf16 kernel's vdpbf16ps path for a bf16 q), at the bf16 out tolerance.
           for (bool bf16_weights : {false, true}) {
-            detail::cpu::ItemContext ctx = item_context(c, a, q.data());
+            detail::cpu::ItemContext ctx = detail::cpu::item_context(a, q.data());
             ctx.bf16_weights = bf16_weights;
             alignas(64) float scores[detail::cpu::kHeadTile * 256];
             std::vector<float> q_buffer(static_cast<std::size_t>(H) * D + 16);

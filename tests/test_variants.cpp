@@ -201,9 +201,6 @@ void run_kernel(testing::HostCase& c, const Variants& v, detail::cpu::KernelFn f
   const int H = a.num_heads, D = a.head_dim, G = a.group_size(), KV = a.num_kv_heads;
   std::vector<float> q;
   detail::cpu::ItemContext ctx = item_context(a, q);
-  ctx.window_left = a.window_left;
-  ctx.soft_cap = a.logits_soft_cap;
-  ctx.alibi_slopes = a.alibi_slopes;
   alignas(64) float scores[detail::cpu::kHeadTile * 256];
   std::vector<float> m(H), l(H), acc(static_cast<std::size_t>(H) * D);
   std::vector<float> q_buffer(static_cast<std::size_t>(H) * D + 16);
