@@ -107,4 +107,21 @@ void compare_results(CpRow& row, DType t, const StepResult& single, const StepRe
   }
 }
 
+StepResult time_group(CpRow& row, const CpTimingOptions& o, int ranks, int nb,
+                      const std::function<StepResult(const GroupRank&)>& rank_body) {
+  const int root = o.root < 0 ? 0 : o.root;
+  std::vector<std::vector<double>> times(ranks, std::vector<double>(o.samples));
+  StepResult grouped;
+  SpinBarrier barrier(ranks);
+  ContextParallelOptions cp;
+  cp.root = o.root;
+  on_ranks(ranks, barrier, [&](int r) {
+    const auto [lo, hi] = share_range(nb, r, ranks);
+    StepResult result = rank_body(GroupRank{r, lo, hi, r == root, cp, barrier, times[r]});
+    if (r == root) grouped = std::move(result);
+  });
+  row.group_ms = group_step_ms(times, o.steps_per_sample);
+  return grouped;
+}
+
 }  // namespace pagedattn::bench

@@ -192,33 +192,25 @@ CpRow time_cuda(const CpShape& s, const std::vector<Communicator*>& comms,
   }
 
   // The group: rank r holds blocks [r * nb / ranks, (r + 1) * nb / ranks).
-  const int root = o.root < 0 ? 0 : o.root;
-  std::vector<std::vector<double>> times(ranks, std::vector<double>(o.samples));
-  StepResult grouped;
-  SpinBarrier barrier(ranks);
-  ContextParallelOptions cp;
-  cp.root = o.root;
-  on_ranks(ranks, barrier, [&](int r) {
-    check_cuda(cudaSetDevice(devices[r]), "cudaSetDevice");
-    const auto [lo, hi] = share_range(nb, r, ranks);
-    Share sh(s, lo, hi, ranks, 100 + r);
+  const StepResult grouped = time_group(row, o, ranks, nb, [&](const GroupRank& g) {
+    check_cuda(cudaSetDevice(devices[g.rank]), "cudaSetDevice");
+    Share sh(s, g.lo, g.hi, ranks, 100 + g.rank);
     const DecodeOptions opt = sh.options();
-    auto step = [&] { context_parallel_decode(sh.args, *comms[r], opt, cp); };
+    auto step = [&] { context_parallel_decode(sh.args, *comms[g.rank], opt, g.cp); };
     step();  // warm-up; NCCL connects its peers here, outside any capture
     check_cuda(cudaStreamSynchronize(sh.stream), "warm-up");
-    barrier.wait();
+    g.barrier.wait();
     cudaGraphExec_t exec = capture(sh, K, step);
     Events ev;
-    barrier.wait();
+    g.barrier.wait();
     time_replay(sh, exec, ev.a, ev.b);
     for (int i = 0; i < o.samples; ++i) {
-      barrier.wait();
-      times[r][i] = time_replay(sh, exec, ev.a, ev.b);
+      g.barrier.wait();
+      g.samples[i] = time_replay(sh, exec, ev.a, ev.b);
     }
     cudaGraphExecDestroy(exec);
-    if (r == root) grouped = download(sh, s);
+    return g.root ? download(sh, s) : StepResult{};
   });
-  row.group_ms = group_step_ms(times, K);
   row.state_bytes = state_bytes(s);
   compare_results(row, s.dtype, single, grouped);
   return row;

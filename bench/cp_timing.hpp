@@ -75,5 +75,20 @@ double state_bytes(const CpShape& shape);
 double group_step_ms(const std::vector<std::vector<double>>& times, int steps);
 // Sets row.rel_err and row.lse_err of `grouped` against `single`.
 void compare_results(CpRow& row, DType dtype, const StepResult& single, const StepResult& grouped);
+// What one rank of the group sees in time_group: its share [lo, hi) of the blocks, the options
+// its context_parallel_decode takes (root options.root), the barrier the ranks meet at, and its
+// samples to fill (options.samples of them, in ms for steps_per_sample steps each).
+struct GroupRank {
+  int rank = 0, lo = 0, hi = 0;
+  bool root = false;  // the rank whose result is the group's
+  const ContextParallelOptions& cp;
+  SpinBarrier& barrier;
+  std::vector<double>& samples;
+};
+// The group's part of both measurements: runs rank_body on one thread per rank (on_ranks), rank r
+// holding blocks [r * nb / ranks, (r + 1) * nb / ranks); sets row.group_ms from the ranks' samples
+// (group_step_ms) and returns the root's result (rank_body's return elsewhere is dropped).
+StepResult time_group(CpRow& row, const CpTimingOptions& options, int ranks, int nb,
+                      const std::function<StepResult(const GroupRank&)>& rank_body);
 
 }  // namespace pagedattn::bench

@@ -117,27 +117,19 @@ CpRow time_cpu(const CpShape& s, const std::vector<Communicator*>& comms,
   }
   row.single_ms = median(samples) / K;
 
-  const int root = o.root < 0 ? 0 : o.root;
-  std::vector<std::vector<double>> times(ranks, std::vector<double>(o.samples));
-  StepResult grouped;
-  SpinBarrier barrier(ranks);
-  ContextParallelOptions cp;
-  cp.root = o.root;
-  on_ranks(ranks, barrier, [&](int r) {
-    const auto [lo, hi] = share_range(nb, r, ranks);
-    Share sh(s, q, lk, lv, lo, hi, 100 + r);
+  const StepResult grouped = time_group(row, o, ranks, nb, [&](const GroupRank& g) {
+    Share sh(s, q, lk, lv, g.lo, g.hi, 100 + g.rank);
     DecodeOptions ro;
     ro.backend = Backend::kCpu;
     ro.num_threads = std::max(1, threads / ranks);
-    auto step = [&] { context_parallel_decode(sh.args, *comms[r], ro, cp); };
+    auto step = [&] { context_parallel_decode(sh.args, *comms[g.rank], ro, g.cp); };
     step();  // warm-up
     for (int i = 0; i < o.samples; ++i) {
-      barrier.wait();
-      times[r][i] = time_ms(K, step);
+      g.barrier.wait();
+      g.samples[i] = time_ms(K, step);
     }
-    if (r == root) grouped = StepResult{sh.out, sh.lse};
+    return g.root ? StepResult{sh.out, sh.lse} : StepResult{};
   });
-  row.group_ms = group_step_ms(times, K);
   compare_results(row, s.dtype, StepResult{single.out, single.lse}, grouped);
   return row;
 }
