@@ -45,39 +45,37 @@ __attribute__((target("avx512f"))) std::uint64_t sum_avx512(const char* p, std::
       _mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
 }
 
+// The sum of the 64-bit words of [p, p + bytes) in whole groups of four vectors V, each of four
+// accumulators taking one; V is a vector of 64-bit words (GCC's vector extension) that may be
+// unaligned. Inlined into each kernel below, whose target makes V's loads and adds single
+// instructions of its width.
+template <typename V>
+[[gnu::always_inline]] inline std::uint64_t sum_vectors(const char* p, std::size_t bytes) {
+  const V* a = reinterpret_cast<const V*>(p);
+  const std::size_t n = bytes / sizeof(V);
+  V s0{}, s1{}, s2{}, s3{};
+  for (std::size_t i = 0; i + 4 <= n; i += 4) {
+    s0 += a[i];
+    s1 += a[i + 1];
+    s2 += a[i + 2];
+    s3 += a[i + 3];
+  }
+  s0 = (s0 + s1) + (s2 + s3);
+  std::uint64_t r = 0;
+  for (std::size_t w = 0; w < sizeof(V) / sizeof(std::uint64_t); ++w) r += s0[w];
+  return r;
+}
+
+using Words4 = std::uint64_t __attribute__((vector_size(32), aligned(1), may_alias));
+using Words2 = std::uint64_t __attribute__((vector_size(16), aligned(1), may_alias));
+
 // 32-byte loads.
 __attribute__((target("avx2"))) std::uint64_t sum_avx2(const char* p, std::size_t bytes) {
-  const __m256i* a = reinterpret_cast<const __m256i*>(p);
-  const std::size_t n = bytes / 32;
-  __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
-  for (std::size_t i = 0; i + 4 <= n; i += 4) {
-    s0 = _mm256_add_epi64(s0, _mm256_loadu_si256(a + i));
-    s1 = _mm256_add_epi64(s1, _mm256_loadu_si256(a + i + 1));
-    s2 = _mm256_add_epi64(s2, _mm256_loadu_si256(a + i + 2));
-    s3 = _mm256_add_epi64(s3, _mm256_loadu_si256(a + i + 3));
-  }
-  s0 = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
-  alignas(32) std::uint64_t r[4];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(r), s0);
-  return r[0] + r[1] + r[2] + r[3];
+  return sum_vectors<Words4>(p, bytes);
 }
 
 // 16-byte loads (every x86-64).
-std::uint64_t sum_sse2(const char* p, std::size_t bytes) {
-  const __m128i* a = reinterpret_cast<const __m128i*>(p);
-  const std::size_t n = bytes / 16;
-  __m128i s0 = _mm_setzero_si128(), s1 = s0, s2 = s0, s3 = s0;
-  for (std::size_t i = 0; i + 4 <= n; i += 4) {
-    s0 = _mm_add_epi64(s0, _mm_loadu_si128(a + i));
-    s1 = _mm_add_epi64(s1, _mm_loadu_si128(a + i + 1));
-    s2 = _mm_add_epi64(s2, _mm_loadu_si128(a + i + 2));
-    s3 = _mm_add_epi64(s3, _mm_loadu_si128(a + i + 3));
-  }
-  s0 = _mm_add_epi64(_mm_add_epi64(s0, s1), _mm_add_epi64(s2, s3));
-  alignas(16) std::uint64_t r[2];
-  _mm_store_si128(reinterpret_cast<__m128i*>(r), s0);
-  return r[0] + r[1];
-}
+std::uint64_t sum_sse2(const char* p, std::size_t bytes) { return sum_vectors<Words2>(p, bytes); }
 
 }  // namespace
 
