@@ -24,7 +24,9 @@ from _cases import (alibi_slopes, arg, check_lse, check_out, check_rejected, des
 # The oracle
 
 
-# The f64 oracle of multi-token decode (q_indptr), written apart from _cases.reference_decode.
+# The f64 oracle of multi-token decode (q_indptr): an intentional independent oracle, written
+# apart from _cases.reference_decode (token by token, from the definition) so that the two
+# share no mistake.
 def tokens_reference(q, k, v, block_table, context_lens, q_indptr, scale: Optional[float] = None,
                      *, window_left: int = -1, logits_soft_cap: float = 0.0,
                      alibi_slopes: Optional[Sequence[float]] = None,
