@@ -1,8 +1,11 @@
 // ItemKernel on AMX (built with the AVX-512 BF16 kernel's flags plus -mamx-tile -mamx-bf16): a
 // bf16 cache read with a bf16 q at a GQA group that is a multiple of 8 and a head dim that is a
 // multiple of 32 takes Q.K on AMX tiles (amx_tiles.hpp), and with a bf16 out (the weights may be
-// rounded to bf16) P.V too; the softmax is the AVX-512 kernel's, and so is P.V for other outs (V
-// widened in pairs). Anything else runs the AVX-512 kernel of isa_avx512.cpp.
+// rounded to bf16) P.V too: on tiles of 16 heads in steps of 32 tokens with the softmax of all 16
+// heads at once (amx_steps.hpp), on tiles of 8 block by block with the AVX-512 kernel's softmax.
+// P.V for other outs is the AVX-512 kernel's (V widened in pairs). Anything else runs the
+// AVX-512 kernel of isa_avx512.cpp.
+#include "amx_steps.hpp"
 #include "item_kernel_impl.hpp"
 
 namespace pagedattn::detail::cpu {
@@ -28,8 +31,17 @@ void run_item_amx(const ItemContext& c, const WorkItem& it, int kv_count, float*
   AmxQWord* q = reinterpret_cast<AmxQWord*>(scratch.q);
   const int tile_heads = amx_tile_heads(c.group_size);
   amx_pack_q(c.q_bf16 + it.seq * c.q_bf16_stride + head0, heads, D, tile_heads, q);
-  amx_configure_tiles(tile_heads);
   alignas(64) float tmp[2 * W];
+  if (amx_steps_take(c)) {  // steps of 32 tokens, token-major softmax (amx_steps.hpp)
+    amx_configure_step_tiles();
+    run_item_amx_steps(c, it, kv_count, q, m, l, acc);
+    _tile_release();
+    for (int h = 0; h < heads; ++h) {
+      from_token_pair_order<false>(acc + static_cast<std::int64_t>(h) * D, tmp, D);
+    }
+    return;
+  }
+  amx_configure_tiles(tile_heads);
   if (c.bf16_weights) {  // P.V on tiles too (a bf16 out), in token-pair order
     run_item<A, bf16_t, true, true>(c, it, kv_count, static_cast<const AmxQWord*>(q), m, l, acc,
                                     scratch);

@@ -175,6 +175,39 @@ TEST(CpuAmx, NonFiniteKRowMakesItsSequenceNaN) {
   }
 }
 
+// Tiles of 16 heads with bf16 weights run in steps of 32 tokens (cpu/amx_steps.hpp): whole blocks
+// per step (32 of 1, four of 8, two of 16, one of 24 or 32; blocks of 64 take the block-by-block
+// path), contexts that end inside a step's first or second block or at its end, odd block counts,
+// one and two tiles of heads per step (group 16, 32 and 48: a pair, then one), head dims 64 to
+// 256 (the largest the step's buffers hold).
+TEST(CpuAmx, StepsOfBlocksMatchTheReference) {
+  if (detail::cpu::kernel_for_isa("amx") == nullptr) GTEST_SKIP() << kNoAmx;
+  const std::vector<int> lens = {16, 17, 31, 32, 33, 48, 63, 65, 200};
+  std::uint64_t salt = 500;
+  for (int bs : {1, 8, 16, 24, 32, 64})
+    expect_amx_matches_reference(amx_spec(32, 128, bs, lens, salt++), true);
+  for (int d : {64, 96, 192, 256})
+    expect_amx_matches_reference(amx_spec(16, d, 16, lens, salt++), true);
+  expect_amx_matches_reference(amx_spec(48, 64, 16, lens, salt++), true);
+}
+
+// NaN K and V rows in the steps of 32 tokens: in a step's first block and its second, in a last
+// partial step, and in a 16-token part that spans blocks (block size 7, copied row by row).
+TEST(CpuAmx, NonFiniteRowInAStepMakesItsSequenceNaN) {
+  if (detail::cpu::kernel_for_isa("amx") == nullptr) GTEST_SKIP() << kNoAmx;
+  std::uint64_t salt = 600;
+  for (int group : {16, 32}) {
+    for (int bs : {16, 7}) {
+      const testing::CaseSpec spec = amx_spec(group, 64, bs, {41, 50}, salt++);
+      for (int t : {3, 20, 40}) {
+        testing::HostCase c = testing::make_case(spec);
+        testing::store_nan_tokens(c, 0, t, t + 1);
+        expect_amx_matches_reference(spec, true, {}, &c);
+      }
+    }
+  }
+}
+
 // Query tokens together (q_indptr): a kv head's rows are the call's most query tokens x the
 // group, in tiles of 16 heads where they come in sixteens (group 4 at 4 and 8 tokens, group 8 at
 // 2, group 16 at 1) and of 8 otherwise (group 4 at 2, group 8 at 1). Through decode() on the CPU
@@ -182,6 +215,71 @@ TEST(CpuAmx, NonFiniteKRowMakesItsSequenceNaN) {
 // inside a block and crossing several, a sequence with fewer query tokens than the call's most
 // (padding rows), NaN in every cache slot no query may read; bf16 and f32 outs (P.V on tiles with
 // the bf16 one).
+// A case of query tokens together: `q_len` tokens per sequence, sequence 3 one fewer (padding
+// rows), a random bf16 q for all of them, decoded on the CPU backend; NaN in K and V of the
+// context tokens [nan_from, nan_to) counted back from each context's end (t = L - nan_from ..).
+// The result against the f64 reference: NaN exactly where the reference has NaN (the rows whose
+// query attends a NaN token), the rest within the out dtype's tolerance.
+void expect_query_tokens_match(const testing::CaseSpec& spec, int q_len, int nan_from = 0,
+                               int nan_to = 0) {
+  testing::HostCase c = testing::make_case(spec);
+  std::vector<std::int32_t> indptr = {0};
+  for (int b = 0; b < spec.batch; ++b) {
+    indptr.push_back(indptr.back() + (b == 3 ? std::max(1, q_len - 1) : q_len));
+  }
+  for (int b = 0; b < spec.batch; ++b) {
+    const int L = c.context_lens[b];
+    if (nan_to > nan_from && L >= nan_to) testing::store_nan_tokens(c, b, L - nan_to, L - nan_from);
+  }
+  const std::size_t row = static_cast<std::size_t>(spec.num_heads) * spec.head_dim;
+  const std::size_t rows = static_cast<std::size_t>(indptr.back());
+  std::mt19937_64 rng(spec.seed ^ 0x51a7e5ull);
+  std::normal_distribution<float> dist(0.f, spec.magnitude);
+  c.q.assign(rows * row * sizeof(bf16_t), 0);
+  for (std::size_t i = 0; i < rows * row; ++i) {
+    store_from_float(c.q.data(), DType::kBF16, i, dist(rng));
+  }
+  c.out.assign(rows * row * dtype_size(spec.out_dtype), 0);
+  c.lse.assign(rows * spec.num_heads, 0.f);
+  c.poison_outputs();
+  DecodeArgs a = c.args();
+  a.q_indptr = indptr.data();
+  a.num_q_tokens = indptr.back();
+  a.max_q_len = q_len;
+  const ReferenceResult ref = reference_decode(a);
+  detail::DecodeOptions o;
+  o.backend = Backend::kCpu;
+  detail::decode(a, o);
+  SCOPED_TRACE(testing::describe(spec) + " q_len " + std::to_string(q_len) + " NaN tokens " +
+               std::to_string(nan_from) + ".." + std::to_string(nan_to) + " from the end " +
+               testing::seed_note(spec.seed));
+  if (nan_to <= nan_from) {
+    const testing::Comparison cmp = testing::compare_outputs(c, ref);
+    EXPECT_TRUE(cmp.all_finite) << "first bad element: " << cmp.first_bad;
+    EXPECT_LE(cmp.rel_err(), testing::out_tolerance(spec.out_dtype));
+    EXPECT_LE(cmp.max_abs_err_lse, testing::lse_tolerance());
+    return;
+  }
+  double scale = 1e-30, err = 0;
+  std::size_t nan_rows = 0;
+  for (std::size_t i = 0; i < ref.out.size(); ++i) {
+    const float got = spec.out_dtype == DType::kBF16
+                          ? to_float(reinterpret_cast<const bf16_t*>(c.out.data())[i])
+                          : reinterpret_cast<const float*>(c.out.data())[i];
+    if (std::isnan(ref.out[i])) {
+      EXPECT_TRUE(std::isnan(got)) << "out " << i;
+      nan_rows += i % spec.head_dim == 0;
+      continue;
+    }
+    scale = std::max(scale, std::fabs(ref.out[i]));
+    const double diff = std::fabs(got - ref.out[i]);
+    err = std::isnan(diff) ? INFINITY : std::max(err, diff);
+  }
+  EXPECT_GT(nan_rows, 0u) << "no row attends the NaN tokens";
+  EXPECT_LT(nan_rows, ref.out.size() / spec.head_dim) << "every row attends the NaN tokens";
+  EXPECT_LE(err / scale, testing::out_tolerance(spec.out_dtype));
+}
+
 TEST(CpuAmx, QueryTokensTogetherMatchTheReference) {
   if (std::string(detail::cpu::isa().name) != "amx") {
     GTEST_SKIP() << "the CPU backend does not run the AMX kernel here";
@@ -193,37 +291,29 @@ TEST(CpuAmx, QueryTokensTogetherMatchTheReference) {
       for (DType out : {DType::kBF16, DType::kF32}) {
         testing::CaseSpec spec = amx_spec(group, 128, bs, {0, 1, 17, 2 * bs + 3, 301}, salt++);
         spec.out_dtype = out;
-        testing::HostCase c = testing::make_case(spec);
-        std::vector<std::int32_t> indptr = {0};
-        for (int b = 0; b < spec.batch; ++b) {
-          indptr.push_back(indptr.back() + (b == 3 ? std::max(1, q_len - 1) : q_len));
-        }
-        const std::size_t row = static_cast<std::size_t>(spec.num_heads) * spec.head_dim;
-        const std::size_t rows = static_cast<std::size_t>(indptr.back());
-        std::mt19937_64 rng(spec.seed ^ 0x51a7e5ull);
-        std::normal_distribution<float> dist(0.f, spec.magnitude);
-        c.q.assign(rows * row * sizeof(bf16_t), 0);
-        for (std::size_t i = 0; i < rows * row; ++i) {
-          store_from_float(c.q.data(), DType::kBF16, i, dist(rng));
-        }
-        c.out.assign(rows * row * dtype_size(out), 0);
-        c.lse.assign(rows * spec.num_heads, 0.f);
-        c.poison_outputs();
-        DecodeArgs a = c.args();
-        a.q_indptr = indptr.data();
-        a.num_q_tokens = indptr.back();
-        a.max_q_len = q_len;
-        const ReferenceResult ref = reference_decode(a);
-        detail::DecodeOptions o;
-        o.backend = Backend::kCpu;
-        detail::decode(a, o);
-        const testing::Comparison cmp = testing::compare_outputs(c, ref);
-        SCOPED_TRACE(testing::describe(spec) + " q_len " + std::to_string(q_len) + " " +
-                     testing::seed_note(spec.seed));
-        EXPECT_TRUE(cmp.all_finite) << "first bad element: " << cmp.first_bad;
-        EXPECT_LE(cmp.rel_err(), testing::out_tolerance(out));
-        EXPECT_LE(cmp.max_abs_err_lse, testing::lse_tolerance());
+        expect_query_tokens_match(spec, q_len);
       }
+    }
+  }
+}
+
+// NaN in context tokens that only the later query tokens attend (the last one, or the last two
+// where a sequence has more than two query tokens): the rows of earlier tokens, whose causal bound
+// lies before them, stay finite (no P.V tile may multiply their 0 weight by a NaN V row); with
+// tiles of 16 heads and bf16 weights the steps of 32 tokens take these contexts, which end inside a
+// step's first or second block.
+TEST(CpuAmx, QueryTokensSkipNaNPastTheirBound) {
+  if (std::string(detail::cpu::isa().name) != "amx") {
+    GTEST_SKIP() << "the CPU backend does not run the AMX kernel here";
+  }
+  const std::pair<int, int> shapes[] = {{4, 4}, {4, 8}, {16, 2}};
+  std::uint64_t salt = 700;
+  for (const auto& [group, q_len] : shapes) {
+    for (int bs : {16, 7}) {
+      testing::CaseSpec spec = amx_spec(group, 128, bs, {9, 20, 40, 47, 301}, salt++);
+      spec.out_dtype = DType::kBF16;
+      expect_query_tokens_match(spec, q_len, 0, 1);
+      if (q_len > 2) expect_query_tokens_match(spec, q_len, 0, 2);
     }
   }
 }
