@@ -160,6 +160,29 @@ inline void amx_step_pack_v(const AmxStep& st, int nv, int D, AmxStepBuffers& b,
   }
 }
 
+// exp(x) for x <= 0 or -inf, the arguments of the softmax's weights and rescaling factors: x = k
+// ln2
+// + r with k = round(x / ln2) and ln2 in two parts (Cody-Waite), e^r by the polynomial of
+// Cephes' expf (relative error about 1e-7, as xsimd::exp), times 2^k by vscalefps. Below -88 (a
+// weight under 1e-38) the argument is taken as -88, so -inf gives a denormal, not 0: the caller
+// masks the -inf lanes. No overflow, NaN or infinity handling, which xsimd::exp spends most of its
+// instructions on.
+inline __m512 amx_exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-88.f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, k);
+}
+
 // What the variants and the causal bounds do to a step's logits for one tile of 16 heads.
 struct AmxStepLogits {
   float scale = 1.f;
@@ -215,7 +238,7 @@ inline void amx_step_softmax(float (*sc)[16], int n, const AmxStepLogits& v, flo
   const __mmask16 rescale = grows & ~_mm512_cmp_ps_mask(vm, ninf, _CMP_EQ_OQ) & ~bad;
   alignas(64) float alphas[16];
   if (rescale != 0) {
-    const __m512 alpha = xsimd::exp(B(_mm512_sub_ps(vm, vmax)));
+    const __m512 alpha = amx_exp_nonpositive(_mm512_sub_ps(vm, vmax));
     vl = _mm512_mask_mul_ps(vl, rescale, vl, alpha);
     _mm512_store_ps(alphas, alpha);
   }
@@ -239,8 +262,7 @@ inline void amx_step_softmax(float (*sc)[16], int n, const AmxStepLogits& v, flo
   const auto weights = [&](int t) __attribute__((always_inline)) {
     if (t >= n) return _mm512_setzero_ps();
     const __m512 x = _mm512_load_ps(sc[t]);
-    const __m512 e = xsimd::exp(B(_mm512_sub_ps(x, shift)));
-    // exp(-inf) is 0 in xsimd, but the mask keeps the masked tokens exact whatever it does.
+    const __m512 e = amx_exp_nonpositive(_mm512_sub_ps(x, shift));  // x <= the max: <= 0
     return _mm512_maskz_mov_ps(live & _mm512_cmp_ps_mask(x, ninf, _CMP_NEQ_UQ), e);
   };
   __m512 pairs[kAmxStepTokens / 2];
