@@ -39,7 +39,7 @@ inline bool amx_steps_take(const ItemContext& c) {
 // Every tile 16 rows of 64 bytes: the C, K and q tiles of the scores (16 tokens x 16 heads, 16
 // tokens x 32 dims, 16 dim pairs x 16 heads), the P tile (16 heads x 32 tokens), V (16 token pairs
 // x 16 dims) and the accumulators (16 heads x 16 dims), so the registers change roles freely:
-// scores use tmm0-1 (C of two head tiles), tmm2 (K) and tmm3-4 (q); P.V tmm0-1 (P), tmm2-3 (V)
+// scores use tmm0-1 and tmm5-6 (C), tmm2 (K) and tmm3-4 (q); P.V tmm0-1 (P), tmm2-3 (V)
 // and tmm4-7 (accumulators).
 inline void amx_configure_step_tiles() {
   AmxTileConfig cfg;
@@ -61,17 +61,16 @@ struct AmxStep {
   std::uint8_t seg[kAmxStepTokens];
 };
 
-// The step's buffers, on the task's stack (33 KB). sc has 16 rows to spare
-// for the C tile of a last partial 16 tokens. pw is zeroed once per task and then only ever holds
-// weights: amx_step_values_rest pairs a head's odd last token with the next word, which must be
-// finite (it multiplies a zero), and for the last head of the last tile that is pw_end.
+// The step's buffers, on the task's stack (40 KB). pw is zeroed once per task and then only ever
+// holds weights: amx_step_values_rest pairs a head's odd last token with the next word, which
+// must be finite (it multiplies a zero), and for the last head of the last tile that is pw_end.
 struct AmxStepBuffers {
-  alignas(64) float sc[2][kAmxStepTokens + kAmxTokens][16];  // logits, token-major, per head tile
-  alignas(64) bf16_t pw[2][16][kAmxStepTokens];              // P tiles, per head tile
+  alignas(64) float sc[2][kAmxStepTokens][16];   // logits, token-major, per head tile
+  alignas(64) bf16_t pw[2][16][kAmxStepTokens];  // P tiles, per head tile
   bf16_t pw_end[kAmxStepTokens];
   // V in token pairs: per 16 dims, the step's token pairs x 16 dims.
   alignas(64) bf16_t vp[kAmxStepMaxDim / 16][kAmxStepTokens / 2][32];
-  alignas(64) bf16_t part[16][kAmxStepMaxDim];  // K rows of 16 tokens not in one piece
+  alignas(64) bf16_t part[2][16][kAmxStepMaxDim];  // K rows of 16 tokens not in one piece
 };
 
 // Unit by unit prefetch for a step: the units (block, kv head) of a step are started one after the
@@ -102,41 +101,58 @@ struct AmxStepPrefetch {
 };
 
 // The logits of NT (1 or 2) tiles of 16 heads for the step's tokens: b.sc[j][t][h] =
-// dot(q_h, k_t) (unscaled) for t < st.n, token-major as the C tile stores them. A 16-token part
-// of the step that lies in one piece loads K straight from the cache; another (smaller blocks,
-// the last tokens) copies its rows into b.part first, so no row outside the step is read. q: the
-// first tile's packed B (amx_pack_q), the second's 16 D words on.
+// dot(q_h, k_t) (unscaled) for t < st.n, token-major as the C tile stores them. Both 16-token
+// halves of the step run together, so each q tile is loaded once per 32 dims for both (C tiles:
+// tmm0-1 for the first half, tmm5-6 for the second; K tmm2, q tmm3-4). A half that lies in one
+// piece loads K straight from the cache; another (smaller blocks, the last tokens) copies its rows
+// into b.part first, so no row outside the step is read. q: the first tile's packed B
+// (amx_pack_q), the second's 16 D words on.
 template <int NT, class Prefetch>
 inline void amx_step_scores(const AmxQWord* q, int D, const AmxStep& st, AmxStepBuffers& b,
                             Prefetch& pf) {
-  for (int t0 = 0; t0 < st.n; t0 += kAmxTokens) {
-    const int rows = std::min(kAmxTokens, st.n - t0);
-    const bf16_t* kt;
-    std::int64_t k_stride;
+  static_assert(kAmxStepTokens == 2 * kAmxTokens, "two halves of 16 tokens");
+  const bf16_t* kt[2];
+  std::int64_t k_stride[2];
+  for (int half = 0; half < 2; ++half) {
+    const int t0 = half * kAmxTokens;
+    const int rows = std::clamp(st.n - t0, 0, kAmxTokens);
     if (rows == kAmxTokens && st.seg[t0] == st.seg[t0 + kAmxTokens - 1]) {
-      kt = st.k[t0];
-      k_stride = st.ts * static_cast<std::int64_t>(sizeof(bf16_t));
-    } else {
-      for (int t = 0; t < rows; ++t) std::memcpy(b.part[t], st.k[t0 + t], D * sizeof(bf16_t));
-      for (int t = rows; t < kAmxTokens; ++t) std::memset(b.part[t], 0, D * sizeof(bf16_t));
-      kt = b.part[0];
-      k_stride = sizeof(b.part[0]);
+      kt[half] = st.k[t0];
+      k_stride[half] = st.ts * static_cast<std::int64_t>(sizeof(bf16_t));
+    } else if (rows > 0) {
+      bf16_t(*part)[kAmxStepMaxDim] = b.part[half];
+      for (int t = 0; t < rows; ++t) std::memcpy(part[t], st.k[t0 + t], D * sizeof(bf16_t));
+      for (int t = rows; t < kAmxTokens; ++t) std::memset(part[t], 0, D * sizeof(bf16_t));
+      kt[half] = part[0];
+      k_stride[half] = sizeof(part[0]);
     }
-    _tile_zero(0);
-    if constexpr (NT == 2) _tile_zero(1);
-    for (int d = 0; d < D; d += kAmxDims) {
-      pf.piece();
-      const AmxQWord* qd = q + (d / kAmxDims) * kAmxDims * kAmxWideHeads;
-      _tile_loadd(2, kt + d, k_stride);
-      _tile_loadd(3, qd, 64);
-      _tile_dpbf16ps(0, 2, 3);
-      if constexpr (NT == 2) {
-        _tile_loadd(4, qd + static_cast<std::int64_t>(kAmxWideHeads) * D, 64);
-        _tile_dpbf16ps(1, 2, 4);
-      }
+  }
+  const bool two = st.n > kAmxTokens;
+  _tile_zero(0);
+  if constexpr (NT == 2) _tile_zero(1);
+  if (two) {
+    _tile_zero(5);
+    if constexpr (NT == 2) _tile_zero(6);
+  }
+  for (int d = 0; d < D; d += kAmxDims) {
+    pf.piece();
+    const AmxQWord* qd = q + (d / kAmxDims) * kAmxDims * kAmxWideHeads;
+    _tile_loadd(3, qd, 64);
+    if constexpr (NT == 2) _tile_loadd(4, qd + static_cast<std::int64_t>(kAmxWideHeads) * D, 64);
+    _tile_loadd(2, kt[0] + d, k_stride[0]);
+    _tile_dpbf16ps(0, 2, 3);
+    if constexpr (NT == 2) _tile_dpbf16ps(1, 2, 4);
+    if (two) {
+      _tile_loadd(2, kt[1] + d, k_stride[1]);
+      _tile_dpbf16ps(5, 2, 3);
+      if constexpr (NT == 2) _tile_dpbf16ps(6, 2, 4);
     }
-    _tile_stored(0, b.sc[0][t0], 64);
-    if constexpr (NT == 2) _tile_stored(1, b.sc[1][t0], 64);
+  }
+  _tile_stored(0, b.sc[0][0], 64);
+  if constexpr (NT == 2) _tile_stored(1, b.sc[1][0], 64);
+  if (two) {
+    _tile_stored(5, b.sc[0][kAmxTokens], 64);
+    if constexpr (NT == 2) _tile_stored(6, b.sc[1][kAmxTokens], 64);
   }
 }
 
