@@ -13,7 +13,8 @@
 //                                            rounded to bf16, two tokens per vdpbf16ps)
 // On AMX (isa_amx.cpp, amx_tiles.hpp) the scores of a bf16 q and cache are one tile product
 // S^T = K Q^T per 16 tokens, and with a bf16 out the values one tile product acc += P V, on
-// tiles of 8 or 16 heads (amx_tile_heads).
+// tiles of 8 or 16 heads (amx_tile_heads); tiles of 16 heads with a bf16 out and blocks of up to
+// 32 tokens run amx_steps.hpp instead of this body.
 // The next physical blocks are prefetched while the current one is computed. Nothing allocates.
 // The three steps are block_scores.hpp, block_softmax.hpp and block_values.hpp; the prefetch is
 // paced_prefetch.hpp. Here: a block's tile of heads, an item's blocks, and the entry points.
