@@ -18,6 +18,20 @@ __device__ __forceinline__ float tree_reduce(float (&v)[N], Op op) {
   return v[0];
 }
 
+// Row r's logits of NS slices (rows g and g + 8 of the lane's quad: r = 0, 1), gathered for a
+// reduction that may overwrite them.
+template <int NS>
+__device__ __forceinline__ void row_values(const float (&s)[NS][2][4], int r, float (&v)[4 * NS]) {
+#pragma unroll
+  for (int j = 0; j < NS; ++j) {
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      v[4 * j + 2 * n] = s[j][n][2 * r];
+      v[4 * j + 2 * n + 1] = s[j][n][2 * r + 1];
+    }
+  }
+}
+
 // Folds the logits s of NS slices into the states st of rows g and g + 8 (the lanes of a quad
 // hold the same max and partial sums of their own columns): s becomes the weights, alpha each
 // row's rescale factor for the accumulator.
@@ -30,14 +44,7 @@ __device__ __forceinline__ void mma_softmax(float (&s)[NS][2][4], const float (&
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float v[4 * NS];
-#pragma unroll
-    for (int j = 0; j < NS; ++j) {
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        v[4 * j + 2 * n] = s[j][n][2 * r];
-        v[4 * j + 2 * n + 1] = s[j][n][2 * r + 1];
-      }
-    }
+    row_values(s, r, v);
     mx[r] = tree_reduce(v, [](float x, float y) { return fmaxf(x, y); });
   }
   float shift[2];
@@ -52,7 +59,6 @@ __device__ __forceinline__ void mma_softmax(float (&s)[NS][2][4], const float (&
   float ps[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float v[4 * NS];
 #pragma unroll
     for (int j = 0; j < NS; ++j) {
 #pragma unroll
@@ -61,10 +67,11 @@ __device__ __forceinline__ void mma_softmax(float (&s)[NS][2][4], const float (&
         for (int c = 0; c < 2; ++c) {
           float& x = s[j][n][2 * r + c];
           x = Log2Exp::exp(fmaf(x, efac[r], -shift[r]));
-          v[4 * j + 2 * n + c] = x;
         }
       }
     }
+    float v[4 * NS];
+    row_values(s, r, v);
     ps[r] = tree_reduce(v, [](float x, float y) { return x + y; });
   }
   st[0].add(ps[0]);
