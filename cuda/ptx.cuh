@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace pagedattn::detail::cuda {
 
@@ -44,48 +45,46 @@ __device__ __forceinline__ int warp_max(int v) {
 // query heads as the M rows (padded to 16), 16-token slices as N (scores) and K (P V). P is
 // split into hi + lo parts of the storage type, so the P V product keeps f32-level accuracy.
 
+// The m16n8k16 MMA of 16-bit type T (__half or __nv_bfloat16) with f32 accumulators, and the
+// packing of its fragments: two values of T in one 32-bit register, the first in the low half.
 template <typename T>
-struct MmaOp;
-template <>
-struct MmaOp<__nv_bfloat16> {
-  static constexpr std::uint32_t kExpMask = 0x7f80u, kOne = 0x3f80u;  // of one 16-bit value
+struct MmaOp {
+  static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  static_assert(kBf16 || std::is_same_v<T, __half>, "MmaOp: f16 or bf16");
+  using Pair = std::conditional_t<kBf16, __nv_bfloat162, __half2>;
+  // Of one 16-bit value: the exponent field, and 1.0.
+  static constexpr std::uint32_t kExpMask = kBf16 ? 0x7f80u : 0x7c00u;
+  static constexpr std::uint32_t kOne = kBf16 ? 0x3f80u : 0x3c00u;
   static __device__ __forceinline__ std::uint32_t pack(float a, float b) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    Pair h;
+    if constexpr (kBf16) {
+      h = __floats2bfloat162_rn(a, b);
+    } else {
+      h = __floats2half2_rn(a, b);
+    }
     return *reinterpret_cast<std::uint32_t*>(&h);
   }
   static __device__ __forceinline__ void unpack(std::uint32_t u, float& a, float& b) {
-    __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162*>(&u);
+    Pair h = *reinterpret_cast<Pair*>(&u);
     a = __low2float(h);
     b = __high2float(h);
   }
   static __device__ __forceinline__ void mma(float (&c)[4], const std::uint32_t (&a)[4],
                                              std::uint32_t b0, std::uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-template <>
-struct MmaOp<__half> {
-  static constexpr std::uint32_t kExpMask = 0x7c00u, kOne = 0x3c00u;
-  static __device__ __forceinline__ std::uint32_t pack(float a, float b) {
-    __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<std::uint32_t*>(&h);
-  }
-  static __device__ __forceinline__ void unpack(std::uint32_t u, float& a, float& b) {
-    __half2 h = *reinterpret_cast<__half2*>(&u);
-    a = __low2float(h);
-    b = __high2float(h);
-  }
-  static __device__ __forceinline__ void mma(float (&c)[4], const std::uint32_t (&a)[4],
-                                             std::uint32_t b0, std::uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#define PAGEDATTN_MMA_M16N8K16(TYPE)                     \
+  "mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE \
+  ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "                  \
+  "{%8,%9}, {%0,%1,%2,%3};\n"
+    if constexpr (kBf16) {
+      asm volatile(PAGEDATTN_MMA_M16N8K16("bf16")
+                   : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+      asm volatile(PAGEDATTN_MMA_M16N8K16("f16")
+                   : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+#undef PAGEDATTN_MMA_M16N8K16
   }
 };
 
