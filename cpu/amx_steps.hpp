@@ -176,9 +176,8 @@ inline void amx_step_pack_v(const AmxStep& st, int nv, int D, AmxStepBuffers& b,
   }
 }
 
-// exp(x) for x <= 0 or -inf, the arguments of the softmax's weights and rescaling factors: x = k
-// ln2
-// + r with k = round(x / ln2) and ln2 in two parts (Cody-Waite), e^r by the polynomial of
+// exp(x) for x <= 0 or -inf, the arguments of the softmax's weights and rescaling factors:
+// x = k ln2 + r with k = round(x / ln2) and ln2 in two parts (Cody-Waite), e^r by the polynomial of
 // Cephes' expf (relative error about 1e-7, as xsimd::exp), times 2^k by vscalefps. Below -88 (a
 // weight under 1e-38) the argument is taken as -88, so -inf gives a denormal, not 0: the caller
 // masks the -inf lanes. No overflow, NaN or infinity handling, which xsimd::exp spends most of its
@@ -410,10 +409,7 @@ inline void run_item_amx_steps(const ItemContext& c, const WorkItem& it, int kv_
   const int pieces = std::max(1, (4 + (3 * (D / kAmxDims) + 2 * 8) * pairs_of_tiles) / SB);
 
   const int first_tok = window_first_token(L, c.window_left);
-  // Query tokens together: the sequence's first query token's position (its later tokens' are
-  // the next ones); rows of padding tokens (i >= n_b) attend the whole context.
-  const int n_b = c.token_group > 0 ? c.q_indptr[it.seq + 1] - c.q_indptr[it.seq] : 1;
-  const int first_query_pos = L - n_b;
+  const QueryBounds qb = query_bounds(c, it.seq, L);  // query tokens together
 
   AmxStepBuffers b;
   std::memset(b.pw, 0, sizeof(b.pw) + sizeof(b.pw_end));
@@ -446,9 +442,8 @@ inline void run_item_amx_steps(const ItemContext& c, const WorkItem& it, int kv_
       if (st.n == 0) continue;
       // The step's tokens every row attends (the first query token's bound), whose V rows enter
       // the tiles; the rest is per head (amx_step_values_rest).
-      const bool causal = c.token_group > 0 && st.p0 + st.n - 1 > first_query_pos;
-      const int last0 = n_b > 0 ? first_query_pos : L - 1;
-      const int nv = causal ? std::clamp(last0 - st.p0 + 1, 0, st.n) : st.n;
+      const bool causal = c.token_group > 0 && st.p0 + st.n - 1 > qb.first_query_pos;
+      const int nv = causal ? std::clamp(qb.last_pos(0) - st.p0 + 1, 0, st.n) : st.n;
       amx_step_pack_v(st, nv, D, b, pf);
       const AmxQWord* q = q_heads + static_cast<std::int64_t>(i) * G * D;
       float* mi = m + i * G;
@@ -465,9 +460,7 @@ inline void run_item_amx_steps(const ItemContext& c, const WorkItem& it, int kv_
           if (c.alibi_slopes != nullptr) v[j].slopes = c.alibi_slopes + kv * G + g0;
           if (causal) {
             for (int r = 0; r < kAmxWideHeads; ++r) {
-              const int qi = (g0 + r) / c.token_group;
-              const int last = qi < n_b ? first_query_pos + qi : L - 1;
-              rows_n[j][r] = std::clamp(last - st.p0 + 1, 0, st.n);
+              rows_n[j][r] = std::clamp(qb.last_pos(g0 + r) - st.p0 + 1, 0, st.n);
             }
             v[j].rows_n = rows_n[j];
           }

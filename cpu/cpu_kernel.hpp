@@ -66,6 +66,30 @@ struct ItemContext {
 ItemContext item_context(const DecodeArgs& a, const float* q_scaled,
                          const std::int32_t* seq_rows = nullptr);
 
+// The causal bounds of a sequence's query tokens taken together (ItemContext::token_group):
+// row r of a kv head's rows is query token r / token_group's, which attends positions up to
+// first_query_pos + its index; rows of padding tokens (index n and on) attend the whole context.
+// With token_group 0 (one query token) n is 1 and first_query_pos L - 1; last_pos is not called.
+struct QueryBounds {
+  int n = 1;                // the sequence's query tokens
+  int first_query_pos = 0;  // the position of its first one
+  int token_group = 0;
+  int context = 0;  // L
+  // The last position that row `row` of a kv head's rows attends.
+  int last_pos(int row) const {
+    const int i = row / token_group;
+    return i < n ? first_query_pos + i : context - 1;
+  }
+};
+inline QueryBounds query_bounds(const ItemContext& c, int seq, int context) {
+  QueryBounds b;
+  b.n = c.token_group > 0 ? c.q_indptr[seq + 1] - c.q_indptr[seq] : 1;
+  b.first_query_pos = context - b.n;
+  b.token_group = c.token_group;
+  b.context = context;
+  return b;
+}
+
 // What the variants do to the logits of one block for a tile of heads: the soft-cap, then the
 // ALiBi bias slope_r * pos, pos = first_pos + t for the block's t-th computed token.
 // With several query tokens of a sequence in the tile, rows_n[r] is the number of the block's

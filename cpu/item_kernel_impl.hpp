@@ -212,10 +212,7 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
   }
   // With a window, the tokens of the first block before it are skipped (never computed).
   const int first_tok = window_first_token(L, c.window_left);
-  // Query tokens together: the position of the sequence's first query token (its later tokens'
-  // are the next ones); rows of padding tokens (i >= n_b) attend the whole context.
-  const int n_b = c.token_group > 0 ? c.q_indptr[it.seq + 1] - c.q_indptr[it.seq] : 1;
-  const int first_query_pos = L - n_b;
+  const QueryBounds qb = query_bounds(c, it.seq, L);  // query tokens together
   int rows_n[kHeadTile];  // the tile's rows' token counts in a block past a causal bound
   for (int blk = it.block_begin; blk < it.block_end; ++blk) {
     const int id = c.table.block(it.seq, blk);
@@ -247,11 +244,9 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
         // Query tokens together: where the block passes the causal bound of some of the tile's
         // rows, each row takes the prefix of the block it attends.
         var.rows_n = nullptr;
-        if (c.token_group > 0 && var.first_pos + n - 1 > first_query_pos - (L - 1)) {
+        if (c.token_group > 0 && var.first_pos + n - 1 > qb.first_query_pos - (L - 1)) {
           for (int r = 0; r < R; ++r) {
-            const int i = (g + r) / c.token_group;
-            const int last = i < n_b ? first_query_pos + i : L - 1;  // its last attended position
-            rows_n[r] = std::clamp(last - (blk * BS + skip) + 1, 0, n);
+            rows_n[r] = std::clamp(qb.last_pos(g + r) - (blk * BS + skip) + 1, 0, n);
           }
           var.rows_n = rows_n;
         }
