@@ -29,11 +29,13 @@ namespace {
 constexpr int kAmxStepTokens = 32;   // a step's tokens: the depth of one bf16 P tile
 constexpr int kAmxStepMaxDim = 256;  // the largest head dim the step buffers hold
 
-// Whether a task takes the steps of 32 tokens: bf16 weights (a bf16 out), tiles of 16 heads, and
-// blocks of at most 32 tokens (a step is whole blocks).
+// Whether a task takes the steps of 32 tokens: bf16 weights (a bf16 out), tiles of 16 heads,
+// blocks of at most 32 tokens (a step is whole blocks) and no tree mask (a step reads every token
+// of its blocks).
 inline bool amx_steps_take(const ItemContext& c) {
-  return c.bf16_weights && amx_tile_heads(c.group_size) == kAmxWideHeads &&
-         c.layout.block_size <= kAmxStepTokens && c.layout.head_dim <= kAmxStepMaxDim;
+  return c.bf16_weights && c.tree_rows == nullptr &&
+         amx_tile_heads(c.group_size) == kAmxWideHeads && c.layout.block_size <= kAmxStepTokens &&
+         c.layout.head_dim <= kAmxStepMaxDim;
 }
 
 // Every tile 16 rows of 64 bytes: the C, K and q tiles of the scores (16 tokens x 16 heads, 16

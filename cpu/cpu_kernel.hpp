@@ -9,6 +9,7 @@
 #include "pagedattn/dtype.hpp"
 #include "pagedattn/pagedattn.hpp"
 #include "pagedattn/split_plan.hpp"
+#include "pagedattn/tree_mask.hpp"
 
 // The processors with kernels: x86-64 (SSE2, AVX2, AVX-512; isa_sse2/avx2/avx512.cpp) and
 // AArch64 (NEON, its baseline; isa_neon.cpp). cpu/CMakeLists.txt refuses any other.
@@ -53,6 +54,10 @@ struct ItemContext {
   // context up to position L - n_b + i. token_group 0: one query token per sequence.
   int token_group = 0;
   const std::int32_t* q_indptr = nullptr;
+  // Tree masks (DecodeArgs::tree_mask), one query token per sequence: sequence s attends the
+  // tokens tree_rows[s].attends() (every token before its new ones, the new ones its mask row
+  // names); its masked tokens' K and V are never read. Null: no tree mask.
+  const TreeMaskRow* tree_rows = nullptr;
   // The attention variants (pagedattn/variants.hpp); the plan already starts each sequence at
   // its window's first block.
   int window_left = -1;
@@ -101,6 +106,31 @@ struct BlockLogits {
   const int* rows_n = nullptr;
   bool active() const { return cap > 0.f || slopes != nullptr; }
 };
+
+// The stretches of a block's computed tokens (n of them, the first at position `pos`) that a
+// sequence attends: with no tree mask (null) or before its new tokens all n as one; otherwise each
+// stretch of consecutive tokens its mask row keeps. Writes run_first[k] (the offset from the first
+// computed token) and run_n[k] for each stretch k and returns how many there are (at most n).
+inline int attended_runs(const TreeMaskRow* tree, int pos, int n, int* run_first, int* run_n) {
+  if (tree == nullptr || pos + n <= tree->first_new) {
+    run_first[0] = 0;
+    run_n[0] = n;
+    return 1;
+  }
+  int runs = 0;
+  for (int t = 0; t < n;) {
+    if (!tree->attends(pos + t)) {
+      ++t;
+      continue;
+    }
+    int e = t + 1;
+    while (e < n && tree->attends(pos + e)) ++e;
+    run_first[runs] = t;
+    run_n[runs++] = e - t;
+    t = e;
+  }
+  return runs;
+}
 
 // The most query heads per tile of the kernel: 16 on AMX (amx_tiles.hpp), 8 in registers.
 constexpr int kHeadTile = 16;

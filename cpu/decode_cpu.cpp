@@ -337,7 +337,8 @@ const float* gather_queries(const DecodeArgs& a, const TokenRows& tr, FloatBuffe
 // b), or with tr.tokens > 1 the sequences' query tokens together, each K/V row read once for all
 // of a sequence's tokens.
 void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
-                      const std::int32_t* seq_rows, const TokenRows& tr) {
+                      const std::int32_t* seq_rows, const TokenRows& tr,
+                      const TreeMaskRow* tree_rows = nullptr) {
   const IsaChoice& kernel = isa();
   const int D = a.head_dim, BS = a.block_size;
   // The kernel's view: tr.tokens x the heads per sequence, in groups of tr.tokens x G.
@@ -366,6 +367,7 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
     ctx.token_group = a.group_size();
     ctx.q_indptr = tr.q_indptr;
   }
+  ctx.tree_rows = tree_rows;
 
   const std::int64_t num_tasks = static_cast<std::int64_t>(st.tasks.size());
   const Task* tasks = st.tasks.data();
@@ -401,19 +403,24 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
 // Multi-token queries (DecodeArgs::q_indptr): query token i of sequence b, at position
 // P = L_b - n_b + i, is exactly a one-token query of a context of P + 1 tokens over b's table
 // row (pagedattn.hpp), so the call runs as one of num_q_tokens such sequences, each reading its
-// sequence's table row (rows[r]; lens[r] its context). Each query token reads its keys and values
-// itself: the way for a window or ALiBi, whose bounds and biases differ per token at the
-// context's start (decode() takes the tokens together otherwise).
+// sequence's table row (rows[r]; lens[r] its context) and, with a tree mask, attending the tokens
+// of its mask row (tree[r]). Each query token reads its keys and values itself: the way for a
+// window or ALiBi, whose bounds and biases differ per token at the context's start, and for a tree
+// mask (decode() takes the tokens together otherwise).
 DecodeArgs as_sequences(const DecodeArgs& a, std::vector<std::int32_t>& lens,
-                        std::vector<std::int32_t>& rows) {
+                        std::vector<std::int32_t>& rows, std::vector<TreeMaskRow>& tree) {
   lens.resize(static_cast<std::size_t>(a.num_q_tokens));
   rows.resize(static_cast<std::size_t>(a.num_q_tokens));
+  tree.resize(a.tree_mask != nullptr ? static_cast<std::size_t>(a.num_q_tokens) : 0);
   for (int b = 0; b < a.batch; ++b) {
     const int n_q = a.q_indptr[b + 1] - a.q_indptr[b];
     for (int i = 0; i < n_q; ++i) {
       const int r = a.q_indptr[b] + i;
       lens[r] = std::max(0, a.context_lens[b] - n_q + i + 1);
       rows[r] = b;
+      if (a.tree_mask != nullptr) {
+        tree[r] = tree_mask_row(a.tree_mask, a.tree_mask_indptr[b], n_q, i, a.context_lens[b]);
+      }
     }
   }
   DecodeArgs v = a;
@@ -421,6 +428,8 @@ DecodeArgs as_sequences(const DecodeArgs& a, std::vector<std::int32_t>& lens,
   v.context_lens = lens.data();
   v.q_indptr = nullptr;
   v.num_q_tokens = v.max_q_len = 0;
+  v.tree_mask = nullptr;
+  v.tree_mask_indptr = nullptr;
   return v;
 }
 
@@ -444,7 +453,7 @@ DecodeArgs with_read_lengths(const DecodeArgs& a, std::vector<std::int32_t>& len
 TokenRows tokens_together(const DecodeArgs& a, const DecodeOptions& options) {
   TokenRows tr;
   if (a.q_indptr == nullptr || a.window_left >= 0 || a.alibi_slopes != nullptr ||
-      options.batch_invariant) {
+      a.tree_mask != nullptr || options.batch_invariant) {
     return tr;
   }
   tr.q_indptr = a.q_indptr;
@@ -462,24 +471,28 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
     return;
   }
   thread_local std::vector<std::int32_t> lens, rows;
+  thread_local std::vector<TreeMaskRow> tree;
   const TokenRows tr = tokens_together(a, options);
   if (tr.q_indptr != nullptr) {
     if (tr.tokens > 0) decode_sequences(with_read_lengths(a, lens), options, nullptr, tr);
     return;
   }
-  const DecodeArgs v = as_sequences(a, lens, rows);
-  if (v.batch > 0) decode_sequences(v, options, rows.data(), TokenRows{});
+  const DecodeArgs v = as_sequences(a, lens, rows, tree);
+  if (v.batch > 0) {
+    decode_sequences(v, options, rows.data(), TokenRows{}, tree.empty() ? nullptr : tree.data());
+  }
 }
 
 SplitPlan split_plan(const DecodeArgs& a, const DecodeOptions& options) {
   std::vector<std::int32_t> lens, rows;
+  std::vector<TreeMaskRow> tree;
   const TokenRows tr = tokens_together(a, options);
   DecodeArgs v = a;
   if (tr.q_indptr != nullptr) {
     v = with_read_lengths(a, lens);
     v.num_heads *= tr.tokens;
   } else if (a.q_indptr != nullptr) {
-    v = as_sequences(a, lens, rows);
+    v = as_sequences(a, lens, rows, tree);
   }
   const PlanOptions po = plan_options(v, options, threads_for_call(v, options));
   return make_split_plan(v.context_lens, v.batch, v.num_kv_heads, v.block_size, po);

@@ -214,68 +214,78 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
   const int first_tok = window_first_token(L, c.window_left);
   const QueryBounds qb = query_bounds(c, it.seq, L);  // query tokens together
   int rows_n[kHeadTile];  // the tile's rows' token counts in a block past a causal bound
+  // One stretch of n attended tokens of block `id`, the first at position pos, for kv head
+  // kv_first + i: every tile of its G query heads.
+  const auto block_run = [&](int pos, int n, int id, int i) {
+    const int kv = kv_first + i;
+    // The factor of the dot products of a raw bf16 q (q_scaled has it in): an fp8 cache's K
+    // scale joins the softmax scale.
+    const float logit_scale =
+        is_fp8_type<T> ? c.scale * head_scale(c.k_scale, c.k_scales, kv) : c.scale;
+    const std::int64_t base = c.layout.offset(id, kv, pos % BS);
+    const T* kb = k_cache + base;
+    const T* vb = v_cache + base;
+    const QT* q = q_heads + static_cast<std::int64_t>(i) * G * D;
+    float* mi = m + i * G;
+    float* li = l + i * G;
+    float* ai = acc + static_cast<std::int64_t>(i) * G * D;
+    BlockLogits var;
+    var.cap = c.soft_cap;
+    var.first_pos = pos - (L - 1);
+    for (int g = 0; g < G;) {
+      const QT* qg = q + static_cast<std::int64_t>(g) * D;
+      float* ag = ai + static_cast<std::int64_t>(g) * D;
+      const int R = tile_heads<Arch, QT>(G, g);
+      if (c.alibi_slopes != nullptr) var.slopes = c.alibi_slopes + kv * G + g;
+      // Query tokens together: where the block passes the causal bound of some of the tile's
+      // rows, each row takes the prefix of the block it attends.
+      var.rows_n = nullptr;
+      if (c.token_group > 0 && var.first_pos + n - 1 > qb.first_query_pos - (L - 1)) {
+        for (int r = 0; r < R; ++r) {
+          rows_n[r] = std::clamp(qb.last_pos(g + r) - pos + 1, 0, n);
+        }
+        var.rows_n = rows_n;
+      }
+      const auto tile = [&](auto heads) {
+        block_tile<Arch, decltype(heads)::value, P, PW>(qg, kb, vb, ts, n, D, logit_scale, var, s,
+                                                        ss, mi + g, li + g, ag, pf);
+      };
+      if constexpr (kAmxQ<QT>) {  // AMX tiles: the task's width throughout
+        R == kAmxWideHeads ? tile(Heads<kAmxWideHeads>{}) : tile(Heads<kAmxHeads>{});
+      } else {
+        switch (R) {
+          case 8:
+            tile(Heads<8>{});
+            break;
+          case 4:
+            tile(Heads<4>{});
+            break;
+          case 3:
+            tile(Heads<3>{});
+            break;
+          case 2:
+            tile(Heads<2>{});
+            break;
+          default:
+            tile(Heads<1>{});
+            break;
+        }
+      }
+      g += R;
+    }
+  };
+  const TreeMaskRow* tree = c.tree_rows != nullptr ? &c.tree_rows[it.seq] : nullptr;
+  int run_first[kMaxBlockSize], run_n[kMaxBlockSize];  // the block's attended stretches
   for (int blk = it.block_begin; blk < it.block_end; ++blk) {
     const int id = c.table.block(it.seq, blk);
     const int skip = std::max(0, first_tok - blk * BS);
-    const int n = valid_in_block(L, BS, blk) - skip;
-    BlockLogits var;
-    var.cap = c.soft_cap;
-    var.first_pos = blk * BS + skip - (L - 1);
+    const int runs =
+        attended_runs(tree, blk * BS + skip, valid_in_block(L, BS, blk) - skip, run_first, run_n);
     for (int i = 0; i < kv_count; ++i) {
       pf.rest();
       start_unit(pf, (blk - it.block_begin) * kv_count + i + ahead, kPrefetchPieces);
-      const int kv = kv_first + i;
-      // The factor of the dot products of a raw bf16 q (q_scaled has it in): an fp8 cache's K
-      // scale joins the softmax scale.
-      const float logit_scale =
-          is_fp8_type<T> ? c.scale * head_scale(c.k_scale, c.k_scales, kv) : c.scale;
-      const std::int64_t base = c.layout.offset(id, kv, skip);
-      const T* kb = k_cache + base;
-      const T* vb = v_cache + base;
-      const QT* q = q_heads + static_cast<std::int64_t>(i) * G * D;
-      float* mi = m + i * G;
-      float* li = l + i * G;
-      float* ai = acc + static_cast<std::int64_t>(i) * G * D;
-      for (int g = 0; g < G;) {
-        const QT* qg = q + static_cast<std::int64_t>(g) * D;
-        float* ag = ai + static_cast<std::int64_t>(g) * D;
-        const int R = tile_heads<Arch, QT>(G, g);
-        if (c.alibi_slopes != nullptr) var.slopes = c.alibi_slopes + kv * G + g;
-        // Query tokens together: where the block passes the causal bound of some of the tile's
-        // rows, each row takes the prefix of the block it attends.
-        var.rows_n = nullptr;
-        if (c.token_group > 0 && var.first_pos + n - 1 > qb.first_query_pos - (L - 1)) {
-          for (int r = 0; r < R; ++r) {
-            rows_n[r] = std::clamp(qb.last_pos(g + r) - (blk * BS + skip) + 1, 0, n);
-          }
-          var.rows_n = rows_n;
-        }
-        const auto tile = [&](auto heads) {
-          block_tile<Arch, decltype(heads)::value, P, PW>(qg, kb, vb, ts, n, D, logit_scale, var, s,
-                                                          ss, mi + g, li + g, ag, pf);
-        };
-        if constexpr (kAmxQ<QT>) {  // AMX tiles: the task's width throughout
-          R == kAmxWideHeads ? tile(Heads<kAmxWideHeads>{}) : tile(Heads<kAmxHeads>{});
-        } else {
-          switch (R) {
-            case 8:
-              tile(Heads<8>{});
-              break;
-            case 4:
-              tile(Heads<4>{});
-              break;
-            case 3:
-              tile(Heads<3>{});
-              break;
-            case 2:
-              tile(Heads<2>{});
-              break;
-            default:
-              tile(Heads<1>{});
-              break;
-          }
-        }
-        g += R;
+      for (int run = 0; run < runs; ++run) {
+        block_run(blk * BS + skip + run_first[run], run_n[run], id, i);
       }
     }
   }

@@ -18,6 +18,7 @@ void decode(const DecodeArgs& args, const DecodeOptions& options) {
     return;
   }
   validate_q_indptr(args, args.q_indptr);
+  validate_tree_mask(args, args.tree_mask, args.tree_mask_indptr, args.q_indptr);
   validate_tables(args, args.context_lens, args.block_table, args.q_indptr);
   validate_variant_values(args, args.alibi_slopes, args.sinks);
   validate_kv_scales(args, args.k_scales, args.v_scales);

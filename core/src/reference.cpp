@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "pagedattn/cache_layout.hpp"
+#include "pagedattn/tree_mask.hpp"
 #include "pagedattn/validate.hpp"
 #include "pagedattn/variants.hpp"
 
@@ -15,6 +17,7 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
   validate_shapes(a, /*require_out=*/false);
   if (a.batch > 0) {
     validate_q_indptr(a, a.q_indptr);
+    validate_tree_mask(a, a.tree_mask, a.tree_mask_indptr, a.q_indptr);
     validate_tables(a, a.context_lens, a.block_table, a.q_indptr);
     validate_variant_values(a, a.alibi_slopes, a.sinks);
     validate_kv_scales(a, a.k_scales, a.v_scales);
@@ -41,15 +44,22 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
       // Query token i of n_q sits at position P = L_b - n_q + i: a query of a context of
       // L = P + 1 tokens (pagedattn.hpp).
       const int L = std::max(0, a.context_lens[b] - n_q + i + 1);
-      if (L == 0) {  // out = 0, lse = -inf, or the sink's logit
+      // The attended tokens: [t0, L), the whole context or the window, less the new tokens the
+      // tree mask leaves out.
+      const int t0 = window_first_token(L, a.window_left);
+      const TreeMaskRow tree = tree_mask_row(a.tree_mask, a.tree_mask ? a.tree_mask_indptr[b] : 0,
+                                             n_q, i, a.context_lens[b]);
+      std::vector<int> attended;
+      for (int t = t0; t < L; ++t) {
+        if (tree.attends(t)) attended.push_back(t);
+      }
+      const int n = static_cast<int>(attended.size());
+      if (n == 0) {  // out = 0, lse = -inf, or the sink's logit
         if (a.sinks != nullptr) {
           for (int h = 0; h < H; ++h) r.lse[static_cast<std::size_t>(row) * H + h] = a.sinks[h];
         }
         continue;
       }
-      // The attended tokens [t0, L): the whole context, or the window.
-      const int t0 = window_first_token(L, a.window_left);
-      const int n = L - t0;
       for (int kv = 0; kv < a.num_kv_heads; ++kv) {
         // The dequantization scales (1 for caches other than fp8); code x scale is exact in f64.
         const double ks = static_cast<double>(a.k_scale) * (a.k_scales ? a.k_scales[kv] : 1.f);
@@ -57,7 +67,7 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
         // Gather the attended keys and values: one row per token.
         Eigen::MatrixXd K(n, D), V(n, D);
         for (int j = 0; j < n; ++j) {
-          const int t = t0 + j;
+          const int t = attended[j];
           const std::int64_t base =
               layout.offset(table.block(b, t / a.block_size), kv, t % a.block_size);
           for (int d = 0; d < D; ++d) {
@@ -86,7 +96,9 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
           Eigen::VectorXd s = scale * (K * q);  // logits
           for (int j = 0; j < n; ++j) {
             if (cap > 0) s(j) = soft_cap(s(j), cap);
-            if (a.alibi_slopes != nullptr) s(j) += double(a.alibi_slopes[h]) * (t0 + j - (L - 1));
+            if (a.alibi_slopes != nullptr) {
+              s(j) += double(a.alibi_slopes[h]) * (attended[j] - (L - 1));
+            }
           }
           const double sink = a.sinks != nullptr ? double(a.sinks[h]) : no_sink;
           const double m = std::max(s.maxCoeff(), sink);

@@ -10,6 +10,7 @@
 
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/split_plan.hpp"
+#include "pagedattn/tree_mask.hpp"
 #include "pagedattn/variants.hpp"
 
 namespace pagedattn {
@@ -277,6 +278,14 @@ void validate_shapes(const DecodeArgs& a, bool require_out) {
            "must be 0 when batch is 0");
     }
   }
+  if ((a.tree_mask == nullptr) != (a.tree_mask_indptr == nullptr)) {
+    fail(ErrorCode::kInvalidArgument, a.tree_mask ? "tree_mask_indptr" : "tree_mask", "null",
+         "tree_mask and tree_mask_indptr are set together");
+  }
+  if (a.tree_mask != nullptr && a.q_indptr == nullptr) {
+    fail(ErrorCode::kInvalidArgument, "q_indptr", "null",
+         "a tree mask needs q_indptr (it masks a sequence's query tokens)");
+  }
   const std::int64_t row = static_cast<std::int64_t>(a.num_heads) * a.head_dim;
   const std::pair<const char*, std::int64_t> row_strides[] = {{"q_row_stride", a.q_row_stride},
                                                               {"out_row_stride", a.out_row_stride}};
@@ -406,6 +415,39 @@ void validate_variant_values(const DecodeArgs& a, const float* alibi_slopes, con
       why << "must not be NaN or +inf and at most " << kMaxVariantMagnitude
           << " in magnitude (-inf is no sink)";
       fail(ErrorCode::kInvalidArgument, "sinks[" + std::to_string(h) + "]", sinks[h], why.str());
+    }
+  }
+}
+
+void validate_tree_mask(const DecodeArgs& a, const std::uint8_t* tree_mask,
+                        const std::int32_t* tree_mask_indptr, const std::int32_t* q_indptr) {
+  if (a.tree_mask == nullptr) return;
+  if (tree_mask_indptr[0] < 0) {
+    fail(ErrorCode::kInvalidArgument, "tree_mask_indptr[0]", tree_mask_indptr[0],
+         "must not be negative");
+  }
+  for (int b = 0; b < a.batch; ++b) {
+    const int n = q_indptr[b + 1] - q_indptr[b];
+    const std::int64_t have =
+        static_cast<std::int64_t>(tree_mask_indptr[b + 1]) - tree_mask_indptr[b];
+    if (have < tree_mask_bytes(n)) {
+      std::ostringstream arg, why;
+      arg << "tree_mask_indptr[" << b + 1 << "]";
+      why << "leaves sequence " << b << " " << have << " bytes (tree_mask_indptr[" << b
+          << "] = " << tree_mask_indptr[b] << ") for the " << n << " x " << n
+          << " bits of its mask: it needs " << tree_mask_bytes(n);
+      fail(ErrorCode::kInvalidArgument, arg.str(), tree_mask_indptr[b + 1], why.str());
+    }
+    for (int i = 0; i < n; ++i) {
+      const TreeMaskRow row = tree_mask_row(tree_mask, tree_mask_indptr[b], n, i, n);
+      for (int j = i + 1; j < n; ++j) {
+        if (!row.attends(j)) continue;
+        std::ostringstream arg, why;
+        arg << "tree_mask bit (" << i << ", " << j << ") of sequence " << b;
+        why << "token " << i << " may not attend the later token " << j
+            << ": bits above the diagonal must be clear";
+        fail(ErrorCode::kInvalidArgument, arg.str(), 1, why.str());
+      }
     }
   }
 }

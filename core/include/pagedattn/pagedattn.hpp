@@ -5,7 +5,8 @@
 //   out[b,h,:] = sum_t softmax(s)_t * V[block_table[b, t / BS], kv, t % BS, :]
 //   lse[b,h]   = log(sum_t exp(s_t));   L_b == 0 gives out = 0 and lse = -inf.
 // With q_indptr, sequence b has several query tokens, each attending causally to the context up
-// to its own position (speculative decoding, chunked prefill): see DecodeArgs::q_indptr.
+// to its own position (speculative decoding, chunked prefill): see DecodeArgs::q_indptr; with a
+// tree mask, to the context before them and the new tokens its mask row names (tree_mask).
 // The attention variants (a sliding window, a logits soft-cap, ALiBi slopes, attention sinks)
 // change which t are attended and what s_t is: see DecodeArgs and pagedattn/variants.hpp.
 // See docs/architecture.md and docs/variants.md.
@@ -138,6 +139,22 @@ struct DecodeArgs {
   const std::int32_t* q_indptr = nullptr;
   int num_q_tokens = 0;
   int max_q_len = 0;
+
+  // Tree masks (speculative decoding over a token tree: EAGLE, Medusa), with q_indptr: among a
+  // sequence's n_b new tokens the mask replaces the causal rule. Token i (at P = L_b - n_b + i)
+  // attends the tokens before the new ones (t < L_b - n_b) and new token j (at L_b - n_b + j) where
+  // bit (i, j) of the sequence's mask is set; the window, ALiBi and sinks stay as above, taken
+  // from P. Sequence b's mask is n_b x n_b bits, row-major: bit i * n_b + j is bit (i * n_b + j) %
+  // 8 of byte tree_mask_indptr[b] + (i * n_b + j) / 8 (little-endian bit order, as
+  // numpy.packbits(bitorder="little") and FlashInfer's packed custom masks). Bits with j > i must
+  // be clear (a tree lists every token after its ancestors), so a token still attends nothing
+  // after its own position. tree_mask_indptr: int32 [batch + 1], byte offsets into tree_mask,
+  // tree_mask_indptr[0] >= 0, each sequence's span [tree_mask_indptr[b], tree_mask_indptr[b + 1])
+  // at least ceil(n_b * n_b / 8) bytes. Both live where q_indptr does, both or neither are set,
+  // and they are checked where they are in host memory (pagedattn/tree_mask.hpp,
+  // docs/tree_masks.md). The CUDA backend has no tree masks yet: it refuses them (kUnsupported).
+  const std::uint8_t* tree_mask = nullptr;
+  const std::int32_t* tree_mask_indptr = nullptr;
 
   int table_stride() const { return block_table_stride ? block_table_stride : max_blocks_per_seq; }
   std::int64_t q_stride() const {

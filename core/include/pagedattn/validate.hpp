@@ -62,6 +62,12 @@ void validate_tables(const DecodeArgs& args, const std::int32_t* context_lens,
 // sequence's count at most max_q_len, q_indptr[batch] = num_q_tokens.
 void validate_q_indptr(const DecodeArgs& args, const std::int32_t* q_indptr);
 
+// tree_mask and tree_mask_indptr given in host memory (args.tree_mask's, with q_indptr's values;
+// nothing to check when args.tree_mask is null): tree_mask_indptr[0] >= 0, each sequence's span of
+// at least tree_mask_bytes(n_b) bytes, and no bit above a mask's diagonal set.
+void validate_tree_mask(const DecodeArgs& args, const std::uint8_t* tree_mask,
+                        const std::int32_t* tree_mask_indptr, const std::int32_t* q_indptr);
+
 // alibi_slopes and sinks given in host memory (either may be null): every slope finite, no sink
 // NaN or +inf.
 void validate_variant_values(const DecodeArgs& args, const float* alibi_slopes, const float* sinks);
