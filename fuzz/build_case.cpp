@@ -13,7 +13,10 @@
 #include "cuda_alignment.hpp"
 #include "fast_case.hpp"
 #include "pagedattn/cache_layout.hpp"
+#include "pagedattn/tree_mask.hpp"
+#include "pagedattn/variants.hpp"
 #include "plant_malformation.hpp"
+#include "rng.hpp"
 
 namespace pagedattn::fuzz {
 namespace {
@@ -44,6 +47,31 @@ testing::CaseSpec buildable_spec(const FuzzCase& c) {
   return spec;
 }
 
+// Tree masks belong to multi-token cases, one per sequence of q_lens[b]^2 bits, none above the
+// diagonal (a bad bit is a malformation, planted in the packed bytes).
+void require_tree_masks(const FuzzCase& c) {
+  if (!c.tree) {
+    if (!c.tree_masks.empty()) throw std::invalid_argument("tree masks without the tree flag");
+    return;
+  }
+  if (!c.multi_token() || c.tree_masks.size() != c.q_lens.size()) {
+    throw std::invalid_argument("tree masks need multi-token queries and one mask per sequence");
+  }
+  for (std::size_t b = 0; b < c.q_lens.size(); ++b) {
+    const std::string& mask = c.tree_masks[b];
+    const int n = c.q_lens[b];
+    bool valid = mask.size() == static_cast<std::size_t>(n) * n &&
+                 mask.find_first_not_of("01") == std::string::npos;
+    for (int i = 0; i < n && valid; ++i) {
+      for (int j = i + 1; j < n && valid; ++j) valid = !c.tree_bit(static_cast<int>(b), i, j);
+    }
+    if (!valid) {
+      throw std::invalid_argument("tree mask " + std::to_string(b) +
+                                  " must hold q_lens^2 bits of 0 and 1, none above the diagonal");
+    }
+  }
+}
+
 // Refuses what is no case (a shrink step or a hand-written case that breaks these is not one; bad
 // counts and bad scales are malformations, planted in the arguments): multi-token queries need a
 // count per sequence, none negative nor above max_q_len; scales belong to fp8 caches, one per kv
@@ -61,6 +89,7 @@ void require_case(const FuzzCase& c) {
   } else if (!c.q_lens.empty()) {
     throw std::invalid_argument("q_lens without max_q_len");
   }
+  require_tree_masks(c);
   if (!is_fp8(spec.kv_dtype) &&
       (spec.k_scale != 1.f || spec.v_scale != 1.f || c.per_head_scales())) {
     throw std::invalid_argument("k_scale, v_scale, k_scales and v_scales need an fp8 cache");
@@ -93,6 +122,49 @@ void map_rows(const FuzzCase& c, BuiltCase& b) {
     }
   }
   b.rows = static_cast<int>(b.row_seq.size());
+}
+
+// The tree masks packed as DecodeArgs::tree_mask takes them (FuzzCase::tree_pack_seed: back to
+// back, or with a first offset of 1-3 bytes, 0-3 bytes of garbage after each mask and garbage in
+// the bits past its last one), args pointed at them.
+void pack_tree_masks(const FuzzCase& c, BuiltCase& b) {
+  if (!c.tree) return;
+  Rng r(c.tree_pack_seed);
+  const bool padded = c.tree_pack_seed != 0;
+  const auto garbage = [&](int count) {
+    for (int k = 0; k < count; ++k) b.tree_mask.push_back(static_cast<std::uint8_t>(r.next()));
+  };
+  garbage(padded ? r.uniform(1, 3) : 0);
+  b.tree_mask_indptr.push_back(static_cast<std::int32_t>(b.tree_mask.size()));
+  for (int s = 0; s < c.spec.batch; ++s) {
+    const int n = c.q_lens[static_cast<std::size_t>(s)];
+    const std::size_t start = b.tree_mask.size();
+    b.tree_mask.resize(start + static_cast<std::size_t>(tree_mask_bytes(n)), 0);
+    for (std::int64_t bit = 0; bit < tree_mask_bytes(n) * 8; ++bit) {
+      const bool set = bit < static_cast<std::int64_t>(n) * n
+                           ? c.tree_bit(s, static_cast<int>(bit / n), static_cast<int>(bit % n))
+                           : padded && (r.next() & 1);
+      if (set) b.tree_mask[start + static_cast<std::size_t>(bit >> 3)] |= 1u << (bit & 7);
+    }
+    garbage(padded ? (r.chance(0.5) ? 0 : r.uniform(1, 3)) : 0);
+    b.tree_mask_indptr.push_back(static_cast<std::int32_t>(b.tree_mask.size()));
+  }
+  if (b.tree_mask.empty()) garbage(1);
+  b.args.tree_mask = b.tree_mask.data();
+  b.args.tree_mask_indptr = b.tree_mask_indptr.data();
+}
+
+// Each row's attended tokens (BuiltCase::row_attended): its window less its tree mask's holes.
+void count_attended(const FuzzCase& c, BuiltCase& b) {
+  b.row_attended.resize(b.row_lens.size());
+  for (std::size_t r = 0; r < b.row_lens.size(); ++r) {
+    const int L = b.row_lens[r];
+    int n = 0;
+    for (int t = window_first_token(L, c.window_left); t < L; ++t) {
+      n += b.tree_attends(static_cast<int>(r), t);
+    }
+    b.row_attended[r] = n;
+  }
 }
 
 // Integers in [-127, 127] are exact in every dtype and their products sum exactly in f32
@@ -171,6 +243,9 @@ void lay_out_rows(const FuzzCase& c, BuiltCase& b) {
 // The CUDA backend checks its rows' alignment after the shapes and before q_indptr, the tables
 // and the variants' values (which it reads back in checked mode only), over the rows the
 // arguments declare; then the cache strides (once there is a sequence: a batch of 0 is a no-op).
+// Before them all, once there is a sequence, it refuses a tree mask (kUnsupported, "tree_mask"):
+// the fuzzer runs tree-mask cases on it all the same and requires that refusal, out and lse
+// untouched, rather than keep them from a run with cuda among the backends.
 void expect_cuda_refusal(const FuzzCase& c, BuiltCase& b) {
   const DecodeArgs& a = b.args;
   const bool shapes_pass =
@@ -180,6 +255,11 @@ void expect_cuda_refusal(const FuzzCase& c, BuiltCase& b) {
       c.bad == Malformation::kQIndptrStart || c.bad == Malformation::kQIndptrDecreasing ||
       c.bad == Malformation::kQLenOverMax || c.bad == Malformation::kQIndptrEnd ||
       c.bad == Malformation::kBadKvHeadScale;
+  if (a.tree_mask != nullptr && shapes_pass && a.batch > 0) {
+    b.cuda_refuses = "tree_mask";
+    b.cuda_refuses_code = ErrorCode::kUnsupported;
+    return;
+  }
   const std::int64_t row = static_cast<std::int64_t>(c.spec.num_heads) * c.spec.head_dim;
   if (const char* field =
           misaligned_stride(a.q_rows(), row, c.q_row_stride, c.spec.q_dtype, c.out_row_stride);
@@ -214,6 +294,15 @@ void point_at_host_arrays(const FuzzCase& c, BuiltCase& b) {
 
 }  // namespace
 
+bool BuiltCase::tree_attends(int r, int t) const {
+  if (tree_mask_indptr.empty()) return true;
+  const int s = row_seq[static_cast<std::size_t>(r)];
+  const int n = q_indptr[s + 1] - q_indptr[s];
+  const TreeMaskRow row = tree_mask_row(tree_mask.data(), tree_mask_indptr[s], n, r - q_indptr[s],
+                                        host.context_lens[s]);
+  return row.attends(t);
+}
+
 DecodeArgs BuiltCase::dense_args() const {
   DecodeArgs a = args;
   if (laid_out()) {
@@ -241,7 +330,7 @@ BuiltCase build_case(const FuzzCase& c) {
   BuiltCase b;
   const testing::CaseSpec spec = buildable_spec(c);
   require_case(c);
-  b.host = make_fast_case(spec, c.window_left, c.q_lens, c.k_scales, c.v_scales);
+  b.host = make_fast_case(spec, c.window_left, c.q_lens, c.k_scales, c.v_scales, c.tree_masks);
   map_rows(c, b);
   if (c.snap) snap_values(b.host);
   DecodeArgs& a = b.args;
@@ -257,6 +346,8 @@ BuiltCase build_case(const FuzzCase& c) {
     a.num_q_tokens = b.rows;
     a.max_q_len = c.max_q_len;
   }
+  pack_tree_masks(c, b);
+  count_attended(c, b);
   b.alibi_slopes = per_head(c.alibi_slopes, spec.num_heads);
   b.sinks = per_head(c.sinks, spec.num_heads);
   b.k_scales = c.k_scales;

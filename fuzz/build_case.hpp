@@ -30,6 +30,13 @@ struct BuiltCase {
   // oracle checks each row against.
   std::vector<std::int32_t> q_indptr;
   std::vector<int> row_seq, row_lens;
+  // Per row, the tokens it attends: its context, less those before its window and the new tokens
+  // its tree mask leaves out (0: an empty row, out 0 and lse -inf or the sink).
+  std::vector<int> row_attended;
+  // The packed tree masks and their byte offsets ([batch + 1]) args points at, empty without a
+  // tree mask (FuzzCase::tree); the bytes hold at least one, so that their pointer is not null.
+  std::vector<std::uint8_t> tree_mask;
+  std::vector<std::int32_t> tree_mask_indptr;
   // The host copies of the variants' per-head arrays args points at (at least num_heads values
   // for the arguments' num_heads, so a malformed head count never reads past them).
   std::vector<float> alibi_slopes, sinks;
@@ -48,11 +55,14 @@ struct BuiltCase {
   DecodeArgs args;
   ErrorCode expected_code = ErrorCode::kInvalidArgument;
   std::string expected_argument;  // empty for a valid case
-  // The argument the CUDA backend raises instead (kInvalidArgument), or empty: a misaligned row
-  // stride (FuzzCase::cuda_misaligned_stride, over the rows args declares), which it checks after
-  // the shapes but before its checked-mode q_indptr, table and value checks, on a case that is
-  // valid or malformed only in those.
+  // The argument the CUDA backend raises instead (cuda_refuses_code), or empty: a tree mask
+  // (kUnsupported: it has none yet), else a misaligned row stride (FuzzCase::
+  // cuda_misaligned_stride, over the rows args declares) or cache stride (kInvalidArgument),
+  // which it checks after the shapes but before its checked-mode q_indptr, table and value
+  // checks, on a case that is valid or malformed only in those (or in its tree mask's contents,
+  // which it never reads).
   std::string cuda_refuses;
+  ErrorCode cuda_refuses_code = ErrorCode::kInvalidArgument;
 
   // The buffers args.q and args.out point at (q_rows or host.q, out_rows or host.out), gaps
   // included.
@@ -62,6 +72,9 @@ struct BuiltCase {
     return out_rows.empty() ? host.out : out_rows;
   }
   bool laid_out() const { return !kv.k.empty(); }
+  // Whether row r's tree mask lets it attend the token at position t (true without a tree mask;
+  // the window is not applied).
+  bool tree_attends(int r, int t) const;
   // args over host's dense K and V with the default kv_strides: the same attention, whatever the
   // layout (the reference is computed over it).
   DecodeArgs dense_args() const;

@@ -1,5 +1,6 @@
 #include "case_file.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -48,6 +49,9 @@ std::string to_text(const FuzzCase& c) {
   list("v_scales", c.v_scales);
   os << "max_q_len " << c.max_q_len << '\n' << "q_lens";
   for (int n : c.q_lens) os << ' ' << n;
+  // The tree masks: the flag and the packing seed, then each sequence's bits ('-' for none).
+  os << '\n' << "tree_mask " << c.tree << ' ' << c.tree_pack_seed << '\n' << "tree_masks";
+  for (const std::string& mask : c.tree_masks) os << ' ' << (mask.empty() ? "-" : mask);
   os << '\n'
      << "spare_blocks " << s.spare_blocks << '\n'
      << "table_padding " << s.table_padding << '\n'
@@ -153,8 +157,8 @@ Malformation parse_malformation(const std::string& w, LineReader& in) {
   in.bad();
 }
 
-// The shapes, dtypes, strides, layout, scales, query tokens and table of the spec; false for any
-// other key.
+// The shapes, dtypes, strides, layout, scales, query tokens (and tree masks) and table of the
+// spec; false for any other key.
 bool read_shape_key(LineReader& in, FuzzCase& c) {
   testing::CaseSpec& s = c.spec;
   const std::string& key = in.key();
@@ -196,6 +200,13 @@ bool read_shape_key(LineReader& in, FuzzCase& c) {
     int n;
     while (in.values() >> n) c.q_lens.push_back(n);
     if (!in.values().eof()) in.bad();
+  } else if (key == "tree_mask") {
+    in.read_bool(c.tree);
+    in.read(c.tree_pack_seed);
+  } else if (key == "tree_masks") {
+    c.tree_masks.clear();
+    std::string mask;
+    while (in.values() >> mask) c.tree_masks.push_back(mask == "-" ? "" : mask);
   } else if (key == "spare_blocks") {
     in.read(s.spare_blocks);
   } else if (key == "table_padding") {
@@ -254,6 +265,20 @@ void check_lists(const FuzzCase& c) {
     throw std::runtime_error(
         "case file: q_lens must list batch values with a max_q_len of 1 or more, or none with "
         "max_q_len 0 (one query token per sequence)");
+  }
+  // Files written before tree masks have neither line: no tree mask.
+  bool masks_fit =
+      c.tree_masks.size() == (c.tree ? c.q_lens.size() : 0) && (!c.tree || c.max_q_len > 0);
+  for (std::size_t b = 0; b < c.tree_masks.size() && masks_fit; ++b) {
+    const std::string& mask = c.tree_masks[b];
+    masks_fit = b < c.q_lens.size() &&
+                mask.size() == static_cast<std::size_t>(c.q_lens[b]) * std::max(c.q_lens[b], 0) &&
+                mask.find_first_not_of("01") == std::string::npos;
+  }
+  if (!masks_fit) {
+    throw std::runtime_error(
+        "case file: tree_mask 1 needs q_lens and a tree_masks line of one mask per sequence, "
+        "q_lens[b]^2 characters of 0 and 1 ('-' for none); tree_mask 0 none");
   }
   for (const auto& [key, values] :
        {std::pair{"alibi_slopes", &c.alibi_slopes}, std::pair{"sinks", &c.sinks}}) {

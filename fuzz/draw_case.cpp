@@ -155,7 +155,7 @@ void draw_values(FuzzCase& c, Rng& r) {
 // The streams of the parts draw_parts.hpp draws, kept for the malformations that need a part
 // the case was drawn without.
 struct PartStreams {
-  Rng queries, variants, fp8;
+  Rng queries, variants, fp8, trees;
   std::int64_t work_budget;
 };
 
@@ -178,6 +178,7 @@ void draw_malformation(FuzzCase& c, Rng& r, const DrawOptions& options, PartStre
     s.batch = 1;
     s.context_lens = {1};
     if (c.multi_token()) c.q_lens = {1};
+    fit_tree_masks(c);
   }
   if (m == Malformation::kIdOutOfRange &&
       std::all_of(s.context_lens.begin(), s.context_lens.end(), [](int L) { return L == 0; })) {
@@ -198,6 +199,7 @@ void draw_malformation(FuzzCase& c, Rng& r, const DrawOptions& options, PartStre
       s.context_lens[0] = std::max(s.context_lens[0], 1);
       c.q_lens[0] = std::max(c.q_lens[0], 1);
       c.max_q_len = std::max(c.max_q_len, c.q_lens[0]);
+      fit_tree_masks(c);
     }
   }
   if (m == Malformation::kTableStride) s.table_padding = std::max(s.table_padding, 2);
@@ -251,9 +253,11 @@ FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& o
   PartStreams streams{stream_rng(seed, index, 0x3c6ef372fe94f82bull, 7),
                       stream_rng(seed, index, 0x6a09e667f3bcc909ull, 3),
                       stream_rng(seed, index, 0x510e527fade682d1ull, 11),
+                      stream_rng(seed, index, 0x1f83d9abfb41bd6bull, 13),
                       2 * std::max(budget, 4 * static_cast<std::int64_t>(s.num_kv_heads) *
                                                s.block_size * s.head_dim)};
   draw_query_lens(c, streams.queries, streams.work_budget);
+  draw_tree_masks(c, streams.trees);
   draw_variants(c, streams.variants);
   // The strides too come from a stream of their own: every other draw stays as it was.
   Rng strides = stream_rng(seed, index, 0xbb67ae8584caa73bull, 5);

@@ -1,6 +1,6 @@
 // The parts of a fuzz case that draw_case draws each from a stream of its own (rng.hpp), so that
-// a case without one keeps every other draw: multi-token queries, the attention variants, the q
-// and out row strides, the cache layout and fp8 caches.
+// a case without one keeps every other draw: multi-token queries and their tree masks, the
+// attention variants, the q and out row strides, the cache layout and fp8 caches.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,9 @@ namespace pagedattn::fuzz {
 // Multi-token queries (draw_queries.cpp): per-sequence counts and max_q_len for a quarter of the
 // cases (every case when `force`), the contexts and counts trimmed to `work_budget` elements.
 void draw_query_lens(FuzzCase& c, Rng& r, std::int64_t work_budget, bool force = false);
+// Tree masks over a multi-token case's query tokens (draw_queries.cpp), for 30% of them (every
+// one when `force`); none for a case without multi-token queries.
+void draw_tree_masks(FuzzCase& c, Rng& r, bool force = false);
 
 // The attention variants (draw_variants.cpp): a window, a soft-cap, ALiBi slopes and sinks.
 void draw_variants(FuzzCase& c, Rng& r);

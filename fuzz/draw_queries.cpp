@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "draw_parts.hpp"
@@ -35,7 +36,53 @@ std::int64_t query_work(const testing::CaseSpec& s, const std::vector<int>& q_le
   return work;
 }
 
+// A random tree (a forest) over n tokens: each token's parent a random earlier token or none
+// (roots more or less often, and now and then a chain: every parent the token before, which is
+// the causal rule); a token attends itself and its ancestors.
+std::string draw_tree(Rng& r, int n) {
+  static const double kRootChance[] = {0.0, 0.1, 0.3, 0.7};
+  const double root = r.pick(kRootChance);
+  const double chain = r.chance(0.2) ? 1.0 : r.real() * 0.5;
+  std::vector<int> parent(static_cast<std::size_t>(n), -1);
+  std::string mask(static_cast<std::size_t>(n) * n, '0');
+  for (int i = 0; i < n; ++i) {
+    if (i > 0 && !r.chance(root)) parent[i] = r.chance(chain) ? i - 1 : r.uniform(0, i - 1);
+    for (int a = i; a >= 0; a = parent[a]) mask[static_cast<std::size_t>(i) * n + a] = '1';
+  }
+  return mask;
+}
+
+// Any lower-triangular pattern: bits below the diagonal at a drawn density (none and all
+// included), the diagonal all set, all clear or random (a token that does not attend itself).
+std::string draw_lower_triangle(Rng& r, int n) {
+  static const double kDensity[] = {0.0, 0.1, 0.5, 0.9, 1.0};
+  const double density = r.chance(0.8) ? r.pick(kDensity) : r.real();
+  const int diagonal = r.uniform(0, 2);  // 0: set, 1: clear, 2: random
+  std::string mask(static_cast<std::size_t>(n) * n, '0');
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j <= i; ++j) {
+      const bool bit =
+          j < i ? r.chance(density) : diagonal == 0 || (diagonal == 2 && r.chance(0.5));
+      mask[static_cast<std::size_t>(i) * n + j] = bit ? '1' : '0';
+    }
+  }
+  return mask;
+}
+
 }  // namespace
+
+// Tree masks for 30% of the multi-token cases (every one when `force`): per sequence a random tree
+// (70%) or any lower-triangular pattern, and in 70% of them packed with padding (FuzzCase::
+// tree_pack_seed).
+void draw_tree_masks(FuzzCase& c, Rng& r, bool force) {
+  if (!c.multi_token() || (!force && !r.chance(0.3))) return;
+  c.tree = true;
+  c.tree_masks.clear();
+  for (int n : c.q_lens) {
+    c.tree_masks.push_back(r.chance(0.7) ? draw_tree(r, n) : draw_lower_triangle(r, n));
+  }
+  c.tree_pack_seed = r.chance(0.7) ? r.next() | 1 : 0;
+}
 
 // Multi-token queries for a quarter of the cases (speculative decoding's drafts, chunked
 // prefill): per-sequence counts, one for every sequence in a third of them (a fixed draft

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "pagedattn/cache_layout.hpp"
@@ -62,17 +63,32 @@ int sequence_first_read(int L, int window_left, const std::vector<int>& q_lens, 
   return first_read_token(L, window_left, q_lens.empty() ? 1 : q_lens[static_cast<std::size_t>(b)]);
 }
 
+// Whether any of sequence b's n query tokens attends its new token j by its tree mask (its column
+// j holds a set bit).
+bool named_by_tree(const std::vector<std::string>& tree_masks, int b, int n, int j) {
+  const std::string& mask = tree_masks[static_cast<std::size_t>(b)];
+  for (int i = j; i < n; ++i) {
+    if (mask[static_cast<std::size_t>(i) * n + j] == '1') return true;
+  }
+  return false;
+}
+
 // One flag per cache slot (block * block_size + slot): 1 where some sequence reads it, a token in
-// [sequence_first_read, L) of its context, else 0. Entries before the first read block are never
-// looked at, so they may hold anything.
+// [sequence_first_read, L) of its context that no tree mask leaves out, else 0. Entries before the
+// first read block are never looked at, so they may hold anything.
 std::vector<char> attended_slots(const DecodeArgs& a, int window_left,
-                                 const std::vector<int>& q_lens) {
+                                 const std::vector<int>& q_lens,
+                                 const std::vector<std::string>& tree_masks) {
   const int BS = a.block_size;
   std::vector<char> readable(static_cast<std::size_t>(a.num_blocks) * BS, 0);
   const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
   for (int b = 0; b < a.batch; ++b) {
     const int L = a.context_lens[b];
+    const int n = q_lens.empty() ? 1 : q_lens[static_cast<std::size_t>(b)];
     for (int t = sequence_first_read(L, window_left, q_lens, b); t < L; ++t) {
+      if (!tree_masks.empty() && t >= L - n && !named_by_tree(tree_masks, b, n, t - (L - n))) {
+        continue;
+      }
       readable[static_cast<std::size_t>(table.block(b, t / BS)) * BS + t % BS] = 1;
     }
   }
@@ -103,7 +119,8 @@ int first_read_token(int L, int window_left, int q_len) {
 
 testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left,
                                  const std::vector<int>& q_lens, const std::vector<float>& k_scales,
-                                 const std::vector<float>& v_scales) {
+                                 const std::vector<float>& v_scales,
+                                 const std::vector<std::string>& tree_masks) {
   testing::HostCase c;
   c.spec = spec;
   c.k_scales = k_scales;
@@ -162,7 +179,7 @@ testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left,
   // Every (block, slot) some sequence reads gets values; with poison, every other one NaN (the
   // slots before a window among them).
   const std::vector<char> readable =
-      spec.poison ? attended_slots(c.args(), window_left, q_lens)
+      spec.poison ? attended_slots(c.args(), window_left, q_lens, tree_masks)
                   : std::vector<char>(static_cast<std::size_t>(c.num_blocks) * BS, 1);
   const std::size_t bytes = dtype_size(spec.kv_dtype);
   c.k.assign(static_cast<std::size_t>(layout.elements()) * bytes, 0);

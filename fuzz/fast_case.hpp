@@ -4,6 +4,7 @@
 // more: stale in-range ids past a context and prefixes shared with any earlier sequence.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "pagedattn/testing/random_case.hpp"
@@ -28,9 +29,12 @@ int first_read_token(int L, int window_left, int q_len);
 // the case (HostCase::k_scales, v_scales). An fp8 cache stores each value divided by its scale
 // (spec.k_scale times the kv head's k_scales entry for K, likewise for V), so the values the
 // attention sees have the same spread as in any other cache.
+// tree_masks (with q_lens; empty or one per sequence, as FuzzCase::tree_masks): the new tokens no
+// query token's mask row names are not read either, so with poison their slots get NaN too.
 testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left = -1,
                                  const std::vector<int>& q_lens = {},
                                  const std::vector<float>& k_scales = {},
-                                 const std::vector<float>& v_scales = {});
+                                 const std::vector<float>& v_scales = {},
+                                 const std::vector<std::string>& tree_masks = {});
 
 }  // namespace pagedattn::fuzz

@@ -1,9 +1,11 @@
 #include "fuzz_case.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "cuda_alignment.hpp"
 #include "pagedattn/cache_layout.hpp"
@@ -44,6 +46,28 @@ const char* FuzzCase::cuda_misaligned_kv() const {
   return misaligned_kv(l, spec.kv_dtype);
 }
 
+void fit_tree_masks(FuzzCase& c) {
+  if (!c.tree) return;
+  c.tree_masks.resize(c.q_lens.size());
+  for (std::size_t b = 0; b < c.q_lens.size(); ++b) {
+    const int n = std::max(c.q_lens[b], 0);
+    std::string& mask = c.tree_masks[b];
+    if (mask.size() == static_cast<std::size_t>(n) * n) continue;
+    // The old size, where it is a square (a hand-edited mask may not be: then none is kept).
+    int old = 0;
+    while (static_cast<std::size_t>(old + 1) * (old + 1) <= mask.size()) ++old;
+    if (static_cast<std::size_t>(old) * old != mask.size()) old = 0;
+    std::string fitted(static_cast<std::size_t>(n) * n, '0');
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j <= i; ++j) {
+        const bool bit = i < old ? mask[static_cast<std::size_t>(i) * old + j] == '1' : i == j;
+        fitted[static_cast<std::size_t>(i) * n + j] = bit ? '1' : '0';
+      }
+    }
+    mask = std::move(fitted);
+  }
+}
+
 std::string describe(const FuzzCase& c) {
   std::ostringstream os;
   os << testing::describe(c.spec) << " threads=" << c.threads << " mag=" << c.spec.magnitude;
@@ -65,6 +89,8 @@ std::string describe(const FuzzCase& c) {
     for (std::size_t i = 0; i < c.q_lens.size(); ++i) os << (i ? "," : "") << c.q_lens[i];
     os << "] max_q_len=" << c.max_q_len;
   }
+  // The masks themselves are in the case file (up to 40 x 40 bits per sequence).
+  if (c.tree) os << (c.tree_pack_seed != 0 ? " tree_mask(padded)" : " tree_mask");
   if (c.malformed()) os << " malformed=" << malformation_name(c.bad);
   return os.str();
 }

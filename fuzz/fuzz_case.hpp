@@ -1,6 +1,7 @@
 // One fuzz case: a random-case spec plus what the fuzzer adds on top of it (exact-logit snapping,
 // a custom scale, the CPU thread count, the attention variants, q and out row strides, multi-token
-// queries, the K/V cache layout, fp8 caches and their scales, a planted malformation). Every case
+// queries and their tree masks, the K/V cache layout, fp8 caches and their scales, a planted
+// malformation). Every case
 // is a pure function of (seed, index) and the draw options (draw_case.hpp), and a case file holds
 // the full description (case_file.hpp) so a shrunk case replays alone.
 #pragma once
@@ -44,6 +45,15 @@ struct FuzzCase {
   // context), and max_q_len, at least their largest, is the declared bound.
   std::vector<int> q_lens;
   int max_q_len = 0;
+  // Tree masks (DecodeArgs::tree_mask, tree_mask_indptr), for multi-token cases only: with `tree`,
+  // tree_masks holds one mask per sequence, q_lens[b]^2 characters '0' or '1' row-major (query
+  // token i attends new token j where tree_masks[b][i * q_lens[b] + j] is '1'), all '0' above the
+  // diagonal. tree_pack_seed 0 packs them back to back from byte 0, every bit past a mask clear;
+  // any other value draws from it a first offset above 0, padding bytes of garbage between the
+  // masks and garbage in the bits past each mask's last one, all of which must be ignored.
+  bool tree = false;
+  std::vector<std::string> tree_masks;
+  std::uint64_t tree_pack_seed = 0;
   // Where K and V live (testing::KvLayout, DecodeArgs::kv_strides): kHnd is the default dense
   // layout, kv_strides left 0; any other is the case's K and V copied there, NaN in every gap.
   // kv_pad (kPaddedHnd only) widens every row's gap by that many elements, the kv head and block
@@ -71,6 +81,12 @@ struct FuzzCase {
   // counted once per sequence); the soft-cap it runs.
   bool position_variants() const { return windowed() || !alibi_slopes.empty() || !sinks.empty(); }
   bool multi_token() const { return max_q_len > 0; }
+  // Whether query token i of sequence b attends new token j (the sequence's tree mask).
+  bool tree_bit(int b, int i, int j) const {
+    const std::size_t n = static_cast<std::size_t>(q_lens[static_cast<std::size_t>(b)]);
+    return tree_masks[static_cast<std::size_t>(b)]
+                     [static_cast<std::size_t>(i) * n + static_cast<std::size_t>(j)] == '1';
+  }
   // Rows of q, out and lse: every query token (the sum of q_lens), or one per sequence.
   int q_rows() const;
   // The stride field the CUDA backend refuses, or null: with two rows or more, q's rows must
@@ -87,6 +103,11 @@ struct FuzzCase {
   // q and out row strides). Only a kv_pad can break that; the default layout never does.
   const char* cuda_misaligned_kv() const;
 };
+
+// Each tree mask fitted to its sequence's count (after an edit of q_lens): the leading n x n
+// corner of a larger mask (still lower-triangular), a smaller one extended by new rows that
+// attend their own token alone. A case without a tree mask is left as it is.
+void fit_tree_masks(FuzzCase& c);
 
 // One line: the spec and every feature the case sets.
 std::string describe(const FuzzCase& c);

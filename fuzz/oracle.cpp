@@ -58,10 +58,11 @@ Outcome expect_error(Backend backend, BuiltCase& bc, int threads, bool checked, 
 
 Outcome check_malformed(BuiltCase& bc, const CheckOptions& options, int threads) {
   for (Backend backend : options.backends) {
-    // The CUDA backend may refuse a misaligned row stride first (BuiltCase::cuda_refuses).
+    // The CUDA backend may refuse a tree mask or a misaligned stride first (BuiltCase::
+    // cuda_refuses).
     const bool cuda_first = backend == Backend::kCuda && !bc.cuda_refuses.empty();
     Outcome o = expect_error(backend, bc, threads, /*checked=*/true,
-                             cuda_first ? ErrorCode::kInvalidArgument : bc.expected_code,
+                             cuda_first ? bc.cuda_refuses_code : bc.expected_code,
                              cuda_first ? bc.cuda_refuses : bc.expected_argument, "invalid input");
     if (o.failed()) return o;
   }
@@ -111,9 +112,9 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
   for (Backend backend : options.backends) {
     const std::string tag = std::string(backend_name(backend)) + ": ";
     if (backend == Backend::kCuda && !bc.cuda_refuses.empty()) {
-      // A stride the CPU takes and the CUDA backend must refuse, naming it.
-      Outcome o = expect_error(backend, bc, threads, checked, ErrorCode::kInvalidArgument,
-                               bc.cuda_refuses, "a misaligned row stride");
+      // A tree mask or a stride the CPU takes and the CUDA backend must refuse, naming it.
+      Outcome o = expect_error(backend, bc, threads, checked, bc.cuda_refuses_code, bc.cuda_refuses,
+                               "a case it must refuse (" + bc.cuda_refuses + ")");
       if (o.failed()) return o;
       continue;
     }

@@ -20,7 +20,10 @@ std::string row_text(const BuiltCase& bc, std::size_t r) {
   std::ostringstream os;
   os << " (sequence " << b << "'s query token " << static_cast<int>(r) - bc.q_indptr[b] << " of "
      << bc.q_indptr[b + 1] - bc.q_indptr[b] << ", context " << bc.row_lens[r] << " of "
-     << bc.host.context_lens[b] << ")";
+     << bc.host.context_lens[b];
+  if (!bc.tree_mask_indptr.empty())
+    os << ", " << bc.row_attended[r] << " attended by its tree mask";
+  os << ")";
   return os.str();
 }
 
@@ -139,7 +142,8 @@ std::string compare(const BuiltCase& bc, const Outputs& got, const std::vector<d
 }
 
 // Every element written and finite (outputs were poisoned with NaN before the run), except an
-// empty context's lse (a row's own: a query token at a position below 0 attends to nothing):
+// empty row's lse (a query token at a position below 0 attends to nothing, nor does one whose
+// tree mask row is clear with no context before the new tokens; BuiltCase::row_attended):
 // exactly -inf without a sink (or with one of -inf), else finite (the reference check holds it
 // to the sink; a backend in log2 units may round it on the way).
 std::string check_finite(const Outputs& r, const BuiltCase& bc, const float* sinks) {
@@ -152,7 +156,7 @@ std::string check_finite(const Outputs& r, const BuiltCase& bc, const float* sin
     }
   }
   for (std::size_t i = 0; i < r.lse.size(); ++i) {
-    const bool empty = bc.row_lens[i / H] == 0;
+    const bool empty = bc.row_attended[i / H] == 0;
     const double x = r.lse[i];
     const bool no_sink = sinks == nullptr || sinks[i % H] == -INFINITY;
     if (empty && no_sink ? !(std::isinf(x) && x < 0) : !std::isfinite(x)) {

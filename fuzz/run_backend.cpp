@@ -26,9 +26,10 @@ void copy_fields_device_case_lacks(const DecodeArgs& from, DecodeArgs& to) {
   to.max_q_len = from.max_q_len;
 }
 
-// The CUDA backend over device copies of a host case (the slopes, sinks and q_indptr included),
-// out and lse copied back. DeviceCase checks the shapes itself, so it is given the case without
-// its window, soft-cap, row strides, multi-token queries and cache layout, which are put back for
+// The CUDA backend over device copies of a host case (the slopes, sinks, q_indptr and tree mask
+// included), out and lse copied back. DeviceCase checks the shapes itself, so it is given the case
+// without its window, soft-cap, row strides, multi-token queries, tree mask and cache layout, which
+// are put back for
 // the backend: on a malformed one the error must be the backend's. DeviceCase copies dense
 // caches, so a laid-out case gives it the dense K and V and its own layout's buffers (gaps and
 // all) get device copies of their own, which the backend reads through the case's kv_strides.
@@ -41,6 +42,8 @@ void run_cuda(const BuiltCase& bc, const DecodeArgs& host, const detail::DecodeO
   DecodeArgs plain = host;
   copy_fields_device_case_lacks(DecodeArgs{}, plain);  // the defaults: none of them
   plain.q_indptr = nullptr;
+  plain.tree_mask = nullptr;
+  plain.tree_mask_indptr = nullptr;
   plain.kv_strides = CacheStrides{};
   const bool own_kv = bc.laid_out();
   if (own_kv) {
@@ -67,7 +70,7 @@ void run_cuda(const BuiltCase& bc, const DecodeArgs& host, const detail::DecodeO
   const testing::DeviceCase dev(plain, o.cuda_stream);
   DecodeArgs d = dev.args();
   copy_fields_device_case_lacks(host, d);
-  testing::DeviceBuffer dq, dout, dlse, dindptr, dk, dv;
+  testing::DeviceBuffer dq, dout, dlse, dindptr, dtree, dtree_indptr, dk, dv;
   if (own_kv) {
     // The storage's pointers and strides on device copies, then the arguments' own strides
     // (a malformed one) and null pointers back.
@@ -94,6 +97,17 @@ void run_cuda(const BuiltCase& bc, const DecodeArgs& host, const detail::DecodeO
     // Like the block table: the CUDA backend reads it in device memory.
     dindptr = testing::DeviceBuffer(host.q_indptr, bc.q_indptr.size() * sizeof(std::int32_t));
     d.q_indptr = dindptr.as<const std::int32_t>();
+  }
+  // The tree mask and its offsets live where q_indptr does (the backend refuses them all the
+  // same, but must do so on the pointers it is given).
+  if (host.tree_mask != nullptr) {
+    dtree = testing::DeviceBuffer(bc.tree_mask.data(), bc.tree_mask.size());
+    d.tree_mask = dtree.as<const std::uint8_t>();
+  }
+  if (host.tree_mask_indptr != nullptr) {
+    dtree_indptr = testing::DeviceBuffer(bc.tree_mask_indptr.data(),
+                                         bc.tree_mask_indptr.size() * sizeof(std::int32_t));
+    d.tree_mask_indptr = dtree_indptr.as<const std::int32_t>();
   }
   detail::decode(d, o);
   if (!own_out) {

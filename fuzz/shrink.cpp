@@ -26,6 +26,8 @@ class Candidates {
     for (std::vector<float>* values : {&n.alibi_slopes, &n.sinks}) {
       if (!values->empty()) values->resize(static_cast<std::size_t>(n.spec.num_heads));
     }
+    // Tree masks follow their counts (the leading corner of a shrunk one stays lower-triangular).
+    fit_tree_masks(n);
     // And the per-head scales the kv head count.
     for (std::vector<float>* values : {&n.k_scales, &n.v_scales}) {
       if (!values->empty()) values->resize(static_cast<std::size_t>(n.spec.num_kv_heads));
@@ -51,43 +53,50 @@ bool counts_per_sequence(const FuzzCase& c) {
   return c.multi_token() && static_cast<int>(c.q_lens.size()) == c.spec.batch;
 }
 
-// Fewer sequences: halves, then one at a time (their query token counts with them).
+// Sequences [first, last) dropped, with their contexts, query token counts and tree masks.
+void drop_sequences(testing::CaseSpec& t, FuzzCase& n, bool multi, int first, int last) {
+  if (multi && n.tree_masks.size() == n.q_lens.size()) {
+    n.tree_masks.erase(n.tree_masks.begin() + first, n.tree_masks.begin() + last);
+  }
+  t.context_lens.erase(t.context_lens.begin() + first, t.context_lens.begin() + last);
+  t.batch = static_cast<int>(t.context_lens.size());
+  if (multi) n.q_lens.erase(n.q_lens.begin() + first, n.q_lens.begin() + last);
+}
+
+// Fewer sequences: halves, then one at a time (their query token counts and tree masks with
+// them).
 void fewer_sequences(const FuzzCase& c, Candidates& add) {
-  const testing::CaseSpec& s = c.spec;
-  const int B = s.batch;
+  const int B = c.spec.batch;
   const bool multi = counts_per_sequence(c);
   if (B > 1) {
-    add([&](testing::CaseSpec& t, FuzzCase& n) {
-      t.batch = B / 2;
-      t.context_lens.resize(B / 2);
-      if (multi) n.q_lens.resize(B / 2);
-    });
-    add([&](testing::CaseSpec& t, FuzzCase& n) {
-      t.context_lens.erase(t.context_lens.begin(), t.context_lens.begin() + B / 2);
-      t.batch = static_cast<int>(t.context_lens.size());
-      if (multi) n.q_lens.erase(n.q_lens.begin(), n.q_lens.begin() + B / 2);
-    });
+    add([&](testing::CaseSpec& t, FuzzCase& n) { drop_sequences(t, n, multi, B / 2, B); });
+    add([&](testing::CaseSpec& t, FuzzCase& n) { drop_sequences(t, n, multi, 0, B / 2); });
     for (int i = 0; i < B; ++i) {
-      add([&](testing::CaseSpec& t, FuzzCase& n) {
-        t.context_lens.erase(t.context_lens.begin() + i);
-        t.batch = B - 1;
-        if (multi) n.q_lens.erase(n.q_lens.begin() + i);
-      });
+      add([&](testing::CaseSpec& t, FuzzCase& n) { drop_sequences(t, n, multi, i, i + 1); });
     }
   }
 }
 
-// One query token per sequence, then fewer query tokens (0, 1, half, one less), then a
-// max_q_len of just the largest count.
+// One query token per sequence, then no tree mask, or one packed back to back, then fewer query
+// tokens (0, 1, half, one less; a tree mask keeps its leading corner), then a max_q_len of just
+// the largest count.
 void fewer_query_tokens(const FuzzCase& c, Candidates& add) {
   const testing::CaseSpec& s = c.spec;
   const int B = s.batch;
+  const auto no_tree = [](FuzzCase& n) {
+    n.tree = false;
+    n.tree_masks.clear();
+    n.tree_pack_seed = 0;
+  };
   if (c.multi_token()) {
-    add([](testing::CaseSpec&, FuzzCase& n) {
+    add([&](testing::CaseSpec&, FuzzCase& n) {
       n.q_lens.clear();
       n.max_q_len = 0;
+      no_tree(n);
     });
   }
+  if (c.tree) add([&](testing::CaseSpec&, FuzzCase& n) { no_tree(n); });
+  if (c.tree_pack_seed != 0) add([](testing::CaseSpec&, FuzzCase& n) { n.tree_pack_seed = 0; });
   if (counts_per_sequence(c)) {
     for (int i = 0; i < B; ++i) {
       const int q = c.q_lens[i];

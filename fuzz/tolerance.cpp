@@ -29,7 +29,9 @@ double v_scale_of(const DecodeArgs& a, int kv) {
 // at most 1 and falls with |s|, so a capped logit's error is at most that bound times sech^2 at
 // the point of [s - e, s + e] nearest 0 (mean value theorem): saturated logits keep almost none
 // of it. Returns the largest such error over every attended (row, h, t) and the largest |V| read
-// (each row, a query token, attends to its own context: BuiltCase::row_lens). An fp8 cache's K and
+// (each row, a query token, attends to its own context, BuiltCase::row_lens, less what its tree
+// mask leaves out; max |V| is taken over every token of a sequence's rows, the NaN of the tokens no
+// row reads ignored). An fp8 cache's K and
 // V count dequantized (the code times its kv head's scale), and its logits take two roundings
 // more: of k_scale x k_scales[h], and of that product folded into the logit scale.
 void logit_error_bound(const BuiltCase& bc, const DecodeArgs& a, double* logit_err,
@@ -67,7 +69,9 @@ void logit_error_bound(const BuiltCase& bc, const DecodeArgs& a, double* logit_e
         }
         for (int r = r0; r < r1; ++r) {
           const int L = bc.row_lens[r];
-          if (t >= L || t < window_first_token(L, a.window_left)) continue;
+          if (t >= L || t < window_first_token(L, a.window_left) || !bc.tree_attends(r, t)) {
+            continue;
+          }
           for (int g = 0; g < G; ++g) {
             const double* x = &q[static_cast<std::size_t>(r * row + (kv * G + g) * D)];
             double abs_sum = 0, sum = 0;
