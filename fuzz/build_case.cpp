@@ -254,7 +254,8 @@ void expect_cuda_refusal(const FuzzCase& c, BuiltCase& b) {
       c.bad == Malformation::kNonFiniteSlope || c.bad == Malformation::kBadSink ||
       c.bad == Malformation::kQIndptrStart || c.bad == Malformation::kQIndptrDecreasing ||
       c.bad == Malformation::kQLenOverMax || c.bad == Malformation::kQIndptrEnd ||
-      c.bad == Malformation::kBadKvHeadScale;
+      c.bad == Malformation::kBadKvHeadScale || c.bad == Malformation::kTreeBitAboveDiagonal ||
+      c.bad == Malformation::kTreeSpanShort || c.bad == Malformation::kTreeIndptrStart;
   if (a.tree_mask != nullptr && shapes_pass && a.batch > 0) {
     b.cuda_refuses = "tree_mask";
     b.cuda_refuses_code = ErrorCode::kUnsupported;

@@ -159,9 +159,25 @@ struct PartStreams {
   std::int64_t work_budget;
 };
 
+// Makes a case fit a tree-mask malformation: multi-token queries with a tree mask (from their own
+// generators), and a sequence of 2 query tokens or more for a bit above the diagonal (one or more
+// for a short span).
+void fit_tree_malformation(FuzzCase& c, Malformation m, PartStreams& streams) {
+  if (!c.multi_token()) draw_query_lens(c, streams.queries, streams.work_budget, true);
+  if (!c.tree) draw_tree_masks(c, streams.trees, true);
+  const int need = m == Malformation::kTreeBitAboveDiagonal ? 2
+                   : m == Malformation::kTreeSpanShort      ? 1
+                                                            : 0;
+  if (std::none_of(c.q_lens.begin(), c.q_lens.end(), [&](int n) { return n >= need; })) {
+    c.q_lens[0] = need;
+    c.max_q_len = std::max(c.max_q_len, need);
+    fit_tree_masks(c);
+  }
+}
+
 // A malformation for 12% of the cases (only those that keep buffer sizes where the options ask),
 // made applicable: a sequence to corrupt, a context with blocks, a table of >= 2 entries, query
-// tokens to miscount, the variant, fp8 cache or plain cache it corrupts.
+// tokens to miscount, a tree mask to break, the variant, fp8 cache or plain cache it corrupts.
 void draw_malformation(FuzzCase& c, Rng& r, const DrawOptions& options, PartStreams& streams) {
   testing::CaseSpec& s = c.spec;
   const int kinds = static_cast<int>(Malformation::kCount) - 1;
@@ -201,6 +217,11 @@ void draw_malformation(FuzzCase& c, Rng& r, const DrawOptions& options, PartStre
       c.max_q_len = std::max(c.max_q_len, c.q_lens[0]);
       fit_tree_masks(c);
     }
+  }
+  if (m == Malformation::kTreeBitAboveDiagonal || m == Malformation::kTreeSpanShort ||
+      m == Malformation::kTreeIndptrStart || m == Malformation::kTreeUnpaired ||
+      m == Malformation::kTreeWithoutQIndptr) {
+    fit_tree_malformation(c, m, streams);
   }
   if (m == Malformation::kTableStride) s.table_padding = std::max(s.table_padding, 2);
   if (m == Malformation::kNonFiniteSlope && c.alibi_slopes.empty()) {

@@ -34,7 +34,12 @@ const char* const kMalformationNames[] = {"none",
                                           "fp8-value-dtype",
                                           "bad-kv-scale",
                                           "scale-on-plain-cache",
-                                          "bad-kv-head-scale"};
+                                          "bad-kv-head-scale",
+                                          "tree-bit-above-diagonal",
+                                          "tree-span-short",
+                                          "tree-indptr-start",
+                                          "tree-unpaired",
+                                          "tree-without-q-indptr"};
 static_assert(sizeof(kMalformationNames) / sizeof(kMalformationNames[0]) ==
               static_cast<std::size_t>(Malformation::kCount));
 
@@ -54,7 +59,9 @@ bool keeps_buffer_sizes(Malformation m) {
          m == Malformation::kQIndptrDecreasing || m == Malformation::kQLenOverMax ||
          m == Malformation::kQIndptrEnd || m == Malformation::kKvStrides ||
          m == Malformation::kBadKvScale || m == Malformation::kScaleOnPlainCache ||
-         m == Malformation::kBadKvHeadScale;
+         m == Malformation::kBadKvHeadScale || m == Malformation::kTreeBitAboveDiagonal ||
+         m == Malformation::kTreeSpanShort || m == Malformation::kTreeIndptrStart ||
+         m == Malformation::kTreeUnpaired;
 }
 
 }  // namespace pagedattn::fuzz

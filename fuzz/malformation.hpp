@@ -35,6 +35,11 @@ enum class Malformation : int {
   kBadKvScale,            // k_scale or v_scale of an fp8 cache outside [kMinKvScale, kMaxKvScale]
   kScaleOnPlainCache,     // a K/V scale other than 1, or a per-head array, on a non-fp8 cache
   kBadKvHeadScale,        // one per-head scale (k_scales[h] or v_scales[h]) out of range
+  kTreeBitAboveDiagonal,  // a tree mask bit (i, j) with j > i set
+  kTreeSpanShort,         // tree_mask_indptr[b + 1] leaving sequence b fewer bytes than its mask
+  kTreeIndptrStart,       // tree_mask_indptr[0] negative
+  kTreeUnpaired,          // tree_mask without tree_mask_indptr, or the other way round
+  kTreeWithoutQIndptr,    // a tree mask without q_indptr
   kCount
 };
 
