@@ -6,6 +6,8 @@
 #include <limits>
 #include <vector>
 
+#include "pagedattn/tree_mask.hpp"
+
 namespace pagedattn::fuzz {
 namespace {
 
@@ -188,6 +190,71 @@ void draw_fp8(FuzzedDataProvider& in, DrawnArgs& d) {
   d.v_scales_only = in.ConsumeBool();
 }
 
+// Sequence b's query tokens for a tree mask: its count in the drawn q_indptr (even one left out or
+// malformed: validation must refuse the mask or the counts first), 0-16, or 1 without one.
+int tree_count(const DrawnArgs& d, int b) {
+  if (d.indptr.empty()) return 1;
+  return std::clamp(d.indptr[b + 1] - d.indptr[b], 0, 16);
+}
+
+// Tree masks, none when the input runs out: 0-4 none; 5, 6 a mask per sequence, its bits on and
+// below the diagonal from the input, the bits past its last one all set or all clear, packed from
+// an offset of 0-2 bytes with 0-2 bytes of padding after each mask; 7 the same with one error: a
+// bit above the diagonal, a span one byte short, a negative tree_mask_indptr[0], or one of the two
+// pointers null. The bytes are exactly tree_indptr's last entry (at least one). Without q_indptr a
+// tree mask must be refused.
+void draw_tree_mask(FuzzedDataProvider& in, DrawnArgs& d) {
+  const int kind = in.ConsumeIntegralInRange<int>(0, 7);
+  if (kind < 5) return;
+  DecodeArgs& a = d.a;
+  const int B = std::max(a.batch, 0);
+  std::vector<std::uint8_t>& bytes = d.tree_bytes;
+  std::vector<std::int32_t>& indptr = d.tree_indptr;
+  indptr.assign(static_cast<std::size_t>(B) + 1, 0);
+  indptr[0] = in.ConsumeIntegralInRange<int>(0, 2);
+  bytes.assign(static_cast<std::size_t>(indptr[0]), 0xa5);
+  for (int b = 0; b < B; ++b) {
+    const int n = tree_count(d, b);
+    const std::size_t start = bytes.size();
+    const bool tail = in.ConsumeBool();
+    bytes.resize(start + static_cast<std::size_t>(tree_mask_bytes(n)), 0);
+    for (std::int64_t bit = 0; bit < tree_mask_bytes(n) * 8; ++bit) {
+      const bool in_mask = bit < static_cast<std::int64_t>(n) * n;
+      if (in_mask ? bit % n <= bit / n && in.ConsumeBool() : tail) {
+        bytes[start + static_cast<std::size_t>(bit >> 3)] |= 1u << (bit & 7);
+      }
+    }
+    bytes.resize(bytes.size() + in.ConsumeIntegralInRange<std::size_t>(0, 2), 0x5a);
+    indptr[b + 1] = static_cast<std::int32_t>(bytes.size());
+  }
+  a.tree_mask = bytes.data();
+  a.tree_mask_indptr = indptr.data();
+  if (kind == 7) {
+    int at = -1;  // the first sequence of 2 query tokens or more (1 or more for a short span)
+    const int error = in.ConsumeIntegralInRange<int>(0, 4);
+    for (int b = 0; b < B && at < 0; ++b) {
+      if (tree_count(d, b) >= (error == 0 ? 2 : 1)) at = b;
+    }
+    if (error == 0 && at >= 0) {
+      const int n = tree_count(d, at);
+      const std::int64_t bit = static_cast<std::int64_t>(indptr[at]) * 8 + n - 1;  // (0, n - 1)
+      bytes[static_cast<std::size_t>(bit >> 3)] |= 1u << (bit & 7);
+    } else if (error == 1 && at >= 0) {
+      indptr[at + 1] =
+          static_cast<std::int32_t>(indptr[at] + tree_mask_bytes(tree_count(d, at)) - 1);
+    } else if (error == 2) {
+      indptr[0] = in.ConsumeBool() ? -1 : INT32_MIN;
+    } else if (error == 3) {
+      a.tree_mask = nullptr;
+    } else if (error == 4) {
+      a.tree_mask_indptr = nullptr;
+    }
+  }
+  if (bytes.empty()) bytes.push_back(0);  // no null pointer for a mask of no bits
+  bytes.shrink_to_fit();
+  if (a.tree_mask != nullptr) a.tree_mask = bytes.data();
+}
+
 }  // namespace
 
 void draw_args(FuzzedDataProvider& in, DrawnArgs& d) {
@@ -200,6 +267,7 @@ void draw_args(FuzzedDataProvider& in, DrawnArgs& d) {
   d.a.out_row_stride = draw_row_stride(in, d.a, false);
   draw_query_tokens(in, d);
   draw_fp8(in, d);
+  draw_tree_mask(in, d);
 }
 
 }  // namespace pagedattn::fuzz

@@ -18,7 +18,8 @@
 namespace pagedattn::fuzz {
 
 struct DrawnArgs {
-  DecodeArgs a;          // no buffer pointers yet, but q_indptr (into indptr, when drawn)
+  DecodeArgs a;  // no buffer pointers yet, but q_indptr (into indptr) and the tree mask's, drawn
+
   int null_pointer = 0;  // 0-6: q, k_cache, v_cache, block_table, context_lens, out, lse is null
   bool with_lse = false;
   bool single_split = false;
@@ -27,9 +28,14 @@ struct DrawnArgs {
   int bad_head = 0;
   bool v_scales_only = false;  // per-kv-head scales for V alone (which then takes the bad one)
   std::vector<std::int32_t> indptr;
+  // The tree mask's bytes, exactly as many as tree_indptr's last entry (at least one), and
+  // tree_indptr ([batch + 1]), when drawn.
+  std::vector<std::uint8_t> tree_bytes;
+  std::vector<std::int32_t> tree_indptr;
 };
 
-// Fills `d` from the front of the input (d.a.q_indptr points into d.indptr, so `d` stays put).
+// Fills `d` from the front of the input (d.a.q_indptr points into d.indptr, and the tree mask's
+// pointers into d's, so `d` stays put).
 void draw_args(FuzzedDataProvider& in, DrawnArgs& d);
 
 // Elements of a shape, a negative dimension counting as 0.

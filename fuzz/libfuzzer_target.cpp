@@ -2,15 +2,15 @@
 // and -fsanitize=fuzzer,address,undefined by scripts/build_libfuzzer.sh).
 //
 // The input bytes choose every DecodeArgs field, valid or not (libfuzzer_args.hpp: the attention
-// variants, the q and out row strides, multi-token queries and fp8 caches with their scales
-// included), then the contents of the context lengths, the block table and the tensors. Buffers
-// are allocated at exactly the sizes the declared shapes imply, so AddressSanitizer reports any
-// read or write outside them; with a window, the table entries before it are as random as the
-// rest (validation and the kernels must ignore them); between the rows of a strided q lies NaN (a
-// read of it makes out non-finite), between those of a strided out a byte pattern that must
-// survive. Each input must either raise pagedattn::Error, agree with the f64 reference's own
-// validation, and leave out and lse untouched; or succeed with every output finite and close to
-// the reference and out's gaps untouched.
+// variants, the q and out row strides, multi-token queries, fp8 caches with their scales and tree
+// masks included), then the contents of the context lengths, the block table and the tensors.
+// Buffers are allocated at exactly the sizes the declared shapes imply (a tree mask's bytes at its
+// offsets' last entry), so AddressSanitizer reports any read or write outside them; with a window,
+// the table entries before it are as random as the rest (validation and the kernels must ignore
+// them); between the rows of a strided q lies NaN (a read of it makes out non-finite), between
+// those of a strided out a byte pattern that must survive. Each input must either raise
+// pagedattn::Error, agree with the f64 reference's own validation, and leave out and lse untouched;
+// or succeed with every output finite and close to the reference and out's gaps untouched.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
