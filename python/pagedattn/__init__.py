@@ -11,10 +11,11 @@ without copies: dtypes, shapes, devices and strides are read from the tensors. C
 the CPU backend, CUDA tensors on the CUDA backend on the tensors' device. A bad input raises
 pagedattn.Error (a ValueError) naming the argument, before anything is written. decode also
 takes the attention variants (a sliding window, a logits soft-cap, ALiBi slopes and attention
-sinks) and several causal query tokens per sequence (q_indptr). The caches may be laid out HND
-[num_blocks, num_kv_heads, block_size, head_dim] or NHD [num_blocks, block_size, num_kv_heads,
-head_dim] (kv_layout), with any strides: K and V as views into one tensor work in place. They
-may hold f32, f16, bf16 or fp8 (e4m3 or e5m2, with per-tensor and per-kv-head scales).
+sinks) and several query tokens per sequence (q_indptr), causal or under a tree mask
+(tree_mask). The caches may be laid out HND [num_blocks, num_kv_heads, block_size, head_dim] or
+NHD [num_blocks, block_size, num_kv_heads, head_dim] (kv_layout), with any strides: K and V as
+views into one tensor work in place. They may hold f32, f16, bf16 or fp8 (e4m3 or e5m2, with
+per-tensor and per-kv-head scales).
 
 Functions: decode, write_cache, copy_blocks, merge_states, workspace_size, bf16, fp8_e4m3,
 fp8_e5m2; class BlockManager.
@@ -396,9 +397,10 @@ def _check_backend(backend: Any) -> str:
 
 
 def _per_head(x: Any, name: str) -> Any:
-    """alibi_slopes, sinks, q_indptr, k_scales or v_scales as handed to the module (None stays
-    None). The module checks the dtype, shape and device and names the argument; a tuple or
-    list is refused here, so that it is never taken for a described tensor."""
+    """alibi_slopes, sinks, q_indptr, tree_mask, tree_mask_indptr, k_scales or v_scales as
+    handed to the module (None stays None). The module checks the dtype, shape and device and
+    names the argument; a tuple or list is refused here, so that it is never taken for a
+    described tensor."""
     if x is None:
         return None
     torch = sys.modules.get("torch")
@@ -498,6 +500,15 @@ def _query_token_args(q_indptr: Any, max_q_len: Any) -> tuple:
     return _per_head(q_indptr, "q_indptr"), max_q_len
 
 
+def _tree_mask_kwargs(tree_mask: Any, tree_mask_indptr: Any, keywords: dict) -> None:
+    """Adds tree_mask and tree_mask_indptr to the module's keyword arguments when either is
+    given. The module checks that both are, with q_indptr, and their dtypes, shapes and device;
+    the library their values."""
+    if tree_mask is not None or tree_mask_indptr is not None:
+        keywords["tree_mask"] = _per_head(tree_mask, "tree_mask")
+        keywords["tree_mask_indptr"] = _per_head(tree_mask_indptr, "tree_mask_indptr")
+
+
 # ----------------------------------------------------------------------------------------------
 # The functions
 
@@ -523,6 +534,8 @@ def decode(
     sinks: Optional[Tensor] = None,
     q_indptr: Optional[Tensor] = None,
     max_q_len: Optional[int] = None,
+    tree_mask: Optional[Tensor] = None,
+    tree_mask_indptr: Optional[Tensor] = None,
     kv_layout: str = "HND",
     k_scale: float = 1.0,
     v_scale: float = 1.0,
@@ -554,6 +567,13 @@ def decode(
     of P + 1 tokens: it attends to tokens t <= P (causal), and the window, ALiBi and sinks are
     taken from P as from L - 1 above. A token with P < 0 attends to nothing (out = 0, lse =
     -inf, or the sink).
+
+    Tree masks (speculative decoding over a token tree: EAGLE, Medusa): with ``tree_mask`` and
+    ``tree_mask_indptr`` (and q_indptr), sequence b's n_b x n_b mask replaces the causal rule
+    among its new tokens: token i attends every token before the new ones (t < L - n_b) and
+    new token j (at L - n_b + j) where bit (i, j) is set; the window, ALiBi and sinks stay as
+    above. CPU backend only: the CUDA backend refuses tree masks (pagedattn.Error, code
+    "unsupported").
 
     fp8 caches (docs/fp8.md): k_cache and v_cache may hold fp8 codes, e4m3 or e5m2, with q and
     out in float32, float16 or bfloat16. A code c of kv head kv means
@@ -623,6 +643,16 @@ def decode(
             CUDA grid and workspace. None computes it from q_indptr: in place for host memory,
             but for a CUDA q_indptr by a copy to the host that waits for the stream, so pass it
             to avoid that synchronization (and under CUDA-graph capture).
+        tree_mask: uint8 [bytes] on q's device, contiguous: the packed bits of every
+            sequence's mask, bit (i, j) of sequence b at bit (i * n_b + j) % 8 (little-endian
+            bit order) of byte tree_mask_indptr[b] + (i * n_b + j) // 8, as
+            ``numpy.packbits(mask.reshape(-1), bitorder="little")`` packs a boolean mask. Bits
+            with j > i must be clear. Given with tree_mask_indptr and q_indptr only.
+        tree_mask_indptr: int32 [batch + 1] on q's device, contiguous: sequence b's mask
+            starts at byte tree_mask_indptr[b]; tree_mask_indptr[0] >= 0 and each span
+            [tree_mask_indptr[b], tree_mask_indptr[b + 1]) holds at least ceil(n_b * n_b / 8)
+            bytes. The bytes the masks take must lie within tree_mask. The values and the bits
+            are checked on the CPU.
         kv_layout: "HND" (the default) or "NHD", in any case: the order of the caches'
             dimensions (above). Anything else raises pagedattn.Error (a ValueError) naming
             kv_layout.
@@ -656,7 +686,8 @@ def decode(
             return _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, out,
                                  lse, return_lse, backend, stream, workspace, checked, window_left,
                                  logits_soft_cap, alibi_slopes, sinks, q_indptr, max_q_len,
-                                 kv_layout, k_scale, v_scale, k_scales, v_scales, batch_invariant)
+                                 tree_mask, tree_mask_indptr, kv_layout, k_scale, v_scale,
+                                 k_scales, v_scales, batch_invariant)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("block_table", block_table), ("context_lens", context_lens)):
         _check_tensor(x, name)
@@ -678,6 +709,7 @@ def decode(
     if q_indptr is not None or max_q_len is not None:
         variants = (variants or _NO_VARIANTS) + _query_token_args(q_indptr, max_q_len)
     keywords = _kv_scales(k_scale, v_scale, k_scales, v_scales)
+    _tree_mask_kwargs(tree_mask, tree_mask_indptr, keywords)
     if layout != "HND":
         keywords["kv_layout"] = layout
     if batch_invariant:
@@ -696,8 +728,8 @@ def decode(
 
 def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, out, lse,
                   return_lse, backend, stream, workspace, checked, window_left, logits_soft_cap,
-                  alibi_slopes, sinks, q_indptr, max_q_len, kv_layout, k_scale, v_scale, k_scales,
-                  v_scales, batch_invariant):
+                  alibi_slopes, sinks, q_indptr, max_q_len, tree_mask, tree_mask_indptr, kv_layout,
+                  k_scale, v_scale, k_scales, v_scales, batch_invariant):
     """decode() when every tensor is a plain PyTorch tensor, the serving loop's case: the same
     checks (in the module) and results, with the least Python work per call. A call without
     attention variants, multi-token queries, an NHD cache or fp8 scales passes the module none
@@ -721,6 +753,7 @@ def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, 
     plain = (alibi_slopes is None and sinks is None and window_left == -1
              and logits_soft_cap == 0.0)
     keywords = _kv_scales(k_scale, v_scale, k_scales, v_scales)
+    _tree_mask_kwargs(tree_mask, tree_mask_indptr, keywords)
     if batch_invariant:
         keywords["batch_invariant"] = True
     if plain and q_indptr is None and max_q_len is None and layout == "HND" and not keywords:

@@ -34,6 +34,8 @@ def decode(
     sinks: Optional[Any] = None,
     q_indptr: Optional[Any] = None,
     max_q_len: Optional[int] = None,
+    tree_mask: Optional[Any] = None,
+    tree_mask_indptr: Optional[Any] = None,
     kv_layout: str = "HND",
     k_scale: float = 1.0,
     v_scale: float = 1.0,

@@ -19,6 +19,7 @@
 #include "device.hpp"
 #include "kv_scales.hpp"
 #include "pagedattn/pagedattn.hpp"
+#include "pagedattn/tree_mask.hpp"
 #include "tensor_import.hpp"
 
 namespace pagedattn::py {
@@ -32,7 +33,7 @@ struct DecodeCall {
   pagedattn::DecodeOptions options;
   Device device;  // q's, which every tensor shares
   Tensor q, k, v, table, lens;
-  Tensor q_indptr, out, lse, alibi_slopes, sinks, workspace;
+  Tensor q_indptr, tree_mask, tree_mask_indptr, out, lse, alibi_slopes, sinks, workspace;
   KvScales scales;
 };
 
@@ -139,6 +140,68 @@ void read_query_tokens(DecodeCall& c, nb::handle q_indptr_h) {
   a.num_q_tokens = c.q.dim_int(0);
 }
 
+// The bytes of tree_mask (in host memory) the library may read: sequence b's
+// ceil(n_b * n_b / 8) from byte tree_mask_indptr[b], where its span holds them
+// (0 <= tree_mask_indptr[b] and tree_mask_indptr[b + 1] - tree_mask_indptr[b] at least that).
+// Where a span does not, the library refuses it before reading that sequence's mask
+// (validate_tree_mask), as it refuses negative counts before reading any (validate_q_indptr).
+// What it cannot know, and what is checked here, is that each mask it reads ends within the
+// tensor.
+void check_tree_mask_length(const Tensor& mask, const std::int32_t* q_indptr,
+                            const std::int32_t* mask_indptr, int batch) {
+  for (int b = 0; b < batch; ++b) {
+    const std::int64_t n = static_cast<std::int64_t>(q_indptr[b + 1]) - q_indptr[b];
+    if (n <= 0 || n > INT_MAX) continue;
+    const std::int64_t first = mask_indptr[b];
+    const std::int64_t end = first + tree_mask_bytes(static_cast<int>(n));
+    if (first < 0 || end > mask_indptr[b + 1] || end <= mask.numel()) continue;
+    std::ostringstream why;
+    why << "too short: sequence " << b << "'s " << n << " x " << n << " mask takes bytes [" << first
+        << ", " << end << ") (from tree_mask_indptr[" << b << "] = " << first << ")";
+    reject(ErrorCode::kInvalidArgument, "tree_mask", ".shape", mask.shape_str(), why.str());
+  }
+}
+
+// Tree masks over the query tokens: tree_mask, uint8 [bytes] of packed bits, and
+// tree_mask_indptr, int32 [batch + 1] byte offsets, both contiguous on q's device, both or
+// neither, and only with q_indptr (read before). Their values are checked by the library where
+// they are in host memory, after the length of tree_mask is checked here; on CUDA the library
+// refuses tree masks.
+void read_tree_mask(DecodeCall& c, nb::handle mask_h, nb::handle indptr_h, bool query_tokens) {
+  if (mask_h.is_none() && indptr_h.is_none()) return;
+  if (mask_h.is_none() || indptr_h.is_none()) {
+    const char* missing = mask_h.is_none() ? "tree_mask" : "tree_mask_indptr";
+    const char* given = mask_h.is_none() ? "tree_mask_indptr" : "tree_mask";
+    reject(ErrorCode::kInvalidArgument, missing, "", "None",
+           std::string("needed with ") + given + " (the two are given together)");
+  }
+  if (!query_tokens) {
+    reject(ErrorCode::kInvalidArgument, "tree_mask", "", "a tensor",
+           "given without q_indptr (a tree mask masks a sequence's query tokens)");
+  }
+  auto& a = c.args;
+  Tensor& mask = c.tree_mask = input(mask_h, "tree_mask");
+  mask.require_ndim(1, "[bytes] (packed bits)");
+  mask.require_uint8();
+  mask.require_contiguous();
+  mask.require_device(c.device, "q");
+  Tensor& indptr = c.tree_mask_indptr = input(indptr_h, "tree_mask_indptr");
+  indptr.require_ndim(1, "[batch + 1]");
+  indptr.require_int32();
+  indptr.require_dim(0, static_cast<std::int64_t>(a.batch) + 1,
+                     "batch + 1, context_lens.shape[0] + 1");
+  indptr.require_contiguous();
+  indptr.require_device(c.device, "q");
+  a.tree_mask_indptr = static_cast<const std::int32_t*>(indptr.data);
+  if (c.device.kind == DeviceKind::kCpu) {
+    check_tree_mask_length(mask, a.q_indptr, a.tree_mask_indptr, a.batch);
+  }
+  // An empty tensor may have no data pointer; none of its bytes is read (checked above), but
+  // null would mean "no tree mask" to the library.
+  static const std::uint8_t kNoBytes = 0;
+  a.tree_mask = mask.data ? static_cast<const std::uint8_t*>(mask.data) : &kNoBytes;
+}
+
 // out, shaped and laid out like q, and lse (f32, out's shape without head_dim) when given.
 void read_outputs(DecodeCall& c, nb::handle out_h, nb::handle lse_h,
                   const std::vector<std::string>& tags, bool query_tokens) {
@@ -233,9 +296,9 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
             std::optional<double> scale, const std::string& backend, std::uintptr_t stream,
             nb::handle workspace_h, bool checked, const std::vector<std::string>& tags,
             int window_left, double logits_soft_cap, nb::handle alibi_h, nb::handle sinks_h,
-            nb::handle q_indptr_h, std::optional<int> max_q_len, const std::string& kv_layout,
-            double k_scale, double v_scale, nb::handle k_scales_h, nb::handle v_scales_h,
-            bool batch_invariant) {
+            nb::handle q_indptr_h, std::optional<int> max_q_len, nb::handle tree_mask_h,
+            nb::handle tree_mask_indptr_h, const std::string& kv_layout, double k_scale,
+            double v_scale, nb::handle k_scales_h, nb::handle v_scales_h, bool batch_invariant) {
   const bool query_tokens = !q_indptr_h.is_none();
   if (!query_tokens && max_q_len) {
     reject(ErrorCode::kInvalidArgument, "max_q_len", "", std::to_string(*max_q_len),
@@ -245,6 +308,7 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
   DecodeCall c =
       decode_inputs(q, k_cache, v_cache, block_table, context_lens, tags, query_tokens, layout);
   if (query_tokens) read_query_tokens(c, q_indptr_h);
+  read_tree_mask(c, tree_mask_h, tree_mask_indptr_h, query_tokens);
   read_outputs(c, out_h, lse_h, tags, query_tokens);
   if (scale) c.args.scale = static_cast<float>(*scale);
   read_variants(c, window_left, logits_soft_cap, alibi_h, sinks_h);
@@ -318,9 +382,11 @@ void bind_decode(nb::module_& m) {
         "out"_a, "lse"_a.none(), "scale"_a.none(), "backend"_a, "stream"_a, "workspace"_a.none(),
         "checked"_a, "tags"_a, "window_left"_a = -1, "logits_soft_cap"_a = 0.0,
         "alibi_slopes"_a.none() = nb::none(), "sinks"_a.none() = nb::none(),
-        "q_indptr"_a.none() = nb::none(), "max_q_len"_a.none() = nb::none(), "kv_layout"_a = "HND",
-        "k_scale"_a = 1.0, "v_scale"_a = 1.0, "k_scales"_a.none() = nb::none(),
-        "v_scales"_a.none() = nb::none(), "batch_invariant"_a = false);
+        "q_indptr"_a.none() = nb::none(), "max_q_len"_a.none() = nb::none(),
+        "tree_mask"_a.none() = nb::none(), "tree_mask_indptr"_a.none() = nb::none(),
+        "kv_layout"_a = "HND", "k_scale"_a = 1.0, "v_scale"_a = 1.0,
+        "k_scales"_a.none() = nb::none(), "v_scales"_a.none() = nb::none(),
+        "batch_invariant"_a = false);
   m.def("workspace_size", &workspace_size, "q"_a, "k_cache"_a, "block_table"_a, "backend"_a,
         "max_q_len"_a.none() = nb::none(), "kv_layout"_a = "HND",
         "tags"_a = std::vector<std::string>{}, "batch_invariant"_a = false);

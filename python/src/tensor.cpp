@@ -90,6 +90,12 @@ void Tensor::require_int32() const {
   }
 }
 
+void Tensor::require_uint8() const {
+  if (!has_dtype(dt, nb::dlpack::dtype_code::UInt, 8)) {
+    reject(ErrorCode::kInvalidArgument, name, ".dtype", dtype_str(dt), "expected uint8");
+  }
+}
+
 void Tensor::require_float32() const {
   if (!has_dtype(dt, nb::dlpack::dtype_code::Float, 32)) {
     reject(ErrorCode::kInvalidArgument, name, ".dtype", dtype_str(dt), "expected float32");

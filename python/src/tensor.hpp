@@ -57,6 +57,7 @@ struct Tensor {
   DType float_dtype() const;
 
   void require_int32() const;
+  void require_uint8() const;
   void require_float32() const;
   void require_ndim(int n, const char* layout) const;
   void require_dim(int i, std::int64_t expected, const std::string& why) const;
