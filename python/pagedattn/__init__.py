@@ -17,8 +17,8 @@ NHD [num_blocks, block_size, num_kv_heads, head_dim] (kv_layout), with any strid
 views into one tensor work in place. They may hold f32, f16, bf16 or fp8 (e4m3 or e5m2, with
 per-tensor and per-kv-head scales).
 
-Functions: decode, write_cache, copy_blocks, merge_states, workspace_size, bf16, fp8_e4m3,
-fp8_e5m2; class BlockManager.
+Functions: decode, pack_tree_masks, write_cache, copy_blocks, merge_states, workspace_size, bf16,
+fp8_e4m3, fp8_e5m2; class BlockManager.
 See docs/python.md in the source tree for the whole story.
 """
 
@@ -48,6 +48,7 @@ __all__ = [
     "fp8_e4m3",
     "fp8_e5m2",
     "decode",
+    "pack_tree_masks",
     "write_cache",
     "copy_blocks",
     "merge_states",
@@ -509,6 +510,53 @@ def _tree_mask_kwargs(tree_mask: Any, tree_mask_indptr: Any, keywords: dict) -> 
         keywords["tree_mask_indptr"] = _per_head(tree_mask_indptr, "tree_mask_indptr")
 
 
+def pack_tree_masks(masks: Sequence[Any]) -> Tuple[Any, Any]:
+    """Packs one boolean mask per sequence into decode's ``tree_mask`` and ``tree_mask_indptr``.
+
+    ``masks[b]`` is sequence b's n_b x n_b mask over its query tokens (n_b = q_indptr[b + 1] -
+    q_indptr[b]; a sequence without query tokens takes a 0 x 0 mask): ``masks[b][i, j]`` says
+    whether token i attends new token j, which must come no later (j <= i). Any array-like of
+    bools (NumPy, a CPU PyTorch tensor, nested lists). Each mask is flattened row-major and
+    packed with little-endian bit order (``numpy.packbits(..., bitorder="little")``) into its
+    own ceil(n_b * n_b / 8) bytes.
+
+    Returns:
+        (tree_mask, tree_mask_indptr): NumPy uint8 [total bytes] and int32 [len(masks) + 1],
+        byte offsets, in host memory.
+
+    Raises:
+        pagedattn.Error: naming ``masks[b]`` for a mask that is not a square array of bools or
+            has a bit above its diagonal set.
+    """
+    import numpy as np
+
+    packed = []
+    for b, mask in enumerate(masks):
+        m = np.asarray(mask)
+        name = f"masks[{b}]"
+        if m.dtype != np.bool_:
+            raise Error(f"pagedattn: {name}.dtype = {m.dtype}: expected bool", name)
+        if m.ndim != 2 or m.shape[0] != m.shape[1]:
+            raise Error(f"pagedattn: {name}.shape = {m.shape}: expected a square [n, n]", name)
+        above = np.argwhere(np.triu(m, 1))
+        if len(above):
+            i, j = (int(x) for x in above[0])
+            raise Error(
+                f"pagedattn: {name}[{i}, {j}] = True: token {i} may not attend the later token "
+                f"{j} (bits above the diagonal must be clear)",
+                name,
+            )
+        packed.append(np.packbits(m.reshape(-1), bitorder="little"))
+    sizes = [len(p) for p in packed]
+    indptr = np.zeros(len(packed) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=indptr[1:])
+    if indptr[-1] >= 2**31:
+        raise Error(f"pagedattn: masks = {len(packed)} masks: {int(indptr[-1])} bytes, "
+                    f"beyond the int32 offsets of tree_mask_indptr", "masks")
+    data = np.concatenate(packed) if packed else np.zeros(0, dtype=np.uint8)
+    return data.astype(np.uint8, copy=False), indptr.astype(np.int32)
+
+
 # ----------------------------------------------------------------------------------------------
 # The functions
 
@@ -572,8 +620,8 @@ def decode(
     ``tree_mask_indptr`` (and q_indptr), sequence b's n_b x n_b mask replaces the causal rule
     among its new tokens: token i attends every token before the new ones (t < L - n_b) and
     new token j (at L - n_b + j) where bit (i, j) is set; the window, ALiBi and sinks stay as
-    above. CPU backend only: the CUDA backend refuses tree masks (pagedattn.Error, code
-    "unsupported").
+    above. ``pack_tree_masks`` packs boolean masks into these two tensors. CPU backend only:
+    the CUDA backend refuses tree masks (pagedattn.Error, code "unsupported").
 
     fp8 caches (docs/fp8.md): k_cache and v_cache may hold fp8 codes, e4m3 or e5m2, with q and
     out in float32, float16 or bfloat16. A code c of kv head kv means
