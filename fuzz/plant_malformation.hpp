@@ -11,4 +11,9 @@ namespace pagedattn::fuzz {
 // may leave it nothing to corrupt).
 void plant_malformation(const FuzzCase& c, BuiltCase& b);
 
+// For the files that plant one family each: the tree-mask malformations (plant_tree_mask.cpp),
+// and the refusal of a malformation the case gives nothing to corrupt.
+void plant_in_tree_mask(const FuzzCase& c, BuiltCase& b);
+[[noreturn]] void not_applicable(const FuzzCase& c);
+
 }  // namespace pagedattn::fuzz
