@@ -2,7 +2,8 @@
 // replaces the causal rule. Checked: the f64 reference against an independent oracle (each query
 // token as a one-token decode over a compact cache of exactly the tokens it attends); the CPU
 // backend against the reference over dtypes, head dims, groups, block sizes, random trees and
-// random lower-triangular masks, with every variant and in batch-invariant mode; a full
+// random lower-triangular masks, with every variant and in batch-invariant mode; the naive
+// baseline of the benchmark (testing::naive_decode) against the reference; a full
 // lower-triangular mask against the causal decode; NaN in the K and V of tokens no row attends;
 // the argument errors, which write nothing; and the CUDA backend's refusal.
 #include <gtest/gtest.h>
@@ -22,6 +23,7 @@
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/detail/dispatch.hpp"
 #include "pagedattn/reference.hpp"
+#include "pagedattn/testing/naive_decode.hpp"
 #include "pagedattn/tree_mask.hpp"
 #include "query_case.hpp"
 #include "test_seed.hpp"
@@ -321,6 +323,23 @@ TEST(TreeMaskCpu, ARowThatAttendsNothingIsEmpty) {
     o.backend = Backend::kCpu;
     detail::decode(t.args(v), o);
     expect_rows_near(t.qc, ref, 0, t.qc.rows(), sinks ? "empty rows, sinks" : "empty rows");
+  }
+}
+
+TEST(TreeMaskNaive, TheBaselineMatchesTheReference) {
+  // pagedattn-bench --tree-mask times the naive baseline on the same masks: random trees and any
+  // lower-triangular pattern (empty rows, and blocks whose every token is masked out, among them).
+  for (bool trees : {true, false}) {
+    for (VariantKind k : {VariantKind::kPlain, VariantKind::kAll}) {
+      testing::CaseSpec s = variant_spec(DType::kBF16, 64, 4, 4, {300, 17, 4, 64, 1});
+      TreeCase t = make_tree_case(s, {16, 9, 6, 0, 1}, trees);
+      const Variants v = variants_of(k, s.num_heads);
+      const ReferenceResult ref = reference_decode(t.args(v));
+      t.qc.c.poison_outputs();
+      testing::naive_decode(t.args(v), 2);
+      expect_rows_near(t.qc, ref, 0, t.qc.rows(),
+                       describe(v) + (trees ? " naive, trees" : " naive, lower triangles"));
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/detail/visit_dtype.hpp"
+#include "pagedattn/tree_mask.hpp"
 #include "pagedattn/variants.hpp"
 
 namespace pagedattn::testing {
@@ -23,15 +24,21 @@ void naive_rows(const DecodeArgs& a, int threads) {
   const float cap = a.logits_soft_cap;
   // Each query token's sequence and the context it attends to: with q_indptr, token i of
   // sequence b's n at position P = L_b - n + i is a query of a context of P + 1 tokens, and
-  // reads its keys and values itself, as a first implementation would.
+  // reads its keys and values itself, as a first implementation would; with a tree mask it
+  // skips the new tokens its mask row leaves out.
   const int tokens = a.q_rows();
   std::vector<int> seq_of(tokens), len_of(tokens);
+  std::vector<TreeMaskRow> tree_of(tokens);
   for (int b = 0; b < a.batch; ++b) {
     const int first = a.q_indptr ? a.q_indptr[b] : b;
     const int n = a.q_indptr ? a.q_indptr[b + 1] - first : 1;
     for (int i = 0; i < n; ++i) {
       seq_of[first + i] = b;
       len_of[first + i] = std::max(0, a.context_lens[b] - n + i + 1);
+      if (a.tree_mask) {
+        tree_of[first + i] =
+            tree_mask_row(a.tree_mask, a.tree_mask_indptr[b], n, i, a.context_lens[b]);
+      }
     }
   }
   const std::int64_t rows = static_cast<std::int64_t>(tokens) * H;
@@ -43,6 +50,7 @@ void naive_rows(const DecodeArgs& a, int threads) {
     for (std::int64_t row = 0; row < rows; ++row) {
       const int token = static_cast<int>(row / H), h = static_cast<int>(row % H), kv = h / G;
       const int b = seq_of[token], L = len_of[token];
+      const TreeMaskRow& tree = tree_of[token];
       // An fp8 cache's codes times their kv head's scales (1 for the other dtypes): K's joins the
       // logit scale, V's the output.
       const float k_scale = a.k_scale * (a.k_scales != nullptr ? a.k_scales[kv] : 1.f);
@@ -59,6 +67,7 @@ void naive_rows(const DecodeArgs& a, int threads) {
         const std::int64_t base = layout.offset(table.block(b, blk), kv, 0);
         float m_new = m;
         for (int t = t0; t < n; ++t) {
+          if (!tree.attends(blk * BS + t)) continue;
           const T* k = k_cache + base + t * layout.token_stride;
           float dot = 0.f;
           for (int d = 0; d < D; ++d) dot += q[d] * to_float(k[d]);
@@ -67,10 +76,12 @@ void naive_rows(const DecodeArgs& a, int threads) {
           s[t] += slope * static_cast<float>(blk * BS + t - (L - 1));
           m_new = std::max(m_new, s[t]);
         }
+        if (m_new == -INFINITY) continue;  // every token of the block masked out, none before
         const float alpha = std::exp(m - m_new);
         l *= alpha;
         for (int d = 0; d < D; ++d) acc[d] *= alpha;
         for (int t = t0; t < n; ++t) {
+          if (!tree.attends(blk * BS + t)) continue;
           const float p = std::exp(s[t] - m_new);
           l += p;
           const T* v = v_cache + base + t * layout.token_stride;

@@ -9,9 +9,9 @@
 namespace pagedattn::testing {
 
 // On the CPU: the same contract as decode() (out and lse written for every row, the attention
-// variants and multi-token queries and the cache layout included, fp8 caches and their scales
-// too), parallel over (query token, head) rows with `threads` OpenMP threads. Arguments are
-// assumed valid; q and out dense.
+// variants, multi-token queries and their tree masks, the cache layout, fp8 caches and their
+// scales included), parallel over (query token, head) rows with `threads` OpenMP threads. Arguments
+// are assumed valid; q and out dense.
 void naive_decode(const DecodeArgs& args, int threads);
 
 // On the current CUDA device, every pointer of args in device memory: one CTA per (query token,
