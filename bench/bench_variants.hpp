@@ -1,6 +1,6 @@
 // The attention variants pagedattn-bench applies to every row it times (--window, --soft-cap,
-// --alibi, --sinks) and their per-head values, and its multi-token queries (--q-len), the same
-// for the CPU and the CUDA timings.
+// --alibi, --sinks) and their per-head values, and its multi-token queries (--q-len) with their
+// tree masks (--tree-mask), the same for the CPU and the CUDA timings.
 #pragma once
 
 #include <cmath>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "pagedattn/pagedattn.hpp"
+#include "pagedattn/tree_mask.hpp"
 
 namespace pagedattn::bench {
 
@@ -77,6 +78,39 @@ inline void apply_q_len(int q_len, const std::int32_t* q_indptr, DecodeArgs& a) 
   a.q_indptr = q_indptr;
   a.num_q_tokens = a.batch * q_len;
   a.max_q_len = q_len;
+}
+
+// The tree masks of --tree-mask (DecodeArgs::tree_mask, tree_mask_indptr), packed as the library
+// takes them: sequence b's q_len x q_len bits from byte indptr[b] = b * tree_mask_bytes(q_len).
+struct TreeMasks {
+  std::vector<std::uint8_t> bits;
+  std::vector<std::int32_t> indptr;  // [batch + 1]
+};
+
+// One random token tree per sequence over its q_len query tokens: token i's parent is drawn
+// uniformly from none and the tokens before it (token 0 is always a root, so a sequence holds a
+// forest), and token i attends itself and its ancestors. From a fixed seed, with the mapping to
+// a choice done here rather than by a distribution (whose algorithm the standard leaves to the
+// library): a shape gets the same trees in every run, on every host.
+inline TreeMasks random_tree_masks(int batch, int q_len) {
+  const std::int64_t span = tree_mask_bytes(q_len);
+  TreeMasks m;
+  m.bits.assign(static_cast<std::size_t>(batch * span), 0);
+  m.indptr.resize(static_cast<std::size_t>(batch) + 1);
+  for (int b = 0; b <= batch; ++b) m.indptr[b] = static_cast<std::int32_t>(b * span);
+  std::mt19937_64 rng(0x7ee3a5u);
+  std::vector<int> parent(static_cast<std::size_t>(q_len));
+  for (int b = 0; b < batch; ++b) {
+    for (int i = 0; i < q_len; ++i) {
+      // One of i + 1 choices: none, or token 0 .. i - 1.
+      parent[i] = static_cast<int>((rng() >> 11) * 0x1.0p-53 * (i + 1)) - 1;
+      for (int t = i; t >= 0; t = parent[t]) {
+        const std::int64_t bit = b * span * 8 + static_cast<std::int64_t>(i) * q_len + t;
+        m.bits[static_cast<std::size_t>(bit >> 3)] |= static_cast<std::uint8_t>(1u << (bit & 7));
+      }
+    }
+  }
+  return m;
 }
 
 }  // namespace pagedattn::bench

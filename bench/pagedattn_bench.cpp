@@ -5,7 +5,7 @@
 //                   [--shape B,H,KV,D,CTX[,BS]]... [--threads N] [--csv] [--contiguous]
 //                   [--iters N] [--min-time S] [--bw-mib N] [--no-naive] [--plain]
 //                   [--long-first TOKENS] [--window N] [--soft-cap X] [--alibi] [--sinks]
-//                   [--q-len N] [--layout hnd|nhd|combined_nhd]
+//                   [--q-len N [--tree-mask]] [--layout hnd|nhd|combined_nhd]
 //                   [--kv-dtype f32|f16|bf16|fp8_e4m3|fp8_e5m2] [--limits] [--huge-pages on|off]
 //
 // Every flag is parsed strictly (bench_options.cpp) and every shape checked before anything is
@@ -23,6 +23,15 @@
 // DecodeArgs::q_indptr), so q and out have batch * N rows. GB/s still counts each sequence's
 // attended K/V once, as the least a step must read for all of its query tokens together: a
 // backend that reads it once per query token shows that as a lower GB/s.
+//
+// --tree-mask (with --q-len N, N >= 2) gives each sequence's N query tokens a tree mask
+// (DecodeArgs::tree_mask): a random token tree per sequence from a fixed seed
+// (bench::random_tree_masks), each token attending the context before the N and itself and its
+// ancestors. The CPU backend then runs each query token as a decode of its own, reading its
+// context again; GB/s keeps --q-len's definition (each sequence's K/V once), so a tree row and
+// the causal row of the same shape compare by time. The CUDA backend has no tree masks yet:
+// --backend cuda --tree-mask is refused with the other bad flags. The CSV's last column, tree,
+// says whether the row had them.
 //
 // --layout puts K and V where a serving engine keeps them (DecodeArgs::kv_strides): hnd, the
 // default dense [blocks][kv heads][block_size][head_dim] tensors; nhd, [blocks][block_size]
@@ -119,7 +128,9 @@ double median_ms(const std::function<void(int)>& fn, int warmup, int min_iters, 
 // compute (the whole batch on the default grid). The reference attends each query token over
 // its own context, so with several query tokens a sequence costs that many. When sequence 0's
 // query tokens alone are too many, only its last m are checked (they attend exactly as the m
-// query tokens of a sequence with m would); NaN when even one is too large.
+// query tokens of a sequence with m would); NaN when even one is too large, or when a tree mask
+// is set (the last m would take their ancestors among the others for context, attended whatever
+// the mask says). The reference takes the tree mask as decode does.
 double rel_err_vs_reference(const DecodeArgs& args) {
   constexpr double kMaxTokenHeads = 8.0 * 1024 * 1024;
   const auto queries = [&](int b) {
@@ -139,7 +150,7 @@ double rel_err_vs_reference(const DecodeArgs& args) {
   if (sub.batch == 1 && per_query * queries(0) > kMaxTokenHeads * 2) {
     const int m =
         static_cast<int>(std::min<double>(queries(0) - 1, kMaxTokenHeads * 2 / per_query));
-    if (m < 1) return std::nan("");
+    if (m < 1 || args.tree_mask) return std::nan("");
     row0 = queries(0) - m;
     tail[1] = m;
     sub.q_indptr = tail;
@@ -211,18 +222,21 @@ void print_row(const Options& o, DType dtype, const Row& r) {
       std::printf(",,,,,");
     }
     if (r.huge_pct >= 0) {
-      std::printf(",%.1f\n", r.huge_pct);
+      std::printf(",%.1f", r.huge_pct);
     } else {
-      std::printf(",\n");
+      std::printf(",");
     }
+    std::printf(",%d\n", o.tree_mask ? 1 : 0);
   } else {
     char huge[16] = "-";
     if (r.huge_pct >= 0) std::snprintf(huge, sizeof huge, "%.1f%%", r.huge_pct);
     std::printf(
-        "%-6s %-5s %-8s %4d %4d %4d %4d %7d %4d %5d %-12s %10.3f %8.2f %7.1f%% %10.3g %6s  %s\n",
+        "%-6s %-5s %-8s %4d %4d %4d %4d %7d %4d %5d %4d %-12s %10.3f %8.2f %7.1f%% %10.3g %6s  "
+        "%s\n",
         r.backend.c_str(), dtype_name(dtype), dtype_name(kv), s.batch, s.heads, s.kv_heads,
-        s.head_dim, s.context, s.block_size, s.q_len, testing::kv_layout_name(o.layout), r.ms,
-        r.gbps, r.pct, r.rel_err, huge, variants_text(v).c_str());
+        s.head_dim, s.context, s.block_size, s.q_len, o.tree_mask ? 1 : 0,
+        testing::kv_layout_name(o.layout), r.ms, r.gbps, r.pct, r.rel_err, huge,
+        variants_text(v).c_str());
     if (limits) {
       std::printf(
           "       bound: %s, %.2f GB/s (compute %.2f = %d threads x %.2f in cache; read "
@@ -250,8 +264,9 @@ HostPool pool_copy(const std::uint8_t* from, std::size_t n, HugePages pages) {
 // A case of `shape` with copies of its cache in pools, so consecutive steps read different
 // memory, and the attention variants every step applies. With q_len > 1 every sequence has q_len
 // query tokens: q, out and lse have a row per token (q_rows, out_rows, lse_rows replace the base
-// case's). Base's own K and V are dropped once copied; in a layout other than hnd every copy holds
-// them in that layout, whose strides `laid` keeps.
+// case's), with --tree-mask under the tree masks `tree`. Base's own K and V are dropped once
+// copied; in a layout other than hnd every copy holds them in that layout, whose strides `laid`
+// keeps.
 struct RotatingCase {
   testing::HostCase base;
   std::optional<testing::KvStorage> laid;  // the layout's geometry (its buffers dropped)
@@ -262,6 +277,7 @@ struct RotatingCase {
   std::vector<std::int32_t> q_indptr;
   std::vector<std::uint8_t> q_rows, out_rows;
   std::vector<float> lse_rows;
+  std::optional<bench::TreeMasks> tree;  // --tree-mask
   int copies() const { return static_cast<int>(pools.size()); }
   DecodeArgs args(int i) { return args_over(pools, i); }
   // The arguments of step i over the copies of `over` (these pools or their twins).
@@ -273,6 +289,10 @@ struct RotatingCase {
       a.q = q_rows.data();
       a.out = out_rows.data();
       a.lse = lse_rows.data();
+      if (tree) {
+        a.tree_mask = tree->bits.data();
+        a.tree_mask_indptr = tree->indptr.data();
+      }
     }
     const KvPools& c = over[static_cast<std::size_t>(i) % over.size()];
     if (laid) {
@@ -331,6 +351,7 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s, b
     for (std::size_t i = 0; i < elems; ++i) {
       store_from_float(rc.q_rows.data(), dtype, i, normal(rng));
     }
+    if (o.tree_mask) rc.tree = bench::random_tree_masks(s.batch, s.q_len);
   }
   if (o.layout != testing::KvLayout::kHnd) rc.laid = testing::store_kv(rc.base, o.layout);
   std::vector<std::uint8_t>& k = rc.laid ? rc.laid->k : rc.base.k;
@@ -470,12 +491,12 @@ int run(int argc, char** argv) {
   if (o.csv) {
     std::printf(
         "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,"
-        "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len,layout,kv_dtype%s,huge_pct\n",
+        "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len,layout,kv_dtype%s,huge_pct,tree\n",
         o.limits ? ",compute_gbps,pattern_gbps,pct_bound,bound,pattern_huge_gbps" : "");
   } else {
-    std::printf("%-6s %-5s %-8s %4s %4s %4s %4s %7s %4s %5s %-12s %10s %8s %8s %10s %6s  %s\n",
-                "impl", "dtype", "kv", "B", "H", "KV", "D", "ctx", "BS", "q_len", "layout", "ms",
-                "GB/s", "%readBW", "rel_err", "huge", "variants");
+    std::printf("%-6s %-5s %-8s %4s %4s %4s %4s %7s %4s %5s %4s %-12s %10s %8s %8s %10s %6s  %s\n",
+                "impl", "dtype", "kv", "B", "H", "KV", "D", "ctx", "BS", "q_len", "tree", "layout",
+                "ms", "GB/s", "%readBW", "rel_err", "huge", "variants");
   }
   bool accurate = true;
   std::map<std::tuple<DType, int, int, int, int>, double> in_cache_rates;  // --limits

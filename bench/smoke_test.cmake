@@ -8,8 +8,9 @@ set(quick --csv --threads 2 --iters 2 --min-time 0 --bw-mib 64)
 
 # run_bench(<what> <flag>...): runs pagedattn-bench with the quick flags and these, and fails
 # unless it exits 0 (the exit status carries the accuracy against the f64 reference) and prints
-# the CSV header (with `header_tail` after it where the caller sets one, then huge_pct). Sets
-# `rows` (the CSV rows after the header) and `err` (stderr) in the caller.
+# the CSV header (with `header_tail` after it where the caller sets one, then huge_pct and tree),
+# and every row's last column, tree, is 1 with --tree-mask among the flags, else 0. Sets `rows`
+# (the CSV rows after the header, the tree column cut off) and `err` (stderr) in the caller.
 function(run_bench what)
   execute_process(COMMAND ${BENCH} ${quick} ${ARGN}
                   OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
@@ -19,10 +20,22 @@ function(run_bench what)
   string(REPLACE "\n" ";" lines "${out}")
   list(FILTER lines EXCLUDE REGEX "^$")
   list(POP_FRONT lines header)
-  if(NOT header STREQUAL "${header_want}${header_tail},huge_pct")
+  if(NOT header STREQUAL "${header_want}${header_tail},huge_pct,tree")
     message(FATAL_ERROR "unexpected CSV header with ${what}: '${header}'")
   endif()
-  set(rows "${lines}" PARENT_SCOPE)
+  set(tree 0)
+  if("--tree-mask" IN_LIST ARGN)
+    set(tree 1)
+  endif()
+  set(cut "")
+  foreach(row IN LISTS lines)
+    if(NOT row MATCHES ",${tree}$")
+      message(FATAL_ERROR "CSV row with ${what} does not end in tree = ${tree}: '${row}'")
+    endif()
+    string(REGEX REPLACE ",[01]$" "" row "${row}")
+    list(APPEND cut "${row}")
+  endforeach()
+  set(rows "${cut}" PARENT_SCOPE)
   set(err "${err}" PARENT_SCOPE)
 endfunction()
 
@@ -91,6 +104,24 @@ foreach(backend cpu naive)
                "^${backend},bf16,3,8,2,64,100,16,${num},${num},${num},${num},-?[0-9]+,0,0,[01],4,hnd,bf16,${num}$")
   endforeach()
 endforeach()
+
+# Tree masks (--tree-mask): a random token tree over each sequence's query tokens, on the CPU
+# backend and the naive baseline (on its own too, so its accuracy is fatal), plain and with every
+# variant, a context shorter than the query tokens among them (--long-first 3). The exit status
+# carries both against the f64 reference with the same masks; run_bench checks the tree column.
+foreach(backend cpu naive)
+  foreach(extra "" "--window 9 --soft-cap 2.5 --alibi --sinks" "--long-first 3")
+    separate_arguments(extra_args UNIX_COMMAND "${extra}")
+    run_bench("--backend ${backend} --q-len 5 --tree-mask ${extra}" --backend ${backend}
+              --dtype bf16 --shape 3,8,2,64,100,16 --q-len 5 --tree-mask ${extra_args})
+    check_rows("--backend ${backend} --q-len 5 --tree-mask ${extra}" 0
+               "^${backend},bf16,3,8,2,64,100,16,${num},${num},${num},${num},-?[0-9]+,[0-9.]+,[01],[01],5,hnd,bf16,${num}$")
+  endforeach()
+endforeach()
+run_bench("--tree-mask --layout combined_nhd --kv-dtype fp8_e4m3" --dtype f32 --shape 2,8,2,64,70,8
+          --q-len 8 --tree-mask --layout combined_nhd --kv-dtype fp8_e4m3)
+check_rows("--tree-mask --layout combined_nhd --kv-dtype fp8_e4m3" 2
+           "^(cpu|naive),f32,2,8,2,64,70,8,${num},${num},${num},${num},-1,0,0,0,8,combined_nhd,fp8_e4m3,${num}$")
 
 # The caches in the NHD layout and in one combined tensor (--layout): both backends read them
 # through kv_strides, the exit status carries each against the f64 reference (the naive one run

@@ -73,7 +73,7 @@ expect_bad("--backend ''" "--backend = ''")
 if(CLI STREQUAL "pagedattn-bench")
   expect_help(--backend --dtype --shape --threads --csv --contiguous --iters --min-time --bw-mib
               --no-naive --clock --plain --long-first --window --soft-cap --alibi --sinks --q-len
-              --layout --kv-dtype --limits --huge-pages --help)
+              --tree-mask --layout --kv-dtype --limits --huge-pages --help)
   expect_bad("--huge-pages" "--huge-pages" "needs a value")
   expect_bad("--huge-pages maybe" "--huge-pages = 'maybe'" "expected one of on, off")
   expect_bad("--huge-pages ON" "--huge-pages = 'ON'" "expected one of on, off")
@@ -147,6 +147,10 @@ if(CLI STREQUAL "pagedattn-bench")
   expect_bad("--q-len 1048577" "--q-len = '1048577'" "out of range")
   expect_bad("--shape 4096,8,2,128,64 --q-len 1048576" "--q-len = '1048576'" "int32 range")
   expect_bad("--shape 1024,64,8,256,64 --q-len 1048576" "--q-len = '1048576'" "quarter")
+  expect_bad("--tree-mask" "--q-len = '1'" "--tree-mask needs at least 2 query tokens")
+  expect_bad("--tree-mask --q-len 1" "--q-len = '1'" "--tree-mask needs at least 2 query tokens")
+  expect_bad("--backend cuda --q-len 4 --tree-mask" "--backend = 'cuda'"
+             "the CUDA backend has no tree masks yet")
 elseif(CLI STREQUAL "pagedattn-cp-bench")
   expect_help(--backend --gpus --ranks --contexts --heads --kv-heads --head-dim --block-size
               --dtype --root --steps --samples --threads --csv --help)
