@@ -52,6 +52,8 @@ def ours_row(d, label):
     variants += [v for v in ("alibi", "sinks") if d.get(v, "0") == "1"]
     if d.get("layout", "hnd") not in ("", "hnd"):
         variants.append(d["layout"])
+    if d.get("tree", "0") == "1":
+        variants.append("tree mask")
     impl = (label or "pagedattn", ", ".join(variants))
     key = key_of(d, dtype, d.get("kv_dtype") or dtype, d.get("q_len") or 1, d["block_size"])
     gbps, pct = float(d["gbps"]), float(d["pct_read_bw"])
