@@ -15,6 +15,7 @@
 #include "combine.cuh"
 #include "cuda_error.hpp"
 #include "device_info.hpp"
+#include "launch.cuh"
 #include "pagedattn/online_softmax.hpp"
 #include "pagedattn/variants.hpp"
 #include "query_rows.cuh"
@@ -153,17 +154,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
 template <typename OutT, typename V>
 void launch_combine_typed(const CombineParams& c, const V& var, int grid, bool pdl,
                           cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(kCombineWarps * 32);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  check(cudaLaunchKernelEx(&cfg, combine_kernel<OutT, V>, c, var), "combine_kernel launch");
+  check(launch_kernel(combine_kernel<OutT, V>, grid, kCombineWarps * 32, 0, pdl, stream, c, var),
+        "combine_kernel launch");
 }
 
 // The combine CTAs resident at once on the current device (at least one per SM), once per device.

@@ -20,6 +20,7 @@
 #include "device_info.hpp"
 #include "device_plan.cuh"
 #include "kv_pipeline.cuh"
+#include "launch.cuh"
 #include "mma_path.cuh"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/split_plan.hpp"
@@ -181,18 +182,10 @@ int launch_shared_memory(int resident_ctas) {
 template <typename T, int D, bool kMma, int kMinCtas, bool kWide, typename V>
 void launch_split_typed(const SplitParams& p, const V& var, int resident_ctas, int grid,
                         cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = launch_shared_memory<T, D, kMma, kMinCtas, kWide, V>(resident_ctas);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = p.pdl ? 1 : 0;
   // Its error is checked by the caller.
-  cudaLaunchKernelEx(&cfg, split_kernel_fn<T, D, kMma, kMinCtas, kWide, V>(), p, var);
+  launch_kernel(split_kernel_fn<T, D, kMma, kMinCtas, kWide, V>(), grid, kThreads,
+                launch_shared_memory<T, D, kMma, kMinCtas, kWide, V>(resident_ctas), p.pdl, stream,
+                p, var);
 }
 
 // CTAs per SM that the dense build of a kernel is compiled for (0: there is none). The fp8

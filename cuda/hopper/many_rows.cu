@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "../device_info.hpp"
+#include "../launch.cuh"
 #include "many_rows.hpp"
 #include "many_rows_epilogue.cuh"
 #include "many_rows_producer.cuh"
@@ -151,18 +152,9 @@ void launch_typed(const SplitParams& p, const GeneralVariant& var, int grid, cud
   const CUtensorMap map_k = cache_map<T>(p.k, p);
   const CUtensorMap map_v = cache_map<T>(p.v, p);
   ctas_per_sm<T>();  // sets the shared-memory limit on this device
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(grid));
-  cfg.blockDim = dim3(kCtaThreads);
-  cfg.dynamicSmemBytes = sizeof(SharedStorage<T>);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = p.pdl ? 1 : 0;
   // Checked by the caller.
-  cudaLaunchKernelEx(&cfg, many_rows_kernel<T, GeneralVariant>, map_k, map_v, p, var);
+  launch_kernel(many_rows_kernel<T, GeneralVariant>, grid, kCtaThreads,
+                static_cast<int>(sizeof(SharedStorage<T>)), p.pdl, stream, map_k, map_v, p, var);
 }
 
 }  // namespace sm90
