@@ -47,9 +47,10 @@ for src in "$root"/cpu/*.cpp; do
   case "$(basename "$src")" in
     isa_avx2.cpp) compile "$src" -mavx2 -mfma -mf16c ;;
     isa_avx512.cpp) compile "$src" -mavx512f -mavx512cd -mavx512dq -mavx512bw -mfma -mf16c ;;
-    # The optional AVX-512 BF16 kernel is left out (decode_cpu.cpp registers it only under
-    # PAGEDATTN_CPU_AVX512BF16); its path is covered by the test suite's per-ISA rows.
-    isa_avx512bf16.cpp) ;;
+    # The optional AVX-512 BF16 and AMX kernels are left out (isa_choice.cpp registers them
+    # only under PAGEDATTN_CPU_AVX512BF16 and PAGEDATTN_CPU_AMX); their paths are covered by
+    # the test suite's per-ISA rows.
+    isa_avx512bf16.cpp | isa_amx.cpp) ;;
     *) compile "$src" ;;
   esac
 done
