@@ -319,7 +319,7 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, float* m, 
     for (int h = 0; h < heads; ++h)
       from_pair_order<W>(acc + static_cast<std::int64_t>(h) * D, tmp, D);
   };
-  // Quads: 4W = 64 elements per widening, so head_dim a multiple of 64 (64, 128, 192, 256).
+  // Quads: 4W = 64 elements per widening, so head_dim a multiple of 64 (64, 128, 192, 256, 512).
   const bool quads = Widen<Arch>::template kQuads<T> && scratch.q != nullptr && D % (4 * W) == 0;
   const auto from_quads = [&] {
     alignas(64) float tmp[64];

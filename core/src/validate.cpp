@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -16,13 +17,16 @@
 namespace pagedattn {
 namespace {
 
-std::string supported_head_dims_text() {
+template <std::size_t N>
+std::string head_dims_list(const int (&dims)[N]) {
   std::ostringstream os;
-  os << "unsupported (supported: ";
   const char* sep = "";
-  for (int d : kSupportedHeadDims) os << sep << d, sep = ", ";
-  os << ')';
+  for (int d : dims) os << sep << d, sep = ", ";
   return os.str();
+}
+
+std::string supported_head_dims_text() {
+  return "unsupported (supported: " + head_dims_list(kSupportedHeadDims) + ")";
 }
 
 }  // namespace
@@ -131,6 +135,13 @@ void require_head_dim(int head_dim) {
   }
 }
 
+void require_cuda_head_dim(int head_dim) {
+  if (is_cuda_head_dim(head_dim)) return;
+  fail(ErrorCode::kUnsupported, "head_dim", head_dim,
+       "the CUDA backend has no kernel for this head dim yet (its head dims: " +
+           head_dims_list(kCudaHeadDims) + "; the CPU backend takes it)");
+}
+
 void require_backend(const char* name, Backend b) {
   if (b != Backend::kAuto && b != Backend::kCpu && b != Backend::kCuda) {
     fail(ErrorCode::kInvalidArgument, name, static_cast<int>(b),
@@ -223,6 +234,13 @@ void validate_slot_mapping(const CacheWriteArgs& a, const std::int32_t* slot_map
 
 bool is_supported_head_dim(int head_dim) {
   for (int d : kSupportedHeadDims) {
+    if (d == head_dim) return true;
+  }
+  return false;
+}
+
+bool is_cuda_head_dim(int head_dim) {
+  for (int d : kCudaHeadDims) {
     if (d == head_dim) return true;
   }
   return false;

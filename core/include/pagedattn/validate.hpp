@@ -10,6 +10,7 @@
 namespace pagedattn {
 
 bool is_supported_head_dim(int head_dim);
+bool is_cuda_head_dim(int head_dim);  // one of kCudaHeadDims
 
 // The argument checks every entry point shares; each throws an Error naming `name`.
 void require_positive(const char* name, int value);
@@ -21,8 +22,11 @@ void require_kv_scale(const char* name, float scale);     // in [kMinKvScale, kM
 // (dtype field `dtype_field`) is fp8.
 void require_cache_scales(const char* dtype_field, DType cache, float k_scale, float v_scale,
                           const float* k_scales, const float* v_scales);
-void require_block_size(int block_size);                  // in [1, kMaxBlockSize]
-void require_head_dim(int head_dim);                      // one of kSupportedHeadDims
+void require_block_size(int block_size);  // in [1, kMaxBlockSize]
+void require_head_dim(int head_dim);      // one of kSupportedHeadDims
+// One of kCudaHeadDims: else Error(kUnsupported) naming head_dim, saying the CUDA backend has no
+// kernel for it yet. The CUDA entry points call it first, so no other CUDA check comes before it.
+void require_cuda_head_dim(int head_dim);
 void require_backend(const char* name, Backend backend);  // kAuto, kCpu or kCuda
 void require_num_threads(int num_threads);                // in [0, kMaxThreads]
 
