@@ -119,6 +119,19 @@ INSTANTIATE_TEST_SUITE_P(Dims, BackendReferenceTest,
                                             ::testing::Values(Ctx::kBlockPlus1, Ctx::kThousand)),
                          param_name);
 
+// Head dim 512 (the global layers of Gemma-style models) on the CPU only: the CUDA backend has no
+// kernel for it yet (its refusal: test_cuda_decode.cpp). GQA groups 1 to 16 (8 and 16 with a bf16
+// q and cache take the AMX tiles where there are any), blocks of 1 and 16 tokens, and a context
+// past many blocks.
+INSTANTIATE_TEST_SUITE_P(D512, BackendReferenceTest,
+                         ::testing::Combine(::testing::Values(Backend::kCpu),
+                                            ::testing::Values(DType::kF32, DType::kF16,
+                                                              DType::kBF16),
+                                            ::testing::Values(512), ::testing::Values(1, 16),
+                                            ::testing::Values(1, 4, 8, 16),
+                                            ::testing::Values(Ctx::kBlockPlus1, Ctx::kThousand)),
+                         param_name);
+
 // fp8 caches (values stored x k_scale, v_scale, per kv head too) read with f32, f16 or bf16 q
 // and out: the reference dequantizes exactly, so the error is the backends' f32 arithmetic.
 using Fp8Param = std::tuple<Backend, DType /*cache*/, DType /*q, out*/, int /*head_dim*/,
@@ -158,6 +171,16 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(1, 8),
                        ::testing::Values(Ctx::kZero, Ctx::kOne, Ctx::kBlockPlus1, Ctx::kThousand)),
     fp8_param_name);
+
+// fp8 caches at head dim 512, CPU only (as D512 above).
+INSTANTIATE_TEST_SUITE_P(D512, Fp8ReferenceTest,
+                         ::testing::Combine(::testing::Values(Backend::kCpu),
+                                            ::testing::Values(DType::kFP8E4M3, DType::kFP8E5M2),
+                                            ::testing::Values(DType::kF32, DType::kBF16),
+                                            ::testing::Values(512), ::testing::Values(1, 16),
+                                            ::testing::Values(1, 8),
+                                            ::testing::Values(Ctx::kBlockPlus1, Ctx::kThousand)),
+                         fp8_param_name);
 
 }  // namespace
 }  // namespace pagedattn

@@ -134,7 +134,7 @@ TEST_P(CacheWriteDTypes, CpuMatchesTheReference) {
   const auto [src, cache] = GetParam();
   int seed = 1;
   for (const int bs : {1, 5, 16}) {
-    for (const int dim : {64, 80}) {
+    for (const int dim : {64, 80, 512}) {
       for (const int tokens : {1, 7, 200}) {
         SCOPED_TRACE(::testing::Message() << "bs=" << bs << " dim=" << dim << " tokens=" << tokens);
         WriteCase got = make_write_case(tokens, 2, dim, bs, (tokens + bs) / bs + 2, src, cache,
@@ -279,7 +279,7 @@ TEST(CacheWrite, SkippedSlotsMayRepeat) {
 }
 
 TEST(CacheWrite, HeadDimsDecodeRefusesAreErrors) {
-  for (const int dim : {1, 32, 100, 512}) {
+  for (const int dim : {1, 32, 100, 384, 1024}) {
     SCOPED_TRACE(dim);
     expect_write_rejected(
         [dim](WriteCase&, CacheWriteArgs& a, CacheOpOptions&) { a.head_dim = dim; },

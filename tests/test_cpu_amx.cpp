@@ -1,6 +1,6 @@
 // The AMX kernel (cpu/isa_amx.cpp: Q.K as _tile_dpbf16ps on a bf16 q and cache, and P.V too with
 // bf16 weights) against the f64 reference, called directly through kernel_for_isa("amx") whatever
-// PAGEDATTN_CPU_ISA picks: GQA groups 8 to 64, head dims 64, 128 and 256, block sizes 1 to 32 with
+// PAGEDATTN_CPU_ISA picks: GQA groups 8 to 64, head dims 64 to 512, block sizes 1 to 32 with
 // contexts that end inside a block, the attention variants the kernel applies, and non-finite K
 // rows; and through decode() with several query tokens per sequence, whose rows per kv head pick
 // the kernel's tiles of 8 or 16 heads. Skipped where the build has no AMX kernel or the CPU (or
@@ -141,6 +141,10 @@ TEST(CpuAmx, TileScoresMatchTheReference) {
   }
   for (bool bf16_weights : {false, true}) {
     expect_amx_matches_reference(amx_spec(8, 256, 16, {600, 33}, salt++), bf16_weights);
+    // Head dim 512: tiles of 8 and of 16 heads block by block (past the steps' buffers).
+    for (int group : {8, 16}) {
+      expect_amx_matches_reference(amx_spec(group, 512, 16, {300, 33, 1}, salt++), bf16_weights);
+    }
   }
 }
 
@@ -179,7 +183,7 @@ TEST(CpuAmx, NonFiniteKRowMakesItsSequenceNaN) {
 // per step (32 of 1, four of 8, two of 16, one of 24 or 32; blocks of 64 take the block-by-block
 // path), contexts that end inside a step's first or second block or at its end, odd block counts,
 // one and two tiles of heads per step (group 16, 32 and 48: a pair, then one), head dims 64 to
-// 256 (the largest the step's buffers hold).
+// 256 (the largest the step's buffers hold: 512 runs block by block, TileScoresMatchTheReference).
 TEST(CpuAmx, StepsOfBlocksMatchTheReference) {
   if (detail::cpu::kernel_for_isa("amx") == nullptr) GTEST_SKIP() << kNoAmx;
   const std::vector<int> lens = {16, 17, 31, 32, 33, 48, 63, 65, 200};

@@ -147,6 +147,7 @@ TEST(CpuPerfKernel, EveryIsaOnOddGroupsAndBlocks) {
     }
     check_every_kernel(spec_of(8, 1, 112, 16, {300, 17}, t, salt++));
     check_every_kernel(spec_of(4, 2, 192, 256, {600, 255}, t, salt++));
+    check_every_kernel(spec_of(6, 2, 512, 13, {300, 14}, t, salt++));
   }
 }
 
@@ -162,6 +163,9 @@ TEST(CpuPerfKernel, EveryIsaOverAllKvHeadsWithPairedWidening) {
     }
     check_every_kernel(spec_of(12, 3, 112, 7, {300, 20}, t, salt++), true);
     check_every_kernel(spec_of(8, 2, 256, 32, {600, 33}, t, salt++), true);
+    for (int group : {1, 4, 8}) {
+      check_every_kernel(spec_of(2 * group, 2, 512, 16, {0, 1 + 16 * 5, 97}, t, salt++), true);
+    }
   }
 }
 

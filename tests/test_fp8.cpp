@@ -304,7 +304,7 @@ TEST(Fp8CpuIsa, EveryKernelMatchesTheReference) {
     const detail::cpu::KernelFn fn = detail::cpu::kernel_for_isa(isa);
     if (fn == nullptr) continue;
     for (DType cache : {DType::kFP8E4M3, DType::kFP8E5M2}) {
-      for (int D : {64, 80, 96, 112, 128, 192, 256}) {
+      for (int D : kSupportedHeadDims) {
         for (DType q_dtype : {DType::kF32, DType::kBF16}) {
           const bool per_head = D % 64 != 0;
           const int group = D == 128 ? 8 : D == 96 ? 3 : 5;
