@@ -14,6 +14,7 @@
 #include "fast_case.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/tree_mask.hpp"
+#include "pagedattn/validate.hpp"
 #include "pagedattn/variants.hpp"
 #include "plant_malformation.hpp"
 #include "rng.hpp"
@@ -243,9 +244,11 @@ void lay_out_rows(const FuzzCase& c, BuiltCase& b) {
 // The CUDA backend checks its rows' alignment after the shapes and before q_indptr, the tables
 // and the variants' values (which it reads back in checked mode only), over the rows the
 // arguments declare; then the cache strides (once there is a sequence: a batch of 0 is a no-op).
-// Before them all, once there is a sequence, it refuses a tree mask (kUnsupported, "tree_mask"):
-// the fuzzer runs tree-mask cases on it all the same and requires that refusal, out and lse
-// untouched, rather than keep them from a run with cuda among the backends.
+// Before them all, once there is a sequence, it refuses a tree mask (kUnsupported, "tree_mask"),
+// and before that, right after the shapes and whatever the batch, a head dim it has no kernel for
+// (kUnsupported, "head_dim": 512). The fuzzer runs such cases on it all the same and requires
+// that refusal, out and lse untouched, rather than keep them from a run with cuda among the
+// backends.
 void expect_cuda_refusal(const FuzzCase& c, BuiltCase& b) {
   const DecodeArgs& a = b.args;
   const bool shapes_pass =
@@ -256,6 +259,11 @@ void expect_cuda_refusal(const FuzzCase& c, BuiltCase& b) {
       c.bad == Malformation::kQLenOverMax || c.bad == Malformation::kQIndptrEnd ||
       c.bad == Malformation::kBadKvHeadScale || c.bad == Malformation::kTreeBitAboveDiagonal ||
       c.bad == Malformation::kTreeSpanShort || c.bad == Malformation::kTreeIndptrStart;
+  if (shapes_pass && !is_cuda_head_dim(a.head_dim)) {
+    b.cuda_refuses = "head_dim";
+    b.cuda_refuses_code = ErrorCode::kUnsupported;
+    return;
+  }
   if (a.tree_mask != nullptr && shapes_pass && a.batch > 0) {
     b.cuda_refuses = "tree_mask";
     b.cuda_refuses_code = ErrorCode::kUnsupported;

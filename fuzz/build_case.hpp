@@ -55,12 +55,12 @@ struct BuiltCase {
   DecodeArgs args;
   ErrorCode expected_code = ErrorCode::kInvalidArgument;
   std::string expected_argument;  // empty for a valid case
-  // The argument the CUDA backend raises instead (cuda_refuses_code), or empty: a tree mask
-  // (kUnsupported: it has none yet), else a misaligned row stride (FuzzCase::
-  // cuda_misaligned_stride, over the rows args declares) or cache stride (kInvalidArgument),
-  // which it checks after the shapes but before its checked-mode q_indptr, table and value
-  // checks, on a case that is valid or malformed only in those (or in its tree mask's contents,
-  // which it never reads).
+  // The argument the CUDA backend raises instead (cuda_refuses_code), or empty: a head dim it
+  // has no kernel for (kUnsupported, whatever the batch), a tree mask (kUnsupported: it has none
+  // yet), else a misaligned row stride (FuzzCase::cuda_misaligned_stride, over the rows args
+  // declares) or cache stride (kInvalidArgument), which it checks after the shapes but before its
+  // checked-mode q_indptr, table and value checks, on a case that is valid or malformed only in
+  // those (or in its tree mask's contents, which it never reads).
   std::string cuda_refuses;
   ErrorCode cuda_refuses_code = ErrorCode::kInvalidArgument;
 

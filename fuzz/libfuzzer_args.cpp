@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <vector>
 
@@ -20,7 +21,8 @@ void draw_shapes(FuzzedDataProvider& in, DecodeArgs& a) {
   a.num_kv_heads = in.ConsumeIntegralInRange<int>(-1, 4);
   const int group = in.ConsumeIntegralInRange<int>(0, 66);
   a.num_heads = in.ConsumeBool() ? a.num_kv_heads * group : in.ConsumeIntegralInRange<int>(-1, 80);
-  a.head_dim = in.ConsumeBool() ? kSupportedHeadDims[in.ConsumeIntegralInRange<int>(0, 6)]
+  constexpr int kDims = static_cast<int>(std::size(kSupportedHeadDims));
+  a.head_dim = in.ConsumeBool() ? kSupportedHeadDims[in.ConsumeIntegralInRange<int>(0, kDims - 1)]
                                 : in.ConsumeIntegralInRange<int>(-2, 300);
   a.block_size = in.ConsumeBool() ? in.ConsumeIntegralInRange<int>(1, 20)
                                   : in.ConsumeIntegralInRange<int>(-2, 260);

@@ -21,6 +21,7 @@
 #include "oracle.hpp"
 #include "pagedattn/cli/args.hpp"
 #include "pagedattn/pagedattn.hpp"
+#include "pagedattn/validate.hpp"
 #include "shrink.hpp"
 
 namespace pf = pagedattn::fuzz;
@@ -156,6 +157,7 @@ struct Counts {
   long long window = 0, soft_cap = 0, alibi = 0, sinks = 0;  // valid cases with each variant
   long long multi_token = 0;  // valid cases with multi-token queries (q_indptr)
   long long tree = 0;         // those of them with tree masks
+  long long no_cuda_dim = 0;  // valid cases at a head dim with no CUDA kernel (512)
   // Valid cases with a strided q, with a strided out, and with a stride the CUDA backend refuses.
   long long strided_q = 0, strided_out = 0, misaligned = 0;
   // Valid cases per cache layout (the default dense HND one not counted), and with cache strides
@@ -183,6 +185,7 @@ void count(Counts& n, const pf::FuzzCase& c, const pf::Outcome& o) {
     n.sinks += !c.sinks.empty();
     n.multi_token += c.multi_token();
     n.tree += c.tree;
+    n.no_cuda_dim += !pagedattn::is_cuda_head_dim(c.spec.head_dim);
     n.strided_q += c.q_row_stride != 0;
     n.strided_out += c.out_row_stride != 0;
     n.misaligned += c.cuda_misaligned_stride() != nullptr;
@@ -212,18 +215,19 @@ std::string counts_text(const Counts& n, double elapsed) {
                " " + std::to_string(n.layouts[static_cast<std::size_t>(l)]);
   }
   char buf[1024];
-  std::snprintf(
-      buf, sizeof buf,
-      "%lld cases in %.1fs (%.0f/s): valid %lld (huge-logit %lld, split-length %lld, "
-      "batch 0 %lld; variants: window %lld, soft-cap %lld, alibi %lld, sinks %lld; "
-      "multi-token %lld, tree masks %lld; strided: q %lld, out %lld, misaligned for cuda %lld; "
-      "layouts: %s, misaligned for cuda %lld; fp8: e4m3 %lld, e5m2 %lld, per-head "
-      "scales %lld), malformed %lld; batch-invariance checks %lld; failures %lld; worst "
-      "err/tol %.3g",
-      n.cases, elapsed, elapsed > 0 ? n.cases / elapsed : 0.0, n.valid, n.huge, n.long_ctx,
-      n.empty_batch, n.window, n.soft_cap, n.alibi, n.sinks, n.multi_token, n.tree, n.strided_q,
-      n.strided_out, n.misaligned, layouts.c_str(), n.misaligned_kv, n.fp8_e4m3, n.fp8_e5m2,
-      n.fp8_per_head, n.malformed, n.invariance_checks, n.failures, n.worst_ratio);
+  std::snprintf(buf, sizeof buf,
+                "%lld cases in %.1fs (%.0f/s): valid %lld (huge-logit %lld, split-length %lld, "
+                "batch 0 %lld; variants: window %lld, soft-cap %lld, alibi %lld, sinks %lld; "
+                "multi-token %lld, tree masks %lld; head dim without a cuda kernel %lld; strided: "
+                "q %lld, out %lld, misaligned for cuda %lld; "
+                "layouts: %s, misaligned for cuda %lld; fp8: e4m3 %lld, e5m2 %lld, per-head "
+                "scales %lld), malformed %lld; batch-invariance checks %lld; failures %lld; worst "
+                "err/tol %.3g",
+                n.cases, elapsed, elapsed > 0 ? n.cases / elapsed : 0.0, n.valid, n.huge,
+                n.long_ctx, n.empty_batch, n.window, n.soft_cap, n.alibi, n.sinks, n.multi_token,
+                n.tree, n.no_cuda_dim, n.strided_q, n.strided_out, n.misaligned, layouts.c_str(),
+                n.misaligned_kv, n.fp8_e4m3, n.fp8_e5m2, n.fp8_per_head, n.malformed,
+                n.invariance_checks, n.failures, n.worst_ratio);
   return buf;
 }
 

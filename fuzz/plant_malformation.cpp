@@ -150,7 +150,8 @@ void plant_in_shapes(const FuzzCase& c, BuiltCase& b) {
       break;
     }
     case Malformation::kHeadDim: {
-      const int values[] = {0, -64, 1, 16, 32, 48, 65, 100, 127, 129, 160, 384, 512, INT32_MAX};
+      const int values[] = {0,   -64, 1,   16,  32,  48,   65,       100,
+                            127, 129, 160, 384, 511, 1024, INT32_MAX};
       a.head_dim = values[p % (sizeof(values) / sizeof(values[0]))];
       b.expected_code = ErrorCode::kUnsupported;
       b.expected_argument = "head_dim";
