@@ -32,6 +32,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 from ._errors import Error
 from . import _ext
 from ._ext import (
+    CUDA_HEAD_DIMS,
     MAX_BLOCK_SIZE,
     MAX_GROUP_SIZE,
     SUPPORTED_HEAD_DIMS,
@@ -56,6 +57,7 @@ __all__ = [
     "cuda_available",
     "built_with_cuda",
     "SUPPORTED_HEAD_DIMS",
+    "CUDA_HEAD_DIMS",
     "MAX_BLOCK_SIZE",
     "MAX_GROUP_SIZE",
 ]

@@ -9,6 +9,7 @@ import numpy
 import numpy.typing
 
 SUPPORTED_HEAD_DIMS: Tuple[int, ...]
+CUDA_HEAD_DIMS: Tuple[int, ...]
 MAX_BLOCK_SIZE: int
 MAX_GROUP_SIZE: int
 built_with_cuda: bool

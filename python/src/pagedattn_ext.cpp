@@ -69,6 +69,11 @@ NB_MODULE(_ext, m) {
     for (int d : pagedattn::kSupportedHeadDims) dims.append(d);
     m.attr("SUPPORTED_HEAD_DIMS") = nb::tuple(dims);
   }
+  {
+    nb::list dims;  // those the CUDA backend has kernels for (512 not yet)
+    for (int d : pagedattn::kCudaHeadDims) dims.append(d);
+    m.attr("CUDA_HEAD_DIMS") = nb::tuple(dims);
+  }
   m.attr("MAX_BLOCK_SIZE") = pagedattn::kMaxBlockSize;
   m.attr("MAX_GROUP_SIZE") = pagedattn::kMaxGroupSize;
 

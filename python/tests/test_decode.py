@@ -9,7 +9,8 @@ import pagedattn
 from _cases import (DTYPES, arg, check_lse, check_out, empty, f32_to_bf16_bits, lens_for, load,
                     make_case, reference_decode, store)
 
-# (num_heads, num_kv_heads, head_dim, block_size): MHA, GQA groups 2-8, MQA, a 64-head group.
+# (num_heads, num_kv_heads, head_dim, block_size): MHA, GQA groups 2-8, MQA, a 64-head group,
+# head dim 512.
 SHAPES = [
     (4, 4, 64, 16),
     (8, 2, 128, 7),
@@ -19,6 +20,7 @@ SHAPES = [
     (64, 1, 64, 16),
     (4, 2, 192, 3),
     (2, 1, 256, 64),
+    (8, 2, 512, 16),
 ]
 
 

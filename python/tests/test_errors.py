@@ -108,6 +108,11 @@ def test_unsupported_head_dim(case):
     assert e.code == "unsupported" and e.argument == "head_dim"
 
 
+def test_head_dim_512_has_no_cuda_kernel_yet():
+    assert 512 in pagedattn.SUPPORTED_HEAD_DIMS and 512 not in pagedattn.CUDA_HEAD_DIMS
+    assert set(pagedattn.CUDA_HEAD_DIMS) < set(pagedattn.SUPPORTED_HEAD_DIMS)
+
+
 def test_unsupported_group_size(case):
     q = np.zeros((3, 128, 64), np.float32)
     k = np.zeros((4, 1, 16, 64), np.float32)
