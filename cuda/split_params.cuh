@@ -83,7 +83,7 @@ struct CtaItem {
 constexpr int wide_min_ctas(int head_dim) { return head_dim == 64 ? 4 : 0; }
 
 // Calls f(std::integral_constant<int, D>) for the compile-time head_dim D and returns true, or
-// returns false for a head dim with no kernel (validate_shapes refuses those first).
+// returns false for a head dim with no kernel (require_cuda_head_dim refuses those first).
 template <typename F>
 bool with_head_dim(int head_dim, F&& f) {
   switch (head_dim) {

@@ -36,10 +36,10 @@ Backend resolve_backend(Backend requested);
 bool cuda_available(std::string* why = nullptr);
 
 // Head dims with kernels: the CPU backend has every one of them; the CUDA backend those of
-// kCudaHeadDims (512 not yet: a CUDA decode, cache write, block copy or workspace query at head
-// dim 512 is an Error(kUnsupported) naming head_dim, before anything runs). block_size may be
-// anything in [1, kMaxBlockSize]; the GQA group (num_heads / num_kv_heads) anything in
-// [1, kMaxGroupSize].
+// kCudaHeadDims (512 not yet: a CUDA decode, context-parallel decode, cache write, block copy or
+// workspace query at head dim 512 is an Error(kUnsupported) naming head_dim, before anything runs).
+// block_size may be anything in [1, kMaxBlockSize]; the GQA group (num_heads / num_kv_heads)
+// anything in [1, kMaxGroupSize].
 inline constexpr int kSupportedHeadDims[] = {64, 80, 96, 112, 128, 192, 256, 512};
 inline constexpr int kCudaHeadDims[] = {64, 80, 96, 112, 128, 192, 256};
 inline constexpr int kMaxBlockSize = 256;
