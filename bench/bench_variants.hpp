@@ -106,7 +106,7 @@ inline TreeMasks random_tree_masks(int batch, int q_len) {
       parent[i] = static_cast<int>((rng() >> 11) * 0x1.0p-53 * (i + 1)) - 1;
       for (int t = i; t >= 0; t = parent[t]) {
         const std::int64_t bit = b * span * 8 + static_cast<std::int64_t>(i) * q_len + t;
-        m.bits[static_cast<std::size_t>(bit >> 3)] |= static_cast<std::uint8_t>(1u << (bit & 7));
+        set_tree_mask_bit(m.bits.data(), bit);
       }
     }
   }

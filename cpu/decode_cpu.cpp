@@ -418,9 +418,7 @@ DecodeArgs as_sequences(const DecodeArgs& a, std::vector<std::int32_t>& lens,
       const int r = a.q_indptr[b] + i;
       lens[r] = std::max(0, a.context_lens[b] - n_q + i + 1);
       rows[r] = b;
-      if (a.tree_mask != nullptr) {
-        tree[r] = tree_mask_row(a.tree_mask, a.tree_mask_indptr[b], n_q, i, a.context_lens[b]);
-      }
+      if (a.tree_mask != nullptr) tree[r] = tree_mask_row(a, b, i);
     }
   }
   DecodeArgs v = a;

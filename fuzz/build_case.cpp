@@ -145,7 +145,7 @@ void pack_tree_masks(const FuzzCase& c, BuiltCase& b) {
       const bool set = bit < static_cast<std::int64_t>(n) * n
                            ? c.tree_bit(s, static_cast<int>(bit / n), static_cast<int>(bit % n))
                            : padded && (r.next() & 1);
-      if (set) b.tree_mask[start + static_cast<std::size_t>(bit >> 3)] |= 1u << (bit & 7);
+      if (set) set_tree_mask_bit(b.tree_mask.data() + start, bit);
     }
     garbage(padded ? (r.chance(0.5) ? 0 : r.uniform(1, 3)) : 0);
     b.tree_mask_indptr.push_back(static_cast<std::int32_t>(b.tree_mask.size()));

@@ -223,7 +223,7 @@ void draw_tree_mask(FuzzedDataProvider& in, DrawnArgs& d) {
     for (std::int64_t bit = 0; bit < tree_mask_bytes(n) * 8; ++bit) {
       const bool in_mask = bit < static_cast<std::int64_t>(n) * n;
       if (in_mask ? bit % n <= bit / n && in.ConsumeBool() : tail) {
-        bytes[start + static_cast<std::size_t>(bit >> 3)] |= 1u << (bit & 7);
+        set_tree_mask_bit(bytes.data() + start, bit);
       }
     }
     bytes.resize(bytes.size() + in.ConsumeIntegralInRange<std::size_t>(0, 2), 0x5a);
@@ -240,7 +240,7 @@ void draw_tree_mask(FuzzedDataProvider& in, DrawnArgs& d) {
     if (error == 0 && at >= 0) {
       const int n = tree_count(d, at);
       const std::int64_t bit = static_cast<std::int64_t>(indptr[at]) * 8 + n - 1;  // (0, n - 1)
-      bytes[static_cast<std::size_t>(bit >> 3)] |= 1u << (bit & 7);
+      set_tree_mask_bit(bytes.data(), bit);
     } else if (error == 1 && at >= 0) {
       indptr[at + 1] =
           static_cast<std::int32_t>(indptr[at] + tree_mask_bytes(tree_count(d, at)) - 1);

@@ -41,7 +41,7 @@ void plant_in_tree_mask(const FuzzCase& c, BuiltCase& b) {
       const int j = i + 1 + static_cast<int>((p >> 24) % static_cast<std::uint64_t>(n - 1 - i));
       const std::int64_t bit =
           static_cast<std::int64_t>(indptr[s]) * 8 + static_cast<std::int64_t>(i) * n + j;
-      b.tree_mask[static_cast<std::size_t>(bit >> 3)] |= static_cast<std::uint8_t>(1u << (bit & 7));
+      set_tree_mask_bit(b.tree_mask.data(), bit);
       b.expected_argument = "tree_mask bit (" + std::to_string(i) + ", " + std::to_string(j) +
                             ") of sequence " + std::to_string(s);
       break;

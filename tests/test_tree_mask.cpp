@@ -81,11 +81,11 @@ PackedMasks pack(const std::vector<Mask>& masks, std::mt19937_64& rng) {
     for (int i = 0; i < n; ++i) {
       for (int j = 0; j < n; ++j) {
         const std::size_t bit = static_cast<std::size_t>(i) * n + j;
-        if (m[i][j]) p.bytes[start + bit / 8] |= std::uint8_t(1u << (bit % 8));
+        if (m[i][j]) set_tree_mask_bit(p.bytes.data() + start, static_cast<std::int64_t>(bit));
       }
     }
     for (std::size_t bit = static_cast<std::size_t>(n) * n; bit % 8 != 0; ++bit) {
-      p.bytes[start + bit / 8] |= std::uint8_t(1u << (bit % 8));  // past the mask: ignored
+      set_tree_mask_bit(p.bytes.data() + start, static_cast<std::int64_t>(bit));  // ignored
     }
     for (std::size_t b = start + tree_mask_bytes(n); b < p.bytes.size(); ++b) p.bytes[b] = 0xff;
     p.indptr.push_back(static_cast<std::int32_t>(p.bytes.size()));

@@ -47,8 +47,7 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
       // The attended tokens: [t0, L), the whole context or the window, less the new tokens the
       // tree mask leaves out.
       const int t0 = window_first_token(L, a.window_left);
-      const TreeMaskRow tree = tree_mask_row(a.tree_mask, a.tree_mask ? a.tree_mask_indptr[b] : 0,
-                                             n_q, i, a.context_lens[b]);
+      const TreeMaskRow tree = tree_mask_row(a, b, i);
       std::vector<int> attended;
       for (int t = t0; t < L; ++t) {
         if (tree.attends(t)) attended.push_back(t);

@@ -35,10 +35,7 @@ void naive_rows(const DecodeArgs& a, int threads) {
     for (int i = 0; i < n; ++i) {
       seq_of[first + i] = b;
       len_of[first + i] = std::max(0, a.context_lens[b] - n + i + 1);
-      if (a.tree_mask) {
-        tree_of[first + i] =
-            tree_mask_row(a.tree_mask, a.tree_mask_indptr[b], n, i, a.context_lens[b]);
-      }
+      tree_of[first + i] = tree_mask_row(a, b, i);
     }
   }
   const std::int64_t rows = static_cast<std::int64_t>(tokens) * H;

@@ -8,7 +8,17 @@
 
 #include <cstdint>
 
+#include "pagedattn/pagedattn.hpp"
+
 namespace pagedattn {
+
+// Bit `bit` of packed bits (little-endian within each byte), read and set.
+inline bool tree_mask_bit(const std::uint8_t* bits, std::int64_t bit) {
+  return (bits[bit >> 3] >> (bit & 7)) & 1;
+}
+inline void set_tree_mask_bit(std::uint8_t* bits, std::int64_t bit) {
+  bits[bit >> 3] |= static_cast<std::uint8_t>(1u << (bit & 7));
+}
 
 // One query token's row of a tree mask: the bits of new tokens 0 .. i at `bits` + `first_bit`.
 struct TreeMaskRow {
@@ -19,8 +29,7 @@ struct TreeMaskRow {
   // Whether the query token attends position `pos` (at most its own position).
   bool attends(int pos) const {
     if (bits == nullptr || pos < first_new) return true;
-    const std::int64_t bit = first_bit + (pos - first_new);
-    return (bits[bit >> 3] >> (bit & 7)) & 1;
+    return tree_mask_bit(bits, first_bit + (pos - first_new));
   }
 };
 
@@ -33,6 +42,14 @@ inline TreeMaskRow tree_mask_row(const std::uint8_t* mask, std::int64_t byte_off
   r.first_bit = byte_offset * 8 + static_cast<std::int64_t>(i) * n;
   r.first_new = len - n;
   return r;
+}
+
+// Query token i of sequence b's row of a call's tree mask (a.tree_mask null: the causal rule); the
+// sequence's new tokens are its q_indptr[b + 1] - q_indptr[b] query tokens.
+inline TreeMaskRow tree_mask_row(const DecodeArgs& a, int b, int i) {
+  if (a.tree_mask == nullptr) return {};
+  const int n = a.q_indptr[b + 1] - a.q_indptr[b];
+  return tree_mask_row(a.tree_mask, a.tree_mask_indptr[b], n, i, a.context_lens[b]);
 }
 
 // Bytes a sequence of n new tokens needs: ceil(n * n / 8).
