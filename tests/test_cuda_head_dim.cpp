@@ -15,6 +15,7 @@
 #include "pagedattn/cache_ops.hpp"
 #include "pagedattn/context_parallel.hpp"
 #include "pagedattn/pagedattn.hpp"
+#include "pagedattn/testing/cache_op_args.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/validate.hpp"
 #include "reference_check.hpp"
@@ -115,25 +116,15 @@ TEST(CudaHeadDim, CacheOpsRefuse512) {
   std::vector<float> key(tokens * row, 1.5f), value(tokens * row, -2.f);
   std::vector<float> k_cache(blocks * bs * row, 0.f), v_cache(blocks * bs * row, 0.f);
   const std::vector<std::int32_t> slots = {3, -1, 2 * bs + 4};
-  CacheWriteArgs w;
+  auto w = testing::pool_args<CacheWriteArgs>(kv_heads, kNoCudaDim, bs, blocks, k_cache.data(),
+                                              v_cache.data(), DType::kF32);
   w.num_tokens = tokens;
-  w.num_kv_heads = kv_heads;
-  w.head_dim = kNoCudaDim;
-  w.block_size = bs;
-  w.num_blocks = blocks;
   w.key = key.data();
   w.value = value.data();
   w.slot_mapping = slots.data();
-  w.k_cache = k_cache.data();
-  w.v_cache = v_cache.data();
   const BlockCopy pair{0, 1};
-  CopyBlocksArgs copy;
-  copy.num_kv_heads = kv_heads;
-  copy.head_dim = kNoCudaDim;
-  copy.block_size = bs;
-  copy.num_blocks = blocks;
-  copy.k_cache = k_cache.data();
-  copy.v_cache = v_cache.data();
+  auto copy = testing::pool_args<CopyBlocksArgs>(kv_heads, kNoCudaDim, bs, blocks, k_cache.data(),
+                                                 v_cache.data(), DType::kF32);
   copy.pairs = &pair;
   copy.num_pairs = 1;
   if (cuda_available()) {
