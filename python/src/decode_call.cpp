@@ -119,19 +119,26 @@ DecodeCall decode_inputs(nb::handle q_h, nb::handle k_h, nb::handle v_h, nb::han
   return c;
 }
 
+// An offsets tensor per sequence (q_indptr, tree_mask_indptr): int32 [batch + 1], contiguous, on
+// q's device, kept in `slot`.
+const Tensor& read_offsets(DecodeCall& c, Tensor& slot, nb::handle h, const char* name) {
+  slot = input(h, name);
+  slot.require_ndim(1, "[batch + 1]");
+  slot.require_int32();
+  slot.require_dim(0, static_cast<std::int64_t>(c.args.batch) + 1,
+                   "batch + 1, context_lens.shape[0] + 1");
+  slot.require_contiguous();
+  slot.require_device(c.device, "q");
+  return slot;
+}
+
 // Multi-token queries: q_indptr int32 [batch + 1], contiguous, on q's device. Its values are
 // checked by the library (first 0, non-decreasing, last = q.shape[0], each count at most
 // max_q_len). An empty batch has no query tokens whatever q_indptr holds, so q must have no
 // rows: checked here, as the library returns before looking at an empty batch's arguments.
 void read_query_tokens(DecodeCall& c, nb::handle q_indptr_h) {
   auto& a = c.args;
-  Tensor& q_indptr = c.q_indptr = input(q_indptr_h, "q_indptr");
-  q_indptr.require_ndim(1, "[batch + 1]");
-  q_indptr.require_int32();
-  q_indptr.require_dim(0, static_cast<std::int64_t>(a.batch) + 1,
-                       "batch + 1, context_lens.shape[0] + 1");
-  q_indptr.require_contiguous();
-  q_indptr.require_device(c.device, "q");
+  const Tensor& q_indptr = read_offsets(c, c.q_indptr, q_indptr_h, "q_indptr");
   if (a.batch == 0 && c.q.shape[0] != 0) {
     reject(ErrorCode::kInvalidArgument, "q", ".shape", c.q.shape_str(),
            "dimension 0 must be 0 (num_q_tokens: an empty batch has no query tokens)");
@@ -185,13 +192,7 @@ void read_tree_mask(DecodeCall& c, nb::handle mask_h, nb::handle indptr_h, bool 
   mask.require_uint8();
   mask.require_contiguous();
   mask.require_device(c.device, "q");
-  Tensor& indptr = c.tree_mask_indptr = input(indptr_h, "tree_mask_indptr");
-  indptr.require_ndim(1, "[batch + 1]");
-  indptr.require_int32();
-  indptr.require_dim(0, static_cast<std::int64_t>(a.batch) + 1,
-                     "batch + 1, context_lens.shape[0] + 1");
-  indptr.require_contiguous();
-  indptr.require_device(c.device, "q");
+  const Tensor& indptr = read_offsets(c, c.tree_mask_indptr, indptr_h, "tree_mask_indptr");
   a.tree_mask_indptr = static_cast<const std::int32_t*>(indptr.data);
   if (c.device.kind == DeviceKind::kCpu) {
     check_tree_mask_length(mask, a.q_indptr, a.tree_mask_indptr, a.batch);
