@@ -191,11 +191,30 @@ def from_torch(t, dtype: str) -> np.ndarray:
     return t.numpy()
 
 
-def case_tensors(c: "Case", device="cpu"):
-    """A case's decode arguments as torch tensors on device."""
-    return (to_torch(c.q, c.q_dtype, device), to_torch(c.k, c.kv_dtype, device),
+def case_tensors(c: "Case", device="cpu", q: Optional[np.ndarray] = None):
+    """A case's decode arguments as torch tensors on device; q replaces the case's q (the query
+    tokens' rows of a multi-token case)."""
+    q = c.q if q is None else q
+    return (to_torch(q, c.q_dtype, device), to_torch(c.k, c.kv_dtype, device),
             to_torch(c.v, c.kv_dtype, device), torch.from_numpy(c.block_table).to(device),
             torch.from_numpy(c.context_lens).to(device))
+
+
+def indptr(counts: Sequence[int]) -> np.ndarray:
+    """int32 offsets [len(counts) + 1] of consecutive spans of the given lengths."""
+    return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int32)
+
+
+def refused_decode(args, q_shape, out=None, lse=None, **kwargs) -> pagedattn.Error:
+    """pagedattn.decode(*args, **kwargs) with a bad argument: the pagedattn.Error it raises, with
+    out (f32, shaped like q unless given) and lse (NaN) untouched."""
+    out = empty(q_shape, "f32") if out is None else out
+    lse = np.full(q_shape[:2], np.nan, np.float32) if lse is None else lse
+    before = out.tobytes(), lse.tobytes()
+    with pytest.raises(pagedattn.Error) as info:
+        pagedattn.decode(*args, out=out, lse=lse, **kwargs)
+    assert (out.tobytes(), lse.tobytes()) == before  # nothing written
+    return info.value
 
 
 def described(a: np.ndarray):

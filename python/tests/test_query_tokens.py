@@ -16,9 +16,10 @@ import pytest
 import pagedattn
 from pagedattn import _ext
 
-from _cases import (alibi_slopes, arg, check_lse, check_out, check_rejected, described, empty,
-                    from_torch, load, make_case, needs_cuda, needs_torch, random_sinks,
-                    reference_decode, store, to_torch, torch, variant_kwargs)
+from _cases import (alibi_slopes, arg, case_tensors, check_lse, check_out, check_rejected,
+                    described, empty, from_torch, indptr, load, make_case, needs_cuda, needs_torch,
+                    random_sinks, reference_decode, refused_decode, store, torch,
+                    variant_kwargs)
 
 # ----------------------------------------------------------------------------------------------
 # The oracle
@@ -72,10 +73,6 @@ def tokens_reference(q, k, v, block_table, context_lens, q_indptr, scale: Option
                 out[row, h] = (weights @ np.asarray(values)) / denominator
                 lse[row, h] = m + math.log(denominator)
     return out, lse
-
-
-def indptr(q_lens: Sequence[int]) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(q_lens, dtype=np.int64)]).astype(np.int32)
 
 
 class TokensCase:
@@ -421,14 +418,8 @@ def case():
 
 def refused(t: TokensCase, q_indptr, q=None, out=None, lse=None, **kw) -> pagedattn.Error:
     """decode with a bad argument: the error, and out and lse untouched."""
-    rows = (t.q if q is None else q).shape
-    out = empty(rows, "f32") if out is None else out
-    lse = np.full(rows[:2], np.nan, np.float32) if lse is None else lse
-    before = out.tobytes(), lse.tobytes()
-    with pytest.raises(pagedattn.Error) as info:
-        pagedattn.decode(*t.args(q), q_indptr=q_indptr, out=out, lse=lse, **kw)
-    assert (out.tobytes(), lse.tobytes()) == before  # nothing written
-    return info.value
+    return refused_decode(t.args(q), (t.q if q is None else q).shape, out=out, lse=lse,
+                          q_indptr=q_indptr, **kw)
 
 
 GOOD = indptr([2, 3, 1])  # 0, 2, 5, 6
@@ -513,13 +504,6 @@ def test_table_entries_of_query_tokens_are_checked(case):
 # PyTorch on the CPU: the all-PyTorch path, and PyTorch tensors among others
 
 
-def tensors(t: TokensCase, device="cpu"):
-    c = t.c
-    return (to_torch(t.q, c.q_dtype, device), to_torch(c.k, c.kv_dtype, device),
-            to_torch(c.v, c.kv_dtype, device), torch.from_numpy(c.block_table).to(device),
-            torch.from_numpy(c.context_lens).to(device))
-
-
 @needs_torch
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_torch_cpu_query_tokens(dtype):
@@ -528,7 +512,7 @@ def test_torch_cpu_query_tokens(dtype):
     slide_out(t, 9)
     sinks = random_sinks(rng, 8)
     want_out, want_lse = t.reference(window_left=9, sinks=sinks)
-    args = tensors(t)
+    args = case_tensors(t.c, q=t.q)
     # The all-PyTorch path (with and without max_q_len), and a NumPy q_indptr among PyTorch
     # tensors (the general path).
     for q_indptr, kw in ((torch.from_numpy(t.q_indptr), {}),
@@ -542,14 +526,14 @@ def test_torch_cpu_query_tokens(dtype):
     # Without a variant, the all-PyTorch path passes q_indptr alone (on a case whose blocks
     # before the window are still there: without a window every token is read).
     whole = TokensCase(np.random.default_rng(15), LENS, Q_LENS, q_dtype=dtype, kv_dtype=dtype)
-    out = pagedattn.decode(*tensors(whole), q_indptr=torch.from_numpy(whole.q_indptr))
+    out = pagedattn.decode(*case_tensors(whole.c, q=whole.q), q_indptr=torch.from_numpy(whole.q_indptr))
     check_out(from_torch(out, dtype), dtype, whole.reference()[0])
 
 
 @needs_torch
 def test_torch_cpu_query_token_errors():
     t = TokensCase(np.random.default_rng(16), [5, 40], [2, 3])
-    args = tensors(t)
+    args = case_tensors(t.c, q=t.q)
     out = torch.full(args[0].shape, float("nan"))
     good = torch.from_numpy(t.q_indptr)
     check_rejected(lambda **bad: pagedattn.decode(*args, out=out, **bad), out,
@@ -574,7 +558,7 @@ def test_cuda_query_tokens(dtype, given):
                    head_dim=128, q_dtype=dtype, kv_dtype=dtype)
     slide_out(t, 100)
     sinks = random_sinks(rng, 16)
-    q, k, v, table, lens = tensors(t, "cuda")
+    q, k, v, table, lens = case_tensors(t.c, "cuda", q=t.q)
     kw = dict(max_q_len=16) if given else {}
     out, lse = pagedattn.decode(q, k, v, table, lens, q_indptr=torch.from_numpy(t.q_indptr).cuda(),
                                 window_left=100, alibi_slopes=torch.from_numpy(alibi_slopes(16))
@@ -589,7 +573,7 @@ def test_cuda_query_tokens(dtype, given):
 @needs_cuda
 def test_cuda_query_token_errors():
     t = TokensCase(np.random.default_rng(17), [30, 70], [3, 2])
-    q, k, v, table, lens = tensors(t, "cuda")
+    q, k, v, table, lens = case_tensors(t.c, "cuda", q=t.q)
     out = torch.full_like(q, float("nan"))
 
     def err(**kw):

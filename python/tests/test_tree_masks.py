@@ -16,8 +16,9 @@ import pytest
 
 import pagedattn
 
-from _cases import (alibi_slopes, arg, check_lse, check_out, empty, from_torch, load, make_case,
-                    needs_cuda, needs_torch, random_sinks, store, to_torch, torch)
+from _cases import (alibi_slopes, arg, case_tensors, check_lse, check_out, empty, from_torch,
+                    indptr, load, make_case, needs_cuda, needs_torch, random_sinks, refused_decode,
+                    store, torch)
 
 # ----------------------------------------------------------------------------------------------
 # The oracle
@@ -55,10 +56,6 @@ def tree_reference(q, k, v, block_table, context_lens, q_indptr, masks: Sequence
                 out[start + i, h] = (weights @ v[blocks, h // group, slots]) / weights.sum()
                 lse[start + i, h] = m + math.log(weights.sum())
     return out, lse
-
-
-def indptr(counts: Sequence[int]) -> np.ndarray:
-    return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int32)
 
 
 def random_tree(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -282,13 +279,7 @@ def case():
 def refused(t: TreeCase, **kw) -> pagedattn.Error:
     """decode with a bad argument: the error, and out and lse untouched."""
     kw.setdefault("q_indptr", t.q_indptr)
-    out = empty(t.q.shape, "f32")
-    lse = np.full(t.q.shape[:2], np.nan, np.float32)
-    before = out.tobytes(), lse.tobytes()
-    with pytest.raises(pagedattn.Error) as info:
-        pagedattn.decode(*t.args(), out=out, lse=lse, **kw)
-    assert (out.tobytes(), lse.tobytes()) == before  # nothing written
-    return info.value
+    return refused_decode(t.args(), t.q.shape, **kw)
 
 
 MASK = "mask"        # stands for the case's tree_mask
@@ -372,20 +363,13 @@ def test_the_case_of_the_errors_is_good(case):
 # PyTorch on the CPU, and the CUDA backend's refusal
 
 
-def tensors(t: TreeCase, device="cpu"):
-    c = t.c
-    return (to_torch(t.q, c.q_dtype, device), to_torch(c.k, c.kv_dtype, device),
-            to_torch(c.v, c.kv_dtype, device), torch.from_numpy(c.block_table).to(device),
-            torch.from_numpy(c.context_lens).to(device))
-
-
 @needs_torch
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_torch_cpu_tree_masks(dtype):
     rng = np.random.default_rng(7)
     t = TreeCase(rng, LENS, Q_LENS, q_dtype=dtype, kv_dtype=dtype)
     want_out, want_lse = t.reference()
-    args = tensors(t)
+    args = case_tensors(t.c, q=t.q)
     # The all-PyTorch path, and NumPy masks among PyTorch tensors (the general path).
     for mask, offsets in ((torch.from_numpy(t.tree_mask), torch.from_numpy(t.tree_mask_indptr)),
                           (t.tree_mask, t.tree_mask_indptr)):
@@ -404,7 +388,7 @@ def test_torch_cpu_tree_masks(dtype):
 @needs_cuda
 def test_cuda_refuses_tree_masks():
     t = TreeCase(np.random.default_rng(8), [30, 70], [3, 2])
-    args = tensors(t, "cuda")
+    args = case_tensors(t.c, "cuda", q=t.q)
     out = torch.full_like(args[0], float("nan"))
     q_indptr = torch.from_numpy(t.q_indptr).cuda()
     with pytest.raises(pagedattn.Error) as info:

@@ -15,8 +15,8 @@ from pagedattn import _ext
 
 from _cases import (alibi_slopes, arg, case_tensors, check_lse, check_out, check_rejected,
                     described, empty, from_torch, load, make_case, needs_cuda, needs_torch,
-                    random_sinks, reference_decode, rejection, rejection_case, store, torch,
-                    variant_kwargs)
+                    random_sinks, reference_decode, refused_decode, rejection, rejection_case,
+                    store, torch, variant_kwargs)
 
 
 def first_attended(n: int, window_left: int) -> int:
@@ -225,13 +225,7 @@ def case():
 
 def refused(case, **variants) -> pagedattn.Error:
     """decode with bad variants: the error, and out and lse untouched."""
-    out = empty(case.q.shape, "f32")
-    lse = np.full(case.q.shape[:2], np.nan, np.float32)
-    before = out.tobytes(), lse.tobytes()
-    with pytest.raises(pagedattn.Error) as info:
-        pagedattn.decode(*case.args(), out=out, lse=lse, **variants)
-    assert (out.tobytes(), lse.tobytes()) == before  # nothing written
-    return info.value
+    return refused_decode(case.args(), case.q.shape, **variants)
 
 
 H = 8
