@@ -3,11 +3,13 @@
 // the dtypes match and a converting loop (through f32, dtype.hpp) when they differ.
 #include <omp.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
 #include "pagedattn/cache_layout.hpp"
+#include "pagedattn/cache_ops.hpp"
 #include "pagedattn/detail/cache_backends.hpp"
 #include "pagedattn/detail/visit_dtype.hpp"
 #include "pagedattn/dtype.hpp"
@@ -22,21 +24,42 @@ int threads_for(const CacheOpOptions& o, std::int64_t bytes) {
   return threads_for_work(o.num_threads > 0 ? o.num_threads : omp_get_max_threads(), bytes);
 }
 
-// dst = src in Dst, rounded to nearest even; an fp8 Dst holds src / scale (quantize_scaled).
+// dst = src in Dst, rounded to nearest even; a quantized Dst holds src / scale (quantize_scaled).
 template <typename Src, typename Dst>
 void convert_row(const Src* __restrict src, Dst* __restrict dst, int n, float scale) {
   if constexpr (std::is_same_v<Src, Dst>) {
     std::memcpy(dst, src, sizeof(Src) * n);
-  } else if constexpr (std::is_same_v<Dst, fp8_e4m3_t> || std::is_same_v<Dst, fp8_e5m2_t>) {
+  } else if constexpr (is_quantized_type<Dst>) {
     for (int i = 0; i < n; ++i) dst[i] = quantize_scaled<Dst>(to_float(src[i]), scale);
   } else {
     for (int i = 0; i < n; ++i) dst[i] = from_float<Dst>(to_float(src[i]));
   }
 }
 
+// The largest finite |x| of a row (0 when it has none).
+template <typename Src>
+float finite_amax(const Src* src, int n) {
+  float amax = 0.f;
+  for (int i = 0; i < n; ++i) {
+    const float x = std::fabs(to_float(src[i]));
+    if (x <= 3.402823466e38f && x > amax) amax = x;
+  }
+  return amax;
+}
+
+// One row of a quantized cache with per-token scales: its scale (row_token_scale) into *scale,
+// its codes under head_scale x that scale into dst.
+template <typename Src, typename Dst>
+void quantize_row(const Src* src, Dst* dst, int n, float head_scale, DType cache, float* scale) {
+  const float s = row_token_scale(finite_amax(src, n), max_code_magnitude(cache), head_scale);
+  *scale = s;
+  convert_row(src, dst, n, head_scale * s);
+}
+
 template <typename Src, typename Dst>
 void write_typed(const CacheWriteArgs& a, const CacheOpOptions& o) {
   const CacheLayout layout = a.cache_layout();
+  const CacheLayout scale_layout = a.token_scale_layout();
   const std::int64_t stride = a.token_stride();
   const auto* key = static_cast<const Src*>(a.key);
   const auto* value = static_cast<const Src*>(a.value);
@@ -56,6 +79,16 @@ void write_typed(const CacheWriteArgs& a, const CacheOpOptions& o) {
       const std::int64_t dst = layout.offset(block, h, offset);
       const float ks = head_scale(a.k_scale, a.k_scales, h);
       const float vs = head_scale(a.v_scale, a.v_scales, h);
+      if constexpr (is_quantized_type<Dst>) {
+        if (a.k_token_scales != nullptr) {
+          const std::int64_t at = scale_layout.offset(block, h, offset);
+          quantize_row(key + src, k_cache + dst, a.head_dim, ks, a.cache_dtype,
+                       &a.k_token_scales[at]);
+          quantize_row(value + src, v_cache + dst, a.head_dim, vs, a.cache_dtype,
+                       &a.v_token_scales[at]);
+          continue;
+        }
+      }
       convert_row(key + src, k_cache + dst, a.head_dim, ks);
       convert_row(value + src, v_cache + dst, a.head_dim, vs);
     }
@@ -81,7 +114,8 @@ void write_cache(const CacheWriteArgs& a, const CacheOpOptions& o) {
       return write_from<bf16_t>(a, o);
     case DType::kFP8E4M3:
     case DType::kFP8E5M2:
-      return;  // refused by validation: fp8 is a cache dtype only
+    case DType::kInt8:
+      return;  // refused by validation: quantized dtypes are cache dtypes only
   }
 }
 
@@ -115,6 +149,18 @@ void copy_blocks(const CopyBlocksArgs& a, const CacheOpOptions& o) {
       for (int t = 0; t < a.block_size; ++t) {
         std::memcpy(base + layout.offset(p.dst, h, t) * elem,
                     base + layout.offset(p.src, h, t) * elem, static_cast<std::size_t>(row_bytes));
+      }
+    }
+  }
+  if (a.k_token_scales == nullptr) return;
+  const CacheLayout scale_layout = a.token_scale_layout();
+  for (int i = 0; i < a.num_pairs; ++i) {  // the rows' scales with them: a few bytes a row
+    for (int h = 0; h < a.num_kv_heads; ++h) {
+      for (int t = 0; t < a.block_size; ++t) {
+        const std::int64_t dst = scale_layout.offset(a.pairs[i].dst, h, t);
+        const std::int64_t src = scale_layout.offset(a.pairs[i].src, h, t);
+        a.k_token_scales[dst] = a.k_token_scales[src];
+        a.v_token_scales[dst] = a.v_token_scales[src];
       }
     }
   }

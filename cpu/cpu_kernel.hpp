@@ -44,6 +44,11 @@ struct ItemContext {
   const void* v_cache;
   DType kv_dtype;
   CacheLayout layout;
+  // A quantized cache's per-token scales (DecodeArgs::k_token_scales), or null, and where each
+  // row's is.
+  const float* k_token_scales = nullptr;
+  const float* v_token_scales = nullptr;
+  CacheLayout token_scale_layout{};
   BlockTableView table;
   const std::int32_t* context_lens;
   int num_heads;
@@ -63,6 +68,10 @@ struct ItemContext {
   int window_left = -1;
   float soft_cap = 0.f;                 // 0: none
   const float* alibi_slopes = nullptr;  // [num_heads], or null
+
+  // Whether the kernel reads the cache as dequantized f32 rows (dequantize_rows.hpp) rather than
+  // widening its codes in registers: int8 caches, and caches with per-token scales.
+  bool dequantizes() const { return kv_dtype == DType::kInt8 || k_token_scales != nullptr; }
 };
 
 // The backend's context for a call's work items (decode_cpu.cpp builds every call's this way):
@@ -143,6 +152,9 @@ struct ItemScratch {
   float* scores;       // kHeadTile * scores_stride(block_size) floats, 64-byte aligned
   float* q = nullptr;  // num_heads * head_dim floats: q in the kernel's widening order, or null
                        // (then the kernel widens bf16 the plain, slower way)
+  // 2 * block_size * head_dim floats, a block's dequantized K rows then V rows, where the context
+  // dequantizes (ItemContext::dequantizes); else null.
+  float* rows = nullptr;
 };
 
 // Folds the blocks of `item` into the group's partial states: m[g], l[g], acc[g * head_dim + d]

@@ -52,6 +52,7 @@ struct WorkerScratch {
   FloatBuffer scores;  // ItemScratch
   FloatBuffer merged;  // the combine's accumulator
   FloatBuffer q;       // ItemScratch::q
+  FloatBuffer rows;    // ItemScratch::rows
 };
 
 // One unit of scheduling: the plan's items `item`, item + 1, ... for kv_count consecutive kv
@@ -220,6 +221,9 @@ ItemContext item_context(const DecodeArgs& a, const float* q_scaled, const std::
   ctx.v_cache = a.v_cache;
   ctx.kv_dtype = a.k_dtype;
   ctx.layout = a.cache_layout();
+  ctx.k_token_scales = a.k_token_scales;
+  ctx.v_token_scales = a.v_token_scales;
+  ctx.token_scale_layout = a.token_scale_layout();
   ctx.table = BlockTableView{a.block_table, a.max_blocks_per_seq, a.table_stride(), seq_rows};
   ctx.context_lens = a.context_lens;
   ctx.num_heads = a.num_heads;
@@ -377,8 +381,9 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
   // parallel region or, for one thread, straight on the calling thread.
   const auto body = [&] {
     WorkerScratch& ws = worker_scratch();
-    const ItemScratch scratch{ws.scores.get(scores_floats),
-                              ws.q.get(static_cast<std::size_t>(H) * D)};
+    const ItemScratch scratch{
+        ws.scores.get(scores_floats), ws.q.get(static_cast<std::size_t>(H) * D),
+        ctx.dequantizes() ? ws.rows.get(static_cast<std::size_t>(2) * BS * D) : nullptr};
     float* merged = ws.merged.get(D);
 
 #pragma omp for schedule(dynamic, 1)

@@ -9,7 +9,7 @@ namespace pagedattn::detail::cpu {
 void item_kernel_avx512bf16(const ItemContext& ctx, const WorkItem& item, int kv_count, float* m,
                             float* l, float* acc, ItemScratch scratch) {
   using A = xsimd::avx512bw;
-  if (ctx.q_bf16 != nullptr) {
+  if (ctx.q_bf16 != nullptr && !ctx.dequantizes()) {
     switch (ctx.kv_dtype) {
       case DType::kBF16:
         return run_item<A, bf16_t, true>(ctx, item, kv_count, m, l, acc, scratch);

@@ -30,6 +30,7 @@
 #include "block_softmax.hpp"
 #include "block_values.hpp"
 #include "cpu_kernel.hpp"
+#include "dequantize_rows.hpp"
 #include "lane_orders.hpp"
 #include "paced_prefetch.hpp"
 #include "pagedattn/detail/visit_dtype.hpp"
@@ -162,12 +163,33 @@ inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int
   tile_values<Arch, R, RV, DC, P, PW>(s, ss, v, ts, n, var.rows_n, acc, D, pf);
 }
 
+// Rows [slot, slot + n) of kv head kv of block id as f32 into rows (K, then V at rows + block_size
+// * head_dim): codes times the per-token scales where there are some.
+template <class T>
+void dequantize_stretch(const ItemContext& c, const T* k, const T* v, int id, int kv, int slot,
+                        int n, float* rows) {
+  const int D = c.layout.head_dim;
+  const std::int64_t ts = c.layout.token_stride;
+  const float* ks = nullptr;
+  const float* vs = nullptr;
+  if (c.k_token_scales != nullptr) {
+    const std::int64_t at = c.token_scale_layout.offset(id, kv, slot);
+    ks = c.k_token_scales + at;
+    vs = c.v_token_scales + at;
+  }
+  const std::int64_t step = c.token_scale_layout.token_stride;
+  dequantize_rows(k, ts, n, D, ks, step, rows);
+  dequantize_rows(v, ts, n, D, vs, step, rows + static_cast<std::int64_t>(c.layout.block_size) * D);
+}
+
 // Folds the blocks of `it` for kv heads [it.kv_head, it.kv_head + kv_count) into their states
 // (m, l: kv_count * G entries; acc: kv_count * G rows of D). Block by block, every kv head of the
 // range in turn: in the [block][kv head][slot][dim] layout this walks one contiguous stretch of
 // K and of V per block (kv_count x 4 KB for bf16, D = 128, block 16) instead of one 4 KB piece
 // per kv head at a random place, which the memory system serves much faster.
-template <class Arch, class T, bool P, bool PW = false, class QT>
+// DQ: the cache's codes are dequantized per stretch into scratch.rows (dequantize_rows.hpp, with
+// the per-token scales) and the tiles read those f32 rows.
+template <class Arch, class T, bool P, bool PW = false, class QT, bool DQ = false>
 void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* q_heads, float* m,
               float* l, float* acc, ItemScratch scratch) {
   const int D = c.layout.head_dim, BS = c.layout.block_size, G = c.group_size;
@@ -223,12 +245,12 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
     const float logit_scale =
         is_fp8_type<T> ? c.scale * head_scale(c.k_scale, c.k_scales, kv) : c.scale;
     const std::int64_t base = c.layout.offset(id, kv, pos % BS);
-    const T* kb = k_cache + base;
-    const T* vb = v_cache + base;
     const QT* q = q_heads + static_cast<std::int64_t>(i) * G * D;
     float* mi = m + i * G;
     float* li = l + i * G;
     float* ai = acc + static_cast<std::int64_t>(i) * G * D;
+    if constexpr (DQ)
+      dequantize_stretch(c, k_cache + base, v_cache + base, id, kv, pos % BS, n, scratch.rows);
     BlockLogits var;
     var.cap = c.soft_cap;
     var.first_pos = pos - (L - 1);
@@ -247,8 +269,15 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
         var.rows_n = rows_n;
       }
       const auto tile = [&](auto heads) {
-        block_tile<Arch, decltype(heads)::value, P, PW>(qg, kb, vb, ts, n, D, logit_scale, var, s,
-                                                        ss, mi + g, li + g, ag, pf);
+        if constexpr (DQ) {
+          const float* kd = scratch.rows;
+          block_tile<Arch, decltype(heads)::value, P, PW>(qg, kd, kd + BS * D, D, n, D, logit_scale,
+                                                          var, s, ss, mi + g, li + g, ag, pf);
+        } else {
+          block_tile<Arch, decltype(heads)::value, P, PW>(qg, k_cache + base, v_cache + base, ts, n,
+                                                          D, logit_scale, var, s, ss, mi + g,
+                                                          li + g, ag, pf);
+        }
       };
       if constexpr (kAmxQ<QT>) {  // AMX tiles: the task's width throughout
         R == kAmxWideHeads ? tile(Heads<kAmxWideHeads>{}) : tile(Heads<kAmxHeads>{});
@@ -290,13 +319,27 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
     }
   }
   pf.rest();
-  // V widened to its values / kScale: the weighted sums too (the softmax's rescaling and NaN do
-  // not depend on it).
-  constexpr float kScale = Widen<Arch>::template kScale<T>;
-  if constexpr (kScale != 1.f) {
-    const std::int64_t n = static_cast<std::int64_t>(heads) * D;
-    for (std::int64_t i = 0; i < n; ++i) acc[i] *= kScale;
+  if constexpr (!DQ) {
+    // V widened to its values / kScale: the weighted sums too (the softmax's rescaling and NaN
+    // do not depend on it).
+    constexpr float kScale = Widen<Arch>::template kScale<T>;
+    if constexpr (kScale != 1.f) {
+      const std::int64_t n = static_cast<std::int64_t>(heads) * D;
+      for (std::int64_t i = 0; i < n; ++i) acc[i] *= kScale;
+    }
   }
+}
+
+// One task of a cache the context dequantizes (ItemContext::dequantizes): the f32 kernel over
+// the rows dequantized per stretch, on the scaled f32 q.
+template <class Arch, class T>
+void run_item_dequantized(const ItemContext& c, const WorkItem& it, int kv_count, float* m,
+                          float* l, float* acc, ItemScratch scratch) {
+  const std::int64_t q0 = (static_cast<std::int64_t>(it.seq) * c.num_heads +
+                           static_cast<std::int64_t>(it.kv_head) * c.group_size) *
+                          c.layout.head_dim;
+  run_item<Arch, T, false, false, float, true>(c, it, kv_count, c.q_scaled + q0, m, l, acc,
+                                               scratch);
 }
 
 // One task: the item's blocks for kv_count kv heads. DP: Q.K as bf16 dot products on the raw
@@ -398,7 +441,16 @@ template <class Arch>
 void ItemKernel::operator()(Arch, const ItemContext& ctx, const WorkItem& item, int kv_count,
                             float* m, float* l, float* acc, ItemScratch scratch) const {
   visit_storage_type(ctx.kv_dtype, [&](auto cache_type) {
-    run_item<Arch, typename decltype(cache_type)::type>(ctx, item, kv_count, m, l, acc, scratch);
+    using T = typename decltype(cache_type)::type;
+    if constexpr (is_quantized_type<T>) {
+      if (ctx.dequantizes()) {
+        run_item_dequantized<Arch, T>(ctx, item, kv_count, m, l, acc, scratch);
+        return;
+      }
+    }
+    if constexpr (!std::is_same_v<T, int8_code_t>) {  // int8 is always dequantized
+      run_item<Arch, T>(ctx, item, kv_count, m, l, acc, scratch);
+    }
   });
 }
 

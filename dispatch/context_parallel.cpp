@@ -43,6 +43,7 @@ void refuse_unsupported(const DecodeArgs& a) {
   if (a.alibi_slopes != nullptr) fail(ErrorCode::kUnsupported, "alibi_slopes", "set", why);
   if (a.sinks != nullptr) fail(ErrorCode::kUnsupported, "sinks", "set", why);
   if (a.q_indptr != nullptr) fail(ErrorCode::kUnsupported, "q_indptr", "set", why);
+  if (a.k_token_scales != nullptr) fail(ErrorCode::kUnsupported, "k_token_scales", "set", why);
   if (a.out_row_stride != 0) {
     fail(ErrorCode::kUnsupported, "out_row_stride", a.out_row_stride,
          "not supported by context_parallel_decode (its merge writes out dense)");
@@ -137,7 +138,10 @@ void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
            std::string("must be the communicator's memory, ") + backend_name(memory));
     }
     validate_shapes(args);
-    if (backend == Backend::kCuda) require_cuda_head_dim(args.head_dim);
+    if (backend == Backend::kCuda) {
+      require_cuda_head_dim(args.head_dim);
+      require_cuda_cache("k_dtype", args.k_dtype, false);
+    }
     refuse_unsupported(args);
     if (args.batch > 0 && backend == Backend::kCpu) {
       validate_tables(args, args.context_lens, args.block_table);

@@ -12,7 +12,10 @@ void decode(const DecodeArgs& args, const DecodeOptions& options) {
   validate_shapes(args);
   validate_options(options);
   const Backend backend = resolve_backend(options.backend);
-  if (backend == Backend::kCuda) require_cuda_head_dim(args.head_dim);  // even for a batch of 0
+  if (backend == Backend::kCuda) {  // even for a batch of 0
+    require_cuda_head_dim(args.head_dim);
+    require_cuda_cache("k_dtype", args.k_dtype, args.has_token_scales());
+  }
   if (args.batch == 0) return;
   if (backend == Backend::kCuda) {
     cuda::decode(args, options);  // validates device-resident tables itself
@@ -23,6 +26,8 @@ void decode(const DecodeArgs& args, const DecodeOptions& options) {
   validate_tables(args, args.context_lens, args.block_table, args.q_indptr);
   validate_variant_values(args, args.alibi_slopes, args.sinks);
   validate_kv_scales(args, args.k_scales, args.v_scales);
+  validate_token_scales(args, args.k_token_scales, args.v_token_scales, args.context_lens,
+                        args.block_table, args.q_indptr);
   cpu::decode(args, options);
 }
 

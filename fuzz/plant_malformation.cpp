@@ -192,9 +192,9 @@ void plant_in_dtypes(const FuzzCase& c, BuiltCase& b) {
       b.expected_argument = "v_dtype";
       break;
     case Malformation::kBadDtype: {
-      // Values past the last DType (kFP8E5M2 = 4) or negative.
+      // Values past the last DType (kInt8 = 5) or negative.
       const DType bad =
-          static_cast<DType>((p >> 8) % 2 ? -1 : 5 + static_cast<int>((p >> 16) % 50));
+          static_cast<DType>((p >> 8) % 2 ? -1 : 6 + static_cast<int>((p >> 16) % 50));
       DType* fields[] = {&a.q_dtype, &a.k_dtype, &a.v_dtype, &a.out_dtype};
       const char* names[] = {"q_dtype", "k_dtype", "v_dtype", "out_dtype"};
       *fields[p % 4] = bad;

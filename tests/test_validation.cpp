@@ -185,7 +185,7 @@ TEST(Validation, DtypesOutsideTheEnum) {
   const std::vector<std::pair<std::string, std::function<void(DecodeArgs&)>>> cases = {
       {"q_dtype", [](DecodeArgs& a) { a.q_dtype = static_cast<DType>(7); }},
       {"k_dtype", [](DecodeArgs& a) { a.k_dtype = static_cast<DType>(-1); }},
-      {"v_dtype", [](DecodeArgs& a) { a.v_dtype = static_cast<DType>(5); }},
+      {"v_dtype", [](DecodeArgs& a) { a.v_dtype = static_cast<DType>(6); }},
       {"out_dtype", [](DecodeArgs& a) { a.out_dtype = static_cast<DType>(42); }},
   };
   for (const auto& [name, mutate] : cases) {
@@ -209,10 +209,10 @@ TEST(Validation, Fp8IsACacheDtypeOnly) {
 TEST(Validation, KvScales) {
   // Scales on a cache other than fp8 (the default case is f32).
   expect_rejected([](DecodeArgs& a, testing::HostCase&) { a.k_scale = 0.5f; },
-                  ErrorCode::kUnsupported, "k_scale", {"fp8 caches only"});
+                  ErrorCode::kUnsupported, "k_scale", {"quantized caches only"});
   static const float kOnes[8] = {1, 1, 1, 1, 1, 1, 1, 1};
   expect_rejected([](DecodeArgs& a, testing::HostCase&) { a.v_scales = kOnes; },
-                  ErrorCode::kUnsupported, "v_scales", {"fp8 caches only"});
+                  ErrorCode::kUnsupported, "v_scales", {"quantized caches only"});
   // Out of range, on an fp8 cache.
   for (const float bad : {0.f, -1.f, NAN, INFINITY, 1e31f, 1e-31f}) {
     SCOPED_TRACE(bad);

@@ -21,10 +21,13 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
     validate_tables(a, a.context_lens, a.block_table, a.q_indptr);
     validate_variant_values(a, a.alibi_slopes, a.sinks);
     validate_kv_scales(a, a.k_scales, a.v_scales);
+    validate_token_scales(a, a.k_token_scales, a.v_token_scales, a.context_lens, a.block_table,
+                          a.q_indptr);
   }
 
   const int H = a.num_heads, D = a.head_dim, G = a.group_size();
   const CacheLayout layout = a.cache_layout();
+  const CacheLayout scale_layout = a.token_scale_layout();
   const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
   const double scale = a.scale ? static_cast<double>(*a.scale) : 1.0 / std::sqrt(double(D));
   const int rows = a.batch > 0 ? a.q_rows() : 0;
@@ -60,18 +63,24 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
         continue;
       }
       for (int kv = 0; kv < a.num_kv_heads; ++kv) {
-        // The dequantization scales (1 for caches other than fp8); code x scale is exact in f64.
+        // The dequantization scales (1 for unquantized caches); code x scale is exact in f64.
         const double ks = static_cast<double>(a.k_scale) * (a.k_scales ? a.k_scales[kv] : 1.f);
         const double vs = static_cast<double>(a.v_scale) * (a.v_scales ? a.v_scales[kv] : 1.f);
-        // Gather the attended keys and values: one row per token.
+        // Gather the attended keys and values: one row per token, each times its own scale
+        // where there are per-token scales.
         Eigen::MatrixXd K(n, D), V(n, D);
         for (int j = 0; j < n; ++j) {
           const int t = attended[j];
-          const std::int64_t base =
-              layout.offset(table.block(b, t / a.block_size), kv, t % a.block_size);
+          const int id = table.block(b, t / a.block_size), slot = t % a.block_size;
+          const std::int64_t base = layout.offset(id, kv, slot);
+          double kt = ks, vt = vs;
+          if (a.k_token_scales != nullptr) {
+            kt *= a.k_token_scales[scale_layout.offset(id, kv, slot)];
+            vt *= a.v_token_scales[scale_layout.offset(id, kv, slot)];
+          }
           for (int d = 0; d < D; ++d) {
-            K(j, d) = load_as_float(a.k_cache, a.k_dtype, base + d) * ks;
-            V(j, d) = load_as_float(a.v_cache, a.v_dtype, base + d) * vs;
+            K(j, d) = load_as_float(a.k_cache, a.k_dtype, base + d) * kt;
+            V(j, d) = load_as_float(a.v_cache, a.v_dtype, base + d) * vt;
           }
         }
         const bool k_finite = K.allFinite();

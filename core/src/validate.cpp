@@ -36,10 +36,12 @@ void require_positive(const char* name, int v) {
 }
 
 void require_cache_strides(const CacheStrides& s, int num_blocks, int num_kv_heads, int block_size,
-                           int head_dim) {
+                           int head_dim, const char* field) {
   if (s.is_default()) return;
-  const std::pair<const char*, std::int64_t> named[] = {
-      {"kv_strides.block", s.block}, {"kv_strides.head", s.head}, {"kv_strides.token", s.token}};
+  const std::string f = field;
+  const std::string block = f + ".block", head = f + ".head", token = f + ".token";
+  const std::pair<const std::string&, std::int64_t> named[] = {
+      {block, s.block}, {head, s.head}, {token, s.token}};
   for (const auto& [name, v] : named) {
     if (v <= 0) {
       fail(ErrorCode::kInvalidArgument, name, v,
@@ -51,7 +53,7 @@ void require_cache_strides(const CacheStrides& s, int num_blocks, int num_kv_hea
                            static_cast<long double>(num_kv_heads - 1) * s.head +
                            static_cast<long double>(block_size - 1) * s.token + head_dim;
   if (span > 4e18L) {
-    fail(ErrorCode::kInvalidArgument, "kv_strides.block", s.block,
+    fail(ErrorCode::kInvalidArgument, block, s.block,
          "too large: the pool's span exceeds the addressable range");
   }
   // No two rows overlap when, with the dimensions in increasing stride, each stride is at least
@@ -59,13 +61,12 @@ void require_cache_strides(const CacheStrides& s, int num_blocks, int num_kv_hea
   // take no room and are skipped.
   // (fuzz/plant_malformation.cpp re-derives this rule apart, as the fuzzer's oracle of it.)
   struct Dim {
-    const char* name;
+    const std::string* name;
     std::int64_t stride;
     int size;
   };
-  Dim dims[] = {{"kv_strides.token", s.token, block_size},
-                {"kv_strides.head", s.head, num_kv_heads},
-                {"kv_strides.block", s.block, num_blocks}};
+  Dim dims[] = {
+      {&token, s.token, block_size}, {&head, s.head, num_kv_heads}, {&block, s.block, num_blocks}};
   std::stable_sort(std::begin(dims), std::end(dims),
                    [](const Dim& x, const Dim& y) { return x.stride < y.stride; });
   std::int64_t extent = head_dim;
@@ -73,9 +74,9 @@ void require_cache_strides(const CacheStrides& s, int num_blocks, int num_kv_hea
     if (d.size <= 1) continue;
     if (d.stride < extent) {
       std::ostringstream v;
-      v << d.stride << " (kv_strides = {block " << s.block << ", head " << s.head << ", token "
+      v << d.stride << " (" << f << " = {block " << s.block << ", head " << s.head << ", token "
         << s.token << "}, head_dim " << head_dim << ")";
-      fail(ErrorCode::kInvalidArgument, d.name, v.str(),
+      fail(ErrorCode::kInvalidArgument, *d.name, v.str(),
            "makes cache rows overlap: each stride must be at least the extent (" +
                std::to_string(extent) + " elements) of the dimensions with smaller strides");
     }
@@ -88,16 +89,17 @@ void require_non_null(const char* name, const void* p) {
 }
 
 void require_dtype(const char* name, DType t) {
-  if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16 && !is_fp8(t)) {
+  if (t != DType::kF32 && t != DType::kF16 && t != DType::kBF16 && !is_quantized(t)) {
     fail(ErrorCode::kInvalidArgument, name, static_cast<int>(t), "not a DType");
   }
 }
 
 void require_value_dtype(const char* name, DType t) {
   require_dtype(name, t);
-  if (is_fp8(t)) {
+  if (is_quantized(t)) {
     fail(ErrorCode::kUnsupported, name, dtype_name(t),
-         "unsupported: fp8 stores K and V caches only (this tensor takes f32, f16 or bf16)");
+         std::string("unsupported: ") + dtype_name(t) +
+             " stores K and V caches only (this tensor takes f32, f16 or bf16)");
   }
 }
 
@@ -105,13 +107,37 @@ void require_cache_scales(const char* dtype_field, DType cache, float k_scale, f
                           const float* k_scales, const float* v_scales) {
   require_kv_scale("k_scale", k_scale);
   require_kv_scale("v_scale", v_scale);
-  if (is_fp8(cache)) return;
-  const std::string why =
-      std::string("applies to fp8 caches only (") + dtype_field + " fp8_e4m3 or fp8_e5m2)";
+  if (is_quantized(cache)) return;
+  const std::string why = std::string("applies to quantized caches only (") + dtype_field +
+                          " fp8_e4m3, fp8_e5m2 or int8)";
   if (k_scale != 1.f) fail(ErrorCode::kUnsupported, "k_scale", k_scale, why);
   if (v_scale != 1.f) fail(ErrorCode::kUnsupported, "v_scale", v_scale, why);
   if (k_scales != nullptr) fail(ErrorCode::kUnsupported, "k_scales", "set", why);
   if (v_scales != nullptr) fail(ErrorCode::kUnsupported, "v_scales", "set", why);
+}
+
+void require_token_scales(const char* dtype_field, DType cache, const float* k_token_scales,
+                          const float* v_token_scales, const CacheStrides& strides, int num_blocks,
+                          int num_kv_heads, int block_size) {
+  const bool k = k_token_scales != nullptr, v = v_token_scales != nullptr;
+  if (k != v) {
+    fail(ErrorCode::kInvalidArgument, k ? "v_token_scales" : "k_token_scales", "null",
+         std::string("must be set with ") + (k ? "k_token_scales" : "v_token_scales") +
+             " (per-token scales come in pairs)");
+  }
+  if (!k) {
+    if (!strides.is_default()) {
+      fail(ErrorCode::kInvalidArgument, "token_scale_strides.block", strides.block,
+           "set without per-token scales (k_token_scales and v_token_scales are null)");
+    }
+    return;
+  }
+  if (!is_quantized(cache)) {
+    fail(ErrorCode::kUnsupported, "k_token_scales", "set",
+         std::string("applies to quantized caches only (") + dtype_field + " is " +
+             dtype_name(cache) + "; per-token scales take fp8_e4m3, fp8_e5m2 or int8)");
+  }
+  require_cache_strides(strides, num_blocks, num_kv_heads, block_size, 1, "token_scale_strides");
 }
 
 void require_kv_scale(const char* name, float v) {
@@ -140,6 +166,12 @@ void require_cuda_head_dim(int head_dim) {
   fail(ErrorCode::kUnsupported, "head_dim", head_dim,
        "the CUDA backend has no kernel for this head dim yet (its head dims: " +
            head_dims_list(kCudaHeadDims) + "; the CPU backend takes it)");
+}
+
+void require_cuda_cache(const char* dtype_field, DType cache, bool token_scales) {
+  const char* why = "the CUDA backend has no kernel for it yet (the CPU backend takes it)";
+  if (cache == DType::kInt8) fail(ErrorCode::kUnsupported, dtype_field, dtype_name(cache), why);
+  if (token_scales) fail(ErrorCode::kUnsupported, "k_token_scales", "set", why);
 }
 
 void require_backend(const char* name, Backend b) {
@@ -334,6 +366,8 @@ void validate_shapes(const DecodeArgs& a, bool require_out) {
          std::string("must equal k_dtype (") + dtype_name(a.k_dtype) + ")");
   }
   require_cache_scales("k_dtype", a.k_dtype, a.k_scale, a.v_scale, a.k_scales, a.v_scales);
+  require_token_scales("k_dtype", a.k_dtype, a.k_token_scales, a.v_token_scales,
+                       a.token_scale_strides, a.num_blocks, a.num_kv_heads, a.block_size);
   if (a.scale && !std::isfinite(*a.scale)) {
     fail(ErrorCode::kInvalidArgument, "scale", *a.scale, "must be finite");
   }
@@ -416,6 +450,38 @@ void validate_kv_scales(const DecodeArgs& a, const float* k_scales, const float*
       require_kv_scale(("k_scales[" + std::to_string(h) + "]").c_str(), k_scales[h]);
     if (v_scales != nullptr)
       require_kv_scale(("v_scales[" + std::to_string(h) + "]").c_str(), v_scales[h]);
+  }
+}
+
+void validate_token_scales(const DecodeArgs& a, const float* k_token_scales,
+                           const float* v_token_scales, const std::int32_t* context_lens,
+                           const std::int32_t* block_table, const std::int32_t* q_indptr) {
+  if (k_token_scales == nullptr) return;
+  const CacheLayout layout = a.token_scale_layout();
+  const BlockTableView table{block_table, a.max_blocks_per_seq, a.table_stride()};
+  const auto check = [&](const char* name, const float* scales, int id, int kv, int slot) {
+    const float x = scales[layout.offset(id, kv, slot)];
+    if (!(x >= kMinKvScale && x <= kMaxKvScale)) {
+      std::ostringstream arg, why;
+      arg << name << "[block " << id << ", kv head " << kv << ", slot " << slot << "]";
+      why << "must be in [" << kMinKvScale << ", " << kMaxKvScale << "]";
+      fail(ErrorCode::kInvalidArgument, arg.str(), x, why.str());
+    }
+  };
+  for (int b = 0; b < a.batch; ++b) {
+    const int len = context_lens[b];
+    const int q_len = q_indptr != nullptr ? q_indptr[b + 1] - q_indptr[b] : 1;
+    int first = 0;
+    const int used = planned_blocks(len, a.block_size, a.window_left, &first, q_len) + first;
+    for (int i = first; i < used; ++i) {
+      const int id = table.block(b, i);
+      for (int kv = 0; kv < a.num_kv_heads; ++kv) {
+        for (int slot = 0; slot < valid_in_block(len, a.block_size, i); ++slot) {
+          check("k_token_scales", k_token_scales, id, kv, slot);
+          check("v_token_scales", v_token_scales, id, kv, slot);
+        }
+      }
+    }
   }
 }
 

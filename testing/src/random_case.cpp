@@ -96,6 +96,23 @@ HostCase make_case(const CaseSpec& spec) {
       c.v_scales.push_back(per_head(rng));
     }
   }
+  if (spec.token_scales) {
+    // Each row's codes divided by its scale: code x scale keeps the spread of the rest.
+    const std::size_t rows = static_cast<std::size_t>(c.num_blocks) * KV * BS;
+    std::uniform_real_distribution<float> per_row(0.25f, 4.f);
+    for (std::size_t r = 0; r < rows; ++r) {
+      c.k_token_scales.push_back(per_row(rng));
+      c.v_token_scales.push_back(per_row(rng));
+      const std::int64_t base = static_cast<std::int64_t>(r) * D;  // dense: row r's elements
+      for (int d = 0; d < D; ++d) {
+        const std::size_t i = static_cast<std::size_t>(base + d);
+        store_from_float(c.k.data(), spec.kv_dtype, i,
+                         load_as_float(c.k.data(), spec.kv_dtype, i) / c.k_token_scales[r]);
+        store_from_float(c.v.data(), spec.kv_dtype, i,
+                         load_as_float(c.v.data(), spec.kv_dtype, i) / c.v_token_scales[r]);
+      }
+    }
+  }
 
   if (spec.poison) {
     // Every (block, slot) no sequence reads is poisoned with NaN.
@@ -109,6 +126,10 @@ HostCase make_case(const CaseSpec& spec) {
           for (int d = 0; d < D; ++d) {
             store_from_float(c.k.data(), spec.kv_dtype, base + d, nan);
             store_from_float(c.v.data(), spec.kv_dtype, base + d, nan);
+          }
+          if (spec.token_scales) {
+            const std::size_t r = (static_cast<std::size_t>(blk) * KV + kv) * BS + slot;
+            c.k_token_scales[r] = c.v_token_scales[r] = nan;
           }
         }
       }
@@ -139,6 +160,8 @@ DecodeArgs HostCase::args() {
   a.v_scale = spec.v_scale;
   a.k_scales = k_scales.empty() ? nullptr : k_scales.data();
   a.v_scales = v_scales.empty() ? nullptr : v_scales.data();
+  a.k_token_scales = k_token_scales.empty() ? nullptr : k_token_scales.data();
+  a.v_token_scales = v_token_scales.empty() ? nullptr : v_token_scales.data();
   a.block_table = block_table.data();
   a.context_lens = context_lens.data();
   a.out = out.data();
@@ -211,6 +234,8 @@ std::string describe(const CaseSpec& s) {
   }
   if (s.context_lens.size() > 8) os << ",...";
   os << "]";
+  if (s.per_head_scales) os << " per-head-scales";
+  if (s.token_scales) os << " token-scales";
   return os.str();
 }
 

@@ -36,23 +36,46 @@ struct CacheWriteArgs {
   void* v_cache = nullptr;
   DType cache_dtype = DType::kF32;
   CacheStrides kv_strides;  // the caches' layout; default dense HND
-  // An fp8 cache (cache_dtype kFP8E4M3 or kFP8E5M2) stores x / scale, rounded to the nearest
-  // code (ties to even), finite values beyond the format's range saturating to its largest
-  // finite code and NaN kept (Inf too in e5m2; Inf becomes NaN in e4m3, which has none); scale
-  // is k_scale x k_scales[h] for kv head h (k_scales null: k_scale alone), V alike: the scales a
-  // decode of the cache passes (DecodeArgs::k_scale and the rest). Other caches take no scales.
+  // A quantized cache (cache_dtype kFP8E4M3, kFP8E5M2 or kInt8) stores x / scale, rounded to the
+  // nearest code (ties to even), finite values beyond the format's range saturating to its
+  // largest code; NaN stays NaN in fp8 (Inf too in e5m2; Inf becomes NaN in e4m3, which has
+  // none), and in int8 NaN becomes 0 and Inf saturates. scale is k_scale x k_scales[h] for kv
+  // head h (k_scales null: k_scale alone), V alike: the scales a decode of the cache passes
+  // (DecodeArgs::k_scale and the rest). Other caches take no scales.
   float k_scale = 1.f;
   float v_scale = 1.f;
   const float* k_scales = nullptr;  // f32 [num_kv_heads], where the caches are, or null
   const float* v_scales = nullptr;
+  // Per-(token, kv head) scales (DecodeArgs::k_token_scales), both or neither, quantized caches
+  // only: each written row (token, kv head) gets its own scale s, stored here at the row's place,
+  // chosen so that the row's largest finite |x| maps onto the format's largest code:
+  // s = max|x| / (max_code_magnitude(cache_dtype) x k_scale x k_scales[h]), clamped into
+  // [kMinKvScale, kMaxKvScale], and 1 when the row has no finite nonzero value. The row then
+  // stores x / (k_scale x k_scales[h] x s). docs/kv_quantization.md.
+  float* k_token_scales = nullptr;
+  float* v_token_scales = nullptr;
+  CacheStrides token_scale_strides;  // as DecodeArgs::token_scale_strides
 
   CacheLayout cache_layout() const {
     return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size, head_dim, kv_strides);
+  }
+  CacheLayout token_scale_layout() const {
+    return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size, 1, token_scale_strides);
   }
   std::int64_t token_stride() const {
     return src_token_stride ? src_token_stride : static_cast<std::int64_t>(num_kv_heads) * head_dim;
   }
 };
+
+// The per-token scale write_cache() gives a row whose largest finite |x| is amax, in a cache whose
+// largest code magnitude is max_code (max_code_magnitude(cache_dtype)), under the row's kv-head
+// scale head_scale (k_scale x k_scales[h]): amax / (max_code x head_scale), clamped into
+// [kMinKvScale, kMaxKvScale]; 1 for a row with no finite nonzero value.
+PAGEDATTN_HOST_DEVICE float row_token_scale(float amax, float max_code, float head_scale) {
+  if (!(amax > 0.f && amax <= 3.402823466e38f)) return 1.f;
+  const double s = static_cast<double>(amax) / (static_cast<double>(max_code) * head_scale);
+  return s < kMinKvScale ? kMinKvScale : s > kMaxKvScale ? kMaxKvScale : static_cast<float>(s);
+}
 
 // One block copy: every kv head and slot of block `src` to block `dst`, in K and in V.
 struct BlockCopy {
@@ -74,9 +97,17 @@ struct CopyBlocksArgs {
   CacheStrides kv_strides;  // the caches' layout; default dense HND
   const BlockCopy* pairs = nullptr;
   int num_pairs = 0;
+  // A quantized cache's per-token scales (DecodeArgs::k_token_scales), both or neither: copied
+  // with their rows.
+  float* k_token_scales = nullptr;
+  float* v_token_scales = nullptr;
+  CacheStrides token_scale_strides;
 
   CacheLayout cache_layout() const {
     return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size, head_dim, kv_strides);
+  }
+  CacheLayout token_scale_layout() const {
+    return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size, 1, token_scale_strides);
   }
 };
 

@@ -2,6 +2,7 @@
 // Plain bit manipulation, so the same code runs on the host and on the device.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -11,11 +12,13 @@
 
 namespace pagedattn {
 
-// f32, f16 and bf16 store any tensor; the fp8 formats store K and V caches only (values are
-// stored x scale: DecodeArgs::k_scale and the rest).
-enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2, kFP8E4M3 = 3, kFP8E5M2 = 4 };
+// f32, f16 and bf16 store any tensor; the fp8 formats and int8 store K and V caches only, as
+// codes that mean code x scale (DecodeArgs::k_scale and the rest; docs/kv_quantization.md).
+enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2, kFP8E4M3 = 3, kFP8E5M2 = 4, kInt8 = 5 };
 
 inline bool is_fp8(DType t) { return t == DType::kFP8E4M3 || t == DType::kFP8E5M2; }
+// The quantized cache dtypes: codes that take dequantization scales.
+inline bool is_quantized(DType t) { return is_fp8(t) || t == DType::kInt8; }
 
 inline const char* dtype_name(DType t) {
   switch (t) {
@@ -29,11 +32,13 @@ inline const char* dtype_name(DType t) {
       return "fp8_e4m3";
     case DType::kFP8E5M2:
       return "fp8_e5m2";
+    case DType::kInt8:
+      return "int8";
   }
   return "unknown";
 }
 
-inline std::size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : is_fp8(t) ? 1 : 2; }
+inline std::size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : is_quantized(t) ? 1 : 2; }
 
 // 16- and 8-bit storage types: distinct wrappers so templates can tell them apart.
 struct f16_t {
@@ -184,12 +189,37 @@ PAGEDATTN_HOST_DEVICE fp8_e5m2_t float_to_fp8_e5m2(float f) {
   return fp8_e5m2_t{static_cast<std::uint8_t>(sign | (code > 0x7bu ? 0x7bu : code))};
 }
 
+// The int8 cache's codes: -127..127, symmetric (the code -128 is never written; it reads as -128).
+// From f32: round to nearest, ties to even; beyond +-127 (Inf included) saturates to +-127; NaN,
+// which no code holds, becomes 0.
+struct int8_code_t {
+  std::int8_t bits;
+};
+template <typename T>
+constexpr bool is_quantized_type = is_fp8_type<T> || std::is_same_v<T, int8_code_t>;
+
+PAGEDATTN_HOST_DEVICE float int8_to_float(int8_code_t c) { return static_cast<float>(c.bits); }
+
+PAGEDATTN_HOST_DEVICE int8_code_t float_to_int8(float f) {
+  if (!(f == f)) return int8_code_t{0};  // NaN
+  if (f >= 127.f) return int8_code_t{127};
+  if (f <= -127.f) return int8_code_t{-127};
+  return int8_code_t{static_cast<std::int8_t>(rintf(f))};  // the default rounding: ties to even
+}
+
+// The largest magnitude a quantized cache dtype's codes hold (448 for e4m3, 57344 for e5m2, 127
+// for int8): write_cache's per-token scales map each row's largest |x| onto it.
+inline float max_code_magnitude(DType t) {
+  return t == DType::kFP8E4M3 ? 448.f : t == DType::kFP8E5M2 ? 57344.f : 127.f;
+}
+
 // Typed load/store of one element as f32: the one place storage types meet arithmetic.
 PAGEDATTN_HOST_DEVICE float to_float(float x) { return x; }
 PAGEDATTN_HOST_DEVICE float to_float(f16_t x) { return f16_to_float(x); }
 PAGEDATTN_HOST_DEVICE float to_float(bf16_t x) { return bf16_to_float(x); }
 PAGEDATTN_HOST_DEVICE float to_float(fp8_e4m3_t x) { return fp8_e4m3_to_float(x); }
 PAGEDATTN_HOST_DEVICE float to_float(fp8_e5m2_t x) { return fp8_e5m2_to_float(x); }
+PAGEDATTN_HOST_DEVICE float to_float(int8_code_t x) { return int8_to_float(x); }
 
 template <typename T>
 PAGEDATTN_HOST_DEVICE T from_float(float x);
@@ -213,8 +243,12 @@ template <>
 PAGEDATTN_HOST_DEVICE fp8_e5m2_t from_float<fp8_e5m2_t>(float x) {
   return float_to_fp8_e5m2(x);
 }
+template <>
+PAGEDATTN_HOST_DEVICE int8_code_t from_float<int8_code_t>(float x) {
+  return float_to_int8(x);
+}
 
-// The code an fp8 cache stores for value x under `scale` (the value x / scale, as from_float
+// The code a quantized cache stores for value x under `scale` (the value x / scale, as from_float
 // rounds it). A finite x whose quotient overflows f32 is beyond every format's range, so it
 // saturates like any other finite value instead of becoming Inf (NaN in e4m3).
 template <typename Fp8>
@@ -227,7 +261,7 @@ PAGEDATTN_HOST_DEVICE Fp8 quantize_scaled(float x, float scale) {
   return from_float<Fp8>(q);
 }
 
-// The dequantization scale of kv head h of an fp8 cache: the per-tensor scale times the head's
+// The dequantization scale of kv head h of a quantized cache: the per-tensor scale times the head's
 // own, when there are per-head scales (per_head may be null).
 PAGEDATTN_HOST_DEVICE float head_scale(float scale, const float* per_head, int h) {
   return per_head != nullptr ? scale * per_head[h] : scale;
@@ -246,6 +280,8 @@ inline float load_as_float(const void* base, DType t, std::size_t i) {
       return fp8_e4m3_to_float(static_cast<const fp8_e4m3_t*>(base)[i]);
     case DType::kFP8E5M2:
       return fp8_e5m2_to_float(static_cast<const fp8_e5m2_t*>(base)[i]);
+    case DType::kInt8:
+      return int8_to_float(static_cast<const int8_code_t*>(base)[i]);
   }
   return 0.f;
 }
@@ -267,6 +303,9 @@ inline void store_from_float(void* base, DType t, std::size_t i, float v) {
     case DType::kFP8E5M2:
       static_cast<fp8_e5m2_t*>(base)[i] = float_to_fp8_e5m2(v);
       break;
+    case DType::kInt8:
+      static_cast<int8_code_t*>(base)[i] = float_to_int8(v);
+      break;
   }
 }
 
@@ -283,6 +322,8 @@ inline float round_to(DType t, float v) {
       return fp8_e4m3_to_float(float_to_fp8_e4m3(v));
     case DType::kFP8E5M2:
       return fp8_e5m2_to_float(float_to_fp8_e5m2(v));
+    case DType::kInt8:
+      return int8_to_float(float_to_int8(v));
   }
   return v;
 }

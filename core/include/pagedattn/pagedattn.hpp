@@ -94,14 +94,24 @@ struct DecodeArgs {
   DType k_dtype = DType::kF32;
   const void* v_cache = nullptr;
   DType v_dtype = DType::kF32;
-  // fp8 caches (k_dtype = v_dtype = kFP8E4M3 or kFP8E5M2): a stored code c of kv head h means
-  // c x k_scale x k_scales[h] in K (k_scales null: x 1), and likewise for V; each scale in
-  // [kMinKvScale, kMaxKvScale]. k_scales and v_scales (f32 [num_kv_heads]) live where the caches
-  // do. Other cache dtypes take no scales (k_scale = v_scale = 1, no per-head arrays).
+  // Quantized caches (k_dtype = v_dtype = kFP8E4M3, kFP8E5M2 or kInt8): a stored code c of kv
+  // head h means c x k_scale x k_scales[h] in K (k_scales null: x 1), times the row's own scale
+  // with per-token scales (below), and likewise for V; each scale in [kMinKvScale, kMaxKvScale].
+  // k_scales and v_scales (f32 [num_kv_heads]) live where the caches do. Other cache dtypes take
+  // no scales (k_scale = v_scale = 1, no arrays). docs/kv_quantization.md.
   float k_scale = 1.f;
   float v_scale = 1.f;
   const float* k_scales = nullptr;
   const float* v_scales = nullptr;
+  // Per-(token, kv head) scales of a quantized cache, both or neither: f32, one per cache row
+  // (block, kv head, slot), at the element offset token_scale_layout() gives (default dense
+  // [num_blocks][num_kv_heads][block_size]; token_scale_strides as kv_strides with head_dim 1).
+  // write_cache() writes them. They live where the caches do; the scale of every row a sequence's
+  // used blocks hold below its context length must be in [kMinKvScale, kMaxKvScale] (checked where
+  // they are in host memory). The CUDA backend refuses them and int8 caches (kUnsupported) for now.
+  const float* k_token_scales = nullptr;
+  const float* v_token_scales = nullptr;
+  CacheStrides token_scale_strides;
   const std::int32_t* block_table = nullptr;
   const std::int32_t* context_lens = nullptr;
   void* out = nullptr;
@@ -170,6 +180,10 @@ struct DecodeArgs {
   CacheLayout cache_layout() const {
     return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size, head_dim, kv_strides);
   }
+  CacheLayout token_scale_layout() const {
+    return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size, 1, token_scale_strides);
+  }
+  bool has_token_scales() const { return k_token_scales != nullptr || v_token_scales != nullptr; }
   int group_size() const { return num_kv_heads > 0 ? num_heads / num_kv_heads : 0; }
   // Rows of q, out and lse, and the bound on any sequence's query tokens.
   int q_rows() const { return q_indptr ? num_q_tokens : batch; }

@@ -16,25 +16,34 @@ bool is_cuda_head_dim(int head_dim);  // one of kCudaHeadDims
 void require_positive(const char* name, int value);
 void require_non_null(const char* name, const void* pointer);
 void require_dtype(const char* name, DType dtype);        // a DType value
-void require_value_dtype(const char* name, DType dtype);  // f32, f16 or bf16 (not fp8)
+void require_value_dtype(const char* name, DType dtype);  // f32, f16 or bf16 (not quantized)
 void require_kv_scale(const char* name, float scale);     // in [kMinKvScale, kMaxKvScale]
 // The per-tensor scales in range, and every scale at its default (1, null) unless the cache
-// (dtype field `dtype_field`) is fp8.
+// (dtype field `dtype_field`) is quantized (fp8 or int8).
 void require_cache_scales(const char* dtype_field, DType cache, float k_scale, float v_scale,
                           const float* k_scales, const float* v_scales);
+// Per-token scales (k_token_scales, v_token_scales): both or neither, a quantized cache only,
+// and their strides (`strides`, as a cache view's with head_dim 1) valid.
+void require_token_scales(const char* dtype_field, DType cache, const float* k_token_scales,
+                          const float* v_token_scales, const CacheStrides& strides, int num_blocks,
+                          int num_kv_heads, int block_size);
 void require_block_size(int block_size);  // in [1, kMaxBlockSize]
 void require_head_dim(int head_dim);      // one of kSupportedHeadDims
 // One of kCudaHeadDims: else Error(kUnsupported) naming head_dim, saying the CUDA backend has no
 // kernel for it yet. The CUDA entry points call it first, so no other CUDA check comes before it.
 void require_cuda_head_dim(int head_dim);
+// A cache the CUDA backend reads and writes: not int8 and without per-token scales (else
+// Error(kUnsupported) naming the dtype field or k_token_scales). Called beside
+// require_cuda_head_dim.
+void require_cuda_cache(const char* dtype_field, DType cache, bool token_scales);
 void require_backend(const char* name, Backend backend);  // kAuto, kCpu or kCuda
 void require_num_threads(int num_threads);                // in [0, kMaxThreads]
 
-// A cache view's strides (kv_strides): the default, or all three positive, rows of distinct
-// (block, kv head, slot) not overlapping (checked by sorting the three dimensions by stride: each
-// stride at least the extent of the smaller ones), and the pool's span within int64.
+// A cache view's strides (kv_strides, or `field`): the default, or all three positive, rows of
+// distinct (block, kv head, slot) not overlapping (checked by sorting the three dimensions by
+// stride: each stride at least the extent of the smaller ones), and the pool's span within int64.
 void require_cache_strides(const CacheStrides& strides, int num_blocks, int num_kv_heads,
-                           int block_size, int head_dim);
+                           int block_size, int head_dim, const char* field = "kv_strides");
 
 // The options of decode() and of the cache operations: a Backend value and a thread count in
 // range. The CUDA fields (stream, workspace) are the CUDA backend's to check.
@@ -76,8 +85,16 @@ void validate_tree_mask(const DecodeArgs& args, const std::uint8_t* tree_mask,
 // NaN or +inf.
 void validate_variant_values(const DecodeArgs& args, const float* alibi_slopes, const float* sinks);
 
-// The per-kv-head fp8 scales (k_scales, v_scales, either may be null), in host memory: each in
-// [kMinKvScale, kMaxKvScale].
+// The per-kv-head scales of a quantized cache (k_scales, v_scales, either may be null), in host
+// memory: each in [kMinKvScale, kMaxKvScale].
 void validate_kv_scales(const DecodeArgs& args, const float* k_scales, const float* v_scales);
+
+// The per-token scales (k_token_scales, v_token_scales, both null or both set), in host memory,
+// with the validated context_lens, block_table and q_indptr: the scale of every row (slot, kv
+// head) of the blocks validate_tables checks, below the sequence's context length, in
+// [kMinKvScale, kMaxKvScale]. An error names the row (block id, kv head, slot).
+void validate_token_scales(const DecodeArgs& args, const float* k_token_scales,
+                           const float* v_token_scales, const std::int32_t* context_lens,
+                           const std::int32_t* block_table, const std::int32_t* q_indptr);
 
 }  // namespace pagedattn

@@ -13,8 +13,8 @@ struct TypeTag {
   using type = T;
 };
 
-// Calls visit(TypeTag<T>{}) with T the storage type of t (float, f16_t, bf16_t, fp8_e4m3_t or
-// fp8_e5m2_t), once; each dtype instantiates the visitor on its own type.
+// Calls visit(TypeTag<T>{}) with T the storage type of t (float, f16_t, bf16_t, fp8_e4m3_t,
+// fp8_e5m2_t or int8_code_t), once; each dtype instantiates the visitor on its own type.
 template <class Visitor>
 void visit_storage_type(DType t, Visitor&& visit) {
   switch (t) {
@@ -28,6 +28,8 @@ void visit_storage_type(DType t, Visitor&& visit) {
       return visit(TypeTag<fp8_e4m3_t>{});
     case DType::kFP8E5M2:
       return visit(TypeTag<fp8_e5m2_t>{});
+    case DType::kInt8:
+      return visit(TypeTag<int8_code_t>{});
   }
 }
 

@@ -26,17 +26,21 @@ struct CaseSpec {
   DType q_dtype = DType::kF32;
   DType kv_dtype = DType::kF32;
   DType out_dtype = DType::kF32;
-  // fp8 caches: the dequantization scales (DecodeArgs::k_scale, v_scale); 1 for other dtypes.
+  // Quantized caches: the dequantization scales (DecodeArgs::k_scale, v_scale); 1 for others.
   float k_scale = 1.f;
   float v_scale = 1.f;
   bool per_head_scales = false;  // also k_scales / v_scales per kv head (HostCase::k_scales)
-  int spare_blocks = 3;          // pool blocks no sequence owns (poisoned)
-  int table_padding = 0;         // table entries past the largest context's blocks
-  int table_stride_extra = 0;    // row stride - max_blocks_per_seq
-  bool fragmented = true;        // random permutation of the pool; else blocks in order
-  bool share_prefix = false;     // sequences may share their first blocks (prefix caching)
-  bool poison = true;            // NaN in unreadable slots, -1 / garbage past each context
-  float magnitude = 1.f;         // q and k scale: logits grow with magnitude^2
+  // Quantized caches: also a scale per (block, kv head, slot), in [0.25, 4) (NaN in the slots no
+  // sequence reads, with poison), and the codes drawn so that code x scale has the usual spread
+  // (HostCase::k_token_scales, dense [num_blocks][num_kv_heads][block_size]).
+  bool token_scales = false;
+  int spare_blocks = 3;        // pool blocks no sequence owns (poisoned)
+  int table_padding = 0;       // table entries past the largest context's blocks
+  int table_stride_extra = 0;  // row stride - max_blocks_per_seq
+  bool fragmented = true;      // random permutation of the pool; else blocks in order
+  bool share_prefix = false;   // sequences may share their first blocks (prefix caching)
+  bool poison = true;          // NaN in unreadable slots, -1 / garbage past each context
+  float magnitude = 1.f;       // q and k scale: logits grow with magnitude^2
   std::uint64_t seed = 1;
 };
 
@@ -48,7 +52,8 @@ struct HostCase {
   std::vector<std::uint8_t> q, k, v, out;
   std::vector<std::int32_t> block_table, context_lens;
   std::vector<float> lse;
-  std::vector<float> k_scales, v_scales;  // per kv head, when spec.per_head_scales
+  std::vector<float> k_scales, v_scales;              // per kv head, when spec.per_head_scales
+  std::vector<float> k_token_scales, v_token_scales;  // per row, when spec.token_scales
 
   // DecodeArgs over this case's buffers (out and lse included).
   DecodeArgs args();
