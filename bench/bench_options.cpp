@@ -106,14 +106,18 @@ void print_help(const char* prog) {
       "                     combined_nhd, one tensor [blocks][2][block][kv heads][head_dim],\n"
       "                     each block's K then its V. GB/s counts the same K/V bytes in all\n"
       "cache dtype:\n"
-      "  --kv-dtype T       the K and V caches' dtype: f32, f16, bf16, fp8_e4m3 or fp8_e5m2\n"
-      "                     (default: each --dtype's own; q and out keep --dtype). An fp8 cache\n"
-      "                     holds the values / %g (k_scale = v_scale = %g, no per-head scales).\n"
-      "                     GB/s and %%readBW count the cache's own bytes (the CSV's kv_dtype\n"
-      "                     column)\n"
+      "  --kv-dtype T       the K and V caches' dtype: f32, f16, bf16, fp8_e4m3, fp8_e5m2 or\n"
+      "                     int8 (default: each --dtype's own; q and out keep --dtype). An fp8\n"
+      "                     cache holds the values / %g (k_scale = v_scale = %g), an int8 one\n"
+      "                     the values / %g; no per-head scales. GB/s and %%readBW count the\n"
+      "                     cache's own bytes (the CSV's kv_dtype column)\n"
+      "  --token-scales     with a quantized --kv-dtype: a scale per (token, kv head) too\n"
+      "                     (k_token_scales, dense; cpu and naive). GB/s counts their 4 bytes a\n"
+      "                     row; the pattern read of --limits does not read them (the CSV's\n"
+      "                     token_scales column, 0 or 1, the last)\n"
       "  --help, -h         this text\n",
       prog, kMaxGroupSize, kMaxBlockSize, kMaxThreads, kMaxIters, kMaxSeconds, kMaxBwMib,
-      kMaxTokens, kMaxTokens, kMaxSoftCap, kMaxQLen, kFp8KvScale, kFp8KvScale);
+      kMaxTokens, kMaxTokens, kMaxSoftCap, kMaxQLen, kFp8KvScale, kFp8KvScale, kInt8KvScale);
 }
 
 namespace {
@@ -269,7 +273,10 @@ Options parse(int argc, char** argv) {
                                        {"f16", DType::kF16},
                                        {"bf16", DType::kBF16},
                                        {"fp8_e4m3", DType::kFP8E4M3},
-                                       {"fp8_e5m2", DType::kFP8E5M2}});
+                                       {"fp8_e5m2", DType::kFP8E5M2},
+                                       {"int8", DType::kInt8}});
+    } else if (args.is("--token-scales")) {
+      o.token_scales = true;
     } else if (args.is("--huge-pages")) {
       huge_pages_given = true;
       o.huge_pages = args.choice<testing::HugePages>(
@@ -310,6 +317,16 @@ Options parse(int argc, char** argv) {
   if (o.tree_mask && o.backend == "cuda") {
     cli::bad_value("--backend", o.backend,
                    "--tree-mask: the CUDA backend has no tree masks yet (--backend cpu or naive)");
+  }
+  const DType kv = o.kv_dtype.value_or(o.dtypes.front());
+  if (o.token_scales && !is_quantized(kv)) {
+    cli::bad_value("--token-scales", dtype_name(kv),
+                   "needs a quantized cache (--kv-dtype fp8_e4m3, fp8_e5m2 or int8)");
+  }
+  if ((o.token_scales || kv == DType::kInt8) && o.backend == "cuda") {
+    cli::bad_value("--backend", o.backend,
+                   "int8 caches and --token-scales: the CUDA backend has no kernel for them yet "
+                   "(--backend cpu or naive)");
   }
   if (huge_pages_given && o.backend == "cuda") {
     cli::bad_value("--huge-pages", testing::huge_pages_name(o.huge_pages),

@@ -43,6 +43,7 @@ struct Options {
   testing::KvLayout layout = testing::KvLayout::kHnd;
   // --kv-dtype: the caches' dtype; unset: each --dtype's own
   std::optional<DType> kv_dtype;
+  bool token_scales = false;  // --token-scales: per-(token, kv head) scales of a quantized cache
   // --huge-pages: the pages of the CPU rows' K/V pools (on: MADV_HUGEPAGE, off: MADV_NOHUGEPAGE)
   testing::HugePages huge_pages = testing::HugePages::kOn;
 

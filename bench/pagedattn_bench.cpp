@@ -99,9 +99,9 @@ double attended_tokens(const Shape& s, int window_left) {
 
 // Bytes of K and V one decode step must read: every attended token, each kv head, once, in the
 // caches' dtype t.
-double kv_bytes(const Shape& s, DType t, int window_left) {
-  return 2.0 * attended_tokens(s, window_left) * s.kv_heads * s.head_dim *
-         static_cast<double>(dtype_size(t));
+double kv_bytes(const Shape& s, DType t, int window_left, bool token_scales = false) {
+  const double row = s.head_dim * static_cast<double>(dtype_size(t)) + (token_scales ? 4 : 0);
+  return 2.0 * attended_tokens(s, window_left) * s.kv_heads * row;
 }
 
 // Median time (ms) of fn(i) on `clock` for i = 0, 1, ... after `warmup` untimed calls; min_time
@@ -204,6 +204,11 @@ std::string variants_text(const bench::Variants& v) {
   return text.empty() ? "-" : text;
 }
 
+// The text table's cache column: the dtype, "+ts" with per-token scales.
+std::string kv_text(const Options& o, DType kv) {
+  return std::string(dtype_name(kv)) + (o.token_scales ? "+ts" : "");
+}
+
 void print_row(const Options& o, DType dtype, const Row& r) {
   const Shape& s = r.shape;
   const bench::Variants& v = o.variants;
@@ -226,14 +231,14 @@ void print_row(const Options& o, DType dtype, const Row& r) {
     } else {
       std::printf(",");
     }
-    std::printf(",%d\n", o.tree_mask ? 1 : 0);
+    std::printf(",%d,%d\n", o.tree_mask ? 1 : 0, o.token_scales ? 1 : 0);
   } else {
     char huge[16] = "-";
     if (r.huge_pct >= 0) std::snprintf(huge, sizeof huge, "%.1f%%", r.huge_pct);
     std::printf(
         "%-6s %-5s %-8s %4d %4d %4d %4d %7d %4d %5d %4d %-12s %10.3f %8.2f %7.1f%% %10.3g %6s  "
         "%s\n",
-        r.backend.c_str(), dtype_name(dtype), dtype_name(kv), s.batch, s.heads, s.kv_heads,
+        r.backend.c_str(), dtype_name(dtype), kv_text(o, kv).c_str(), s.batch, s.heads, s.kv_heads,
         s.head_dim, s.context, s.block_size, s.q_len, o.tree_mask ? 1 : 0,
         testing::kv_layout_name(o.layout), r.ms, r.gbps, r.pct, r.rel_err, huge,
         variants_text(v).c_str());
@@ -335,6 +340,8 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s, b
   spec.q_dtype = spec.out_dtype = dtype;
   spec.kv_dtype = o.kv_dtype_for(dtype);
   if (is_fp8(spec.kv_dtype)) spec.k_scale = spec.v_scale = bench::kFp8KvScale;
+  if (spec.kv_dtype == DType::kInt8) spec.k_scale = spec.v_scale = bench::kInt8KvScale;
+  spec.token_scales = o.token_scales;
   spec.fragmented = !o.contiguous;
   spec.seed = 20261129u + static_cast<std::uint64_t>(s.batch) * 131 + s.context;
   RotatingCase rc{testing::make_case(spec), {}, {}, o.variants, {o.variants, s.heads}};
@@ -491,7 +498,8 @@ int run(int argc, char** argv) {
   if (o.csv) {
     std::printf(
         "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,"
-        "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len,layout,kv_dtype%s,huge_pct,tree\n",
+        "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len,layout,kv_dtype%s,huge_pct,tree,"
+        "token_scales\n",
         o.limits ? ",compute_gbps,pattern_gbps,pct_bound,bound,pattern_huge_gbps" : "");
   } else {
     std::printf("%-6s %-5s %-8s %4s %4s %4s %4s %7s %4s %5s %4s %-12s %10s %8s %8s %10s %6s  %s\n",
@@ -502,7 +510,8 @@ int run(int argc, char** argv) {
   std::map<std::tuple<DType, int, int, int, int>, double> in_cache_rates;  // --limits
   for (DType dtype : o.dtypes) {
     for (const Shape& s : o.shapes) {
-      const double bytes = kv_bytes(s, o.kv_dtype_for(dtype), o.variants.window_left);
+      const double bytes =
+          kv_bytes(s, o.kv_dtype_for(dtype), o.variants.window_left, o.token_scales);
       auto row_for = [&](const std::string& name, double ms, double err) {
         const double gbps = bytes / (ms * 1e-3) / 1e9;
         return Row{name, s, ms, gbps, 100.0 * gbps / read_bw, err};

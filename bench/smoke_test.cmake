@@ -8,9 +8,10 @@ set(quick --csv --threads 2 --iters 2 --min-time 0 --bw-mib 64)
 
 # run_bench(<what> <flag>...): runs pagedattn-bench with the quick flags and these, and fails
 # unless it exits 0 (the exit status carries the accuracy against the f64 reference) and prints
-# the CSV header (with `header_tail` after it where the caller sets one, then huge_pct and tree),
-# and every row's last column, tree, is 1 with --tree-mask among the flags, else 0. Sets `rows`
-# (the CSV rows after the header, the tree column cut off) and `err` (stderr) in the caller.
+# the CSV header (with `header_tail` after it where the caller sets one, then huge_pct, tree and
+# token_scales), and every row's last two columns, tree and token_scales, are 1 with --tree-mask
+# and --token-scales among the flags, else 0. Sets `rows` (the CSV rows after the header, those
+# two columns cut off) and `err` (stderr) in the caller.
 function(run_bench what)
   execute_process(COMMAND ${BENCH} ${quick} ${ARGN}
                   OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
@@ -20,19 +21,24 @@ function(run_bench what)
   string(REPLACE "\n" ";" lines "${out}")
   list(FILTER lines EXCLUDE REGEX "^$")
   list(POP_FRONT lines header)
-  if(NOT header STREQUAL "${header_want}${header_tail},huge_pct,tree")
+  if(NOT header STREQUAL "${header_want}${header_tail},huge_pct,tree,token_scales")
     message(FATAL_ERROR "unexpected CSV header with ${what}: '${header}'")
   endif()
   set(tree 0)
   if("--tree-mask" IN_LIST ARGN)
     set(tree 1)
   endif()
+  set(token_scales 0)
+  if("--token-scales" IN_LIST ARGN)
+    set(token_scales 1)
+  endif()
   set(cut "")
   foreach(row IN LISTS lines)
-    if(NOT row MATCHES ",${tree}$")
-      message(FATAL_ERROR "CSV row with ${what} does not end in tree = ${tree}: '${row}'")
+    if(NOT row MATCHES ",${tree},${token_scales}$")
+      message(FATAL_ERROR "CSV row with ${what} does not end in tree = ${tree}, token_scales = "
+                          "${token_scales}: '${row}'")
     endif()
-    string(REGEX REPLACE ",[01]$" "" row "${row}")
+    string(REGEX REPLACE ",[01],[01]$" "" row "${row}")
     list(APPEND cut "${row}")
   endforeach()
   set(rows "${cut}" PARENT_SCOPE)
@@ -154,6 +160,18 @@ run_bench("--kv-dtype fp8_e5m2 --layout combined_nhd --q-len 3 --window 20" --dt
           --kv-dtype fp8_e5m2 --shape 3,8,2,64,100,16 --layout combined_nhd --q-len 3 --window 20)
 check_rows("--kv-dtype fp8_e5m2 --layout combined_nhd --q-len 3 --window 20" 2
            "^(cpu|naive),f32,3,8,2,64,100,16,${num},${num},${num},${num},20,0,0,0,3,combined_nhd,fp8_e5m2,${num}$")
+
+# int8 caches, and per-token scales (--token-scales) on int8 and fp8: the CPU backend and the
+# naive baseline, each against the f64 reference of the same codes and scales.
+run_bench("--kv-dtype int8" --dtype bf16 --kv-dtype int8 --shape 2,8,2,64,100,16)
+check_rows("--kv-dtype int8" 2
+           "^(cpu|naive),bf16,2,8,2,64,100,16,${num},${num},${num},${num},${plain_tail},hnd,int8,${num}$")
+foreach(kv int8 fp8_e4m3)
+  run_bench("--kv-dtype ${kv} --token-scales" --dtype f32 --kv-dtype ${kv} --token-scales
+            --shape 2,8,2,128,100,16 --q-len 2)
+  check_rows("--kv-dtype ${kv} --token-scales" 2
+             "^(cpu|naive),f32,2,8,2,128,100,16,${num},${num},${num},${num},-1,0,0,0,2,hnd,${kv},${num}$")
+endforeach()
 
 # A layout the benchmark does not offer is refused before anything is measured, naming --layout.
 execute_process(COMMAND ${BENCH} ${quick} --shape 1,4,4,64,16 --layout padded_hnd

@@ -22,6 +22,11 @@ void naive_rows(const DecodeArgs& a, int threads) {
   const T* k_cache = static_cast<const T*>(a.k_cache);
   const T* v_cache = static_cast<const T*>(a.v_cache);
   const float cap = a.logits_soft_cap;
+  // A row's per-token scale (1 without per-token scales).
+  const CacheLayout scale_layout = a.token_scale_layout();
+  const auto row_scale = [&](const float* scales, int id, int kv, int slot) {
+    return scales != nullptr ? scales[scale_layout.offset(id, kv, slot)] : 1.f;
+  };
   // Each query token's sequence and the context it attends to: with q_indptr, token i of
   // sequence b's n at position P = L_b - n + i is a query of a context of P + 1 tokens, and
   // reads its keys and values itself, as a first implementation would; with a tree mask it
@@ -48,8 +53,9 @@ void naive_rows(const DecodeArgs& a, int threads) {
       const int token = static_cast<int>(row / H), h = static_cast<int>(row % H), kv = h / G;
       const int b = seq_of[token], L = len_of[token];
       const TreeMaskRow& tree = tree_of[token];
-      // An fp8 cache's codes times their kv head's scales (1 for the other dtypes): K's joins the
-      // logit scale, V's the output.
+      // A quantized cache's codes times their kv head's scales (1 for the other dtypes): K's
+      // joins the logit scale, V's the output; a row's own scale (per-token scales) joins its
+      // logit and its weight.
       const float k_scale = a.k_scale * (a.k_scales != nullptr ? a.k_scales[kv] : 1.f);
       const float v_scale = a.v_scale * (a.v_scales != nullptr ? a.v_scales[kv] : 1.f);
       for (int d = 0; d < D; ++d) q[d] = load_as_float(a.q, a.q_dtype, row * D + d);
@@ -68,7 +74,7 @@ void naive_rows(const DecodeArgs& a, int threads) {
           const T* k = k_cache + base + t * layout.token_stride;
           float dot = 0.f;
           for (int d = 0; d < D; ++d) dot += q[d] * to_float(k[d]);
-          s[t] = dot * scale * k_scale;
+          s[t] = dot * scale * k_scale * row_scale(a.k_token_scales, table.block(b, blk), kv, t);
           if (cap > 0.f) s[t] = cap * std::tanh(s[t] / cap);
           s[t] += slope * static_cast<float>(blk * BS + t - (L - 1));
           m_new = std::max(m_new, s[t]);
@@ -82,7 +88,8 @@ void naive_rows(const DecodeArgs& a, int threads) {
           const float p = std::exp(s[t] - m_new);
           l += p;
           const T* v = v_cache + base + t * layout.token_stride;
-          for (int d = 0; d < D; ++d) acc[d] += p * to_float(v[d]);
+          const float pv = p * row_scale(a.v_token_scales, table.block(b, blk), kv, t);
+          for (int d = 0; d < D; ++d) acc[d] += pv * to_float(v[d]);
         }
         m = m_new;
       }
