@@ -73,10 +73,11 @@ DType Tensor::float_dtype() const {
   if (has_dtype(dt, Code::Bfloat, 16)) return DType::kBF16;
   if (dt.bits == 8 && dt.lanes == 1 && dt.code == kDLFloat8E4M3Fn) return DType::kFP8E4M3;
   if (dt.bits == 8 && dt.lanes == 1 && dt.code == kDLFloat8E5M2) return DType::kFP8E5M2;
+  if (has_dtype(dt, Code::Int, 8)) return DType::kInt8;
   if (name == "k_cache" || name == "v_cache") {
     reject(ErrorCode::kInvalidArgument, name, ".dtype", dtype_str(dt),
-           "expected float32, float16, bfloat16, float8_e4m3fn or float8_e5m2 (bf16 bits in a "
-           "uint16 tensor: wrap it with pagedattn.bf16(); fp8 codes in a uint8 tensor: with "
+           "expected float32, float16, bfloat16, float8_e4m3fn, float8_e5m2 or int8 (bf16 bits "
+           "in a uint16 tensor: wrap it with pagedattn.bf16(); fp8 codes in a uint8 tensor: with "
            "pagedattn.fp8_e4m3() or pagedattn.fp8_e5m2())");
   }
   reject(ErrorCode::kInvalidArgument, name, ".dtype", dtype_str(dt),
@@ -174,11 +175,16 @@ void Tensor::require_device(const Device& d, const std::string& ref) const {
   }
 }
 
+std::string Tensor::dtype_label() const {
+  if (!marked) return dtype_str(dt);
+  return std::string("pagedattn.") + pagedattn::dtype_name(*marked) + "(" + dtype_str(dt) + ")";
+}
+
 DType shared_float_dtype(const Tensor& first, const Tensor& second) {
   const DType d = first.float_dtype();
   if (second.float_dtype() != d) {
-    reject(ErrorCode::kInvalidArgument, second.name, ".dtype", dtype_str(second.dt),
-           "must equal " + first.name + ".dtype (" + dtype_str(first.dt) + ")");
+    reject(ErrorCode::kInvalidArgument, second.name, ".dtype", second.dtype_label(),
+           "must equal " + first.name + ".dtype (" + first.dtype_label() + ")");
   }
   return d;
 }

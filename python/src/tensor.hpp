@@ -52,9 +52,13 @@ struct Tensor {
   std::string shape_str() const { return tuple_str(shape); }
   std::string strides_str() const { return tuple_str(strides); }
 
-  // The storage dtype of a float tensor. The fp8 formats are returned for any tensor, so that the
-  // library refuses them where they do not belong with its own error (q_dtype, src_dtype, ...).
+  // The storage dtype of a float tensor, or of a quantized cache's codes: the fp8 formats, and
+  // int8 for an int8 tensor. Those are returned for any tensor, so that the library refuses them
+  // where they do not belong with its own error (q_dtype, src_dtype, ...).
   DType float_dtype() const;
+  // The dtype as errors name it: dtype_str(dt), or for a marked tensor the marking with it
+  // ("pagedattn.fp8_e4m3(int8)").
+  std::string dtype_label() const;
 
   void require_int32() const;
   void require_uint8() const;
@@ -80,8 +84,8 @@ struct Tensor {
   int dim_int(int i) const;
 };
 
-// The float dtype `first` and `second` share (key and value, k_cache and v_cache); an error
-// naming `second` when they differ.
+// The storage dtype (float_dtype()) `first` and `second` share (key and value, k_cache and
+// v_cache); an error naming `second` when they differ.
 DType shared_float_dtype(const Tensor& first, const Tensor& second);
 
 }  // namespace pagedattn::py
