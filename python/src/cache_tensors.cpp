@@ -1,6 +1,8 @@
 #include "cache_tensors.hpp"
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "argument_error.hpp"
 #include "pagedattn/validate.hpp"
@@ -24,63 +26,72 @@ PoolDims pool_dims(const Tensor& k, KvLayout layout) {
   return {k.dim_int(0), k.dim_int(layout.heads_dim()), k.dim_int(layout.slots_dim()), k.dim_int(3)};
 }
 
-// The stride of a dimension of size 1 is never used and PyTorch leaves it arbitrary, so it is
-// replaced by the dense layout's before anything is compared. A pair laid out as dense HND gets
-// the default strides, exactly what the library got before strided caches existed.
-pagedattn::CacheStrides cache_strides(const Tensor& k, const Tensor& v, KvLayout layout) {
+namespace {
+
+// t's element strides, a dimension of size 1 given the dense (row-major) layout's stride: its
+// stride is never used and PyTorch leaves it arbitrary, so it is replaced before anything is
+// compared.
+std::vector<std::int64_t> effective_strides(const Tensor& t) {
+  std::vector<std::int64_t> s(t.shape.size());
+  std::int64_t dense = 1;
+  for (int i = t.ndim() - 1; i >= 0; --i) {
+    s[i] = t.shape[i] == 1 ? dense : t.strides[i];
+    dense *= t.shape[i];
+  }
+  return s;
+}
+
+}  // namespace
+
+// A pair laid out as dense HND gets the default strides, exactly what the library got before
+// strided caches existed.
+pagedattn::CacheStrides pool_strides(const Tensor& k, const Tensor& v, int heads_dim, int slots_dim,
+                                     int row, const char* field) {
   // A pool with nothing in it is never read; its strides (NumPy 2 gives an empty array zero
   // strides) say nothing.
   if (k.numel() == 0) return {};
-  const PoolDims d = pool_dims(k, layout);
-  std::int64_t dense[4];
-  dense[3] = 1;
-  for (int i = 2; i >= 0; --i) dense[i] = dense[i + 1] * k.shape[i + 1];
-  auto effective = [&](const Tensor& t) {
-    std::vector<std::int64_t> s(4);
-    for (int i = 0; i < 4; ++i) s[i] = t.shape[i] == 1 ? dense[i] : t.strides[i];
-    return s;
-  };
-  for (const Tensor* t : {&k, &v}) {
-    if (t->shape[3] > 1 && t->strides[3] != 1) {
-      reject(ErrorCode::kInvalidArgument, t->name, ".strides", t->strides_str(),
-             "the last dimension (head_dim) must be contiguous (stride 1)");
-    }
-  }
-  const std::vector<std::int64_t> ks = effective(k), vs = effective(v);
+  const std::vector<std::int64_t> ks = effective_strides(k), vs = effective_strides(v);
   if (vs != ks) {
-    reject(ErrorCode::kInvalidArgument, "v_cache", ".strides", v.strides_str(),
-           "must equal k_cache.strides " + k.strides_str() +
+    reject(ErrorCode::kInvalidArgument, v.name, ".strides", v.strides_str(),
+           "must equal " + k.name + ".strides " + k.strides_str() +
                " (K and V share one layout; they may be two views into one tensor)");
   }
-  for (int i = 0; i < 3; ++i) {
+  for (int i : {0, heads_dim, slots_dim}) {
     if (ks[i] <= 0) {
-      reject(ErrorCode::kInvalidArgument, "k_cache", ".strides", k.strides_str(),
+      reject(ErrorCode::kInvalidArgument, k.name, ".strides", k.strides_str(),
              "dimension " + std::to_string(i) +
                  " must have a positive stride (no broadcast or reversed dimensions)");
     }
   }
-  pagedattn::CacheStrides s;
-  s.block = ks[0];
-  s.head = ks[layout.heads_dim()];
-  s.token = ks[layout.slots_dim()];
-  const pagedattn::CacheStrides hnd =
-      pagedattn::CacheStrides::hnd(d.num_kv_heads, d.block_size, d.head_dim);
-  if ((d.num_blocks == 1 || s.block == hnd.block) && (d.num_kv_heads == 1 || s.head == hnd.head) &&
-      (d.block_size == 1 || s.token == hnd.token)) {
+  const int num_blocks = k.dim_int(0), num_kv_heads = k.dim_int(heads_dim);
+  const int block_size = k.dim_int(slots_dim);
+  const pagedattn::CacheStrides s{ks[0], ks[heads_dim], ks[slots_dim]};
+  const pagedattn::CacheStrides hnd = pagedattn::CacheStrides::hnd(num_kv_heads, block_size, row);
+  if ((num_blocks == 1 || s.block == hnd.block) && (num_kv_heads == 1 || s.head == hnd.head) &&
+      (block_size == 1 || s.token == hnd.token)) {
     return {};
   }
   // Overlapping rows (two slots at one address) are refused by the library, which would name its
   // own field; here the error names the tensor the caller passed.
   try {
-    pagedattn::require_cache_strides(s, d.num_blocks, d.num_kv_heads, d.block_size, d.head_dim);
+    pagedattn::require_cache_strides(s, num_blocks, num_kv_heads, block_size, row, field);
   } catch (const Error& e) {
     std::string why = e.what();
     const std::string prefix = "pagedattn: ";
     if (why.compare(0, prefix.size(), prefix) == 0) why.erase(0, prefix.size());
-    reject(e.code(), "k_cache", ".strides", k.strides_str(),
-           "not a valid cache layout (" + why + ")");
+    reject(e.code(), k.name, ".strides", k.strides_str(), "not a valid layout (" + why + ")");
   }
   return s;
+}
+
+pagedattn::CacheStrides cache_strides(const Tensor& k, const Tensor& v, KvLayout layout) {
+  for (const Tensor* t : {&k, &v}) {
+    if (t->numel() > 0 && t->shape[3] > 1 && t->strides[3] != 1) {
+      reject(ErrorCode::kInvalidArgument, t->name, ".strides", t->strides_str(),
+             "the last dimension (head_dim) must be contiguous (stride 1)");
+    }
+  }
+  return pool_strides(k, v, layout.heads_dim(), layout.slots_dim(), k.dim_int(3), "kv_strides");
 }
 
 CachePair cache_pair(nb::handle k_h, nb::handle v_h, const std::vector<std::string>& tags,

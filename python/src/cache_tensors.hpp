@@ -30,6 +30,9 @@ struct KvLayout {
   std::string kv_heads_ref() const {
     return "num_kv_heads, k_cache.shape[" + std::to_string(heads_dim()) + "]";
   }
+  std::string slots_ref() const {
+    return "block_size, k_cache.shape[" + std::to_string(slots_dim()) + "]";
+  }
 };
 
 // "HND" or "NHD", in any case. The Python wrapper checks this first; the module checks again for
@@ -42,6 +45,15 @@ struct PoolDims {
 };
 
 PoolDims pool_dims(const Tensor& k, KvLayout layout);
+
+// The library's strides (CacheStrides) for a pair of equal shapes laid out over a pool: K/V caches
+// or their per-token scales. Dimension 0 holds the blocks, heads_dim the kv heads, slots_dim the
+// slots; the rows of `row` elements (head_dim, or 1) are contiguous (checked by the caller). K and
+// V must step alike, with positive strides and rows that do not overlap (the library's
+// require_cache_strides, whose error, naming `field`, is told as k's); a pair laid out as dense
+// HND gets the default strides.
+pagedattn::CacheStrides pool_strides(const Tensor& k, const Tensor& v, int heads_dim, int slots_dim,
+                                     int row, const char* field);
 
 // kv_strides for a K/V cache pair of equal shapes, from the tensors' element strides. head_dim
 // must be contiguous, and K and V must step alike: the library takes one set of strides for
