@@ -14,8 +14,8 @@ takes the attention variants (a sliding window, a logits soft-cap, ALiBi slopes 
 sinks) and several query tokens per sequence (q_indptr), causal or under a tree mask
 (tree_mask). The caches may be laid out HND [num_blocks, num_kv_heads, block_size, head_dim] or
 NHD [num_blocks, block_size, num_kv_heads, head_dim] (kv_layout), with any strides: K and V as
-views into one tensor work in place. They may hold f32, f16, bf16 or fp8 (e4m3 or e5m2, with
-per-tensor and per-kv-head scales).
+views into one tensor work in place. They may hold f32, f16, bf16, or quantized codes: fp8 (e4m3
+or e5m2) or int8, with per-tensor, per-kv-head and per-token scales.
 
 Functions: decode, pack_tree_masks, write_cache, copy_blocks, merge_states, workspace_size, bf16,
 fp8_e4m3, fp8_e5m2; class BlockManager.
@@ -110,7 +110,8 @@ class FP8Bits:
     NumPy has no fp8 dtypes of its own; ``pagedattn.fp8_e4m3(x)`` and ``pagedattn.fp8_e5m2(x)``
     mark such a tensor so that it is read (or written) as fp8. Tensors whose dtype is an fp8
     format already (PyTorch's ``float8_e4m3fn`` and ``float8_e5m2``, NumPy arrays of those
-    ``ml_dtypes`` types) need no marking.
+    ``ml_dtypes`` types) need no marking. An int8 tensor without a marking is a cache of int8
+    codes.
     """
 
     __slots__ = ("tensor", "format")
@@ -400,10 +401,10 @@ def _check_backend(backend: Any) -> str:
 
 
 def _per_head(x: Any, name: str) -> Any:
-    """alibi_slopes, sinks, q_indptr, tree_mask, tree_mask_indptr, k_scales or v_scales as
-    handed to the module (None stays None). The module checks the dtype, shape and device and
-    names the argument; a tuple or list is refused here, so that it is never taken for a
-    described tensor."""
+    """alibi_slopes, sinks, q_indptr, tree_mask, tree_mask_indptr, k_scales, v_scales,
+    k_token_scales or v_token_scales as handed to the module (None stays None). The module
+    checks the dtype, shape and device and names the argument; a tuple or list is refused here,
+    so that it is never taken for a described tensor."""
     if x is None:
         return None
     torch = sys.modules.get("torch")
@@ -466,10 +467,11 @@ def _kv_layout(kv_layout: Any) -> str:
 
 
 def _kv_scales(k_scale: Any, v_scale: Any, k_scales: Any, v_scales: Any) -> dict:
-    """The fp8 cache scales as the module's keyword arguments: none when all are the defaults
-    (1, 1, None, None), so that a call without them passes the module nothing. Their types are
-    checked here; their values (each in [1e-30, 1e30]) and whether the cache is fp8 at all by
-    the library, which names the argument or the element (``k_scales[3]``)."""
+    """The quantized cache scales as the module's keyword arguments: none when all are the
+    defaults (1, 1, None, None), so that a call without them passes the module nothing. Their
+    types are checked here; their values (each in [1e-30, 1e30]) and whether the cache is
+    quantized at all by the library, which names the argument or the element
+    (``k_scales[3]``)."""
     if (k_scales is None and v_scales is None and type(k_scale) in (float, int)
             and type(v_scale) in (float, int) and k_scale == 1 and v_scale == 1):
         return {}
@@ -492,6 +494,16 @@ def _kv_scales(k_scale: Any, v_scale: Any, k_scales: Any, v_scales: Any) -> dict
     kw["k_scales"] = _per_head(k_scales, "k_scales")
     kw["v_scales"] = _per_head(v_scales, "v_scales")
     return kw
+
+
+def _token_scale_kwargs(k_token_scales: Any, v_token_scales: Any, keywords: dict) -> None:
+    """Adds k_token_scales and v_token_scales to the module's keyword arguments when either is
+    given. The module checks that both are, their dtype, shape and device, and turns their
+    strides into the library's token_scale_strides; the library checks their values (decode)
+    and that the cache is quantized."""
+    if k_token_scales is not None or v_token_scales is not None:
+        keywords["k_token_scales"] = _per_head(k_token_scales, "k_token_scales")
+        keywords["v_token_scales"] = _per_head(v_token_scales, "v_token_scales")
 
 
 def _query_token_args(q_indptr: Any, max_q_len: Any) -> tuple:
@@ -591,6 +603,8 @@ def decode(
     v_scale: float = 1.0,
     k_scales: Optional[Tensor] = None,
     v_scales: Optional[Tensor] = None,
+    k_token_scales: Optional[Tensor] = None,
+    v_token_scales: Optional[Tensor] = None,
     batch_invariant: bool = False,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """One decode step of attention over a paged KV cache.
@@ -625,10 +639,14 @@ def decode(
     above. ``pack_tree_masks`` packs boolean masks into these two tensors. CPU backend only:
     the CUDA backend refuses tree masks (pagedattn.Error, code "unsupported").
 
-    fp8 caches (docs/fp8.md): k_cache and v_cache may hold fp8 codes, e4m3 or e5m2, with q and
-    out in float32, float16 or bfloat16. A code c of kv head kv means
-    c * k_scale * k_scales[kv] in K (k_scales None: c * k_scale), and likewise with v_scale
-    and v_scales in V: pass the scales the cache was written with (write_cache).
+    Quantized caches (docs/fp8.md for the fp8 formats): k_cache and v_cache may hold fp8
+    codes, e4m3 or e5m2, or int8 codes (-127 to 127), with q and out in float32, float16 or
+    bfloat16. A code c of kv head kv in slot s of block n means
+    c * k_scale * k_scales[kv] * k_token_scales[n, kv, s] in K (k_scales None: no factor
+    k_scales[kv]; k_token_scales None: no per-token factor), and likewise with v_scale,
+    v_scales and v_token_scales in V: pass the scales the cache was written with
+    (write_cache). The CUDA backend refuses int8 caches and per-token scales
+    (pagedattn.Error, code "unsupported"); the CPU backend takes them.
 
     Args:
         q: [batch, num_heads, head_dim], float32, float16 or bfloat16. Each sequence's
@@ -640,9 +658,10 @@ def decode(
             size a multiple of 16).
         k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim] (``kv_layout``
             "HND") or [num_blocks, block_size, num_kv_heads, head_dim] ("NHD"), one dtype:
-            float32, float16, bfloat16, or fp8: PyTorch's float8_e4m3fn or float8_e5m2,
+            float32, float16, bfloat16; fp8: PyTorch's float8_e4m3fn or float8_e5m2,
             ``ml_dtypes`` arrays of those, or uint8 codes marked with
-            ``pagedattn.fp8_e4m3()`` or ``pagedattn.fp8_e5m2()``. Any strides with head_dim
+            ``pagedattn.fp8_e4m3()`` or ``pagedattn.fp8_e5m2()``; or int8 codes: any int8
+            tensor (``numpy.int8``, ``torch.int8``, ...). Any strides with head_dim
             contiguous (stride 1) and rows that do not overlap, the same in both: views such
             as ``kv[:, 0]`` and ``kv[:, 1]`` of a combined [num_blocks, 2, ...] tensor, or a
             slice of a larger pool, are read in place. On CUDA every stride times the element
@@ -706,12 +725,22 @@ def decode(
         kv_layout: "HND" (the default) or "NHD", in any case: the order of the caches'
             dimensions (above). Anything else raises pagedattn.Error (a ValueError) naming
             kv_layout.
-        k_scale, v_scale: fp8 caches: the per-tensor scales of K and V (vLLM's k_scale and
-            v_scale), real numbers in [1e-30, 1e30]. Other caches take 1 only.
-        k_scales, v_scales: fp8 caches: float32 [num_kv_heads] tensors on the caches' device,
-            contiguous: per-kv-head scales, multiplied with k_scale and v_scale. Each in
-            [1e-30, 1e30] (checked on the CPU and, on CUDA, with ``checked``). Other caches
+        k_scale, v_scale: quantized caches: the per-tensor scales of K and V (vLLM's k_scale
+            and v_scale), real numbers in [1e-30, 1e30]. Other caches take 1 only.
+        k_scales, v_scales: quantized caches: float32 [num_kv_heads] tensors on the caches'
+            device, contiguous: per-kv-head scales, multiplied with k_scale and v_scale. Each
+            in [1e-30, 1e30] (checked on the CPU and, on CUDA, with ``checked``). Other caches
             take None only.
+        k_token_scales, v_token_scales: quantized caches, both or neither: float32 tensors
+            [num_blocks, num_kv_heads, block_size] (in this order whatever kv_layout) on the
+            caches' device, one scale per cache row (block, kv head, slot), multiplied with
+            the others; write_cache writes them. Any strides with positive steps and no two
+            rows at one address, the same in both: a [num_blocks, block_size, num_kv_heads]
+            tensor kept beside an NHD cache goes as its view ``s.transpose(0, 2, 1)``
+            (``s.permute(0, 2, 1)`` in PyTorch), and K's and V's scales may be two views into
+            one tensor. The scales of every row in the blocks a sequence reads, below its
+            context length, must be in [1e-30, 1e30] (checked on the CPU); rows past it are
+            never read. Other caches take None only.
         batch_invariant: give each sequence's out and lse bits that depend on its own inputs
             alone, not on the rest of the batch: splits of a fixed token count and a fixed
             merge order (docs/batch_invariance.md, which gives its cost). On CUDA a caller's
@@ -737,7 +766,8 @@ def decode(
                                  lse, return_lse, backend, stream, workspace, checked, window_left,
                                  logits_soft_cap, alibi_slopes, sinks, q_indptr, max_q_len,
                                  tree_mask, tree_mask_indptr, kv_layout, k_scale, v_scale,
-                                 k_scales, v_scales, batch_invariant)
+                                 k_scales, v_scales, k_token_scales, v_token_scales,
+                                 batch_invariant)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("block_table", block_table), ("context_lens", context_lens)):
         _check_tensor(x, name)
@@ -759,6 +789,7 @@ def decode(
     if q_indptr is not None or max_q_len is not None:
         variants = (variants or _NO_VARIANTS) + _query_token_args(q_indptr, max_q_len)
     keywords = _kv_scales(k_scale, v_scale, k_scales, v_scales)
+    _token_scale_kwargs(k_token_scales, v_token_scales, keywords)
     _tree_mask_kwargs(tree_mask, tree_mask_indptr, keywords)
     if layout != "HND":
         keywords["kv_layout"] = layout
@@ -779,10 +810,11 @@ def decode(
 def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, out, lse,
                   return_lse, backend, stream, workspace, checked, window_left, logits_soft_cap,
                   alibi_slopes, sinks, q_indptr, max_q_len, tree_mask, tree_mask_indptr, kv_layout,
-                  k_scale, v_scale, k_scales, v_scales, batch_invariant):
+                  k_scale, v_scale, k_scales, v_scales, k_token_scales, v_token_scales,
+                  batch_invariant):
     """decode() when every tensor is a plain PyTorch tensor, the serving loop's case: the same
     checks (in the module) and results, with the least Python work per call. A call without
-    attention variants, multi-token queries, an NHD cache or fp8 scales passes the module none
+    attention variants, multi-token queries, an NHD cache or cache scales passes the module none
     of their arguments; only one that sets them pays for checking and describing them."""
     layout = _kv_layout(kv_layout)
     if out is None:
@@ -803,6 +835,7 @@ def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, 
     plain = (alibi_slopes is None and sinks is None and window_left == -1
              and logits_soft_cap == 0.0)
     keywords = _kv_scales(k_scale, v_scale, k_scales, v_scales)
+    _token_scale_kwargs(k_token_scales, v_token_scales, keywords)
     _tree_mask_kwargs(tree_mask, tree_mask_indptr, keywords)
     if batch_invariant:
         keywords["batch_invariant"] = True
@@ -868,6 +901,8 @@ def write_cache(
     v_scale: float = 1.0,
     k_scales: Optional[Tensor] = None,
     v_scales: Optional[Tensor] = None,
+    k_token_scales: Optional[Tensor] = None,
+    v_token_scales: Optional[Tensor] = None,
 ) -> None:
     """Writes new tokens' keys and values into the paged cache: token i goes to slot
     ``slot_mapping[i]`` (slot = block * block_size + offset; -1 skips the token).
@@ -880,13 +915,23 @@ def write_cache(
         k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim] ("HND") or
             [num_blocks, block_size, num_kv_heads, head_dim] ("NHD"), written in place; any
             strides with head_dim contiguous, the same in both, as for decode(). Of any
-            dtype decode takes, fp8 included.
-        k_scale, v_scale, k_scales, v_scales: fp8 caches: the scales, as for decode() (pass
-            the ones the decodes will pass). An fp8 cache stores x / scale for each value x of
-            kv head kv (scale = k_scale * k_scales[kv] in f32 for K, alike for V), rounded to
-            the nearest code with ties to even; finite values beyond the format's range
-            saturate to its largest finite code (e4m3 +-448, e5m2 +-57344), NaN stays NaN, Inf
-            stays Inf in e5m2 and becomes NaN in e4m3. Other caches take the defaults only.
+            dtype decode takes, fp8 and int8 included.
+        k_scale, v_scale, k_scales, v_scales: quantized caches: the scales, as for decode()
+            (pass the ones the decodes will pass). A quantized cache stores x / scale for each
+            value x of kv head kv (scale = k_scale * k_scales[kv] in f32 for K, alike for V;
+            with per-token scales, times the row's), rounded to the nearest code with ties to
+            even; finite values beyond the format's range saturate to its largest finite code
+            (e4m3 +-448, e5m2 +-57344, int8 +-127). In fp8 NaN stays NaN, and Inf stays Inf in
+            e5m2 and becomes NaN in e4m3; in int8 NaN becomes 0 and Inf saturates. Other
+            caches take the defaults only.
+        k_token_scales, v_token_scales: quantized caches, both or neither: float32
+            [num_blocks, num_kv_heads, block_size] tensors, laid out as decode() takes them,
+            written in place: each written row (token, kv head) gets its own scale
+            s = amax / (M * k_scale * k_scales[kv]) (rounded to f32), amax the row's largest
+            finite |x| and M the format's largest code (448, 57344 or 127), clamped into
+            [1e-30, 1e30]; s = 1 for a row with no finite nonzero value. The row's codes are
+            then those of x / (k_scale * k_scales[kv] * s). V alike. Only the written rows'
+            scales are written.
         backend, stream: as for decode().
         kv_layout: "HND" (the default) or "NHD", as for decode().
         checked: CUDA: copy slot_mapping (and k_scales, v_scales) to the host and check every
@@ -905,6 +950,7 @@ def write_cache(
     backend = _check_backend(backend)
     layout = _kv_layout(kv_layout)
     scales = _kv_scales(k_scale, v_scale, k_scales, v_scales)
+    _token_scale_kwargs(k_token_scales, v_token_scales, scales)
     tags: List[str] = []
     k_in = _unwrap(k_cache, "k_cache", tags)
     _ext.write_cache(
@@ -923,6 +969,8 @@ def copy_blocks(
     backend: str = "auto",
     stream: Stream = None,
     kv_layout: str = "HND",
+    k_token_scales: Optional[Tensor] = None,
+    v_token_scales: Optional[Tensor] = None,
 ) -> None:
     """Copies whole blocks src -> dst in both caches (every kv head and slot): the copy half of
     copy-on-write, as BlockManager.append_token() asks for it.
@@ -930,13 +978,16 @@ def copy_blocks(
     Args:
         k_cache, v_cache: [num_blocks, num_kv_heads, block_size, head_dim] ("HND") or
             [num_blocks, block_size, num_kv_heads, head_dim] ("NHD"), written in place; any
-            strides with head_dim contiguous, the same in both, and any dtype (fp8 included),
-            as for decode(). Only the blocks' rows are copied, bit for bit: padding between
-            them is left as it is.
+            strides with head_dim contiguous, the same in both, and any dtype (fp8 and int8
+            included), as for decode(). Only the blocks' rows are copied, bit for bit: padding
+            between them is left as it is.
         pairs: (src, dst) block ids: a sequence of pairs or an int32/int64 CPU tensor [n, 2]
             (host memory for both backends). A dst may not appear twice nor be any pair's src.
         backend, stream: as for decode().
         kv_layout: "HND" (the default) or "NHD", as for decode().
+        k_token_scales, v_token_scales: a quantized cache's per-token scales, both or
+            neither, as decode() takes them: each copied block's scales are copied with its
+            rows, in place.
 
     Raises:
         pagedattn.Error: naming the argument, before anything is copied.
@@ -945,13 +996,15 @@ def copy_blocks(
         _check_tensor(x, name)
     backend = _check_backend(backend)
     layout = _kv_layout(kv_layout)
+    token_scales: dict = {}
+    _token_scale_kwargs(k_token_scales, v_token_scales, token_scales)
     tags: List[str] = []
     k_in = _unwrap(k_cache, "k_cache", tags)
     # PyTorch caches go described, as to decode: DLPack exports of fp8 tensors are not
     # supported by every PyTorch release.
     _ext.copy_blocks(
         _ref(k_in), _ref(_unwrap(v_cache, "v_cache", tags)), pairs, backend,
-        _stream(stream, k_in), tags, layout,
+        _stream(stream, k_in), tags, layout, **token_scales,
     )
 
 

@@ -43,6 +43,8 @@ def decode(
     k_scales: Optional[Any] = None,
     v_scales: Optional[Any] = None,
     batch_invariant: bool = False,
+    k_token_scales: Optional[Any] = None,
+    v_token_scales: Optional[Any] = None,
 ) -> None: ...
 def workspace_size(
     q: Any,
@@ -69,6 +71,8 @@ def write_cache(
     v_scale: float = 1.0,
     k_scales: Optional[Any] = None,
     v_scales: Optional[Any] = None,
+    k_token_scales: Optional[Any] = None,
+    v_token_scales: Optional[Any] = None,
 ) -> None: ...
 def merge_states(
     parts: Any,
@@ -87,6 +91,8 @@ def copy_blocks(
     stream: int,
     tags: Sequence[str],
     kv_layout: str = "HND",
+    k_token_scales: Optional[Any] = None,
+    v_token_scales: Optional[Any] = None,
 ) -> None: ...
 
 class BlockManager:

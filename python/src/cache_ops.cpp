@@ -112,7 +112,8 @@ std::vector<pagedattn::BlockCopy> read_pairs(nb::handle h) {
 void write_cache(nb::handle key_h, nb::handle value_h, nb::handle slots_h, nb::handle k_cache,
                  nb::handle v_cache, const std::string& backend, std::uintptr_t stream,
                  bool checked, const std::vector<std::string>& tags, const std::string& kv_layout,
-                 double k_scale, double v_scale, nb::handle k_scales_h, nb::handle v_scales_h) {
+                 double k_scale, double v_scale, nb::handle k_scales_h, nb::handle v_scales_h,
+                 nb::handle k_token_scales_h, nb::handle v_token_scales_h) {
   const KvLayout layout = parse_kv_layout(kv_layout);
   Tensor key = input(key_h, "key", tags);
   Tensor value = input(value_h, "value", tags);
@@ -142,6 +143,9 @@ void write_cache(nb::handle key_h, nb::handle value_h, nb::handle slots_h, nb::h
   a.slot_mapping = static_cast<const std::int32_t*>(slots.data);
   KvScales scales;
   scales.set(a, k_scale, v_scale, k_scales_h, v_scales_h, c.k, layout);
+  TokenScales token_scales;  // written: each row's scale
+  token_scales.read(k_token_scales_h, v_token_scales_h, c.k, layout, /*writable=*/true);
+  token_scales.set(a);
 
   pagedattn::CacheOpOptions o;
   o.backend = pick_backend(backend, c.k.device, "k_cache");
@@ -153,11 +157,16 @@ void write_cache(nb::handle key_h, nb::handle value_h, nb::handle slots_h, nb::h
   pagedattn::write_cache(a, o);
 }
 
-// `pairs`: an int32 or int64 host tensor [n, 2], or any sequence of (src, dst) pairs.
+// `pairs`: an int32 or int64 host tensor [n, 2], or any sequence of (src, dst) pairs. The
+// per-token scales, when given, are copied with their rows.
 void copy_blocks(nb::handle k_cache, nb::handle v_cache, nb::handle pairs_h,
                  const std::string& backend, std::uintptr_t stream,
-                 const std::vector<std::string>& tags, const std::string& kv_layout) {
-  CachePair c = cache_pair(k_cache, v_cache, tags, parse_kv_layout(kv_layout));
+                 const std::vector<std::string>& tags, const std::string& kv_layout,
+                 nb::handle k_token_scales_h, nb::handle v_token_scales_h) {
+  const KvLayout layout = parse_kv_layout(kv_layout);
+  CachePair c = cache_pair(k_cache, v_cache, tags, layout);
+  TokenScales token_scales;
+  token_scales.read(k_token_scales_h, v_token_scales_h, c.k, layout, /*writable=*/true);
   std::vector<pagedattn::BlockCopy> pairs = read_pairs(pairs_h);
   if (pairs.size() > static_cast<std::size_t>(INT_MAX)) {
     reject(ErrorCode::kInvalidArgument, "pairs", ".length", std::to_string(pairs.size()),
@@ -167,6 +176,7 @@ void copy_blocks(nb::handle k_cache, nb::handle v_cache, nb::handle pairs_h,
   c.fill(a);
   a.pairs = pairs.data();
   a.num_pairs = static_cast<int>(pairs.size());
+  token_scales.set(a);
 
   pagedattn::CacheOpOptions o;
   o.backend = pick_backend(backend, c.k.device, "k_cache");
@@ -182,9 +192,11 @@ void copy_blocks(nb::handle k_cache, nb::handle v_cache, nb::handle pairs_h,
 void bind_cache_ops(nb::module_& m) {
   m.def("write_cache", &write_cache, "key"_a, "value"_a, "slot_mapping"_a, "k_cache"_a, "v_cache"_a,
         "backend"_a, "stream"_a, "checked"_a, "tags"_a, "kv_layout"_a = "HND", "k_scale"_a = 1.0,
-        "v_scale"_a = 1.0, "k_scales"_a.none() = nb::none(), "v_scales"_a.none() = nb::none());
+        "v_scale"_a = 1.0, "k_scales"_a.none() = nb::none(), "v_scales"_a.none() = nb::none(),
+        "k_token_scales"_a.none() = nb::none(), "v_token_scales"_a.none() = nb::none());
   m.def("copy_blocks", &copy_blocks, "k_cache"_a, "v_cache"_a, "pairs"_a, "backend"_a, "stream"_a,
-        "tags"_a, "kv_layout"_a = "HND");
+        "tags"_a, "kv_layout"_a = "HND", "k_token_scales"_a.none() = nb::none(),
+        "v_token_scales"_a.none() = nb::none());
 }
 
 }  // namespace pagedattn::py

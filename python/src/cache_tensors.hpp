@@ -61,7 +61,7 @@ pagedattn::CacheStrides pool_strides(const Tensor& k, const Tensor& v, int heads
 pagedattn::CacheStrides cache_strides(const Tensor& k, const Tensor& v, KvLayout layout);
 
 // The writable cache pair of a cache write or a block copy, checked: 4-D in `layout`, one
-// float dtype, one shape, one layout of strides, one device.
+// storage dtype (a float format or quantized codes), one shape, one layout of strides, one device.
 struct CachePair {
   Tensor k, v;
   DType dtype = DType::kF32;

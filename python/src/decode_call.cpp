@@ -35,6 +35,7 @@ struct DecodeCall {
   Tensor q, k, v, table, lens;
   Tensor q_indptr, tree_mask, tree_mask_indptr, out, lse, alibi_slopes, sinks, workspace;
   KvScales scales;
+  TokenScales token_scales;
 };
 
 // q's and out's dimensions: a row per sequence, or with multi-token queries a row per query token.
@@ -299,7 +300,8 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
             int window_left, double logits_soft_cap, nb::handle alibi_h, nb::handle sinks_h,
             nb::handle q_indptr_h, std::optional<int> max_q_len, nb::handle tree_mask_h,
             nb::handle tree_mask_indptr_h, const std::string& kv_layout, double k_scale,
-            double v_scale, nb::handle k_scales_h, nb::handle v_scales_h, bool batch_invariant) {
+            double v_scale, nb::handle k_scales_h, nb::handle v_scales_h, bool batch_invariant,
+            nb::handle k_token_scales_h, nb::handle v_token_scales_h) {
   const bool query_tokens = !q_indptr_h.is_none();
   if (!query_tokens && max_q_len) {
     reject(ErrorCode::kInvalidArgument, "max_q_len", "", std::to_string(*max_q_len),
@@ -314,6 +316,8 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
   if (scale) c.args.scale = static_cast<float>(*scale);
   read_variants(c, window_left, logits_soft_cap, alibi_h, sinks_h);
   c.scales.set(c.args, k_scale, v_scale, k_scales_h, v_scales_h, c.k, layout);
+  c.token_scales.read(k_token_scales_h, v_token_scales_h, c.k, layout, /*writable=*/false);
+  c.token_scales.set(c.args);
 
   c.options.backend = pick_backend(backend, c.device, "q");
   c.options.cuda_stream = reinterpret_cast<void*>(stream);
@@ -387,7 +391,8 @@ void bind_decode(nb::module_& m) {
         "tree_mask"_a.none() = nb::none(), "tree_mask_indptr"_a.none() = nb::none(),
         "kv_layout"_a = "HND", "k_scale"_a = 1.0, "v_scale"_a = 1.0,
         "k_scales"_a.none() = nb::none(), "v_scales"_a.none() = nb::none(),
-        "batch_invariant"_a = false);
+        "batch_invariant"_a = false, "k_token_scales"_a.none() = nb::none(),
+        "v_token_scales"_a.none() = nb::none());
   m.def("workspace_size", &workspace_size, "q"_a, "k_cache"_a, "block_table"_a, "backend"_a,
         "max_q_len"_a.none() = nb::none(), "kv_layout"_a = "HND",
         "tags"_a = std::vector<std::string>{}, "batch_invariant"_a = false);

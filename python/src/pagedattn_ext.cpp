@@ -9,7 +9,7 @@
 // does the checking and the calls. This file assembles the module from its parts:
 //   tensor.hpp, tensor_import.hpp      one tensor argument: its checks and its import
 //   device.hpp                         devices, the backend they pick, the module's CUDA calls
-//   cache_tensors.hpp, kv_scales.hpp   the K/V caches' layout and strides, the fp8 scales
+//   cache_tensors.hpp, kv_scales.hpp   the K/V caches' layout and strides, their scales
 //   decode_call.hpp, cache_ops.hpp,    the module's functions, each file binding its own
 //   merge_states_call.hpp
 //   block_manager_bindings.hpp         the BlockManager class
