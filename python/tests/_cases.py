@@ -1,11 +1,12 @@
 """Random paged decode cases and a NumPy float64 reference, shared by the tests.
 
 Storage dtypes: "f32" (np.float32), "f16" (np.float16) and "bf16", and for K and V caches the
-fp8 formats "fp8_e4m3" and "fp8_e5m2". NumPy has neither bfloat16 nor fp8, so a bf16 tensor is a
-uint16 array of bf16 bit patterns here, passed as pagedattn.bf16(array), and an fp8 one a uint8
-array of codes, passed as pagedattn.fp8_e4m3(array) or pagedattn.fp8_e5m2(array); the
-conversions below round to nearest even like the library does. The fp8 conversions come from
-256-entry tables of the codes' values, built from the formats' bit definitions.
+quantized ones: the fp8 formats "fp8_e4m3" and "fp8_e5m2", and "int8" (np.int8 codes -127..127).
+NumPy has neither bfloat16 nor fp8, so a bf16 tensor is a uint16 array of bf16 bit patterns here,
+passed as pagedattn.bf16(array), and an fp8 one a uint8 array of codes, passed as
+pagedattn.fp8_e4m3(array) or pagedattn.fp8_e5m2(array); the conversions below round to nearest
+even like the library does. The fp8 conversions come from 256-entry tables of the codes' values,
+built from the formats' bit definitions.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ needs_cuda = pytest.mark.skipif(
 
 DTYPES = ("f32", "f16", "bf16")
 FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
+QUANTIZED_DTYPES = FP8_DTYPES + ("int8",)
+# The largest code magnitude of each quantized dtype: write_cache's per-token scales map a row's
+# largest finite |x| onto it.
+MAX_CODE_MAGNITUDE = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int8": 127.0}
+# The range of every scale of a quantized cache (pagedattn's kMinKvScale, kMaxKvScale).
+MIN_KV_SCALE, MAX_KV_SCALE = np.float32(1e-30), np.float32(1e30)
 
 # The error bound against the f64 reference, relative to max |out|: f32 arithmetic plus the
 # final rounding to the output dtype (half an ulp: 2^-11 for f16, 2^-8 for bf16), with headroom.
@@ -108,6 +115,14 @@ def fp8_quantize(y: np.ndarray, dtype: str) -> np.ndarray:
     return code.astype(np.uint8)
 
 
+def int8_quantize(y: np.ndarray) -> np.ndarray:
+    """float32 values -> int8 codes as the library stores them: the nearest integer, ties to
+    even; beyond +-127 (Inf included) +-127; NaN, which no code holds, 0."""
+    y = np.asarray(y, dtype=np.float32)
+    y = np.nan_to_num(y, nan=0.0, posinf=127.0, neginf=-127.0)
+    return np.rint(np.clip(y, -127.0, 127.0)).astype(np.int8)
+
+
 def store(x: np.ndarray, dtype: str) -> np.ndarray:
     """Values rounded to the storage dtype, as the raw array the library reads."""
     if dtype == "f32":
@@ -118,11 +133,13 @@ def store(x: np.ndarray, dtype: str) -> np.ndarray:
         return f32_to_bf16_bits(x)
     if dtype in _FP8_FORMATS:
         return fp8_quantize(x, dtype)
+    if dtype == "int8":
+        return int8_quantize(x)
     raise ValueError(dtype)
 
 
 def load(raw: np.ndarray, dtype: str) -> np.ndarray:
-    """The stored values as float64 (for fp8, the codes' values, unscaled)."""
+    """The stored values as float64 (for fp8 and int8, the codes' values, unscaled)."""
     if dtype == "bf16":
         return bf16_bits_to_f32(raw).astype(np.float64)
     if dtype in _FP8_FORMATS:
@@ -144,7 +161,7 @@ def arg(raw: np.ndarray, dtype: str):
 def empty(shape, dtype: str) -> np.ndarray:
     """An output buffer of the storage dtype, filled with NaN (all-ones bits)."""
     np_dtype = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16,
-                "fp8_e4m3": np.uint8, "fp8_e5m2": np.uint8}[dtype]
+                "fp8_e4m3": np.uint8, "fp8_e5m2": np.uint8, "int8": np.int8}[dtype]
     out = np.empty(shape, dtype=np_dtype)
     out.view(np.uint8)[...] = 0xFF
     return out
@@ -152,7 +169,7 @@ def empty(shape, dtype: str) -> np.ndarray:
 
 def per_head_scales(scale: float, scales: Optional[Sequence[float]], num_kv_heads: int
                     ) -> np.ndarray:
-    """The scale of each kv head of an fp8 cache, in float32 as the library computes it:
+    """The scale of each kv head of a quantized cache, in float32 as the library computes it:
     scale * scales[h] (scales None: scale)."""
     s = np.full(num_kv_heads, scale, dtype=np.float32)
     if scales is not None:
@@ -160,20 +177,53 @@ def per_head_scales(scale: float, scales: Optional[Sequence[float]], num_kv_head
     return s
 
 
-def quantize_heads(x: np.ndarray, dtype: str, head_scales: np.ndarray, head_axis: int = 1
-                   ) -> np.ndarray:
-    """What write_cache stores into an fp8 cache for float32 values x: fp8_quantize(x / s) per
-    kv head (the axis head_axis of x), the division in float32 as in the library, a finite x
+def quantize_scaled(x: np.ndarray, dtype: str, scales: np.ndarray) -> np.ndarray:
+    """What a quantized cache stores for float32 values x under float32 scales (broadcast
+    against x): the code of x / scale, the division in float32 as in the library, a finite x
     whose quotient overflows saturating."""
-    shape = [1] * np.ndim(x)
-    shape[head_axis] = len(head_scales)
     x = np.asarray(x, dtype=np.float32)
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-        y = x / np.asarray(head_scales, np.float32).reshape(shape)
+        y = x / np.asarray(scales, np.float32)
     # A finite x whose quotient overflows float32 saturates like any finite value.
     big = np.finfo(np.float32).max
     y = np.where(np.isfinite(x) & np.isinf(y), np.copysign(big, y), y).astype(np.float32)
-    return fp8_quantize(y, dtype)
+    return int8_quantize(y) if dtype == "int8" else fp8_quantize(y, dtype)
+
+
+def quantize_heads(x: np.ndarray, dtype: str, head_scales: np.ndarray, head_axis: int = 1
+                   ) -> np.ndarray:
+    """What write_cache stores into a quantized cache for float32 values x: the code of x / s
+    per kv head (the axis head_axis of x) as quantize_scaled gives it."""
+    shape = [1] * np.ndim(x)
+    shape[head_axis] = len(head_scales)
+    return quantize_scaled(x, dtype, np.asarray(head_scales, np.float32).reshape(shape))
+
+
+def row_scales(x: np.ndarray, dtype: str, head_scales: np.ndarray, head_axis: int = 1
+               ) -> np.ndarray:
+    """The per-token scale write_cache gives each row (the last axis) of float32 values x, whose
+    kv head is its index on head_axis: the row's largest finite |x| over (the dtype's largest
+    code magnitude x the head's scale), in float64, clamped into [1e-30, 1e30] and rounded to
+    float32; 1 for a row with no finite nonzero value. Shape: x's without the last axis."""
+    x = np.asarray(x, dtype=np.float32).astype(np.float64)
+    amax = np.where(np.isfinite(x), np.abs(x), 0.0).max(axis=-1)
+    shape = [1] * amax.ndim
+    shape[head_axis] = len(head_scales)
+    hs = np.asarray(head_scales, np.float32).astype(np.float64).reshape(shape)
+    s = np.clip(amax / (MAX_CODE_MAGNITUDE[dtype] * hs), np.float64(MIN_KV_SCALE),
+                np.float64(MAX_KV_SCALE))
+    return np.where(amax > 0, s, 1.0).astype(np.float32)
+
+
+def quantize_rows(x: np.ndarray, dtype: str, head_scales: np.ndarray, head_axis: int = 1):
+    """What write_cache with per-token scales stores for float32 values x (rows on the last
+    axis, kv heads on head_axis): (codes, scales), each row's codes those of x / (s_h x s) in
+    float32, s the row's scale (row_scales)."""
+    scales = row_scales(x, dtype, head_scales, head_axis)
+    shape = [1] * scales.ndim
+    shape[head_axis] = len(head_scales)
+    hs = np.asarray(head_scales, np.float32).reshape(shape)
+    return quantize_scaled(x, dtype, (hs * scales)[..., None]), scales
 
 
 def to_torch(raw: np.ndarray, dtype: str, device="cpu"):
@@ -222,7 +272,7 @@ def described(a: np.ndarray):
     (data pointer, DLPack type code, bits, lanes, device, shape, strides in elements)."""
     codes = {np.dtype(np.float16): (2, 16), np.dtype(np.float32): (2, 32),
              np.dtype(np.float64): (2, 64), np.dtype(np.int32): (0, 32),
-             np.dtype(np.int64): (0, 64)}
+             np.dtype(np.int64): (0, 64), np.dtype(np.int8): (0, 8)}
     code, bits = codes[a.dtype]
     return (a.ctypes.data, code, bits, 1, 0, tuple(a.shape),
             tuple(s // a.itemsize for s in a.strides))
@@ -251,11 +301,14 @@ class Case:
     kv_dtype: str
     block_size: int
     extras: Dict[str, object] = field(default_factory=dict)
-    # fp8 caches: a code c of kv head h means c * k_scale * k_scales[h] in K, alike in V.
+    # Quantized caches: a code c of kv head h means c * k_scale * k_scales[h] in K, times the
+    # row's k_token_scales[block, h, slot] with per-token scales; alike in V.
     k_scale: float = 1.0
     v_scale: float = 1.0
     k_scales: Optional[np.ndarray] = None  # float32 [num_kv_heads]
     v_scales: Optional[np.ndarray] = None
+    k_token_scales: Optional[np.ndarray] = None  # float32 [num_blocks, num_kv_heads, block_size]
+    v_token_scales: Optional[np.ndarray] = None
 
     @property
     def batch(self) -> int:
@@ -266,7 +319,8 @@ class Case:
                 self.block_table, self.context_lens)
 
     def scale_kwargs(self) -> Dict[str, object]:
-        """The fp8 scales as decode's (and write_cache's) keyword arguments; none when unset."""
+        """The quantized cache's scales as decode's keyword arguments (write_cache's too, but for
+        the per-token ones, which it writes); none when unset."""
         kw: Dict[str, object] = {}
         if self.k_scale != 1.0:
             kw["k_scale"] = self.k_scale
@@ -276,21 +330,26 @@ class Case:
             kw["k_scales"] = self.k_scales
         if self.v_scales is not None:
             kw["v_scales"] = self.v_scales
+        if self.k_token_scales is not None:
+            kw["k_token_scales"] = self.k_token_scales
+            kw["v_token_scales"] = self.v_token_scales
         return kw
 
     def kv_values(self):
         """The caches' values as float64 [num_blocks, num_kv_heads, block_size, head_dim]: the
-        stored values, times the scales for fp8 (exactly, in float64)."""
+        stored values, times the scales for quantized caches (exactly, in float64)."""
         k, v = load(self.k, self.kv_dtype), load(self.v, self.kv_dtype)
-        if self.kv_dtype in FP8_DTYPES:
+        if self.kv_dtype in QUANTIZED_DTYPES:
             kv_heads = k.shape[1]
-            for x, scale, scales in ((k, self.k_scale, self.k_scales),
-                                     (v, self.v_scale, self.v_scales)):
+            for x, scale, scales, rows in ((k, self.k_scale, self.k_scales, self.k_token_scales),
+                                           (v, self.v_scale, self.v_scales, self.v_token_scales)):
                 s = np.full(kv_heads, float(np.float32(scale)))
                 if scales is not None:
                     s = s * np.asarray(scales, dtype=np.float32).astype(np.float64)
                 with np.errstate(invalid="ignore"):
                     x *= s[None, :, None, None]
+                    if rows is not None:
+                        x *= np.asarray(rows, dtype=np.float64)[..., None]
         return k, v
 
     def reference(self, scale: Optional[float] = None, **variants):
@@ -305,13 +364,14 @@ def make_case(rng: np.random.Generator, *, context_lens: Sequence[int], num_head
               q_dtype: str = "f32", kv_dtype: str = "f32", spare_blocks: int = 5,
               extra_width: int = 2, poison: bool = True, k_scale: float = 1.0,
               v_scale: float = 1.0, k_scales: Optional[Sequence[float]] = None,
-              v_scales: Optional[Sequence[float]] = None) -> Case:
+              v_scales: Optional[Sequence[float]] = None, token_scales: bool = False) -> Case:
     """A fragmented paged case: every sequence's blocks are scattered over an oversized pool in
     random order, table entries past each context are -1 or garbage, and cache slots nobody
-    reads hold NaN (poison) so that reading one shows. An fp8 cache holds the random values
-    as write_cache stores them with the given scales (x / scale, rounded); the scales are kept
-    in the case (Case.scale_kwargs) for the other dtypes too, which store the values as they
-    are."""
+    reads hold NaN (poison) so that reading one shows. A quantized cache holds the random values
+    as write_cache stores them with the given scales (x / scale, rounded), and with
+    ``token_scales`` per-token scales as write_cache computes them (the scales of the rows
+    nobody reads then NaN, poison too); the scales are kept in the case (Case.scale_kwargs) for
+    the other dtypes too, which store the values as they are."""
     lens = np.asarray(context_lens, dtype=np.int32)
     batch = len(lens)
     used = [math.ceil(int(n) / block_size) for n in lens]
@@ -338,13 +398,22 @@ def make_case(rng: np.random.Generator, *, context_lens: Sequence[int], num_head
     q = rng.standard_normal((batch, num_heads, head_dim), dtype=np.float32)
     k_scales = None if k_scales is None else np.asarray(k_scales, dtype=np.float32)
     v_scales = None if v_scales is None else np.asarray(v_scales, dtype=np.float32)
-    if kv_dtype in FP8_DTYPES:
-        k_raw = quantize_heads(k, kv_dtype, per_head_scales(k_scale, k_scales, num_kv_heads))
-        v_raw = quantize_heads(v, kv_dtype, per_head_scales(v_scale, v_scales, num_kv_heads))
+    k_rows = v_rows = None
+    k_heads = per_head_scales(k_scale, k_scales, num_kv_heads)
+    v_heads = per_head_scales(v_scale, v_scales, num_kv_heads)
+    if token_scales:
+        k_raw, k_rows = quantize_rows(k, kv_dtype, k_heads)
+        v_raw, v_rows = quantize_rows(v, kv_dtype, v_heads)
+        if poison:
+            k_rows.transpose(0, 2, 1)[~readable] = np.nan
+            v_rows.transpose(0, 2, 1)[~readable] = np.nan
+    elif kv_dtype in QUANTIZED_DTYPES:
+        k_raw, v_raw = quantize_heads(k, kv_dtype, k_heads), quantize_heads(v, kv_dtype, v_heads)
     else:
         k_raw, v_raw = store(k, kv_dtype), store(v, kv_dtype)
     return Case(store(q, q_dtype), k_raw, v_raw, table, lens, q_dtype, kv_dtype, block_size,
-                k_scale=k_scale, v_scale=v_scale, k_scales=k_scales, v_scales=v_scales)
+                k_scale=k_scale, v_scale=v_scale, k_scales=k_scales, v_scales=v_scales,
+                k_token_scales=k_rows, v_token_scales=v_rows)
 
 
 # The f64 oracle of one-token decode(), written apart from the multi-token one (tokens_reference).
