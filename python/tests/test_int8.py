@@ -18,9 +18,10 @@ import pytest
 
 import pagedattn
 from pagedattn import _ext
-from _cases import (DTYPES, MAX_KV_SCALE, MIN_KV_SCALE, arg, check_lse, check_out, described,
-                    empty, int8_quantize, lens_for, load, make_case, per_head_scales,
-                    quantize_heads, quantize_rows, reference_decode, row_scales, store)
+from _cases import (DTYPES, FP8_DTYPES, MAX_KV_SCALE, MIN_KV_SCALE, arg, check_lse, check_out,
+                    described, empty, fp8_values, int8_quantize, lens_for, load, make_case,
+                    per_head_scales, quantize_heads, quantize_rows, reference_decode, row_scales,
+                    store)
 
 try:
     import torch
@@ -401,6 +402,34 @@ def test_copy_blocks_carries_the_token_scales(layout, pad):
     pool.copy([(0, 3)])
     assert (pool.ks[3] == 7.0).all() and (pool.vs[3] == 7.0).all()
     assert pool.hnd(pool.k)[3].tobytes() == before[0][0].tobytes()
+
+
+@pytest.mark.parametrize("fmt", FP8_DTYPES)
+def test_fp8_caches_with_token_scales(fmt):
+    """Per-token scales serve fp8 caches too: decode against the reference, and write_cache's
+    scales (over the format's largest code, 448 or 57344) and codes by the same definition."""
+    c = make_case(np.random.default_rng(14), context_lens=lens_for(BLOCK_SIZE),
+                  num_kv_heads=NUM_KV_HEADS, kv_dtype=fmt, token_scales=True, **SCALES["both"])
+    out, lse = pagedattn.decode(*c.args(), return_lse=True, **c.scale_kwargs())
+    want_out, want_lse = c.reference()
+    check_out(out, "f32", want_out)
+    check_lse(lse, want_lse)
+    key = special_keys(np.random.default_rng(15))
+    shape = (4, NUM_KV_HEADS, 8, HEAD_DIM)
+    k, v = np.zeros(shape, np.uint8), np.zeros(shape, np.uint8)
+    ks, vs = np.zeros(shape[:3], np.float32), np.zeros(shape[:3], np.float32)
+    slots = np.array(SPECIAL_SLOTS, np.int32)
+    pagedattn.write_cache(key, key, slots, arg(k, fmt), arg(v, fmt), k_scale=0.5,
+                          k_token_scales=ks, v_token_scales=vs)
+    for scales, codes, head in ((ks, k, 0.5), (vs, v, 1.0)):
+        want_codes, want_scales = quantize_rows(key, fmt, per_head_scales(head, None, 2))
+        for t, slot in enumerate(slots):
+            if slot >= 0:
+                b, s = divmod(int(slot), 8)
+                assert scales[b, :, s].tobytes() == want_scales[t].tobytes(), t
+                table = fp8_values(fmt)  # NaN codes compared as NaN
+                assert np.array_equal(table[codes[b, :, s]], table[want_codes[t]], equal_nan=True)
+    assert ks[2, 0, 1] == MAX_KV_SCALE and ks[0, 0, 0] == 1.0
 
 
 # ----------------------------------------------------------------------------------------------
