@@ -459,9 +459,19 @@ void validate_token_scales(const DecodeArgs& a, const float* k_token_scales,
   if (k_token_scales == nullptr) return;
   const CacheLayout layout = a.token_scale_layout();
   const BlockTableView table{block_table, a.max_blocks_per_seq, a.table_stride()};
-  const auto check = [&](const char* name, const float* scales, int id, int kv, int slot) {
-    const float x = scales[layout.offset(id, kv, slot)];
-    if (!(x >= kMinKvScale && x <= kMaxKvScale)) {
+  // The first n rows of (block id, kv head kv): a branch-free pass over them (this runs on every
+  // decode call), then, only where one is out of range, the search for the first such row.
+  const auto check = [&](const char* name, const float* scales, int id, int kv, int n) {
+    const float* row = scales + layout.offset(id, kv, 0);
+    const std::int64_t step = layout.token_stride;
+    bool bad = false;
+    for (int slot = 0; slot < n; ++slot) {
+      const float x = row[slot * step];
+      bad |= !(x >= kMinKvScale && x <= kMaxKvScale);
+    }
+    for (int slot = 0; bad && slot < n; ++slot) {
+      const float x = row[slot * step];
+      if (x >= kMinKvScale && x <= kMaxKvScale) continue;
       std::ostringstream arg, why;
       arg << name << "[block " << id << ", kv head " << kv << ", slot " << slot << "]";
       why << "must be in [" << kMinKvScale << ", " << kMaxKvScale << "]";
@@ -476,10 +486,8 @@ void validate_token_scales(const DecodeArgs& a, const float* k_token_scales,
     for (int i = first; i < used; ++i) {
       const int id = table.block(b, i);
       for (int kv = 0; kv < a.num_kv_heads; ++kv) {
-        for (int slot = 0; slot < valid_in_block(len, a.block_size, i); ++slot) {
-          check("k_token_scales", k_token_scales, id, kv, slot);
-          check("v_token_scales", v_token_scales, id, kv, slot);
-        }
+        check("k_token_scales", k_token_scales, id, kv, valid_in_block(len, a.block_size, i));
+        check("v_token_scales", v_token_scales, id, kv, valid_in_block(len, a.block_size, i));
       }
     }
   }
