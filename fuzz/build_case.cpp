@@ -75,8 +75,8 @@ void require_tree_masks(const FuzzCase& c) {
 
 // Refuses what is no case (a shrink step or a hand-written case that breaks these is not one; bad
 // counts and bad scales are malformations, planted in the arguments): multi-token queries need a
-// count per sequence, none negative nor above max_q_len; scales belong to fp8 caches, one per kv
-// head where given.
+// count per sequence, none negative nor above max_q_len; scales belong to quantized caches, one
+// per kv head where given.
 void require_case(const FuzzCase& c) {
   const testing::CaseSpec& spec = c.spec;
   if (c.multi_token()) {
@@ -91,9 +91,9 @@ void require_case(const FuzzCase& c) {
     throw std::invalid_argument("q_lens without max_q_len");
   }
   require_tree_masks(c);
-  if (!is_fp8(spec.kv_dtype) &&
+  if (!is_quantized(spec.kv_dtype) &&
       (spec.k_scale != 1.f || spec.v_scale != 1.f || c.per_head_scales())) {
-    throw std::invalid_argument("k_scale, v_scale, k_scales and v_scales need an fp8 cache");
+    throw std::invalid_argument("k_scale, v_scale, k_scales and v_scales need a quantized cache");
   }
   for (const std::vector<float>* values : {&c.k_scales, &c.v_scales}) {
     if (!values->empty() && static_cast<int>(values->size()) != spec.num_kv_heads) {
@@ -182,6 +182,32 @@ void snap_values(testing::HostCase& h) {
   }
 }
 
+// The gaps of an int8 cache's storage as poison_row poisons its slots (store_kv writes NaN there,
+// which int8 stores as the code 0, an ordinary value): every byte -128, then the rows copied back.
+void poison_int8_gaps(const testing::HostCase& h, testing::KvStorage& kv) {
+  const testing::CaseSpec& s = h.spec;
+  const testing::KvGeometry& g = kv.geometry;
+  const CacheLayout l =
+      CacheLayout::with_strides(h.num_blocks, s.num_kv_heads, s.block_size, s.head_dim, g.strides);
+  const std::size_t row = static_cast<std::size_t>(s.head_dim);
+  std::vector<std::uint8_t> k(kv.k.size(), 0x80), v(kv.v.size(), 0x80);
+  std::vector<std::uint8_t>& v_buffer = g.shared ? k : v;
+  const std::uint8_t* v_rows = g.shared ? kv.k.data() : kv.v.data();
+  const std::size_t v_offset = static_cast<std::size_t>(g.v_offset);
+  for (int blk = 0; blk < h.num_blocks; ++blk) {
+    for (int kv_head = 0; kv_head < s.num_kv_heads; ++kv_head) {
+      for (int slot = 0; slot < s.block_size; ++slot) {
+        const std::size_t at = static_cast<std::size_t>(l.offset(blk, kv_head, slot));
+        std::copy_n(kv.k.data() + at, row, k.begin() + static_cast<std::ptrdiff_t>(at));
+        std::copy_n(v_rows + v_offset + at, row,
+                    v_buffer.begin() + static_cast<std::ptrdiff_t>(v_offset + at));
+      }
+    }
+  }
+  kv.k = std::move(k);
+  kv.v = std::move(v);
+}
+
 // K and V in the case's layout, copied from the dense (and snapped) ones, args pointed at them.
 void lay_out_kv(const FuzzCase& c, BuiltCase& b) {
   if (c.default_layout()) return;
@@ -193,6 +219,7 @@ void lay_out_kv(const FuzzCase& c, BuiltCase& b) {
   const testing::HostCase& h = b.host;
   b.kv = c.kv_pad == 0 ? testing::store_kv(h, c.kv_layout)
                        : testing::store_kv(h, c.kv_layout, c.kv_geometry(h.num_blocks));
+  if (c.spec.kv_dtype == DType::kInt8) poison_int8_gaps(h, b.kv);
   b.kv.apply(b.args, b.kv.k.data(), b.kv.v.data());
 }
 
@@ -241,14 +268,24 @@ void lay_out_rows(const FuzzCase& c, BuiltCase& b) {
   }
 }
 
+// What the CUDA backend has no kernel for yet, which it refuses (kUnsupported) right after the
+// shapes, before anything else, or null: whatever the batch, a head dim (512) first, then an int8
+// cache ("k_dtype"), then per-token scales ("k_token_scales"; dispatch's require_cuda_head_dim and
+// require_cuda_cache, before a batch of 0 returns); once there is a sequence, a tree mask.
+const char* cuda_unsupported(const DecodeArgs& a) {
+  if (!is_cuda_head_dim(a.head_dim)) return "head_dim";
+  if (a.k_dtype == DType::kInt8) return "k_dtype";
+  if (a.k_token_scales != nullptr || a.v_token_scales != nullptr) return "k_token_scales";
+  if (a.tree_mask != nullptr && a.batch > 0) return "tree_mask";
+  return nullptr;
+}
+
 // The CUDA backend checks its rows' alignment after the shapes and before q_indptr, the tables
 // and the variants' values (which it reads back in checked mode only), over the rows the
 // arguments declare; then the cache strides (once there is a sequence: a batch of 0 is a no-op).
-// Before them all, once there is a sequence, it refuses a tree mask (kUnsupported, "tree_mask"),
-// and before that, right after the shapes and whatever the batch, a head dim it has no kernel for
-// (kUnsupported, "head_dim": 512). The fuzzer runs such cases on it all the same and requires
-// that refusal, out and lse untouched, rather than keep them from a run with cuda among the
-// backends.
+// Before them all it refuses what it has no kernel for (cuda_unsupported). The fuzzer runs such
+// cases on it all the same and requires that refusal, out and lse untouched, rather than keep them
+// from a run with cuda among the backends.
 void expect_cuda_refusal(const FuzzCase& c, BuiltCase& b) {
   const DecodeArgs& a = b.args;
   const bool shapes_pass =
@@ -259,26 +296,19 @@ void expect_cuda_refusal(const FuzzCase& c, BuiltCase& b) {
       c.bad == Malformation::kQLenOverMax || c.bad == Malformation::kQIndptrEnd ||
       c.bad == Malformation::kBadKvHeadScale || c.bad == Malformation::kTreeBitAboveDiagonal ||
       c.bad == Malformation::kTreeSpanShort || c.bad == Malformation::kTreeIndptrStart;
-  if (shapes_pass && !is_cuda_head_dim(a.head_dim)) {
-    b.cuda_refuses = "head_dim";
-    b.cuda_refuses_code = ErrorCode::kUnsupported;
-    return;
-  }
-  if (a.tree_mask != nullptr && shapes_pass && a.batch > 0) {
-    b.cuda_refuses = "tree_mask";
+  if (!shapes_pass) return;
+  if (const char* field = cuda_unsupported(a)) {
+    b.cuda_refuses = field;
     b.cuda_refuses_code = ErrorCode::kUnsupported;
     return;
   }
   const std::int64_t row = static_cast<std::int64_t>(c.spec.num_heads) * c.spec.head_dim;
   if (const char* field =
-          misaligned_stride(a.q_rows(), row, c.q_row_stride, c.spec.q_dtype, c.out_row_stride);
-      field != nullptr && shapes_pass) {
+          misaligned_stride(a.q_rows(), row, c.q_row_stride, c.spec.q_dtype, c.out_row_stride)) {
     b.cuda_refuses = field;
-  }
-  if (const char* field = shapes_pass && a.batch > 0 && b.cuda_refuses.empty()
-                              ? misaligned_kv(a.cache_layout(), a.k_dtype)
-                              : nullptr) {
-    b.cuda_refuses = field;
+  } else if (const char* kv_field =
+                 a.batch > 0 ? misaligned_kv(a.cache_layout(), a.k_dtype) : nullptr) {
+    b.cuda_refuses = kv_field;
   }
 }
 

@@ -40,7 +40,7 @@ struct BuiltCase {
   // The host copies of the variants' per-head arrays args points at (at least num_heads values
   // for the arguments' num_heads, so a malformed head count never reads past them).
   std::vector<float> alibi_slopes, sinks;
-  // The same for the per-kv-head scales of an fp8 cache (at least num_kv_heads values for the
+  // The same for the per-kv-head scales of a quantized cache (at least num_kv_heads values for the
   // arguments' num_kv_heads), empty where the case has none.
   std::vector<float> k_scales, v_scales;
   // q and out as args points at them: host.q and host.out when dense, else rows of q_stride /
@@ -48,19 +48,19 @@ struct BuiltCase {
   // row shows): NaN in q, kOutGapByte in out.
   std::vector<std::uint8_t> q_rows, out_rows;  // empty where dense
   std::int64_t q_stride = 0, out_stride = 0;   // elements between rows (the row length if dense)
-  // K and V in the case's layout (FuzzCase::kv_layout), NaN in every gap; empty (kv.k) for the
-  // default layout, where args reads host.k and host.v.
+  // K and V in the case's layout (FuzzCase::kv_layout), poison_row's NaN (-128 in int8) in every
+  // gap; empty (kv.k) for the default layout, where args reads host.k and host.v.
   testing::KvStorage kv;
   // over host's buffers (q_rows and out_rows where strided, kv's where laid out); malformed or not
   DecodeArgs args;
   ErrorCode expected_code = ErrorCode::kInvalidArgument;
   std::string expected_argument;  // empty for a valid case
-  // The argument the CUDA backend raises instead (cuda_refuses_code), or empty: a head dim it
-  // has no kernel for (kUnsupported, whatever the batch), a tree mask (kUnsupported: it has none
-  // yet), else a misaligned row stride (FuzzCase::cuda_misaligned_stride, over the rows args
-  // declares) or cache stride (kInvalidArgument), which it checks after the shapes but before its
-  // checked-mode q_indptr, table and value checks, on a case that is valid or malformed only in
-  // those (or in its tree mask's contents, which it never reads).
+  // The argument the CUDA backend raises instead (cuda_refuses_code), or empty: what it has no
+  // kernel for yet (kUnsupported): a head dim or an int8 cache or per-token scales (whatever the
+  // batch), a tree mask; else a misaligned row stride (FuzzCase::cuda_misaligned_stride, over the
+  // rows args declares) or cache stride (kInvalidArgument), which it checks after the shapes but
+  // before its checked-mode q_indptr, table and value checks, on a case that is valid or malformed
+  // only in those (or in its tree mask's contents, which it never reads).
   std::string cuda_refuses;
   ErrorCode cuda_refuses_code = ErrorCode::kInvalidArgument;
 

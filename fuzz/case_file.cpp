@@ -45,7 +45,7 @@ std::string to_text(const FuzzCase& c) {
     for (float x : values) os << ' ' << x;
     os << '\n';
   };
-  list("k_scales", c.k_scales);  // fp8 caches, per kv head
+  list("k_scales", c.k_scales);  // quantized caches, per kv head
   list("v_scales", c.v_scales);
   os << "max_q_len " << c.max_q_len << '\n' << "q_lens";
   for (int n : c.q_lens) os << ' ' << n;
@@ -74,16 +74,16 @@ std::string to_text(const FuzzCase& c) {
 
 namespace {
 
-// `cache`: the K/V dtype, which may be fp8 too.
+// `cache`: the K/V dtype, which may be quantized (fp8 or int8) too.
 DType parse_dtype(const std::string& t, bool cache) {
   for (DType d : kPlainDTypes) {
     if (t == dtype_name(d)) return d;
   }
-  for (DType d : kFp8DTypes) {
+  for (DType d : kQuantizedDTypes) {
     if (t != dtype_name(d)) continue;
     if (cache) return d;
-    throw std::runtime_error("case file: dtype '" + t +
-                             "' is for kv_dtype only (fp8 stores K and V caches only)");
+    throw std::runtime_error("case file: dtype '" + t + "' is for kv_dtype only (" + t +
+                             " stores K and V caches only)");
   }
   throw std::runtime_error("case file: unknown dtype '" + t + "'");
 }

@@ -177,7 +177,8 @@ void fit_tree_malformation(FuzzCase& c, Malformation m, PartStreams& streams) {
 
 // A malformation for 12% of the cases (only those that keep buffer sizes where the options ask),
 // made applicable: a sequence to corrupt, a context with blocks, a table of >= 2 entries, query
-// tokens to miscount, a tree mask to break, the variant, fp8 cache or plain cache it corrupts.
+// tokens to miscount, a tree mask to break, the variant, quantized cache or plain cache it
+// corrupts.
 void draw_malformation(FuzzCase& c, Rng& r, const DrawOptions& options, PartStreams& streams) {
   testing::CaseSpec& s = c.spec;
   const int kinds = static_cast<int>(Malformation::kCount) - 1;
@@ -228,14 +229,14 @@ void draw_malformation(FuzzCase& c, Rng& r, const DrawOptions& options, PartStre
     c.alibi_slopes = draw_slopes(streams.variants, s.num_heads);
   }
   if (m == Malformation::kBadSink && c.sinks.empty()) c.sinks = draw_sinks(streams.variants, s);
-  // A bad scale needs an fp8 cache (a bad per-head one its per-head scales); a scale on a
+  // A bad scale needs a quantized cache (a bad per-head one its per-head scales); a scale on a
   // cache that takes none, a plain cache.
-  if ((m == Malformation::kBadKvScale && !c.fp8()) ||
-      (m == Malformation::kBadKvHeadScale && (!c.fp8() || c.k_scales.empty()))) {
-    draw_fp8(c, streams.fp8, true, m == Malformation::kBadKvHeadScale);
+  if ((m == Malformation::kBadKvScale && !c.quantized()) ||
+      (m == Malformation::kBadKvHeadScale && (!c.quantized() || c.k_scales.empty()))) {
+    draw_quantized(c, streams.fp8, true, m == Malformation::kBadKvHeadScale);
   }
-  if (m == Malformation::kScaleOnPlainCache && c.fp8()) {
-    drop_fp8(c, streams.fp8.pick(kPlainDTypes));
+  if (m == Malformation::kScaleOnPlainCache && c.quantized()) {
+    drop_quantized(c, streams.fp8.pick(kPlainDTypes));
   }
 }
 
@@ -286,8 +287,8 @@ FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& o
   // And the cache layout.
   Rng layouts = stream_rng(seed, index, 0xa54ff53a5f1d36f1ull, 9);
   draw_layout(c, layouts, options);
-  // And the fp8 caches, after the variants: a soft-cap sets the magnitude the scales aim at.
-  draw_fp8(c, streams.fp8);
+  // And the quantized caches, after the variants: a soft-cap sets the magnitude the scales aim at.
+  draw_quantized(c, streams.fp8);
 
   if (r.chance(0.12)) draw_malformation(c, r, options, streams);
   return c;

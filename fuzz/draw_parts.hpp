@@ -1,6 +1,6 @@
 // The parts of a fuzz case that draw_case draws each from a stream of its own (rng.hpp), so that
 // a case without one keeps every other draw: multi-token queries and their tree masks, the
-// attention variants, the q and out row strides, the cache layout and fp8 caches.
+// attention variants, the q and out row strides, the cache layout and quantized caches.
 #pragma once
 
 #include <cstdint>
@@ -25,11 +25,12 @@ std::vector<float> draw_slopes(Rng& r, int H);
 std::vector<float> draw_sinks(Rng& r, const testing::CaseSpec& s);
 
 // Where q, out, K and V live and in what format (draw_storage.cpp): row strides, the cache
-// layout, fp8 caches (every case when `force`, with per-head scales when `force_per_head`).
+// layout, quantized caches (fp8 or int8: every case when `force`, with per-head scales when
+// `force_per_head`).
 void draw_row_strides(FuzzCase& c, Rng& r, const DrawOptions& options);
 void draw_layout(FuzzCase& c, Rng& r, const DrawOptions& options);
-void draw_fp8(FuzzCase& c, Rng& r, bool force = false, bool force_per_head = false);
-// Back to a cache of `t` (not fp8), without scales.
-void drop_fp8(FuzzCase& c, DType t);
+void draw_quantized(FuzzCase& c, Rng& r, bool force = false, bool force_per_head = false);
+// Back to a cache of `t` (not quantized), without scales.
+void drop_quantized(FuzzCase& c, DType t);
 
 }  // namespace pagedattn::fuzz

@@ -57,22 +57,28 @@ void draw_layout(FuzzCase& c, Rng& r, const DrawOptions& options) {
   }
 }
 
-// fp8 caches for a fifth of the cases (or when `force`, for the malformations that need one): K
-// and V in e4m3 or e5m2, q and out staying f32, f16 or bf16 as drawn. The codes hold the values
-// divided by the scales (make_fast_case), so the scales are drawn where the codes fit the format:
-// log-uniform over [1e-3, 1e3], narrowed so that the codes' spread (K: the magnitude / k_scale,
-// V: 1 / v_scale) lies in [1/8, 32] for e4m3 (3.5 sigma stays below its largest finite value,
-// 448) or [1/128, 512] for e5m2 (57344); a tenth of the scales are drawn over the whole range,
-// where codes saturate to the largest finite value or flush to subnormals and zero, as a real
-// cache's can. 30% of the cases add per-head scales, log-uniform over [0.5, 2] per kv head for K
-// and V alike. A snapped case keeps exact logits: its K scales are powers of two (k_scale such
-// that the codes' spread is 4 to 32, integers once snapped; per-head 0.5, 1 or 2).
-void draw_fp8(FuzzCase& c, Rng& r, bool force, bool force_per_head) {
-  if (!r.chance(0.2) && !force) return;
+// Quantized caches for 30% of the cases (or when `force`, for the malformations that need one): K
+// and V in fp8_e4m3, fp8_e5m2 or int8 (a third each), q and out staying f32, f16 or bf16 as drawn.
+// The codes hold the values divided by the scales (make_fast_case), so the scales are drawn where
+// the codes fit the format: log-uniform over [1e-3, 1e3], narrowed so that the codes' spread (K:
+// the magnitude / k_scale, V: 1 / v_scale) lies in [1/8, 32] for e4m3 (3.5 sigma stays below its
+// largest finite value, 448), [1/128, 512] for e5m2 (57344) or [4, 36] for int8 (3.5 sigma stays
+// below 127, and the codes keep a few bits: k_scale about 0.03-0.25 at magnitude 1); a tenth of the
+// scales are drawn over the whole range, where codes saturate to the largest one or flush to
+// subnormals (int8: to few codes) and zero, as a real cache's can. 30% of the cases add per-head
+// scales, log-uniform over [0.5, 2] per kv head for K and V alike. A snapped case keeps exact
+// logits: its K scales are powers of two (k_scale such that the codes' spread is 4 to 32, integers
+// once snapped; per-head 0.5, 1 or 2).
+void draw_quantized(FuzzCase& c, Rng& r, bool force, bool force_per_head) {
+  if (!r.chance(0.3) && !force) return;
   testing::CaseSpec& s = c.spec;
-  s.kv_dtype = r.pick(kFp8DTypes);
-  const bool e4m3 = s.kv_dtype == DType::kFP8E4M3;
-  const double lo = e4m3 ? 1.0 / 8 : 1.0 / 128, hi = e4m3 ? 32.0 : 512.0;
+  s.kv_dtype = r.pick(kQuantizedDTypes);
+  const double lo = s.kv_dtype == DType::kFP8E4M3   ? 1.0 / 8
+                    : s.kv_dtype == DType::kFP8E5M2 ? 1.0 / 128
+                                                    : 4.0;
+  const double hi = s.kv_dtype == DType::kFP8E4M3   ? 32.0
+                    : s.kv_dtype == DType::kFP8E5M2 ? 512.0
+                                                    : 36.0;
   auto scale_for = [&](double spread) {
     if (r.chance(0.1)) return static_cast<float>(log_uniform(r, 1e-3, 1e3));
     const double a = std::max(1e-3, spread / hi), b = std::min(1e3, spread / lo);
@@ -98,7 +104,7 @@ void draw_fp8(FuzzCase& c, Rng& r, bool force, bool force_per_head) {
   }
 }
 
-void drop_fp8(FuzzCase& c, DType t) {
+void drop_quantized(FuzzCase& c, DType t) {
   c.spec.kv_dtype = t;
   c.spec.k_scale = c.spec.v_scale = 1.f;
   c.k_scales.clear();

@@ -112,6 +112,18 @@ std::int32_t trap_entry(Xoshiro& rng, int num_blocks) {
 
 }  // namespace
 
+std::vector<std::uint8_t> poison_row(DType t, int n) {
+  std::vector<std::uint8_t> row(static_cast<std::size_t>(n) * dtype_size(t));
+  if (t == DType::kInt8) {
+    std::fill(row.begin(), row.end(), std::uint8_t{0x80});  // the code -128
+    return row;
+  }
+  for (int d = 0; d < n; ++d) {
+    store_from_float(row.data(), t, d, std::numeric_limits<float>::quiet_NaN());
+  }
+  return row;
+}
+
 int first_read_token(int L, int window_left, int q_len) {
   if (q_len <= 0) return L;
   return window_first_token(std::max(L - q_len + 1, 0), window_left);
@@ -184,10 +196,7 @@ testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left,
   const std::size_t bytes = dtype_size(spec.kv_dtype);
   c.k.assign(static_cast<std::size_t>(layout.elements()) * bytes, 0);
   c.v.assign(c.k.size(), 0);
-  std::vector<std::uint8_t> nan_row(static_cast<std::size_t>(D) * bytes);
-  for (int d = 0; d < D; ++d) {
-    store_from_float(nan_row.data(), spec.kv_dtype, d, std::numeric_limits<float>::quiet_NaN());
-  }
+  const std::vector<std::uint8_t> nan_row = poison_row(spec.kv_dtype, D);
   // What each kv head's values are multiplied by before they are stored: the inverse of its
   // scales, exactly 1 for caches without any (so their contents do not change).
   std::vector<float> k_mul(static_cast<std::size_t>(KV)), v_mul(static_cast<std::size_t>(KV));

@@ -1,15 +1,22 @@
 // The fuzzer's case builder: the same layout and the same traps as testing::make_case (a
-// permuted oversized pool, prefix sharing, -1 and garbage past each context, NaN in every slot no
-// sequence reads), with a generator cheap enough for thousands of cases a minute, and two traps
-// more: stale in-range ids past a context and prefixes shared with any earlier sequence.
+// permuted oversized pool, prefix sharing, -1 and garbage past each context, NaN (poison_row) in
+// every slot no sequence reads), with a generator cheap enough for thousands of cases a minute, and
+// two traps more: stale in-range ids past a context and prefixes shared with any earlier sequence.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "pagedattn/testing/random_case.hpp"
 
 namespace pagedattn::fuzz {
+
+// `n` elements of dtype `t` that no backend may read: NaN, or in an int8 cache, which holds no NaN
+// (its conversion makes NaN 0), the code -128, which no write ever stores (codes are -127..127)
+// and which dequantizes to a value off the case's spread, so that a read of it shows as a wrong
+// result where it cannot show as NaN.
+std::vector<std::uint8_t> poison_row(DType t, int n);
 
 // The first token any of a sequence's q_len query tokens reads, for a context of L tokens: the
 // window's first token of its earliest query at a position of 0 or more (L - q_len, or 0 when the
@@ -25,10 +32,10 @@ int first_read_token(int L, int window_left, int q_len);
 // q_indptr): q, out and lse get one row per query token, and what no query token reads is trapped
 // alike: the entries before the block of the earliest query's first attended token, and the
 // whole row of a sequence without query tokens.
-// k_scales, v_scales (fp8 caches; empty or num_kv_heads values each): the per-head scales, kept in
-// the case (HostCase::k_scales, v_scales). An fp8 cache stores each value divided by its scale
-// (spec.k_scale times the kv head's k_scales entry for K, likewise for V), so the values the
-// attention sees have the same spread as in any other cache.
+// k_scales, v_scales (quantized caches; empty or num_kv_heads values each): the per-head scales,
+// kept in the case (HostCase::k_scales, v_scales). A quantized cache stores each value divided by
+// its scale (spec.k_scale times the kv head's k_scales entry for K, likewise for V), so the values
+// the attention sees have the same spread as in any other cache.
 // tree_masks (with q_lens; empty or one per sequence, as FuzzCase::tree_masks): the new tokens no
 // query token's mask row names are not read either, so with poison their slots get NaN too.
 testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left = -1,

@@ -1,7 +1,7 @@
 // One fuzz case: a random-case spec plus what the fuzzer adds on top of it (exact-logit snapping,
 // a custom scale, the CPU thread count, the attention variants, q and out row strides, multi-token
-// queries and their tree masks, the K/V cache layout, fp8 caches and their scales, a planted
-// malformation). Every case
+// queries and their tree masks, the K/V cache layout, quantized (fp8 and int8) caches and their
+// scales, a planted malformation). Every case
 // is a pure function of (seed, index) and the draw options (draw_case.hpp), and a case file holds
 // the full description (case_file.hpp) so a shrunk case replays alone.
 #pragma once
@@ -17,9 +17,9 @@
 
 namespace pagedattn::fuzz {
 
-// The dtypes a case draws for q, out and a plain cache, and for an fp8 cache.
+// The dtypes a case draws for q, out and a plain cache, and for a quantized cache.
 inline constexpr DType kPlainDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
-inline constexpr DType kFp8DTypes[] = {DType::kFP8E4M3, DType::kFP8E5M2};
+inline constexpr DType kQuantizedDTypes[] = {DType::kFP8E4M3, DType::kFP8E5M2, DType::kInt8};
 
 struct FuzzCase {
   testing::CaseSpec spec;
@@ -61,11 +61,11 @@ struct FuzzCase {
   // takes and the CUDA backend refuses (cuda_misaligned_kv).
   testing::KvLayout kv_layout = testing::KvLayout::kHnd;
   int kv_pad = 0;
-  // fp8 caches (spec.kv_dtype kFP8E4M3 or kFP8E5M2) take their dequantization scales from
-  // spec.k_scale and spec.v_scale, and per kv head from k_scales and v_scales (empty: none; else
-  // num_kv_heads values each). The codes hold the case's values divided by the scales, so the
-  // values the attention sees have the usual spread. Other caches keep the scales at 1 and none
-  // per head (spec.per_head_scales is not used: make_fast_case takes the arrays themselves).
+  // Quantized caches (spec.kv_dtype kFP8E4M3, kFP8E5M2 or kInt8) take their dequantization
+  // scales from spec.k_scale and spec.v_scale, and per kv head from k_scales and v_scales (empty:
+  // none; else num_kv_heads values each). The codes hold the case's values divided by the scales,
+  // so the values the attention sees have the usual spread. Other caches keep the scales at 1 and
+  // none per head (spec.per_head_scales is not used: make_fast_case takes the arrays themselves).
   std::vector<float> k_scales, v_scales;
   Malformation bad = Malformation::kNone;
   std::uint64_t bad_param = 0;  // which sequence / entry / pointer / value the malformation uses
@@ -95,6 +95,7 @@ struct FuzzCase {
   const char* cuda_misaligned_stride() const;
   bool default_layout() const { return kv_layout == testing::KvLayout::kHnd && kv_pad == 0; }
   bool fp8() const { return is_fp8(spec.kv_dtype); }
+  bool quantized() const { return is_quantized(spec.kv_dtype); }
   bool per_head_scales() const { return !k_scales.empty() || !v_scales.empty(); }
   // The layout's geometry for this case's shapes and `num_blocks` blocks (kv_pad applied).
   testing::KvGeometry kv_geometry(int num_blocks) const;

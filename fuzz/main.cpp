@@ -164,8 +164,8 @@ struct Counts {
   // the CUDA backend refuses (a kv_pad off its 16-byte multiples).
   long long layouts[std::size(pagedattn::testing::kAllKvLayouts)] = {};
   long long misaligned_kv = 0;
-  // Valid cases with an fp8 cache, per format, and those with per-head scales.
-  long long fp8_e4m3 = 0, fp8_e5m2 = 0, fp8_per_head = 0;
+  // Valid cases with a quantized cache, per format, and those with per-head scales.
+  long long fp8_e4m3 = 0, fp8_e5m2 = 0, int8 = 0, per_head_scales = 0;
   long long invariance_checks = 0;  // batch-invariance checks that ran and held
   long long failures = 0;
   double worst_ratio = 0;
@@ -193,7 +193,8 @@ void count(Counts& n, const pf::FuzzCase& c, const pf::Outcome& o) {
     n.misaligned_kv += c.cuda_misaligned_kv() != nullptr;
     n.fp8_e4m3 += c.spec.kv_dtype == pagedattn::DType::kFP8E4M3;
     n.fp8_e5m2 += c.spec.kv_dtype == pagedattn::DType::kFP8E5M2;
-    n.fp8_per_head += c.fp8() && c.per_head_scales();
+    n.int8 += c.spec.kv_dtype == pagedattn::DType::kInt8;
+    n.per_head_scales += c.quantized() && c.per_head_scales();
     for (int L : c.spec.context_lens) {
       if (L > 256) {
         ++n.long_ctx;
@@ -220,13 +221,13 @@ std::string counts_text(const Counts& n, double elapsed) {
                 "batch 0 %lld; variants: window %lld, soft-cap %lld, alibi %lld, sinks %lld; "
                 "multi-token %lld, tree masks %lld; head dim without a cuda kernel %lld; strided: "
                 "q %lld, out %lld, misaligned for cuda %lld; "
-                "layouts: %s, misaligned for cuda %lld; fp8: e4m3 %lld, e5m2 %lld, per-head "
-                "scales %lld), malformed %lld; batch-invariance checks %lld; failures %lld; worst "
-                "err/tol %.3g",
+                "layouts: %s, misaligned for cuda %lld; quantized: e4m3 %lld, e5m2 %lld, int8 "
+                "%lld, per-head scales %lld), malformed %lld; batch-invariance checks %lld; "
+                "failures %lld; worst err/tol %.3g",
                 n.cases, elapsed, elapsed > 0 ? n.cases / elapsed : 0.0, n.valid, n.huge,
                 n.long_ctx, n.empty_batch, n.window, n.soft_cap, n.alibi, n.sinks, n.multi_token,
                 n.tree, n.no_cuda_dim, n.strided_q, n.strided_out, n.misaligned, layouts.c_str(),
-                n.misaligned_kv, n.fp8_e4m3, n.fp8_e5m2, n.fp8_per_head, n.malformed,
+                n.misaligned_kv, n.fp8_e4m3, n.fp8_e5m2, n.int8, n.per_head_scales, n.malformed,
                 n.invariance_checks, n.failures, n.worst_ratio);
   return buf;
 }

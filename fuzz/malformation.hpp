@@ -31,10 +31,10 @@ enum class Malformation : int {
   kMaxQLen,               // max_q_len 0 or negative with q_indptr
   kQTokensWithoutIndptr,  // num_q_tokens (or max_q_len) set without q_indptr
   kKvStrides,             // kv_strides zero mixed with nonzero, negative, overlapping or too large
-  kFp8ValueDtype,         // q_dtype or out_dtype fp8 (fp8 stores K and V caches only)
-  kBadKvScale,            // k_scale or v_scale of an fp8 cache outside [kMinKvScale, kMaxKvScale]
-  kScaleOnPlainCache,     // a K/V scale other than 1, or a per-head array, on a non-fp8 cache
-  kBadKvHeadScale,        // one per-head scale (k_scales[h] or v_scales[h]) out of range
+  kFp8ValueDtype,         // q_dtype or out_dtype fp8 or int8 (they store K and V caches only)
+  kBadKvScale,         // k_scale or v_scale of a quantized cache out of [kMinKvScale, kMaxKvScale]
+  kScaleOnPlainCache,  // a K/V scale other than 1, or a per-head array, on a plain cache
+  kBadKvHeadScale,     // one per-head scale (k_scales[h] or v_scales[h]) out of range
   kTreeBitAboveDiagonal,  // a tree mask bit (i, j) with j > i set
   kTreeSpanShort,         // tree_mask_indptr[b + 1] leaving sequence b fewer bytes than its mask
   kTreeIndptrStart,       // tree_mask_indptr[0] negative

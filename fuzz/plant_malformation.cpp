@@ -184,9 +184,9 @@ void plant_in_dtypes(const FuzzCase& c, BuiltCase& b) {
   const std::uint64_t p = c.bad_param;
   switch (c.bad) {
     case Malformation::kDtypeMismatch:
-      // Another plain dtype, or for an fp8 cache now and then the other fp8 format.
-      a.v_dtype = is_fp8(a.k_dtype) && (p >> 8) % 3 == 0
-                      ? (a.k_dtype == DType::kFP8E4M3 ? DType::kFP8E5M2 : DType::kFP8E4M3)
+      // Another plain dtype, or for a quantized cache now and then another quantized format.
+      a.v_dtype = is_quantized(a.k_dtype) && (p >> 8) % 3 == 0
+                      ? kQuantizedDTypes[(static_cast<int>(a.k_dtype) - 2 + p % 2) % 3]
                       : kPlainDTypes[(static_cast<int>(a.k_dtype) + 1 + p % 2) % 3];
       b.expected_code = ErrorCode::kUnsupported;
       b.expected_argument = "v_dtype";
@@ -202,9 +202,9 @@ void plant_in_dtypes(const FuzzCase& c, BuiltCase& b) {
       break;
     }
     case Malformation::kFp8ValueDtype: {
-      // fp8 stores K and V caches only: q or out in e4m3 or e5m2, whatever the cache.
-      const DType fp8 = (p >> 8) % 2 ? DType::kFP8E5M2 : DType::kFP8E4M3;
-      (p % 2 ? a.out_dtype : a.q_dtype) = fp8;
+      // The quantized dtypes store K and V caches only: q or out in e4m3, e5m2 or int8, whatever
+      // the cache.
+      (p % 2 ? a.out_dtype : a.q_dtype) = kQuantizedDTypes[(p >> 8) % 3];
       b.expected_code = ErrorCode::kUnsupported;
       b.expected_argument = p % 2 ? "out_dtype" : "q_dtype";
       break;
@@ -368,7 +368,7 @@ void plant_in_rows(const FuzzCase& c, BuiltCase& b) {
   }
 }
 
-// An fp8 cache's scale out of range, or a scale on a cache that takes none.
+// A quantized cache's scale out of range, or a scale on a cache that takes none.
 void plant_in_scales(const FuzzCase& c, BuiltCase& b) {
   DecodeArgs& a = b.args;
   const std::uint64_t p = c.bad_param;
@@ -376,7 +376,7 @@ void plant_in_scales(const FuzzCase& c, BuiltCase& b) {
     case Malformation::kBadKvScale: {
       // Outside [kMinKvScale, kMaxKvScale]: zero of either sign, negative (the case's own
       // scale negated among them), NaN, infinite, just past either bound, or the extremes.
-      if (!is_fp8(c.spec.kv_dtype)) not_applicable(c);
+      if (!c.quantized()) not_applicable(c);
       const bool v = p % 2;
       const float own = v ? c.spec.v_scale : c.spec.k_scale;
       const float values[] = {
@@ -389,7 +389,7 @@ void plant_in_scales(const FuzzCase& c, BuiltCase& b) {
     case Malformation::kScaleOnPlainCache: {
       // A valid scale other than 1, or a per-head array (of ones: the array itself is refused),
       // on a cache of f32, f16 or bf16.
-      if (is_fp8(c.spec.kv_dtype)) not_applicable(c);
+      if (c.quantized()) not_applicable(c);
       const float values[] = {0.5f, 2.f, 0.99999994f, 1.00000012f, 1e-3f, kMinKvScale, kMaxKvScale};
       const float x = values[(p >> 8) % (sizeof(values) / sizeof(values[0]))];
       switch (p % 4) {
@@ -414,7 +414,7 @@ void plant_in_scales(const FuzzCase& c, BuiltCase& b) {
     case Malformation::kBadKvHeadScale: {
       // One kv head's K or V scale (an array the case has) out of range; like the variants'
       // values, read back from device memory by the CUDA backend in checked mode.
-      if (!is_fp8(c.spec.kv_dtype) || !c.per_head_scales() || c.spec.num_kv_heads <= 0) {
+      if (!c.quantized() || !c.per_head_scales() || c.spec.num_kv_heads <= 0) {
         not_applicable(c);
       }
       const bool v = c.k_scales.empty() || (!c.v_scales.empty() && p % 2);

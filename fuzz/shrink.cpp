@@ -217,9 +217,9 @@ void plainer_values(const FuzzCase& c, Candidates& add) {
   const testing::CaseSpec& s = c.spec;
   if (s.q_dtype != DType::kF32)
     add([](testing::CaseSpec& t, FuzzCase&) { t.q_dtype = DType::kF32; });
-  // An fp8 cache becomes an f32 one without its scales (which a plain cache refuses): a valid
-  // case still, so a failure that survives it did not need fp8. Else the scales get plainer: no
-  // per-head ones, then k_scale and v_scale 1 (the cache stays fp8).
+  // A quantized cache becomes an f32 one without its scales (which a plain cache refuses): a
+  // valid case still, so a failure that survives it did not need quantization. Else the scales
+  // get plainer: no per-head ones, then k_scale and v_scale 1 (the cache stays quantized).
   if (s.kv_dtype != DType::kF32) {
     add([](testing::CaseSpec& t, FuzzCase& n) {
       t.kv_dtype = DType::kF32;

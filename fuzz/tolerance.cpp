@@ -14,7 +14,7 @@ namespace {
 
 constexpr double kU = 0x1p-24;  // unit roundoff of f32
 
-// The dequantization scales of kv head kv (fp8 caches; 1 for others): a code c of K means
+// The dequantization scales of kv head kv (quantized caches; 1 for others): a code c of K means
 // c x k_scale_of(a, kv), of V c x v_scale_of(a, kv).
 double k_scale_of(const DecodeArgs& a, int kv) {
   return static_cast<double>(a.k_scale) * (a.k_scales != nullptr ? a.k_scales[kv] : 1.f);
@@ -31,9 +31,10 @@ double v_scale_of(const DecodeArgs& a, int kv) {
 // of it. Returns the largest such error over every attended (row, h, t) and the largest |V| read
 // (each row, a query token, attends to its own context, BuiltCase::row_lens, less what its tree
 // mask leaves out; max |V| is taken over every token of a sequence's rows, the NaN of the tokens no
-// row reads ignored). An fp8 cache's K and
-// V count dequantized (the code times its kv head's scale), and its logits take two roundings
-// more: of k_scale x k_scales[h], and of that product folded into the logit scale.
+// row reads ignored). A quantized cache's K and V count dequantized (the code times its kv head's
+// scale), and its logits take two roundings more: of k_scale x k_scales[h], and of that product
+// folded into the logit scale (an int8 cache, which the CPU backend reads as f32 rows, too: it
+// scales q the same way).
 void logit_error_bound(const BuiltCase& bc, const DecodeArgs& a, double* logit_err,
                        double* max_abs_v) {
   const CacheLayout layout =
@@ -42,7 +43,7 @@ void logit_error_bound(const BuiltCase& bc, const DecodeArgs& a, double* logit_e
   const int D = a.head_dim, G = a.group_size();
   const double scale = a.effective_scale(), cap = a.logits_soft_cap;
   const double c =
-      (2 * std::sqrt(static_cast<double>(D)) + 4 + (is_fp8(a.k_dtype) ? 2 : 0)) * kU * scale;
+      (2 * std::sqrt(static_cast<double>(D)) + 4 + (is_quantized(a.k_dtype) ? 2 : 0)) * kU * scale;
   double worst = 0, vmax = 0;
   // q widened once; each K row once per sequence, for every row (query token) that attends it.
   const std::int64_t row = static_cast<std::int64_t>(a.num_heads) * D;
@@ -124,8 +125,8 @@ Tolerance tolerance_for(const FuzzCase& c, const BuiltCase& bc, const ReferenceR
   // adds the f32 error bound of the dot products, which a soft-cap compresses
   // (logit_error_bound).
   //
-  // An fp8 cache's K scale joins the logit scale (q x scale x k_scale x k_scales[h], in f32): its
-  // snapped logits stay exact when every such product is a power of two too (the fuzzer draws
+  // A quantized cache's K scale joins the logit scale (q x scale x k_scale x k_scales[h], in f32):
+  // its snapped logits stay exact when every such product is a power of two too (the fuzzer draws
   // them so). Its dequantized K need not follow the magnitude (codes that saturate, or flush to
   // the format's coarsest steps, under an extreme scale), so its logits always get the bound.
   double logit_ds = 0, vmax = 0;
@@ -136,7 +137,7 @@ Tolerance tolerance_for(const FuzzCase& c, const BuiltCase& bc, const ReferenceR
   }
   const bool exact_logits = backend == Backend::kCpu && c.snap && a.scale &&
                             std::frexp(*a.scale, &exponent) == 0.5f && pow2_k_scales;
-  if (!exact_logits && (c.spec.magnitude > 2.f || is_fp8(a.k_dtype))) {
+  if (!exact_logits && (c.spec.magnitude > 2.f || is_quantized(a.k_dtype))) {
     logit_error_bound(bc, a, &t.logit_err, &vmax);
     logit_ds = t.logit_err;
   } else {
