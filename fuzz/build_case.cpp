@@ -73,6 +73,23 @@ void require_tree_masks(const FuzzCase& c) {
   }
 }
 
+// Per-token scales belong to quantized caches, and a layout other than the dense one (a gap of
+// 0 to 4096 in the padded one alone) to per-token scales. Bad strides are the token-scale-strides
+// malformation's business, planted in the arguments.
+void require_token_scale_layout(const FuzzCase& c) {
+  if (c.token_scales() && !c.quantized()) {
+    throw std::invalid_argument("per-token scales need a quantized cache");
+  }
+  const bool padded = c.token_scale_layout == TokenScaleLayout::kPadded;
+  if ((!c.token_scales() && c.token_scale_layout != TokenScaleLayout::kDense) ||
+      c.token_scale_pad < 0 || c.token_scale_pad > 4096 || (!padded && c.token_scale_pad != 0)) {
+    throw std::invalid_argument(
+        "token_scale_layout " + std::string(token_scale_layout_name(c.token_scale_layout)) + " " +
+        std::to_string(c.token_scale_pad) +
+        " needs per-token scales, and a pad in [0, 4096] the padded layout");
+  }
+}
+
 // Refuses what is no case (a shrink step or a hand-written case that breaks these is not one; bad
 // counts and bad scales are malformations, planted in the arguments): multi-token queries need a
 // count per sequence, none negative nor above max_q_len; scales belong to quantized caches, one
@@ -100,6 +117,7 @@ void require_case(const FuzzCase& c) {
       throw std::invalid_argument("per-head scales must list num_kv_heads values");
     }
   }
+  require_token_scale_layout(c);
 }
 
 // Each row's sequence and the context it attends as a query.
@@ -168,8 +186,17 @@ void count_attended(const FuzzCase& c, BuiltCase& b) {
   }
 }
 
+// A finite per-token scale rounded up to a power of two (the codes stay as they are: the values
+// they stand for grow by less than 2x).
+float pow2_ceil(float x) {
+  int e = 0;
+  const float m = std::frexp(x, &e);
+  return !std::isfinite(x) || m == 0.5f ? x : std::ldexp(1.f, e);
+}
+
 // Integers in [-127, 127] are exact in every dtype and their products sum exactly in f32
-// (|sum| <= 256 * 127^2 < 2^24); times a power-of-two scale, each logit is exact.
+// (|sum| <= 512 * 127 * 128 < 2^24, the largest e5m2 integer of 127's rounding being 128); times
+// a power-of-two scale, each logit is exact: so the K per-token scales become powers of two too.
 void snap_values(testing::HostCase& h) {
   const testing::CaseSpec& spec = h.spec;
   for (std::size_t i = 0; i < h.q.size() / dtype_size(spec.q_dtype); ++i) {
@@ -180,6 +207,7 @@ void snap_values(testing::HostCase& h) {
     const float x = load_as_float(h.k.data(), spec.kv_dtype, i);
     if (std::isfinite(x)) store_from_float(h.k.data(), spec.kv_dtype, i, snapped(x));
   }
+  for (float& x : h.k_token_scales) x = pow2_ceil(x);
 }
 
 // The gaps of an int8 cache's storage as poison_row poisons its slots (store_kv writes NaN there,
@@ -221,6 +249,34 @@ void lay_out_kv(const FuzzCase& c, BuiltCase& b) {
                        : testing::store_kv(h, c.kv_layout, c.kv_geometry(h.num_blocks));
   if (c.spec.kv_dtype == DType::kInt8) poison_int8_gaps(h, b.kv);
   b.kv.apply(b.args, b.kv.k.data(), b.kv.v.data());
+}
+
+// The per-token scales in the case's layout (FuzzCase::token_scale_layout), copied from the dense
+// (and snapped) ones with NaN in every gap and after the last block's rows, args pointed at them.
+void lay_out_token_scales(const FuzzCase& c, BuiltCase& b) {
+  const testing::HostCase& h = b.host;
+  if (h.k_token_scales.empty()) return;
+  const int KV = c.spec.num_kv_heads, BS = c.spec.block_size;
+  const CacheStrides strides = c.token_scale_strides();
+  const CacheLayout from = CacheLayout::dense(h.num_blocks, KV, BS, 1);
+  const CacheLayout to = CacheLayout::with_strides(h.num_blocks, KV, BS, 1, strides);
+  const std::size_t n = static_cast<std::size_t>(
+      std::max(to.elements(), static_cast<std::int64_t>(h.num_blocks) * to.block_stride));
+  b.k_token_scales.assign(n, std::numeric_limits<float>::quiet_NaN());
+  b.v_token_scales.assign(n, std::numeric_limits<float>::quiet_NaN());
+  for (int blk = 0; blk < h.num_blocks; ++blk) {
+    for (int kv = 0; kv < KV; ++kv) {
+      for (int slot = 0; slot < BS; ++slot) {
+        const std::size_t src = static_cast<std::size_t>(from.offset(blk, kv, slot));
+        const std::size_t dst = static_cast<std::size_t>(to.offset(blk, kv, slot));
+        b.k_token_scales[dst] = h.k_token_scales[src];
+        b.v_token_scales[dst] = h.v_token_scales[src];
+      }
+    }
+  }
+  b.args.k_token_scales = b.k_token_scales.data();
+  b.args.v_token_scales = b.v_token_scales.data();
+  b.args.token_scale_strides = strides;
 }
 
 // Strided q and out: the dense rows copied into rows of the stride, gaps after each (q's NaN; out's
@@ -349,6 +405,11 @@ DecodeArgs BuiltCase::dense_args() const {
     a.v_cache = host.v.data();
     a.kv_strides = CacheStrides{};
   }
+  if (a.k_token_scales != nullptr && !host.k_token_scales.empty()) {
+    a.k_token_scales = host.k_token_scales.data();
+    a.v_token_scales = host.v_token_scales.data();
+    a.token_scale_strides = CacheStrides{};
+  }
   return a;
 }
 
@@ -377,6 +438,7 @@ BuiltCase build_case(const FuzzCase& c) {
   // Before any malformation, which may leave the dtype that sizes V's offset in a shared buffer
   // invalid.
   lay_out_kv(c, b);
+  lay_out_token_scales(c, b);
   if (c.scale != 0.f) a.scale = c.scale;
   a.window_left = c.window_left;
   a.logits_soft_cap = c.soft_cap;

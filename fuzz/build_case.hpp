@@ -51,6 +51,9 @@ struct BuiltCase {
   // K and V in the case's layout (FuzzCase::kv_layout), poison_row's NaN (-128 in int8) in every
   // gap; empty (kv.k) for the default layout, where args reads host.k and host.v.
   testing::KvStorage kv;
+  // The per-token scales args points at (FuzzCase::token_scale_layout, NaN in every gap), empty
+  // without them; host.k_token_scales and v_token_scales hold them dense.
+  std::vector<float> k_token_scales, v_token_scales;
   // over host's buffers (q_rows and out_rows where strided, kv's where laid out); malformed or not
   DecodeArgs args;
   ErrorCode expected_code = ErrorCode::kInvalidArgument;
@@ -72,11 +75,14 @@ struct BuiltCase {
     return out_rows.empty() ? host.out : out_rows;
   }
   bool laid_out() const { return !kv.k.empty(); }
+  // Whether a valid case's per-token scales are read through explicit strides.
+  bool token_scales_laid_out() const { return !args.token_scale_strides.is_default(); }
   // Whether row r's tree mask lets it attend the token at position t (true without a tree mask;
   // the window is not applied).
   bool tree_attends(int r, int t) const;
-  // args over host's dense K and V with the default kv_strides: the same attention, whatever the
-  // layout (the reference is computed over it).
+  // args over host's dense K and V with the default kv_strides (and its dense per-token scales with
+  // the default token_scale_strides): the same attention, whatever the layout (the reference is
+  // computed over it).
   DecodeArgs dense_args() const;
   // NaN in out's rows and lse (an unwritten element shows) and kOutGapByte in out's gaps.
   void poison_outputs();

@@ -80,12 +80,13 @@ std::string check_context_parallel(const FuzzCase& c, BuiltCase& bc, const Refer
   const std::vector<testing::RankShare> shares =
       testing::share_out(h, ranks, testing::Share::kRanges, rng);
   const std::string tag = std::to_string(ranks) + " ranks: ";
-  const char* refused = a.window_left >= 0          ? "window_left"
-                        : a.alibi_slopes != nullptr ? "alibi_slopes"
-                        : a.sinks != nullptr        ? "sinks"
-                        : a.q_indptr != nullptr     ? "q_indptr"
-                        : a.out_row_stride != 0     ? "out_row_stride"
-                                                    : nullptr;
+  const char* refused = a.window_left >= 0            ? "window_left"
+                        : a.alibi_slopes != nullptr   ? "alibi_slopes"
+                        : a.sinks != nullptr          ? "sinks"
+                        : a.q_indptr != nullptr       ? "q_indptr"
+                        : a.k_token_scales != nullptr ? "k_token_scales"
+                        : a.out_row_stride != 0       ? "out_row_stride"
+                                                      : nullptr;
   if (refused != nullptr) {
     // Poisoned like a plain run's outputs, gaps holding kOutGapByte: all of it must stay.
     bc.poison_outputs();
@@ -103,7 +104,7 @@ std::string check_context_parallel(const FuzzCase& c, BuiltCase& bc, const Refer
         return rank + "wrote out, its gaps or lse before refusing the case";
       }
     }
-    if (c.position_variants() || c.multi_token()) return {};
+    if (c.position_variants() || c.multi_token() || c.token_scales()) return {};
   }
   // Poisoned (all-ones bytes are NaN in every dtype), so that an unwritten element shows.
   DecodeArgs dense_out = a;

@@ -17,9 +17,10 @@ namespace pagedattn::fuzz {
 // each rank decoding its share with context_parallel_decode on one thread; every rank must get
 // the same bits, and they must pass the finite and reference checks of a plain run. A strided q
 // is read as decode reads it. A case with a window, ALiBi slopes, sinks, multi-token queries
-// (q_indptr) or a strided out must be refused instead, on every rank alike (kUnsupported naming
-// the first of those fields that is set, out, its gaps and lse untouched); a soft-capped one
-// runs. A case refused for its strided out alone runs again with a dense out, so its q is decoded
+// (q_indptr), per-token scales (k_token_scales) or a strided out must be refused instead, on
+// every rank alike (kUnsupported naming the first of those fields that is set, out, its gaps and
+// lse untouched); a soft-capped one runs, and so does a quantized cache without per-token
+// scales. A case refused for its strided out alone runs again with a dense out, so its q is decoded
 // too.
 // Empty when every check holds; `worst_ratio` gets the worst error / tolerance.
 std::string check_context_parallel(const FuzzCase& c, BuiltCase& bc, const ReferenceResult& ref,

@@ -155,7 +155,7 @@ void draw_values(FuzzCase& c, Rng& r) {
 // The streams of the parts draw_parts.hpp draws, kept for the malformations that need a part
 // the case was drawn without.
 struct PartStreams {
-  Rng queries, variants, fp8, trees;
+  Rng queries, variants, fp8, trees, token_scales;
   std::int64_t work_budget;
 };
 
@@ -276,6 +276,7 @@ FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& o
                       stream_rng(seed, index, 0x6a09e667f3bcc909ull, 3),
                       stream_rng(seed, index, 0x510e527fade682d1ull, 11),
                       stream_rng(seed, index, 0x1f83d9abfb41bd6bull, 13),
+                      stream_rng(seed, index, 0x5be0cd19137e2179ull, 17),
                       2 * std::max(budget, 4 * static_cast<std::int64_t>(s.num_kv_heads) *
                                                s.block_size * s.head_dim)};
   draw_query_lens(c, streams.queries, streams.work_budget);
@@ -289,6 +290,8 @@ FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& o
   draw_layout(c, layouts, options);
   // And the quantized caches, after the variants: a soft-cap sets the magnitude the scales aim at.
   draw_quantized(c, streams.fp8);
+  // Their per-token scales from a stream of their own too.
+  draw_token_scales(c, streams.token_scales);
 
   if (r.chance(0.12)) draw_malformation(c, r, options, streams);
   return c;

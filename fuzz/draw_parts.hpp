@@ -1,6 +1,7 @@
 // The parts of a fuzz case that draw_case draws each from a stream of its own (rng.hpp), so that
 // a case without one keeps every other draw: multi-token queries and their tree masks, the
-// attention variants, the q and out row strides, the cache layout and quantized caches.
+// attention variants, the q and out row strides, the cache layout, quantized caches and their
+// per-token scales.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +31,11 @@ std::vector<float> draw_sinks(Rng& r, const testing::CaseSpec& s);
 void draw_row_strides(FuzzCase& c, Rng& r, const DrawOptions& options);
 void draw_layout(FuzzCase& c, Rng& r, const DrawOptions& options);
 void draw_quantized(FuzzCase& c, Rng& r, bool force = false, bool force_per_head = false);
-// Back to a cache of `t` (not quantized), without scales.
+// Per-token scales and their layout for some quantized cases (every one when `force`).
+void draw_token_scales(FuzzCase& c, Rng& r, bool force = false);
+// Without per-token scales.
+void drop_token_scales(FuzzCase& c);
+// Back to a cache of `t` (not quantized), without scales of any kind.
 void drop_quantized(FuzzCase& c, DType t);
 
 }  // namespace pagedattn::fuzz

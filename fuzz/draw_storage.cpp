@@ -104,11 +104,33 @@ void draw_quantized(FuzzCase& c, Rng& r, bool force, bool force_per_head) {
   }
 }
 
+// Per-token scales for 40% of the quantized cases (every one when `force`, none for another
+// cache): half in the default dense layout, a quarter in NHD order, a quarter padded (a gap of 0,
+// the dense strides given explicitly, or 1, 2, 3, 5 or 16 elements after every row, kv head and
+// block). The scales themselves come with the cache's contents (make_fast_case).
+void draw_token_scales(FuzzCase& c, Rng& r, bool force) {
+  if (!c.quantized() || (!r.chance(0.4) && !force)) return;
+  c.spec.token_scales = true;
+  const double u = r.real();
+  c.token_scale_layout = u < 0.5    ? TokenScaleLayout::kDense
+                         : u < 0.75 ? TokenScaleLayout::kNhd
+                                    : TokenScaleLayout::kPadded;
+  static const int kPads[] = {0, 1, 2, 3, 5, 16};
+  c.token_scale_pad = c.token_scale_layout == TokenScaleLayout::kPadded ? r.pick(kPads) : 0;
+}
+
+void drop_token_scales(FuzzCase& c) {
+  c.spec.token_scales = false;
+  c.token_scale_layout = TokenScaleLayout::kDense;
+  c.token_scale_pad = 0;
+}
+
 void drop_quantized(FuzzCase& c, DType t) {
   c.spec.kv_dtype = t;
   c.spec.k_scale = c.spec.v_scale = 1.f;
   c.k_scales.clear();
   c.v_scales.clear();
+  drop_token_scales(c);
 }
 
 }  // namespace pagedattn::fuzz

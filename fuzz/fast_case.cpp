@@ -110,6 +110,108 @@ std::int32_t trap_entry(Xoshiro& rng, int num_blocks) {
   }
 }
 
+// The dequantization multipliers of every kv head's values (stored times these): the inverse of
+// its scales, exactly 1 for caches without any (so their contents do not change).
+std::vector<float> inverse_scales(float scale, const std::vector<float>& per_head, int KV) {
+  std::vector<float> mul(static_cast<std::size_t>(KV));
+  for (std::size_t i = 0; i < mul.size(); ++i) {
+    mul[i] = 1.f / (scale * (i < per_head.size() ? per_head[i] : 1.f));
+  }
+  return mul;
+}
+
+// A row's per-token scale: the row (n values, already divided by its kv head's scales) times
+// 1 / scale must have its largest |x| at a code of 127 / jitter, jitter in [1, 4] (write_cache
+// fits an int8 row to 127; a jitter leaves codes coarser at random): amax * jitter / 127, 1 for a
+// row of zeros. 127 in every format, so that snapped codes (integers in [-127, 127]) keep them.
+float fitted_scale(const float* x, int n, Xoshiro& rng) {
+  float amax = 0.f;
+  for (int d = 0; d < n; ++d) amax = std::max(amax, std::fabs(x[d]));
+  const float jitter = std::exp2(2.f * static_cast<float>(rng.next() >> 40) * 0x1p-24f);
+  return amax > 0.f ? amax * jitter / 127.f : 1.f;
+}
+
+// Stores one row of values `x` (D of them) at `base` of a cache buffer, each divided by `scale`.
+void store_row(std::vector<std::uint8_t>& buf, DType t, std::int64_t base, const float* x, int D,
+               float scale) {
+  for (int d = 0; d < D; ++d) store_from_float(buf.data(), t, base + d, x[d] / scale);
+}
+
+// K and V: every slot `readable` flags (block * block_size + slot) gets values, every other one
+// poison_row. The values: K ~ N(0, magnitude^2) and V ~ N(0, 1) once dequantized, stored divided
+// by their kv head's scales and, with spec.token_scales, by their row's own (fitted_scale, drawn
+// from a generator of their own, so that the values are those of the same case without them),
+// which c.k_token_scales and c.v_token_scales get (dense [num_blocks][num_kv_heads][block_size]).
+void fill_kv(testing::HostCase& c, const std::vector<char>& readable, Xoshiro& rng) {
+  const testing::CaseSpec& spec = c.spec;
+  const int KV = spec.num_kv_heads, D = spec.head_dim, BS = spec.block_size;
+  const CacheLayout layout = CacheLayout::dense(c.num_blocks, KV, BS, D);
+  const std::size_t bytes = dtype_size(spec.kv_dtype);
+  c.k.assign(static_cast<std::size_t>(layout.elements()) * bytes, 0);
+  c.v.assign(c.k.size(), 0);
+  const std::size_t rows = static_cast<std::size_t>(c.num_blocks) * KV * BS;
+  if (spec.token_scales) {
+    c.k_token_scales.assign(rows, 1.f);
+    c.v_token_scales.assign(rows, 1.f);
+  }
+  const std::vector<std::uint8_t> nan_row = poison_row(spec.kv_dtype, D);
+  const std::vector<float> k_mul = inverse_scales(spec.k_scale, c.k_scales, KV);
+  const std::vector<float> v_mul = inverse_scales(spec.v_scale, c.v_scales, KV);
+  Xoshiro scale_rng(spec.seed ^ 0x243f6a8885a308d3ull);
+  std::vector<float> k(static_cast<std::size_t>(D)), v(k.size());
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::int64_t base = static_cast<std::int64_t>(r) * D;  // dense: row r's elements
+    if (!readable[r / (static_cast<std::size_t>(KV) * BS) * BS + r % BS]) {
+      std::copy(nan_row.begin(), nan_row.end(), c.k.begin() + base * bytes);
+      std::copy(nan_row.begin(), nan_row.end(), c.v.begin() + base * bytes);
+      continue;
+    }
+    const std::size_t kv = r / BS % KV;
+    for (int d = 0; d < D; ++d) {
+      k[d] = spec.magnitude * k_mul[kv] * rng.normal();
+      v[d] = v_mul[kv] * rng.normal();
+    }
+    const float ks = spec.token_scales ? fitted_scale(k.data(), D, scale_rng) : 1.f;
+    const float vs = spec.token_scales ? fitted_scale(v.data(), D, scale_rng) : 1.f;
+    store_row(c.k, spec.kv_dtype, base, k.data(), D, ks);
+    store_row(c.v, spec.kv_dtype, base, v.data(), D, vs);
+    if (spec.token_scales) c.k_token_scales[r] = ks, c.v_token_scales[r] = vs;
+  }
+}
+
+// One flag per cache slot (block * block_size + slot): 1 where validate_token_scales checks its
+// rows' scales, read or not: every slot below a sequence's context in the blocks it reads (from the
+// block of its first read token on, none for a sequence without query tokens). Re-derived here
+// from that rule, apart from the library's code, as the fuzzer's oracle of it.
+std::vector<char> checked_slots(const DecodeArgs& a, int window_left,
+                                const std::vector<int>& q_lens) {
+  const int BS = a.block_size;
+  std::vector<char> checked(static_cast<std::size_t>(a.num_blocks) * BS, 0);
+  const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
+  for (int b = 0; b < a.batch; ++b) {
+    const int L = a.context_lens[b];
+    if (!q_lens.empty() && q_lens[static_cast<std::size_t>(b)] <= 0) continue;
+    for (int t = sequence_first_read(L, window_left, q_lens, b) / BS * BS; t < L; ++t) {
+      checked[static_cast<std::size_t>(table.block(b, t / BS)) * BS + t % BS] = 1;
+    }
+  }
+  return checked;
+}
+
+// Per-token scale poison: NaN in the rows of every slot no sequence reads, like the codes, but
+// kCheckedUnreadScale where validate_token_scales checks the row all the same (checked_slots).
+void poison_token_scales(testing::HostCase& c, const std::vector<char>& readable, int window_left,
+                         const std::vector<int>& q_lens) {
+  const int KV = c.spec.num_kv_heads, BS = c.spec.block_size;
+  const std::vector<char> checked = checked_slots(c.args(), window_left, q_lens);
+  for (std::size_t r = 0; r < c.k_token_scales.size(); ++r) {
+    const std::size_t slot = r / (static_cast<std::size_t>(KV) * BS) * BS + r % BS;
+    if (readable[slot]) continue;
+    const float x = checked[slot] ? kCheckedUnreadScale : std::numeric_limits<float>::quiet_NaN();
+    c.k_token_scales[r] = c.v_token_scales[r] = x;
+  }
+}
+
 }  // namespace
 
 std::vector<std::uint8_t> poison_row(DType t, int n) {
@@ -138,8 +240,7 @@ testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left,
   c.k_scales = k_scales;
   c.v_scales = v_scales;
   Xoshiro rng(spec.seed);
-  const int B = spec.batch, H = spec.num_heads, KV = spec.num_kv_heads, D = spec.head_dim,
-            BS = spec.block_size;
+  const int B = spec.batch, H = spec.num_heads, D = spec.head_dim, BS = spec.block_size;
   testing::size_case(c);
   // One row per query token; at least one with multi-token queries, since a call of sequences
   // without query tokens still needs q and out (not null), which then hold a row never read.
@@ -185,44 +286,14 @@ testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left,
     }
   }
 
-  const CacheLayout layout = CacheLayout::dense(c.num_blocks, KV, BS, D);
   fill_normal(c.q, spec.q_dtype, static_cast<std::size_t>(rows) * H * D, spec.magnitude, rng);
-
-  // Every (block, slot) some sequence reads gets values; with poison, every other one NaN (the
-  // slots before a window among them).
+  // Every (block, slot) some sequence reads gets values; with poison, every other one poison_row
+  // (the slots before a window among them).
   const std::vector<char> readable =
       spec.poison ? attended_slots(c.args(), window_left, q_lens, tree_masks)
                   : std::vector<char>(static_cast<std::size_t>(c.num_blocks) * BS, 1);
-  const std::size_t bytes = dtype_size(spec.kv_dtype);
-  c.k.assign(static_cast<std::size_t>(layout.elements()) * bytes, 0);
-  c.v.assign(c.k.size(), 0);
-  const std::vector<std::uint8_t> nan_row = poison_row(spec.kv_dtype, D);
-  // What each kv head's values are multiplied by before they are stored: the inverse of its
-  // scales, exactly 1 for caches without any (so their contents do not change).
-  std::vector<float> k_mul(static_cast<std::size_t>(KV)), v_mul(static_cast<std::size_t>(KV));
-  for (int kv = 0; kv < KV; ++kv) {
-    const std::size_t i = static_cast<std::size_t>(kv);
-    k_mul[i] = 1.f / (spec.k_scale * (i < k_scales.size() ? k_scales[i] : 1.f));
-    v_mul[i] = 1.f / (spec.v_scale * (i < v_scales.size() ? v_scales[i] : 1.f));
-  }
-  for (int blk = 0; blk < c.num_blocks; ++blk) {
-    for (int kv = 0; kv < KV; ++kv) {
-      for (int slot = 0; slot < BS; ++slot) {
-        const std::int64_t base = layout.offset(blk, kv, slot);
-        if (!readable[static_cast<std::size_t>(blk) * BS + slot]) {
-          std::copy(nan_row.begin(), nan_row.end(), c.k.begin() + base * bytes);
-          std::copy(nan_row.begin(), nan_row.end(), c.v.begin() + base * bytes);
-          continue;
-        }
-        const float km = spec.magnitude * k_mul[static_cast<std::size_t>(kv)];
-        const float vm = v_mul[static_cast<std::size_t>(kv)];
-        for (int d = 0; d < D; ++d) {
-          store_from_float(c.k.data(), spec.kv_dtype, base + d, km * rng.normal());
-          store_from_float(c.v.data(), spec.kv_dtype, base + d, vm * rng.normal());
-        }
-      }
-    }
-  }
+  fill_kv(c, readable, rng);
+  if (spec.token_scales && spec.poison) poison_token_scales(c, readable, window_left, q_lens);
   c.out.assign(static_cast<std::size_t>(rows) * H * D * dtype_size(spec.out_dtype), 0);
   c.lse.assign(static_cast<std::size_t>(rows) * H, 0.f);
   c.poison_outputs();

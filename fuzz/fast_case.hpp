@@ -18,6 +18,12 @@ namespace pagedattn::fuzz {
 // result where it cannot show as NaN.
 std::vector<std::uint8_t> poison_row(DType t, int n);
 
+// The per-token scale of a row that validate_token_scales checks but no sequence reads (see
+// make_fast_case), where NaN would be refused: the largest power of two it takes (2^99, about
+// 6.3e29, within kMaxKvScale), so that a read of the row dwarfs every other value or overflows,
+// and a snapped case's scales all stay powers of two.
+inline constexpr float kCheckedUnreadScale = 0x1p99f;
+
 // The first token any of a sequence's q_len query tokens reads, for a context of L tokens: the
 // window's first token of its earliest query at a position of 0 or more (L - q_len, or 0 when the
 // queries start before the context), or L (nothing) without query tokens. Computed from a
@@ -38,6 +44,14 @@ int first_read_token(int L, int window_left, int q_len);
 // the attention sees have the same spread as in any other cache.
 // tree_masks (with q_lens; empty or one per sequence, as FuzzCase::tree_masks): the new tokens no
 // query token's mask row names are not read either, so with poison their slots get NaN too.
+// spec.token_scales (quantized caches): every row (block, kv head, slot) also gets a K and a V
+// scale of its own (HostCase::k_token_scales, v_token_scales, dense [num_blocks][num_kv_heads]
+// [block_size]), fitted to the row's values: its largest |value| / scales lands on a code of 32 to
+// 127, in every format (int8's range, where an int8 row of write_cache's lands; snapped codes keep
+// it). With poison, the scales of a row no sequence reads are NaN like its codes, except where
+// validate_token_scales checks them all the same (every slot below a context in the blocks its
+// sequence reads: before a window's first token, or new tokens no tree mask row names):
+// kCheckedUnreadScale there.
 testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left = -1,
                                  const std::vector<int>& q_lens = {},
                                  const std::vector<float>& k_scales = {},

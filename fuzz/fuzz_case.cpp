@@ -39,6 +39,33 @@ testing::KvGeometry FuzzCase::kv_geometry(int num_blocks) const {
   return g;
 }
 
+const char* token_scale_layout_name(TokenScaleLayout layout) {
+  switch (layout) {
+    case TokenScaleLayout::kDense:
+      return "dense";
+    case TokenScaleLayout::kNhd:
+      return "nhd";
+    case TokenScaleLayout::kPadded:
+      return "padded";
+  }
+  return "?";
+}
+
+CacheStrides FuzzCase::token_scale_strides() const {
+  const std::int64_t KV = spec.num_kv_heads, BS = spec.block_size, pad = token_scale_pad;
+  CacheStrides s;
+  if (token_scale_layout == TokenScaleLayout::kNhd) {
+    s.head = 1;
+    s.token = KV;
+    s.block = BS * KV;
+  } else if (token_scale_layout == TokenScaleLayout::kPadded) {
+    s.token = 1 + pad;
+    s.head = BS * s.token + pad;
+    s.block = KV * s.head + pad;
+  }
+  return s;
+}
+
 const char* FuzzCase::cuda_misaligned_kv() const {
   if (default_layout()) return nullptr;
   const CacheLayout l = CacheLayout::with_strides(1, spec.num_kv_heads, spec.block_size,
@@ -84,6 +111,11 @@ std::string describe(const FuzzCase& c) {
   if (c.spec.k_scale != 1.f) os << " k_scale=" << c.spec.k_scale;
   if (c.spec.v_scale != 1.f) os << " v_scale=" << c.spec.v_scale;
   if (c.per_head_scales()) os << " per_head_scales";
+  // (testing::describe names token-scales.)
+  if (c.token_scales() && c.token_scale_layout != TokenScaleLayout::kDense) {
+    os << " token_scale_layout=" << token_scale_layout_name(c.token_scale_layout);
+    if (c.token_scale_layout == TokenScaleLayout::kPadded) os << "+" << c.token_scale_pad;
+  }
   if (c.multi_token()) {
     os << " q_lens=[";
     for (std::size_t i = 0; i < c.q_lens.size(); ++i) os << (i ? "," : "") << c.q_lens[i];

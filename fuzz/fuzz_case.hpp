@@ -21,6 +21,16 @@ namespace pagedattn::fuzz {
 inline constexpr DType kPlainDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 inline constexpr DType kQuantizedDTypes[] = {DType::kFP8E4M3, DType::kFP8E5M2, DType::kInt8};
 
+// Where a case's per-token scales live (DecodeArgs::token_scale_strides, a cache view's strides
+// with head_dim 1): kDense is the default [num_blocks][num_kv_heads][block_size], strides left 0;
+// kNhd is [num_blocks][block_size][num_kv_heads]; kPadded is the dense order given explicitly,
+// with token_scale_pad elements of gap after every row, kv head and block (pad 0: the dense
+// strides themselves, nonzero).
+enum class TokenScaleLayout { kDense, kNhd, kPadded };
+inline constexpr TokenScaleLayout kAllTokenScaleLayouts[] = {
+    TokenScaleLayout::kDense, TokenScaleLayout::kNhd, TokenScaleLayout::kPadded};
+const char* token_scale_layout_name(TokenScaleLayout layout);  // "dense", "nhd", "padded"
+
 struct FuzzCase {
   testing::CaseSpec spec;
   // q and k snapped to integers in [-127, 127] and a power-of-two scale: every logit is exact in
@@ -67,6 +77,12 @@ struct FuzzCase {
   // so the values the attention sees have the usual spread. Other caches keep the scales at 1 and
   // none per head (spec.per_head_scales is not used: make_fast_case takes the arrays themselves).
   std::vector<float> k_scales, v_scales;
+  // Per-token scales (DecodeArgs::k_token_scales, v_token_scales), quantized caches only: with
+  // spec.token_scales, make_fast_case gives every cache row (block, kv head, slot) a K and a V
+  // scale of its own (fitted to the row's values, fast_case.hpp), and build_case stores them in
+  // token_scale_layout, NaN in every gap. token_scale_pad: kPadded only, 0 to 4096.
+  TokenScaleLayout token_scale_layout = TokenScaleLayout::kDense;
+  int token_scale_pad = 0;
   Malformation bad = Malformation::kNone;
   std::uint64_t bad_param = 0;  // which sequence / entry / pointer / value the malformation uses
   // Where the case came from (informational once shrunk).
@@ -97,6 +113,9 @@ struct FuzzCase {
   bool fp8() const { return is_fp8(spec.kv_dtype); }
   bool quantized() const { return is_quantized(spec.kv_dtype); }
   bool per_head_scales() const { return !k_scales.empty() || !v_scales.empty(); }
+  bool token_scales() const { return spec.token_scales; }
+  // DecodeArgs::token_scale_strides for the layout (all 0 for kDense).
+  CacheStrides token_scale_strides() const;
   // The layout's geometry for this case's shapes and `num_blocks` blocks (kv_pad applied).
   testing::KvGeometry kv_geometry(int num_blocks) const;
   // The kv_strides field the CUDA backend refuses, or null: it reads cache rows in 16-byte

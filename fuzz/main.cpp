@@ -166,6 +166,8 @@ struct Counts {
   long long misaligned_kv = 0;
   // Valid cases with a quantized cache, per format, and those with per-head scales.
   long long fp8_e4m3 = 0, fp8_e5m2 = 0, int8 = 0, per_head_scales = 0;
+  // Valid cases with per-token scales, and those of them in a layout other than the dense one.
+  long long token_scales = 0, strided_token_scales = 0;
   long long invariance_checks = 0;  // batch-invariance checks that ran and held
   long long failures = 0;
   double worst_ratio = 0;
@@ -195,6 +197,9 @@ void count(Counts& n, const pf::FuzzCase& c, const pf::Outcome& o) {
     n.fp8_e5m2 += c.spec.kv_dtype == pagedattn::DType::kFP8E5M2;
     n.int8 += c.spec.kv_dtype == pagedattn::DType::kInt8;
     n.per_head_scales += c.quantized() && c.per_head_scales();
+    n.token_scales += c.token_scales();
+    n.strided_token_scales +=
+        c.token_scales() && c.token_scale_layout != pf::TokenScaleLayout::kDense;
     for (int L : c.spec.context_lens) {
       if (L > 256) {
         ++n.long_ctx;
@@ -222,13 +227,14 @@ std::string counts_text(const Counts& n, double elapsed) {
                 "multi-token %lld, tree masks %lld; head dim without a cuda kernel %lld; strided: "
                 "q %lld, out %lld, misaligned for cuda %lld; "
                 "layouts: %s, misaligned for cuda %lld; quantized: e4m3 %lld, e5m2 %lld, int8 "
-                "%lld, per-head scales %lld), malformed %lld; batch-invariance checks %lld; "
-                "failures %lld; worst err/tol %.3g",
+                "%lld, per-head scales %lld, token scales %lld (strided %lld)), malformed %lld; "
+                "batch-invariance checks %lld; failures %lld; worst err/tol %.3g",
                 n.cases, elapsed, elapsed > 0 ? n.cases / elapsed : 0.0, n.valid, n.huge,
                 n.long_ctx, n.empty_batch, n.window, n.soft_cap, n.alibi, n.sinks, n.multi_token,
                 n.tree, n.no_cuda_dim, n.strided_q, n.strided_out, n.misaligned, layouts.c_str(),
-                n.misaligned_kv, n.fp8_e4m3, n.fp8_e5m2, n.int8, n.per_head_scales, n.malformed,
-                n.invariance_checks, n.failures, n.worst_ratio);
+                n.misaligned_kv, n.fp8_e4m3, n.fp8_e5m2, n.int8, n.per_head_scales, n.token_scales,
+                n.strided_token_scales, n.malformed, n.invariance_checks, n.failures,
+                n.worst_ratio);
   return buf;
 }
 

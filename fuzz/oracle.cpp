@@ -85,16 +85,17 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
   if (c.malformed()) return check_malformed(bc, options, threads);
 
   const DecodeArgs& a = bc.args;
-  // The reference over the dense K and V, which the layout only moves: whatever the backends do
-  // with kv_strides, they are held to the same attention.
+  // The reference over the dense K and V (and per-token scales), which the layouts only move:
+  // whatever the backends do with kv_strides, they are held to the same attention.
   ReferenceResult ref;
   try {
     ref = reference_decode(bc.dense_args());
   } catch (const std::exception& e) {
     return fail("reference", std::string("the reference rejected a valid case: ") + e.what());
   }
-  if (bc.laid_out()) {
-    // The reference reads kv_strides too: over the laid-out cache it must give the same bits.
+  if (bc.laid_out() || bc.token_scales_laid_out()) {
+    // The reference reads kv_strides (and token_scale_strides) too: over the laid-out cache it
+    // must give the same bits.
     if (std::string bad = check_layout_reference(bc, ref); !bad.empty()) {
       return fail("layout", bad);
     }

@@ -58,6 +58,13 @@ std::string check_gaps(const testing::HostCase& h, int rows, const std::vector<s
   return {};
 }
 
+// The laid-out cache a layout check reads, for messages: "nhd cache", "hnd cache with strided
+// token scales".
+std::string layout_text(const BuiltCase& bc) {
+  return std::string(testing::kv_layout_name(bc.kv.layout)) + " cache" +
+         (bc.token_scales_laid_out() ? " with strided token scales" : "");
+}
+
 }  // namespace
 
 Outputs read_outputs(const testing::HostCase& h, int rows, const std::vector<std::uint8_t>& out,
@@ -171,8 +178,9 @@ std::string check_finite(const Outputs& r, const BuiltCase& bc, const float* sin
   return {};
 }
 
-// The reference over the case's laid-out K and V (NaN in every gap) against `dense`, the one over
-// the dense cache: the same rows read in the same order, so the same bits. Empty when so.
+// The reference over the case's laid-out K and V and per-token scales (NaN in every gap) against
+// `dense`, the one over the dense cache: the same rows read in the same order, so the same bits.
+// Empty when so.
 std::string check_layout_reference(const BuiltCase& bc, const ReferenceResult& dense) {
   ReferenceResult laid;
   try {
@@ -185,18 +193,17 @@ std::string check_layout_reference(const BuiltCase& bc, const ReferenceResult& d
   for (std::size_t i = 0; i < dense.out.size(); ++i) {
     if (i >= laid.out.size() || !same(laid.out[i], dense.out[i])) {
       std::ostringstream os;
-      os << "reference over the " << testing::kv_layout_name(bc.kv.layout)
-         << " cache: " << where(bc, i, H, D) << " = " << (i < laid.out.size() ? laid.out[i] : NAN)
-         << ", over the dense one " << dense.out[i];
+      os << "reference over the " << layout_text(bc) << ": " << where(bc, i, H, D) << " = "
+         << (i < laid.out.size() ? laid.out[i] : NAN) << ", over the dense one " << dense.out[i];
       return os.str();
     }
   }
   for (std::size_t i = 0; i < dense.lse.size(); ++i) {
     if (i >= laid.lse.size() || !same(laid.lse[i], dense.lse[i])) {
       std::ostringstream os;
-      os << "reference over the " << testing::kv_layout_name(bc.kv.layout) << " cache: lse["
-         << i / H << "][" << i % H << "]" << row_text(bc, i / H) << " = "
-         << (i < laid.lse.size() ? laid.lse[i] : NAN) << ", over the dense one " << dense.lse[i];
+      os << "reference over the " << layout_text(bc) << ": lse[" << i / H << "][" << i % H << "]"
+         << row_text(bc, i / H) << " = " << (i < laid.lse.size() ? laid.lse[i] : NAN)
+         << ", over the dense one " << dense.lse[i];
       return os.str();
     }
   }

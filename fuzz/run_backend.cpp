@@ -26,11 +26,33 @@ void copy_fields_device_case_lacks(const DecodeArgs& from, DecodeArgs& to) {
   to.max_q_len = from.max_q_len;
 }
 
-// The CUDA backend over device copies of a host case (the slopes, sinks, q_indptr and tree mask
-// included), out and lse copied back. DeviceCase checks the shapes itself, so it is given the case
-// without its window, soft-cap, row strides, multi-token queries, tree mask and cache layout, which
-// are put back for
-// the backend: on a malformed one the error must be the backend's. DeviceCase copies dense
+// Device copies of the per-token scale buffers `host` points at (BuiltCase's, gaps included),
+// `d` pointed at them with host's token_scale_strides; null where host's are (a malformed case may
+// carry only one, or ones the case does not own: a plain cache's). They live where the caches do
+// (the CUDA backend refuses them, but must do so on the pointers it is given).
+class TokenScaleCopies {
+ public:
+  TokenScaleCopies(const BuiltCase& bc, const DecodeArgs& host, DecodeArgs& d) {
+    d.k_token_scales = copy(host.k_token_scales, bc.k_token_scales, k_);
+    d.v_token_scales = copy(host.v_token_scales, bc.v_token_scales, v_);
+    d.token_scale_strides = host.token_scale_strides;
+  }
+
+ private:
+  static const float* copy(const float* p, const std::vector<float>& scales,
+                           testing::DeviceBuffer& buffer) {
+    if (p == nullptr) return nullptr;
+    buffer = testing::DeviceBuffer(scales.data(), scales.size() * sizeof(float));
+    return buffer.as<const float>();
+  }
+  testing::DeviceBuffer k_, v_;
+};
+
+// The CUDA backend over device copies of a host case (the slopes, sinks, q_indptr, tree mask and
+// per-token scales included), out and lse copied back. DeviceCase checks the shapes itself, so it
+// is given the case without its window, soft-cap, row strides, multi-token queries, tree mask,
+// cache layout and per-token scales, which are put back for the backend: on a malformed one the
+// error must be the backend's. DeviceCase copies dense
 // caches, so a laid-out case gives it the dense K and V and its own layout's buffers (gaps and
 // all) get device copies of their own, which the backend reads through the case's kv_strides.
 // DeviceCase copies batch rows of q, out and lse, so a strided q or out, and with multi-token
@@ -45,6 +67,8 @@ void run_cuda(const BuiltCase& bc, const DecodeArgs& host, const detail::DecodeO
   plain.tree_mask = nullptr;
   plain.tree_mask_indptr = nullptr;
   plain.kv_strides = CacheStrides{};
+  plain.k_token_scales = plain.v_token_scales = nullptr;
+  plain.token_scale_strides = CacheStrides{};
   const bool own_kv = bc.laid_out();
   if (own_kv) {
     if (plain.k_cache != nullptr) plain.k_cache = bc.host.k.data();
@@ -71,6 +95,7 @@ void run_cuda(const BuiltCase& bc, const DecodeArgs& host, const detail::DecodeO
   DecodeArgs d = dev.args();
   copy_fields_device_case_lacks(host, d);
   testing::DeviceBuffer dq, dout, dlse, dindptr, dtree, dtree_indptr, dk, dv;
+  const TokenScaleCopies token_scales(bc, host, d);
   if (own_kv) {
     // The storage's pointers and strides on device copies, then the arguments' own strides
     // (a malformed one) and null pointers back.

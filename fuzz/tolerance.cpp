@@ -23,32 +23,64 @@ double v_scale_of(const DecodeArgs& a, int kv) {
   return static_cast<double>(a.v_scale) * (a.v_scales != nullptr ? a.v_scales[kv] : 1.f);
 }
 
+// Row t of sequence b's kv head kv dequantized: K into k (head_dim values), and the largest
+// finite |V| (the code times its kv head's scale and, with per-token scales, its row's).
+double dequantized_row(const DecodeArgs& a, int b, int t, int kv, double* k) {
+  const CacheLayout layout = a.cache_layout();
+  const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
+  const int id = table.block(b, t / a.block_size), slot = t % a.block_size;
+  const std::int64_t base = layout.offset(id, kv, slot);
+  double ks = k_scale_of(a, kv), vs = v_scale_of(a, kv);
+  if (a.k_token_scales != nullptr) {
+    const std::int64_t at = a.token_scale_layout().offset(id, kv, slot);
+    ks *= a.k_token_scales[at];
+    vs *= a.v_token_scales[at];
+  }
+  double vmax = 0;
+  for (int d = 0; d < a.head_dim; ++d) {
+    k[d] = load_as_float(a.k_cache, a.k_dtype, base + d) * ks;
+    vmax = std::max(vmax, std::fabs(load_as_float(a.v_cache, a.v_dtype, base + d) * vs));
+  }
+  return vmax;
+}
+
+// The rows among [r0, r1) (one sequence's) that attend token t: within their context and window,
+// and named by their tree mask.
+std::vector<int> rows_attending(const BuiltCase& bc, const DecodeArgs& a, int r0, int r1, int t) {
+  std::vector<int> rows;
+  for (int r = r0; r < r1; ++r) {
+    const int L = bc.row_lens[r];
+    if (t < L && t >= window_first_token(L, a.window_left) && bc.tree_attends(r, t)) {
+      rows.push_back(r);
+    }
+  }
+  return rows;
+}
+
 // The f32 logit error bound of an inexact case: |fl(s_t) - s_t| <= c * u * scale * sum |q_d k_d|
 // with c = 2 sqrt(D) + 4 (probabilistic rounding-error growth of a D-term dot product, plus the
 // rounding of q * scale and of the logit itself). The soft-cap's derivative, sech^2(s / cap), is
 // at most 1 and falls with |s|, so a capped logit's error is at most that bound times sech^2 at
 // the point of [s - e, s + e] nearest 0 (mean value theorem): saturated logits keep almost none
-// of it. Returns the largest such error over every attended (row, h, t) and the largest |V| read
-// (each row, a query token, attends to its own context, BuiltCase::row_lens, less what its tree
-// mask leaves out; max |V| is taken over every token of a sequence's rows, the NaN of the tokens no
-// row reads ignored). A quantized cache's K and V count dequantized (the code times its kv head's
-// scale), and its logits take two roundings more: of k_scale x k_scales[h], and of that product
-// folded into the logit scale (an int8 cache, which the CPU backend reads as f32 rows, too: it
-// scales q the same way).
-void logit_error_bound(const BuiltCase& bc, const DecodeArgs& a, double* logit_err,
+// of it. Sets *logit_err to the largest such error over every attended (row, h, t) (with `dots`;
+// else leaves it) and *max_abs_v to the largest |V| of the tokens some row attends (each row, a
+// query token, attends to its own context, BuiltCase::row_lens, less what its window and tree
+// mask leave out). A quantized cache's K and V count dequantized (dequantized_row), and its
+// logits take two roundings more: of k_scale x k_scales[h], and of that product folded into the
+// logit scale (an int8 cache, which the CPU backend reads as f32 rows, too: it scales q the same
+// way); per-token scales one more, the CPU backend's product of each code and its row's scale.
+void logit_error_bound(const BuiltCase& bc, const DecodeArgs& a, bool dots, double* logit_err,
                        double* max_abs_v) {
-  const CacheLayout layout =
-      CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
-  const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
   const int D = a.head_dim, G = a.group_size();
   const double scale = a.effective_scale(), cap = a.logits_soft_cap;
-  const double c =
-      (2 * std::sqrt(static_cast<double>(D)) + 4 + (is_quantized(a.k_dtype) ? 2 : 0)) * kU * scale;
+  const double c = (2 * std::sqrt(static_cast<double>(D)) + 4 + (is_quantized(a.k_dtype) ? 2 : 0) +
+                    (a.k_token_scales != nullptr ? 1 : 0)) *
+                   kU * scale;
   double worst = 0, vmax = 0;
   // q widened once; each K row once per sequence, for every row (query token) that attends it.
   const std::int64_t row = static_cast<std::int64_t>(a.num_heads) * D;
   std::vector<double> q(static_cast<std::size_t>(bc.rows * row)), k(D);
-  for (int r = 0; r < bc.rows; ++r) {
+  for (int r = 0; r < bc.rows && dots; ++r) {
     for (std::int64_t i = 0; i < row; ++i) {
       q[static_cast<std::size_t>(r * row + i)] =
           load_as_float(a.q, a.q_dtype, r * a.q_stride() + i);
@@ -60,20 +92,12 @@ void logit_error_bound(const BuiltCase& bc, const DecodeArgs& a, double* logit_e
     while (r1 < bc.rows && bc.row_seq[r1] == b) ++r1;
     const int t_end = bc.row_lens[r1 - 1];
     for (int t = window_first_token(bc.row_lens[r0], a.window_left); t < t_end; ++t) {
+      const std::vector<int> rows = rows_attending(bc, a, r0, r1, t);
+      if (rows.empty()) continue;  // its poison (NaN, -128, kCheckedUnreadScale) is not read
       for (int kv = 0; kv < a.num_kv_heads; ++kv) {
-        const std::int64_t base =
-            layout.offset(table.block(b, t / a.block_size), kv, t % a.block_size);
-        const double ks = k_scale_of(a, kv), vs = v_scale_of(a, kv);
-        for (int d = 0; d < D; ++d) {
-          k[d] = load_as_float(a.k_cache, a.k_dtype, base + d) * ks;
-          vmax = std::max(vmax, std::fabs(load_as_float(a.v_cache, a.v_dtype, base + d) * vs));
-        }
-        for (int r = r0; r < r1; ++r) {
-          const int L = bc.row_lens[r];
-          if (t >= L || t < window_first_token(L, a.window_left) || !bc.tree_attends(r, t)) {
-            continue;
-          }
-          for (int g = 0; g < G; ++g) {
+        vmax = std::max(vmax, dequantized_row(a, b, t, kv, k.data()));
+        for (int r : rows) {
+          for (int g = 0; g < G && dots; ++g) {
             const double* x = &q[static_cast<std::size_t>(r * row + (kv * G + g) * D)];
             double abs_sum = 0, sum = 0;
             for (int d = 0; d < D; ++d) {
@@ -91,8 +115,28 @@ void logit_error_bound(const BuiltCase& bc, const DecodeArgs& a, double* logit_e
       }
     }
   }
-  *logit_err = worst;
+  if (dots) *logit_err = worst;
   *max_abs_v = vmax;
+}
+
+bool is_pow2(double x) {
+  int exponent = 0;
+  return std::frexp(x, &exponent) == 0.5;
+}
+
+// Whether every K scale is a power of two: each kv head's k_scale x k_scales[h] and each finite
+// per-token K scale (dense: the NaN of the rows nobody reads skipped).
+bool pow2_k_scales(const DecodeArgs& a) {
+  for (int kv = 0; kv < a.num_kv_heads; ++kv) {
+    if (!is_pow2(k_scale_of(a, kv))) return false;
+  }
+  if (a.k_token_scales == nullptr) return true;
+  const std::int64_t n = static_cast<std::int64_t>(a.num_blocks) * a.num_kv_heads * a.block_size;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float x = a.k_token_scales[i];
+    if (std::isfinite(x) && !is_pow2(x)) return false;
+  }
+  return true;
 }
 
 double max_abs_finite(const void* data, DType t, std::size_t n) {
@@ -127,19 +171,18 @@ Tolerance tolerance_for(const FuzzCase& c, const BuiltCase& bc, const ReferenceR
   //
   // A quantized cache's K scale joins the logit scale (q x scale x k_scale x k_scales[h], in f32):
   // its snapped logits stay exact when every such product is a power of two too (the fuzzer draws
-  // them so). Its dequantized K need not follow the magnitude (codes that saturate, or flush to
-  // the format's coarsest steps, under an extreme scale), so its logits always get the bound.
+  // them so), and every per-token K scale (a snapped case's are). Its dequantized K need not follow
+  // the magnitude (codes that saturate, or flush to the format's coarsest steps, under an extreme
+  // scale), so its logits always get the bound.
   double logit_ds = 0, vmax = 0;
-  int exponent = 0;
-  bool pow2_k_scales = true;
-  for (int kv = 0; kv < a.num_kv_heads; ++kv) {
-    pow2_k_scales = pow2_k_scales && std::frexp(k_scale_of(a, kv), &exponent) == 0.5;
-  }
-  const bool exact_logits = backend == Backend::kCpu && c.snap && a.scale &&
-                            std::frexp(*a.scale, &exponent) == 0.5f && pow2_k_scales;
+  const bool exact_logits =
+      backend == Backend::kCpu && c.snap && a.scale && is_pow2(*a.scale) && pow2_k_scales(a);
   if (!exact_logits && (c.spec.magnitude > 2.f || is_quantized(a.k_dtype))) {
-    logit_error_bound(bc, a, &t.logit_err, &vmax);
+    logit_error_bound(bc, a, /*dots=*/true, &t.logit_err, &vmax);
     logit_ds = t.logit_err;
+  } else if (a.k_token_scales != nullptr) {
+    // The rows no token reads may hold kCheckedUnreadScale: max |V| of the attended ones alone.
+    logit_error_bound(bc, a, /*dots=*/false, &t.logit_err, &vmax);
   } else {
     const CacheLayout layout =
         CacheLayout::dense(a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
