@@ -47,6 +47,9 @@ std::string to_text(const FuzzCase& c) {
   };
   list("k_scales", c.k_scales);  // quantized caches, per kv head
   list("v_scales", c.v_scales);
+  // Per-token scales: the flag, their layout and its pad (the scales come with the data seed).
+  os << "token_scales " << s.token_scales << ' ' << token_scale_layout_name(c.token_scale_layout)
+     << ' ' << c.token_scale_pad << '\n';
   os << "max_q_len " << c.max_q_len << '\n' << "q_lens";
   for (int n : c.q_lens) os << ' ' << n;
   // The tree masks: the flag and the packing seed, then each sequence's bits ('-' for none).
@@ -142,11 +145,18 @@ class LineReader {
   int line_no_;
 };
 
-// The names kv_layout and malformation lines hold.
+// The names kv_layout, token_scales and malformation lines hold.
 testing::KvLayout parse_layout(LineReader& in) {
   const std::string w = in.word();
   for (testing::KvLayout l : testing::kAllKvLayouts) {
     if (w == testing::kv_layout_name(l)) return l;
+  }
+  in.bad();
+}
+TokenScaleLayout parse_token_scale_layout(LineReader& in) {
+  const std::string w = in.word();
+  for (TokenScaleLayout l : kAllTokenScaleLayouts) {
+    if (w == token_scale_layout_name(l)) return l;
   }
   in.bad();
 }
@@ -193,6 +203,10 @@ bool read_shape_key(LineReader& in, FuzzCase& c) {
     in.read_float(key == "k_scale" ? s.k_scale : s.v_scale);
   } else if (key == "k_scales" || key == "v_scales") {
     in.read_floats(key == "k_scales" ? c.k_scales : c.v_scales);
+  } else if (key == "token_scales") {
+    in.read_bool(s.token_scales);
+    c.token_scale_layout = parse_token_scale_layout(in);
+    in.read(c.token_scale_pad);
   } else if (key == "max_q_len") {
     in.read(c.max_q_len);
   } else if (key == "q_lens") {

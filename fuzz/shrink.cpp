@@ -212,6 +212,13 @@ void simpler_tables(const FuzzCase& c, Candidates& add) {
   }
 }
 
+// Without per-token scales (their layout back to the dense one, which a case without them keeps).
+void no_token_scales(FuzzCase& n) {
+  n.spec.token_scales = false;
+  n.token_scale_layout = TokenScaleLayout::kDense;
+  n.token_scale_pad = 0;
+}
+
 // Plainer dtypes, values and threads.
 void plainer_values(const FuzzCase& c, Candidates& add) {
   const testing::CaseSpec& s = c.spec;
@@ -219,15 +226,25 @@ void plainer_values(const FuzzCase& c, Candidates& add) {
     add([](testing::CaseSpec& t, FuzzCase&) { t.q_dtype = DType::kF32; });
   // A quantized cache becomes an f32 one without its scales (which a plain cache refuses): a
   // valid case still, so a failure that survives it did not need quantization. Else the scales
-  // get plainer: no per-head ones, then k_scale and v_scale 1 (the cache stays quantized).
+  // get plainer: no per-token ones, or dense ones, or padded without a gap; no per-head ones; then
+  // k_scale and v_scale 1 (the cache stays quantized).
   if (s.kv_dtype != DType::kF32) {
     add([](testing::CaseSpec& t, FuzzCase& n) {
       t.kv_dtype = DType::kF32;
       t.k_scale = t.v_scale = 1.f;
       n.k_scales.clear();
       n.v_scales.clear();
+      no_token_scales(n);
     });
   }
+  if (c.token_scales()) add([](testing::CaseSpec&, FuzzCase& n) { no_token_scales(n); });
+  if (c.token_scale_layout != TokenScaleLayout::kDense) {
+    add([](testing::CaseSpec&, FuzzCase& n) {
+      n.token_scale_layout = TokenScaleLayout::kDense;
+      n.token_scale_pad = 0;
+    });
+  }
+  if (c.token_scale_pad != 0) add([](testing::CaseSpec&, FuzzCase& n) { n.token_scale_pad = 0; });
   if (c.per_head_scales()) {
     add([](testing::CaseSpec&, FuzzCase& n) {
       n.k_scales.clear();

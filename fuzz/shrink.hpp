@@ -1,7 +1,7 @@
 // Shrinks a failing case to a minimal one that still fails the same oracle: fewer sequences, one
 // or fewer query tokens, no tree mask (or a smaller one, packed back to back), shorter contexts,
 // fewer and plainer attention variants, dense q and out, smaller dims, simpler tables, plainer
-// dtypes and values.
+// dtypes, scales and values.
 #pragma once
 
 #include <functional>
