@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <iterator>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -21,32 +20,6 @@ constexpr float kMaxFloat = std::numeric_limits<float>::max();
 
 std::string seq_arg(const char* name, int s) {
   return std::string(name) + "[" + std::to_string(s) + "]";
-}
-
-// The field require_cache_strides names for strides whose rows overlap, or null, by the rule it
-// documents: with the dimensions in increasing stride (token, kv head, block among equal ones),
-// each dimension of more than one entry must start at or past the extent of those before it, a
-// row being head_dim elements. An independent oracle of core/src/validate.cpp's check, kept
-// apart on purpose: the fuzzer derives the expected error without calling the code it tests.
-const char* overlapping_stride(const CacheStrides& s, int num_blocks, int num_kv_heads,
-                               int block_size, int head_dim) {
-  struct Dim {
-    const char* name;
-    std::int64_t stride;
-    int size;
-  };
-  Dim dims[] = {{"kv_strides.token", s.token, block_size},
-                {"kv_strides.head", s.head, num_kv_heads},
-                {"kv_strides.block", s.block, num_blocks}};
-  std::stable_sort(std::begin(dims), std::end(dims),
-                   [](const Dim& x, const Dim& y) { return x.stride < y.stride; });
-  std::int64_t extent = head_dim;
-  for (const Dim& d : dims) {
-    if (d.size <= 1) continue;
-    if (d.stride < extent) return d.name;
-    extent += d.stride * (d.size - 1);
-  }
-  return nullptr;
 }
 
 // A block id, or a context length, out of range.
@@ -430,78 +403,6 @@ void plant_in_scales(const FuzzCase& c, BuiltCase& b) {
     default:
       break;
   }
-}
-
-// The case's own strides (the dense HND ones for the default layout) with one of them 0
-// among nonzero ones, negative, small enough that rows overlap (below head_dim, or below
-// the extent of the dimensions with smaller strides: an NHD head stride under head_dim, a
-// token stride under the kv heads' extent), or a block stride whose pool spans more than
-// int64 addresses. Overlap needs a dimension of more than one entry, the span two blocks;
-// without them the case gets a zero or a negative stride instead.
-void plant_kv_strides(const FuzzCase& c, BuiltCase& b) {
-  DecodeArgs& a = b.args;
-  const std::uint64_t p = c.bad_param;
-  const CacheStrides base = a.kv_strides.is_default()
-                                ? CacheStrides::hnd(a.num_kv_heads, a.block_size, a.head_dim)
-                                : a.kv_strides;
-  std::int64_t CacheStrides::*const fields[] = {&CacheStrides::block, &CacheStrides::head,
-                                                &CacheStrides::token};
-  const char* const names[] = {"kv_strides.block", "kv_strides.head", "kv_strides.token"};
-  const int sizes[] = {a.num_blocks, a.num_kv_heads, a.block_size};
-  const std::int64_t D = a.head_dim;
-  CacheStrides s = base;
-  int kind = static_cast<int>(p % 4);
-  int f = static_cast<int>((p >> 8) % 3);
-  const char* expected = nullptr;
-  if (kind == 2) {
-    std::vector<int> dims;
-    for (int g = 0; g < 3; ++g) {
-      if (sizes[g] > 1) dims.push_back(g);
-    }
-    if (dims.empty()) {
-      kind = 0;
-    } else {
-      f = dims[(p >> 8) % dims.size()];
-      if ((p >> 16) % 2) {
-        s.*fields[f] = 1 + static_cast<std::int64_t>((p >> 24) % (D - 1));
-      } else {
-        std::int64_t extent = D;  // of the dimensions below this one
-        for (int g = 0; g < 3; ++g) {
-          if (g != f && sizes[g] > 1 && base.*fields[g] < base.*fields[f]) {
-            extent += base.*fields[g] * (sizes[g] - 1);
-          }
-        }
-        s.*fields[f] = std::max<std::int64_t>(extent - 1 - (p >> 24) % 4, 1);
-      }
-      expected = overlapping_stride(s, a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
-      if (expected == nullptr) {
-        // Rows that interleave without overlapping: below head_dim does overlap.
-        s = base;
-        s.*fields[f] = 1 + static_cast<std::int64_t>((p >> 24) % (D - 1));
-        expected = overlapping_stride(s, a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
-      }
-    }
-  }
-  if (kind == 3) {
-    if (a.num_blocks < 2) {
-      kind = 1;
-    } else {
-      s.block = (std::int64_t{1} << 62) + static_cast<std::int64_t>((p >> 16) % 1000);
-      expected = "kv_strides.block";
-    }
-  }
-  if (kind == 0) {
-    s.*fields[f] = 0;
-    expected = names[f];
-  } else if (kind == 1) {
-    const std::int64_t values[] = {-1, -D, std::numeric_limits<std::int64_t>::min(),
-                                   -1 - static_cast<std::int64_t>((p >> 16) % 100000)};
-    s.*fields[f] = values[(p >> 40) % 4];
-    expected = names[f];
-  }
-  if (expected == nullptr) not_applicable(c);
-  a.kv_strides = s;
-  b.expected_argument = expected;
 }
 
 }  // namespace

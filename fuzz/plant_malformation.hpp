@@ -2,6 +2,9 @@
 // or the host copies they point at, and records the error the API must raise for it.
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 #include "build_case.hpp"
 #include "fuzz_case.hpp"
 
@@ -12,8 +15,27 @@ namespace pagedattn::fuzz {
 void plant_malformation(const FuzzCase& c, BuiltCase& b);
 
 // For the files that plant one family each: the tree-mask malformations (plant_tree_mask.cpp),
-// and the refusal of a malformation the case gives nothing to corrupt.
+// bad kv_strides (plant_strides.cpp), and the refusal of a malformation the case gives nothing to
+// corrupt.
 void plant_in_tree_mask(const FuzzCase& c, BuiltCase& b);
+void plant_kv_strides(const FuzzCase& c, BuiltCase& b);
 [[noreturn]] void not_applicable(const FuzzCase& c);
+
+// A cache view whose strides a malformation breaks: its strides (explicit, not the default 0s),
+// its shape (a row of head_dim elements: 1 for the per-token scales) and the field its errors
+// name ("kv_strides", "token_scale_strides").
+struct StridedView {
+  CacheStrides base;
+  int num_blocks, num_kv_heads, block_size;
+  std::int64_t head_dim;
+  std::string field;
+};
+// Strides require_cache_strides refuses and the field its error names (FIELD.block, .head or
+// .token), `p` choosing how (plant_strides.cpp); an empty field where the choice found none.
+struct BadStrides {
+  CacheStrides strides;
+  std::string field;
+};
+BadStrides bad_strides(const StridedView& view, std::uint64_t p);
 
 }  // namespace pagedattn::fuzz
