@@ -351,7 +351,8 @@ void expect_cuda_refusal(const FuzzCase& c, BuiltCase& b) {
       c.bad == Malformation::kQIndptrStart || c.bad == Malformation::kQIndptrDecreasing ||
       c.bad == Malformation::kQLenOverMax || c.bad == Malformation::kQIndptrEnd ||
       c.bad == Malformation::kBadKvHeadScale || c.bad == Malformation::kTreeBitAboveDiagonal ||
-      c.bad == Malformation::kTreeSpanShort || c.bad == Malformation::kTreeIndptrStart;
+      c.bad == Malformation::kTreeSpanShort || c.bad == Malformation::kTreeIndptrStart ||
+      c.bad == Malformation::kBadTokenScale;
   if (!shapes_pass) return;
   if (const char* field = cuda_unsupported(a)) {
     b.cuda_refuses = field;

@@ -175,6 +175,19 @@ void fit_tree_malformation(FuzzCase& c, Malformation m, PartStreams& streams) {
   }
 }
 
+// Makes a case fit a per-token scale malformation: per-token scales on a plain cache need a plain
+// one; a bad scale or bad strides need per-token scales (and a quantized cache to hold them).
+void fit_token_scale_malformation(FuzzCase& c, Malformation m, PartStreams& streams) {
+  if (m == Malformation::kTokenScalesOnPlainCache && c.quantized()) {
+    drop_quantized(c, streams.fp8.pick(kPlainDTypes));
+  }
+  if ((m == Malformation::kBadTokenScale || m == Malformation::kTokenScaleStrides) &&
+      !c.token_scales()) {
+    if (!c.quantized()) draw_quantized(c, streams.fp8, true);
+    draw_token_scales(c, streams.token_scales, true);
+  }
+}
+
 // A malformation for 12% of the cases (only those that keep buffer sizes where the options ask),
 // made applicable: a sequence to corrupt, a context with blocks, a table of >= 2 entries, query
 // tokens to miscount, a tree mask to break, the variant, quantized cache or plain cache it
@@ -197,7 +210,7 @@ void draw_malformation(FuzzCase& c, Rng& r, const DrawOptions& options, PartStre
     if (c.multi_token()) c.q_lens = {1};
     fit_tree_masks(c);
   }
-  if (m == Malformation::kIdOutOfRange &&
+  if ((m == Malformation::kIdOutOfRange || m == Malformation::kBadTokenScale) &&
       std::all_of(s.context_lens.begin(), s.context_lens.end(), [](int L) { return L == 0; })) {
     s.context_lens[0] = 1;
   }
@@ -208,8 +221,8 @@ void draw_malformation(FuzzCase& c, Rng& r, const DrawOptions& options, PartStre
   if (needs_queries && !c.multi_token()) {
     draw_query_lens(c, streams.queries, streams.work_budget, true);
   }
-  if (m == Malformation::kIdOutOfRange && c.multi_token()) {
-    // A read entry needs a sequence with a context and a query token.
+  if ((m == Malformation::kIdOutOfRange || m == Malformation::kBadTokenScale) && c.multi_token()) {
+    // A read entry (a checked row) needs a sequence with a context and a query token.
     bool read = false;
     for (int b = 0; b < s.batch; ++b) read |= s.context_lens[b] > 0 && c.q_lens[b] > 0;
     if (!read) {
@@ -238,6 +251,7 @@ void draw_malformation(FuzzCase& c, Rng& r, const DrawOptions& options, PartStre
   if (m == Malformation::kScaleOnPlainCache && c.quantized()) {
     drop_quantized(c, streams.fp8.pick(kPlainDTypes));
   }
+  fit_token_scale_malformation(c, m, streams);
 }
 
 }  // namespace

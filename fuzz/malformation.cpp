@@ -39,7 +39,11 @@ const char* const kMalformationNames[] = {"none",
                                           "tree-span-short",
                                           "tree-indptr-start",
                                           "tree-unpaired",
-                                          "tree-without-q-indptr"};
+                                          "tree-without-q-indptr",
+                                          "token-scales-on-plain-cache",
+                                          "token-scales-unpaired",
+                                          "bad-token-scale",
+                                          "token-scale-strides"};
 static_assert(sizeof(kMalformationNames) / sizeof(kMalformationNames[0]) ==
               static_cast<std::size_t>(Malformation::kCount));
 
@@ -61,7 +65,9 @@ bool keeps_buffer_sizes(Malformation m) {
          m == Malformation::kBadKvScale || m == Malformation::kScaleOnPlainCache ||
          m == Malformation::kBadKvHeadScale || m == Malformation::kTreeBitAboveDiagonal ||
          m == Malformation::kTreeSpanShort || m == Malformation::kTreeIndptrStart ||
-         m == Malformation::kTreeUnpaired;
+         m == Malformation::kTreeUnpaired || m == Malformation::kTokenScalesOnPlainCache ||
+         m == Malformation::kTokenScalesUnpaired || m == Malformation::kBadTokenScale ||
+         m == Malformation::kTokenScaleStrides;
 }
 
 }  // namespace pagedattn::fuzz

@@ -35,11 +35,15 @@ enum class Malformation : int {
   kBadKvScale,         // k_scale or v_scale of a quantized cache out of [kMinKvScale, kMaxKvScale]
   kScaleOnPlainCache,  // a K/V scale other than 1, or a per-head array, on a plain cache
   kBadKvHeadScale,     // one per-head scale (k_scales[h] or v_scales[h]) out of range
-  kTreeBitAboveDiagonal,  // a tree mask bit (i, j) with j > i set
-  kTreeSpanShort,         // tree_mask_indptr[b + 1] leaving sequence b fewer bytes than its mask
-  kTreeIndptrStart,       // tree_mask_indptr[0] negative
-  kTreeUnpaired,          // tree_mask without tree_mask_indptr, or the other way round
-  kTreeWithoutQIndptr,    // a tree mask without q_indptr
+  kTreeBitAboveDiagonal,     // a tree mask bit (i, j) with j > i set
+  kTreeSpanShort,            // tree_mask_indptr[b + 1] leaving sequence b fewer bytes than its mask
+  kTreeIndptrStart,          // tree_mask_indptr[0] negative
+  kTreeUnpaired,             // tree_mask without tree_mask_indptr, or the other way round
+  kTreeWithoutQIndptr,       // a tree mask without q_indptr
+  kTokenScalesOnPlainCache,  // k_token_scales and v_token_scales on an f32, f16 or bf16 cache
+  kTokenScalesUnpaired,      // one of k_token_scales, v_token_scales alone, or strides alone
+  kBadTokenScale,            // a checked row's per-token scale out of range (NaN, 0, ...)
+  kTokenScaleStrides,        // token_scale_strides zero among nonzero, negative, overlapping...
   kCount
 };
 

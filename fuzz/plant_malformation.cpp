@@ -458,6 +458,11 @@ void plant_malformation(const FuzzCase& c, BuiltCase& b) {
     case Malformation::kTreeUnpaired:
     case Malformation::kTreeWithoutQIndptr:
       return plant_in_tree_mask(c, b);
+    case Malformation::kTokenScalesOnPlainCache:
+    case Malformation::kTokenScalesUnpaired:
+    case Malformation::kBadTokenScale:
+    case Malformation::kTokenScaleStrides:
+      return plant_in_token_scales(c, b);
     case Malformation::kCount:
       not_applicable(c);
   }

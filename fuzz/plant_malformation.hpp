@@ -15,9 +15,10 @@ namespace pagedattn::fuzz {
 void plant_malformation(const FuzzCase& c, BuiltCase& b);
 
 // For the files that plant one family each: the tree-mask malformations (plant_tree_mask.cpp),
-// bad kv_strides (plant_strides.cpp), and the refusal of a malformation the case gives nothing to
-// corrupt.
+// the per-token scale ones (plant_token_scales.cpp), bad kv_strides (plant_strides.cpp), and the
+// refusal of a malformation the case gives nothing to corrupt.
 void plant_in_tree_mask(const FuzzCase& c, BuiltCase& b);
+void plant_in_token_scales(const FuzzCase& c, BuiltCase& b);
 void plant_kv_strides(const FuzzCase& c, BuiltCase& b);
 [[noreturn]] void not_applicable(const FuzzCase& c);
 
