@@ -257,6 +257,51 @@ void draw_tree_mask(FuzzedDataProvider& in, DrawnArgs& d) {
   if (a.tree_mask != nullptr) a.tree_mask = bytes.data();
 }
 
+// int8 caches, none when the input runs out: a draw of 6 or 7 (of 0-7) turns every fp8 field
+// (e4m3 or e5m2: the dtype draws above reach them, and widening their range would remap every
+// existing input's dtypes) into int8, which q and out must refuse and K and V take (with the fp8
+// draw's scales).
+void draw_int8(FuzzedDataProvider& in, DecodeArgs& a) {
+  if (in.ConsumeIntegralInRange<int>(0, 7) < 6) return;
+  for (DType* t : {&a.q_dtype, &a.k_dtype, &a.v_dtype, &a.out_dtype}) {
+    if (is_fp8(*t)) *t = DType::kInt8;
+  }
+}
+
+// Per-token scales, none when the input runs out: kind 0-3 none, 4-5 both arrays, 6 both with one
+// element invalid, 7 one array alone (K's or V's), whatever the cache (a plain one must refuse
+// them). Their strides: 0-4 the default, 5 NHD, 6 the dense order with a gap of 0-3 after every
+// row, kv head and block, 7 refused ones (a zero among nonzero ones, a negative one, rows that
+// overlap); drawn with or without the scales (strides alone must be refused too).
+void draw_token_scales(FuzzedDataProvider& in, DrawnArgs& d) {
+  DecodeArgs& a = d.a;
+  const int kind = in.ConsumeIntegralInRange<int>(0, 7);
+  d.token_scales_kind = kind < 4 ? 0 : kind < 6 ? 1 : kind == 6 ? 2 : in.ConsumeBool() ? 3 : 4;
+  d.bad_row = in.ConsumeIntegralInRange<int>(0, 4095);
+  d.v_bad = in.ConsumeBool();
+  const std::int64_t KV = a.num_kv_heads, BS = a.block_size;
+  CacheStrides& s = a.token_scale_strides;
+  switch (in.ConsumeIntegralInRange<int>(0, 7)) {
+    case 5:
+      s = CacheStrides::nhd(a.num_kv_heads, a.block_size, 1);
+      break;
+    case 6: {
+      const std::int64_t pad = in.ConsumeIntegralInRange<int>(0, 3);
+      s.token = 1 + pad;
+      s.head = BS * s.token + pad;
+      s.block = KV * s.head + pad;
+      break;
+    }
+    case 7: {
+      const CacheStrides bad[] = {{0, 1, 1}, {KV * BS, BS, -1}, {1, 1, 1}, {KV * BS, 0, 1}};
+      s = bad[in.ConsumeIntegralInRange<int>(0, 3)];
+      break;
+    }
+    default:
+      break;
+  }
+}
+
 }  // namespace
 
 void draw_args(FuzzedDataProvider& in, DrawnArgs& d) {
@@ -270,6 +315,8 @@ void draw_args(FuzzedDataProvider& in, DrawnArgs& d) {
   draw_query_tokens(in, d);
   draw_fp8(in, d);
   draw_tree_mask(in, d);
+  draw_int8(in, d.a);
+  draw_token_scales(in, d);
 }
 
 }  // namespace pagedattn::fuzz

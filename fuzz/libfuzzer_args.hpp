@@ -1,8 +1,9 @@
 // The DecodeArgs a libFuzzer input chooses (libfuzzer_target.cpp), valid or not: every field but
 // the buffer pointers, drawn from the front of the input in a fixed order, then what the pointers
 // and the per-head arrays are to be. Each draw of a later feature (the variants, the row strides,
-// multi-token queries, fp8 caches) comes after every earlier one and means "none" when the input
-// has run out, so the inputs of the corpus keep their meaning as features are added.
+// multi-token queries, fp8 caches, tree masks, int8 caches and per-token scales) comes after every
+// earlier one and means "none" when the input has run out, so the inputs of the corpus keep their
+// meaning as features are added.
 #pragma once
 
 #include <fuzzer/FuzzedDataProvider.h>
@@ -32,6 +33,12 @@ struct DrawnArgs {
   // tree_indptr ([batch + 1]), when drawn.
   std::vector<std::uint8_t> tree_bytes;
   std::vector<std::int32_t> tree_indptr;
+  // Per-token scales (DecodeArgs::k_token_scales, v_token_scales; token_scale_strides is drawn in
+  // `a`): 0 none; 1 both; 2 both, the element bad_row of one of them (v_bad: V's) invalid; 3 K's
+  // alone; 4 V's alone.
+  int token_scales_kind = 0;
+  int bad_row = 0;
+  bool v_bad = false;
 };
 
 // Fills `d` from the front of the input (d.a.q_indptr points into d.indptr, and the tree mask's

@@ -2,15 +2,16 @@
 // and -fsanitize=fuzzer,address,undefined by scripts/build_libfuzzer.sh).
 //
 // The input bytes choose every DecodeArgs field, valid or not (libfuzzer_args.hpp: the attention
-// variants, the q and out row strides, multi-token queries, fp8 caches with their scales and tree
-// masks included), then the contents of the context lengths, the block table and the tensors.
-// Buffers are allocated at exactly the sizes the declared shapes imply (a tree mask's bytes at its
-// offsets' last entry), so AddressSanitizer reports any read or write outside them; with a window,
-// the table entries before it are as random as the rest (validation and the kernels must ignore
-// them); between the rows of a strided q lies NaN (a read of it makes out non-finite), between
-// those of a strided out a byte pattern that must survive. Each input must either raise
-// pagedattn::Error, agree with the f64 reference's own validation, and leave out and lse untouched;
-// or succeed with every output finite and close to the reference and out's gaps untouched.
+// variants, the q and out row strides, multi-token queries, fp8 and int8 caches with their scales,
+// per-token scales in their strides and tree masks included), then the contents of the context
+// lengths, the block table and the tensors. Buffers are allocated at exactly the sizes the declared
+// shapes imply (a tree mask's bytes at its offsets' last entry), so AddressSanitizer reports any
+// read or write outside them; with a window, the table entries before it are as random as the rest
+// (validation and the kernels must ignore them); between the rows of a strided q lies NaN (a read
+// of it makes out non-finite), between those of a strided out a byte pattern that must survive.
+// Each input must either raise pagedattn::Error, agree with the f64 reference's own validation, and
+// leave out and lse untouched; or succeed with every output finite and close to the reference and
+// out's gaps untouched.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -45,9 +46,9 @@ constexpr std::uint8_t kGapByte = 0xa5;  // out's gaps: must survive every call
   std::abort();
 }
 
-// A dtype the buffers can be filled in (fp8 too: validation refuses it for q and out).
+// A dtype the buffers can be filled in (fp8 and int8 too: validation refuses them for q and out).
 bool valid_dtype(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || pagedattn::is_fp8(t);
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || pagedattn::is_quantized(t);
 }
 std::size_t bytes_of(DType t) { return valid_dtype(t) ? pagedattn::dtype_size(t) : 4; }
 
@@ -82,8 +83,9 @@ struct Buffers {
   Buffer q, k, v, out;
   std::vector<std::int32_t> lens, table;
   std::vector<float> lse;
-  Buffer slopes, sinks;       // num_heads floats each
-  Buffer k_scales, v_scales;  // num_kv_heads floats each
+  Buffer slopes, sinks;                   // num_heads floats each
+  Buffer k_scales, v_scales;              // num_kv_heads floats each
+  Buffer k_token_scales, v_token_scales;  // token_scale_elements floats each
 
   Buffers(const DecodeArgs& a, const Rows& r, std::size_t table_stride)
       : q(r.extent(r.q_stride) * bytes_of(a.q_dtype)),
@@ -96,10 +98,21 @@ struct Buffers {
         slopes(product({a.num_heads}) * sizeof(float)),
         sinks(product({a.num_heads}) * sizeof(float)),
         k_scales(product({a.num_kv_heads}) * sizeof(float)),
-        v_scales(product({a.num_kv_heads}) * sizeof(float)) {}
+        v_scales(product({a.num_kv_heads}) * sizeof(float)),
+        k_token_scales(token_scale_elements(a) * sizeof(float)),
+        v_token_scales(token_scale_elements(a) * sizeof(float)) {}
 
   static std::size_t pool(const DecodeArgs& a) {
     return product({a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim});
+  }
+  // The per-token scales' extent in their strides (the last row's end), or the dense pool's where
+  // the strides or the shape are refused (then nothing may be read).
+  static std::size_t token_scale_elements(const DecodeArgs& a) {
+    const pagedattn::CacheStrides& s = a.token_scale_strides;
+    const std::size_t dense = product({a.num_blocks, a.num_kv_heads, a.block_size});
+    if (s.is_default() || s.block <= 0 || s.head <= 0 || s.token <= 0 || dense == 0) return dense;
+    return static_cast<std::size_t>((a.num_blocks - 1) * s.block + (a.num_kv_heads - 1) * s.head +
+                                    (a.block_size - 1) * s.token + 1);
   }
 };
 
@@ -121,10 +134,12 @@ void fill_tensors(const DecodeArgs& a, const Rows& r, const std::vector<std::uin
   auto fill = [&](Buffer& buf, DType t, std::size_t salt) {
     if (!valid_dtype(t)) return;
     const std::size_t n = buf.size / pagedattn::dtype_size(t);
+    // int8 codes -4..4 (the values' -2..2 would round to five codes), -128 never among them.
+    const float unit = t == DType::kInt8 ? 32.f : 64.f;
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint8_t x = bytes.empty() ? static_cast<std::uint8_t>(i * 37 + salt)
                                            : bytes[(i + salt) % bytes.size()];
-      pagedattn::store_from_float(buf.data.get(), t, i, (static_cast<int>(x) - 128) / 64.f);
+      pagedattn::store_from_float(buf.data.get(), t, i, (static_cast<int>(x) - 128) / unit);
     }
   };
   fill(b.q, a.q_dtype, 0);
@@ -168,6 +183,22 @@ void fill_head_arrays(const DrawnArgs& d, const std::vector<std::uint8_t>& bytes
   }
 }
 
+// Per-token scales in [1/2, 2) (K and V alike, from the data), every element of the buffers (gaps
+// of padded strides included); then, when asked for, the element bad_row of one of them (wrapped
+// into the buffer: it may land in a row nothing reads) 0, -1, NaN or inf.
+void fill_token_scales(const DrawnArgs& d, const std::vector<std::uint8_t>& bytes, Buffers& b) {
+  const std::size_t n = b.k_token_scales.size / sizeof(float);
+  for (std::size_t i = 0; i < n; ++i) {
+    const int x = bytes.empty() ? static_cast<int>(i * 97 % 256) : bytes[(i + 43) % bytes.size()];
+    b.k_token_scales.floats()[i] = std::exp2((x - 128) / 128.f);
+    b.v_token_scales.floats()[i] = std::exp2((128 - x) / 128.f);
+  }
+  if (n > 0 && d.token_scales_kind == 2) {
+    const float bad[] = {0.f, -1.f, kNaN, kInf};
+    (d.v_bad ? b.v_token_scales : b.k_token_scales).floats()[d.bad_row % n] = bad[d.bad_row % 4];
+  }
+}
+
 // The arguments' pointers at the buffers, the one the input chose null.
 void point_at(const DrawnArgs& d, Buffers& b, DecodeArgs& a) {
   const int null_pointer = d.null_pointer;
@@ -182,6 +213,9 @@ void point_at(const DrawnArgs& d, Buffers& b, DecodeArgs& a) {
   a.sinks = d.sinks_kind >= 2 ? b.sinks.floats() : nullptr;
   a.k_scales = d.kv_scales_kind >= 2 && !d.v_scales_only ? b.k_scales.floats() : nullptr;
   a.v_scales = d.kv_scales_kind >= 2 ? b.v_scales.floats() : nullptr;
+  const int t = d.token_scales_kind;
+  a.k_token_scales = t != 0 && t != 4 ? b.k_token_scales.floats() : nullptr;
+  a.v_token_scales = t != 0 && t != 3 ? b.v_token_scales.floats() : nullptr;
 }
 
 // What decode raised, if anything.
@@ -284,6 +318,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::vector<std::uint8_t> bytes = in.ConsumeRemainingBytes<std::uint8_t>();
   fill_tensors(a, r, bytes, b);
   fill_head_arrays(d, bytes, b);
+  fill_token_scales(d, bytes, b);
   // Outputs poisoned: NaN in out's rows and lse (an unwritten element shows), kGapByte between.
   std::memset(b.out.data.get(), 0xff, std::max<std::size_t>(b.out.size, 1));
   for_each_gap_byte(b.out, r, bytes_of(a.out_dtype), [](std::uint8_t& x) { x = kGapByte; });
