@@ -165,7 +165,7 @@ inline void block_tile(const QT* q, const T* k, const T* v, std::int64_t ts, int
 
 // Rows [slot, slot + n) of kv head kv of block id as f32 into rows (K, then V at rows + block_size
 // * head_dim): codes times the per-token scales where there are some.
-template <class T>
+template <class Arch, class T>
 void dequantize_stretch(const ItemContext& c, const T* k, const T* v, int id, int kv, int slot,
                         int n, float* rows) {
   const int D = c.layout.head_dim;
@@ -178,8 +178,9 @@ void dequantize_stretch(const ItemContext& c, const T* k, const T* v, int id, in
     vs = c.v_token_scales + at;
   }
   const std::int64_t step = c.token_scale_layout.token_stride;
-  dequantize_rows(k, ts, n, D, ks, step, rows);
-  dequantize_rows(v, ts, n, D, vs, step, rows + static_cast<std::int64_t>(c.layout.block_size) * D);
+  dequantize_rows<Arch>(k, ts, n, D, ks, step, rows);
+  dequantize_rows<Arch>(v, ts, n, D, vs, step,
+                        rows + static_cast<std::int64_t>(c.layout.block_size) * D);
 }
 
 // Folds the blocks of `it` for kv heads [it.kv_head, it.kv_head + kv_count) into their states
@@ -250,7 +251,8 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
     float* li = l + i * G;
     float* ai = acc + static_cast<std::int64_t>(i) * G * D;
     if constexpr (DQ)
-      dequantize_stretch(c, k_cache + base, v_cache + base, id, kv, pos % BS, n, scratch.rows);
+      dequantize_stretch<Arch>(c, k_cache + base, v_cache + base, id, kv, pos % BS, n,
+                               scratch.rows);
     BlockLogits var;
     var.cap = c.soft_cap;
     var.first_pos = pos - (L - 1);
