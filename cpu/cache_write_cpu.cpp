@@ -42,7 +42,7 @@ float finite_amax(const Src* src, int n) {
   float amax = 0.f;
   for (int i = 0; i < n; ++i) {
     const float x = std::fabs(to_float(src[i]));
-    if (x <= 3.402823466e38f && x > amax) amax = x;
+    if (std::isfinite(x) && x > amax) amax = x;
   }
   return amax;
 }

@@ -53,12 +53,9 @@ const char* token_scale_layout_name(TokenScaleLayout layout) {
 
 CacheStrides FuzzCase::token_scale_strides() const {
   const std::int64_t KV = spec.num_kv_heads, BS = spec.block_size, pad = token_scale_pad;
+  if (token_scale_layout == TokenScaleLayout::kNhd) return CacheStrides::nhd(KV, BS, 1);
   CacheStrides s;
-  if (token_scale_layout == TokenScaleLayout::kNhd) {
-    s.head = 1;
-    s.token = KV;
-    s.block = BS * KV;
-  } else if (token_scale_layout == TokenScaleLayout::kPadded) {
+  if (token_scale_layout == TokenScaleLayout::kPadded) {
     s.token = 1 + pad;
     s.head = BS * s.token + pad;
     s.block = KV * s.head + pad;

@@ -49,6 +49,15 @@ struct Pool {
     a.v_token_scales = vs.data();
     return a;
   }
+  // Copies block pair.src to pair.dst, scales included, in a cache read as `as`.
+  CopyBlocksArgs copy_args(DType as, const BlockCopy& pair) {
+    auto a = testing::pool_args<CopyBlocksArgs>(kKv, kD, kBs, kBlocks, k.data(), v.data(), as);
+    a.pairs = &pair;
+    a.num_pairs = 1;
+    a.k_token_scales = ks.data();
+    a.v_token_scales = vs.data();
+    return a;
+  }
 };
 
 // The scale and codes of one row by the definition: s = max finite |x| / (max code x head scale),
@@ -276,15 +285,9 @@ TEST(Int8Errors, CacheOpsNameTheArgument) {
                "int8 source rows");
   EXPECT_EQ(p.k, k_before) << "a refused write wrote the cache";
   EXPECT_EQ(p.ks[5], -1.f) << "a refused write wrote a scale";
-  auto copy = testing::pool_args<CopyBlocksArgs>(kKv, kD, kBs, kBlocks, p.k.data(), p.v.data(),
-                                                 DType::kBF16);
   const BlockCopy pair{0, 1};
-  copy.pairs = &pair;
-  copy.num_pairs = 1;
-  copy.k_token_scales = p.ks.data();
-  copy.v_token_scales = p.vs.data();
-  expect_error([&] { copy_blocks(copy, kCpu); }, ErrorCode::kUnsupported, "k_token_scales",
-               {"quantized"}, "copying per-token scales of a bf16 cache");
+  expect_error([&] { copy_blocks(p.copy_args(DType::kBF16, pair), kCpu); }, ErrorCode::kUnsupported,
+               "k_token_scales", {"quantized"}, "copying per-token scales of a bf16 cache");
 }
 
 TEST(Int8Writes, CopyBlocksCarriesTheScales) {
@@ -297,14 +300,8 @@ TEST(Int8Writes, CopyBlocksCarriesTheScales) {
   for (int t = 0; t < kBs; ++t) slots[t] = kBs + t;  // block 1
   Pool p(DType::kInt8);
   write_cache(p.write_args(key, value, slots), kCpu);
-  auto copy = testing::pool_args<CopyBlocksArgs>(kKv, kD, kBs, kBlocks, p.k.data(), p.v.data(),
-                                                 DType::kInt8);
   const BlockCopy pair{1, 3};
-  copy.pairs = &pair;
-  copy.num_pairs = 1;
-  copy.k_token_scales = p.ks.data();
-  copy.v_token_scales = p.vs.data();
-  copy_blocks(copy, kCpu);
+  copy_blocks(p.copy_args(DType::kInt8, pair), kCpu);
   const std::size_t block = std::size_t{kKv} * kBs;
   for (std::size_t i = 0; i < block; ++i) {
     EXPECT_EQ(p.ks[3 * block + i], p.ks[block + i]) << i;

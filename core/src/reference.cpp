@@ -75,8 +75,9 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
           const std::int64_t base = layout.offset(id, kv, slot);
           double kt = ks, vt = vs;
           if (a.k_token_scales != nullptr) {
-            kt *= a.k_token_scales[scale_layout.offset(id, kv, slot)];
-            vt *= a.v_token_scales[scale_layout.offset(id, kv, slot)];
+            const std::int64_t row = scale_layout.offset(id, kv, slot);
+            kt *= a.k_token_scales[row];
+            vt *= a.v_token_scales[row];
           }
           for (int d = 0; d < D; ++d) {
             K(j, d) = load_as_float(a.k_cache, a.k_dtype, base + d) * kt;

@@ -29,6 +29,16 @@ std::string supported_head_dims_text() {
   return "unsupported (supported: " + head_dims_list(kSupportedHeadDims) + ")";
 }
 
+// The table entries [first, end) of sequence b (context len) that a decode reads: from the
+// window's first block of its earliest query on (q_indptr null: one query token).
+std::pair<int, int> read_entries(const DecodeArgs& a, int len, const std::int32_t* q_indptr,
+                                 int b) {
+  const int q_len = q_indptr != nullptr ? q_indptr[b + 1] - q_indptr[b] : 1;
+  int first = 0;
+  const int used = planned_blocks(len, a.block_size, a.window_left, &first, q_len);
+  return {first, first + used};
+}
+
 }  // namespace
 
 void require_positive(const char* name, int v) {
@@ -427,9 +437,7 @@ void validate_tables(const DecodeArgs& a, const std::int32_t* context_lens,
       fail(ErrorCode::kOutOfRange, v.str(), len,
            "out of range [0, " + std::to_string(capacity) + "] (max_blocks_per_seq * block_size)");
     }
-    const int q_len = q_indptr != nullptr ? q_indptr[b + 1] - q_indptr[b] : 1;
-    int first = 0;
-    const int used = planned_blocks(len, a.block_size, a.window_left, &first, q_len) + first;
+    const auto [first, used] = read_entries(a, len, q_indptr, b);
     for (int i = first; i < used; ++i) {
       const std::int32_t id = table.block(b, i);
       if (id < 0 || id >= a.num_blocks) {
@@ -470,19 +478,14 @@ void validate_token_scales(const DecodeArgs& a, const float* k_token_scales,
       bad |= !(x >= kMinKvScale && x <= kMaxKvScale);
     }
     for (int slot = 0; bad && slot < n; ++slot) {
-      const float x = row[slot * step];
-      if (x >= kMinKvScale && x <= kMaxKvScale) continue;
-      std::ostringstream arg, why;
+      std::ostringstream arg;
       arg << name << "[block " << id << ", kv head " << kv << ", slot " << slot << "]";
-      why << "must be in [" << kMinKvScale << ", " << kMaxKvScale << "]";
-      fail(ErrorCode::kInvalidArgument, arg.str(), x, why.str());
+      require_kv_scale(arg.str().c_str(), row[slot * step]);
     }
   };
   for (int b = 0; b < a.batch; ++b) {
     const int len = context_lens[b];
-    const int q_len = q_indptr != nullptr ? q_indptr[b + 1] - q_indptr[b] : 1;
-    int first = 0;
-    const int used = planned_blocks(len, a.block_size, a.window_left, &first, q_len) + first;
+    const auto [first, used] = read_entries(a, len, q_indptr, b);
     for (int i = first; i < used; ++i) {
       const int id = table.block(b, i);
       for (int kv = 0; kv < a.num_kv_heads; ++kv) {
