@@ -20,7 +20,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// The scales of an fp8 cache (CacheWriteArgs::k_scale and the rest): the cache holds x / scale.
+// The scales of a quantized cache (CacheWriteArgs::k_scale and the rest): the cache holds x /
+// scale.
 struct WriteScales {
   float k, v;
   const float* k_per_head;  // or null
@@ -44,7 +45,7 @@ __global__ void write_kernel(const Src* __restrict__ key, const Src* __restrict_
     const int d = i % layout.head_dim;
     const std::int64_t src = t * src_stride + i;
     const std::int64_t dst = layout.offset(block, h, offset) + d;
-    if constexpr (is_fp8_type<Dst>) {
+    if constexpr (is_quantized_type<Dst>) {
       const float ks = head_scale(scales.k, scales.k_per_head, h);
       const float vs = head_scale(scales.v, scales.v_per_head, h);
       k_cache[dst] = quantize_scaled<Dst>(to_float(key[src]), ks);
@@ -78,6 +79,8 @@ void launch_write_from(const CacheWriteArgs& a, cudaStream_t stream) {
       return launch_write<Src, fp8_e4m3_t>(a, stream);
     case DType::kFP8E5M2:
       return launch_write<Src, fp8_e5m2_t>(a, stream);
+    case DType::kInt8:
+      return launch_write<Src, int8_code_t>(a, stream);
   }
 }
 
@@ -177,7 +180,7 @@ void copy_blocks(const CopyBlocksArgs& a, const CacheOpOptions& o) {
   } else if (fits(2)) {
     launch_copies<std::uint16_t>(a, stream);
   } else {
-    launch_copies<std::uint8_t>(a, stream);  // fp8 with odd strides
+    launch_copies<std::uint8_t>(a, stream);  // 8-bit codes with odd strides
   }
 }
 

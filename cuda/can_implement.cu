@@ -77,7 +77,7 @@ RowUnits row_units(const DecodeArgs& a) {
 
 RowUnits can_implement(const DecodeArgs& a, const pagedattn::DecodeOptions& options) {
   require_cuda_head_dim(a.head_dim);  // no kernel at all (dispatch refuses it first)
-  require_cuda_cache("k_dtype", a.k_dtype, a.has_token_scales());
+  require_cuda_token_scales(a.has_token_scales());
   if (a.tree_mask != nullptr) {
     fail(ErrorCode::kUnsupported, "tree_mask", static_cast<const void*>(a.tree_mask),
          "the CUDA backend has no tree masks yet (the CPU backend has them)");

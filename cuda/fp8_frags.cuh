@@ -1,6 +1,7 @@
-// fp8 cache tiles as tensor-core operands (mma_path.cuh). The tiles stay fp8 in shared memory, half
-// the bytes of a 16-bit tile, and each fragment is widened in registers to f16, which holds every
-// e4m3 and e5m2 value exactly: the MMAs are m16n8k16 in f16 whatever q's dtype.
+// 8-bit cache tiles (fp8 and int8 codes) as tensor-core operands (mma_path.cuh). The tiles stay
+// 8-bit in shared memory, half the bytes of a 16-bit tile, and each fragment is widened in
+// registers to f16, which holds every e4m3, e5m2 and int8 value exactly: the MMAs are m16n8k16 in
+// f16 whatever q's dtype.
 //
 // ldmatrix moves 16-bit elements, so on fp8 rows it hands each lane four codes where a 16-bit
 // tile would hand it two elements; the fragments below take them in an order the MMA does not
@@ -32,9 +33,17 @@ namespace pagedattn::detail::cuda {
 
 // Codes `a` (low half) and `b` (high half) of word x as an f16 pair. e5m2 is the top byte of an
 // f16, so a byte permute is the whole conversion; e4m3 goes through the sm_89 conversion (exact).
+// An int8 code c, biased to c + 128 (its sign bit flipped), is the low byte of the f16 0x64xx,
+// which is 1024 + c + 128 exactly (f16's step is 1 in [1024, 2048)): less 1152, it is c.
 template <typename T, int a, int b>
 __device__ __forceinline__ std::uint32_t fp8_pair(std::uint32_t x) {
-  if constexpr (std::is_same_v<T, fp8_e5m2_t>) {
+  if constexpr (std::is_same_v<T, int8_code_t>) {
+    const std::uint32_t biased =
+        __byte_perm(x ^ 0x80808080u, 0x64646464u, (4 << 12) | (b << 8) | (4 << 4) | a);
+    std::uint32_t h;
+    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(h) : "r"(biased), "r"(0x64806480u));  // 1152 in f16
+    return h;
+  } else if constexpr (std::is_same_v<T, fp8_e5m2_t>) {
     return __byte_perm(x, 0u, (b << 12) | (4 << 8) | (a << 4) | 4);
   } else {
     const std::uint32_t two = (a == 0 && b == 1)

@@ -17,7 +17,7 @@ CallShape call_shape(const DecodeArgs& a) {
 
 bool use_mma(const CallShape& s) {
   const bool q16 = s.q_dtype == DType::kF16 || s.q_dtype == DType::kBF16;
-  if (is_fp8(s.k_dtype)) return q16 && s.head_dim % 32 == 0;
+  if (is_quantized(s.k_dtype)) return q16 && s.head_dim % 32 == 0;
   if (s.k_dtype == DType::kF32) {
     return s.q_dtype == DType::kF32 && s.head_dim % 32 == 0 && s.head_dim <= 128 &&
            std::int64_t{s.group} * s.q_len >= kTf32MinRows;
@@ -26,7 +26,7 @@ bool use_mma(const CallShape& s) {
 }
 
 bool p_needs_lo(DType k_dtype, DType out_dtype) {
-  const bool p_f16 = k_dtype == DType::kF16 || is_fp8(k_dtype);
+  const bool p_f16 = k_dtype == DType::kF16 || is_quantized(k_dtype);
   return !(out_dtype == DType::kBF16 || (out_dtype == DType::kF16 && p_f16));
 }
 
@@ -70,7 +70,7 @@ SplitBuild candidate_build(const CallShape& s) {
 }
 
 bool weighs_dense(const CallShape& s, SplitBuild candidate, const BuildFacts& plain) {
-  return plain.ctas_per_sm > 0 && candidate.mma && !candidate.wide && is_fp8(s.k_dtype);
+  return plain.ctas_per_sm > 0 && candidate.mma && !candidate.wide && is_quantized(s.k_dtype);
 }
 
 WaveFill wave_fill(const CallShape& s, int sms, int ctas_per_sm, int plan_waves) {

@@ -56,7 +56,7 @@ struct KernelChoice {
 
 // Waves of split CTAs the planner aims for. Each CTA pays a fixed start (plan, Q and page-id
 // loads, pipeline fill), so items are kept large: one wave, and whole ones
-// (choose_chunk_blocks). The dense fp8 build may plan two (two_dense_waves_pay).
+// (choose_chunk_blocks). The dense 8-bit build may plan two (two_dense_waves_pay).
 constexpr int kWaves = 1;
 // A split covers at least this many tokens: amortizes each CTA's fixed start and keeps the
 // combine cheap, while a single 4096-token sequence still spreads over 128 CTAs at 8 kv heads.
@@ -64,16 +64,16 @@ constexpr int kMinChunkTokens = 256;
 constexpr int kMaxSplitsPerSeq = 1024;  // bounds the partials buffer
 
 // The tensor cores for every group size of a 16-bit cache with q in the cache dtype, even MHA
-// (the MMAs cost little next to the copies); for an fp8 cache when q is f16 or bf16 (exact in
-// f16, the fragments' type) and the head dim is a multiple of 32 (fp8_frags.cuh); for an f32
+// (the MMAs cost little next to the copies); for a quantized cache (fp8, int8) when q is f16 or
+// bf16 (exact in f16, the fragments' type) and the head dim is a multiple of 32 (fp8_frags.cuh); for an f32
 // cache with an f32 q (3xTF32, tf32_frags.cuh) at head dims 64, 96 and 128 with at least
 // kTf32MinRows query rows per kv head. Otherwise the CUDA cores: with one or two rows they read
 // an f32 cache faster than the three MMAs per product run (docs/cuda.md).
 constexpr int kTf32MinRows = 3;
 bool use_mma(const CallShape& s);
 // Whether P, rounded to the tensor-core fragments' dtype (relative error 2^-9 for bf16, 2^-12 for
-// f16, which fp8 caches use), needs a lo part next to it (SplitParams::p_lo): not for a bf16 out
-// (whose own rounding is 2^-9 of |out|) nor for an f16 out from an f16 or fp8 cache; an f32 out,
+// f16, which quantized caches use), needs a lo part next to it (SplitParams::p_lo): not for a bf16 out
+// (whose own rounding is 2^-9 of |out|) nor for an f16 out from an f16 or quantized cache; an f32 out,
 // or an f16 out from a bf16 cache, does.
 bool p_needs_lo(DType k_dtype, DType out_dtype);
 // The calls the Hopper many-row kernel serves (SplitBuild::hopper): a 16-bit cache with q in its
@@ -94,9 +94,9 @@ int row_chunks(const CallShape& s);  // chunks_of_rows at rows_per_cta(s)
 // The wide build: tensor cores, several query tokens and more than 16 rows per CTA, where a warp
 // takes 2 or 4 slices of each tile and folds them at once; head dims with one (wide_head_dim).
 bool use_wide(const CallShape& s);
-// The build before the fp8 weighing: mma and wide from the shapes, dense unset.
+// The build before the dense weighing: mma and wide from the shapes, dense unset.
 SplitBuild candidate_build(const CallShape& s);
-// Whether the dense build is weighed against the plain one: fp8 on the plain tensor-core build,
+// Whether the dense build is weighed against the plain one: a quantized cache on the plain tensor-core build,
 // where that fits at all. Only then does the caller need KernelFacts::dense.
 bool weighs_dense(const CallShape& s, SplitBuild candidate, const BuildFacts& plain);
 
@@ -122,7 +122,7 @@ constexpr double kTwoWaveFill = 0.9;
 constexpr std::int64_t kTwoWaveItemTokens = 4096;
 bool two_dense_waves_pay(const CallShape& s, int sms, int most);
 
-// The choice. fp8 on the tensor cores weighs the most CTAs per SM (the dense build's where it
+// The choice. A quantized cache on the tensor cores weighs the most CTAs per SM (the dense build's where it
 // fits more than the plain one, else the plain build's own) against one fewer (the plain build's,
 // or the plain build planned one CTA per SM short of what fits): the most where dense_pays, or
 // over two waves where two_dense_waves_pay, else one fewer. ctas_per_sm is 0 when the plain

@@ -29,13 +29,13 @@ __device__ __forceinline__ void mma_stash(const SplitParams& p, const CtaItem& i
   using Cfg = MmaCfg<T, D>;
   float* scratch = reinterpret_cast<float*>(smem);
   constexpr int SROW = D + 2;
-  const float vs = Cfg::kFp8 ? head_scale(p.v_scale, p.v_scales, item.kv) : 1.f;
+  const float vs = Cfg::kCodes ? head_scale(p.v_scale, p.v_scales, item.kv) : 1.f;
   float* base = scratch + ((w.wh * w.WT + w.wt) * 16) * SROW;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float* row = base + (w.g + 8 * r) * SROW;
     if (w.q4 == 0) *reinterpret_cast<float2*>(row + D) = make_float2(st[r].m, st[r].l);
-    if constexpr (Cfg::kFp8 || Cfg::kTf32) {
+    if constexpr (Cfg::kCodes || Cfg::kTf32) {
       // n-tiles 2 c and 2 c + 1 hold dims 16 c + 4 q4 .. + 3 (fp8_chunk_dim; the tf32 path's
       // columns are in the same order); V's scale joins the sum here:
       // sum p (code x v_scale) = v_scale x sum p code.

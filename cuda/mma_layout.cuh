@@ -21,16 +21,16 @@ namespace pagedattn::detail::cuda {
 // Head dims with a tensor-core kernel for cache type T: every one for f16 and bf16, multiples of
 // 32 for fp8 (each ldmatrix covers two 16-code chunks), and kTf32HeadDim for f32.
 template <typename T, int D>
-constexpr bool kMmaHeadDim = is_fp8_type<T> ? D % 32 == 0
+constexpr bool kMmaHeadDim = is_quantized_type<T> ? D % 32 == 0
                                             : (std::is_same_v<T, float> ? kTf32HeadDim<D> : true);
 
 template <typename T, int D>
 struct MmaCfg {
-  // fp8 caches keep fp8 tiles and widen the fragments to f16 (fp8_frags.cuh); f32 caches run
-  // 3xTF32 (tf32_frags.cuh).
-  static constexpr bool kFp8 = is_fp8_type<T>;
+  // Quantized caches (fp8, int8) keep 8-bit code tiles and widen the fragments to f16
+  // (fp8_frags.cuh); f32 caches run 3xTF32 (tf32_frags.cuh).
+  static constexpr bool kCodes = is_quantized_type<T>;
   static constexpr bool kTf32 = std::is_same_v<T, float>;
-  using MmaT = typename std::conditional<kFp8, __half, T>::type;
+  using MmaT = typename std::conditional<kCodes, __half, T>::type;
   static constexpr int TT = 64;  // 4 slices of 16 tokens
   static constexpr int ROW = RowGeom<T, D>::kRowBytes;
   static constexpr int TILE = 2 * TT * ROW;
@@ -40,7 +40,7 @@ struct MmaCfg {
   // fragments there at every head dim (16 bytes per lane, k-step and row tile): its widening
   // needs registers of its own. So does the tf32 path, its fragments split into hi and lo
   // (32 bytes per lane, k-step and row tile), for its one row tile.
-  static constexpr bool kQInSmem = kFp8 || kTf32 || D > 128;
+  static constexpr bool kQInSmem = kCodes || kTf32 || D > 128;
   static constexpr int kQK = kQInSmem ? 1 : D / 16;  // k-steps of Q fragments in registers
   // Up to 4 row tiles of 16; one for f32 (kTf32RowsPerCta).
   static constexpr int QROWS = kTf32 ? kTf32RowsPerCta : kMmaRowsPerCta;
@@ -49,7 +49,7 @@ struct MmaCfg {
   static constexpr int QBYTES =
       !kQInSmem ? 0
                 : (kTf32 ? QROWS / 16 * kTf32QBytesPerRowTile<D>
-                         : (kFp8 ? QROWS / 16 * (D / 16) * 32 * 16 : QROWS * ROW));
+                         : (kCodes ? QROWS / 16 * (D / 16) * 32 * 16 : QROWS * ROW));
   using Pipe = KvPipeline<T, D, TT, STAGES>;
   static constexpr int SMEM = STAGE_AREA + QBYTES + Pipe::kIndexBytes + kSmemAlign;
 };

@@ -15,7 +15,7 @@ namespace pagedattn::detail::cuda {
 template <typename V>
 struct MmaRows {
   QueryRow qr[2];
-  // The logit factor: scale * log2(e), for fp8 also the K scale and the power of two a bf16 q
+  // The logit factor: scale * log2(e), for 8-bit codes also the K scale and the power of two a bf16 q
   // was scaled by (fp8_q_fragments).
   float logit_fac[2];
   // When the variant leaves logits alone, and with positive logit factors, the logits stay unscaled

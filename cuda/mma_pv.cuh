@@ -14,11 +14,11 @@ namespace pagedattn::detail::cuda {
 
 // Calls f(n, b) for a slice's V fragments two n-tiles at a time: b[0], b[1] the B registers of
 // n-tile n (tokens 0-7, 8-15), b[2], b[3] those of n-tile n + 1. 16-bit tiles: n-tiles 2 dp,
-// 2 dp + 1 are dims 16 dp .. 16 dp + 15. fp8 tiles: an ldmatrix covers chunks 2 j and 2 j + 1,
+// 2 dp + 1 are dims 16 dp .. 16 dp + 15. 8-bit tiles: an ldmatrix covers chunks 2 j and 2 j + 1,
 // each giving the n-tiles of its even and odd dims.
 template <typename T, int D, class F>
 __device__ __forceinline__ void for_v_tiles(const char* v_slice, const int (&v_at)[4], F&& f) {
-  if constexpr (MmaCfg<T, D>::kFp8) {
+  if constexpr (MmaCfg<T, D>::kCodes) {
 #pragma unroll
     for (int j = 0; j < D / 32; ++j) {
       std::uint32_t raw[4];  // chunk 2 j: tokens 0-7, 8-15; chunk 2 j + 1: the same
@@ -110,7 +110,7 @@ __device__ __forceinline__ void tf32_values(const int (&v_at)[4], const char* v_
   }
 }
 
-// O += P V for slice sl of tile vS (s: its weights) from a 16-bit or fp8 tile, P as the A operand
+// O += P V for slice sl of tile vS (s: its weights) from a 16-bit or 8-bit tile, P as the A operand
 // in hi and lo parts (lo
 // only with kLo, which is p.p_lo: a compile-time flag here so that a fold's P V products for all
 // its slices are one straight run of code, the fragments of the next slice loaded while the

@@ -15,14 +15,14 @@
 
 namespace pagedattn::detail::cuda {
 
-// Where the fp8 path keeps k-step kk of the warp's row tile, with Q in shared memory.
+// Where the 8-bit path keeps k-step kk of the warp's row tile, with Q in shared memory.
 template <int D>
 __device__ __forceinline__ char* q_frag_at(char* sQ, int wh, int lane, int kk) {
   return sQ + ((wh * (D / 16) + kk) * 32 + lane) * 16;
 }
 
 // Q of the CTA's rows (q = p.q) as A fragments: into registers (qf) or shared memory (sQ).
-// qr: the lane's rows g and g + 8. For fp8, logit_fac also takes the K scale and the power of
+// qr: the lane's rows g and g + 8. For 8-bit codes, logit_fac also takes the K scale and the power of
 // two a bf16 q was scaled by (fp8_q_fragments).
 template <typename T, int D, bool kMulti>
 __device__ __forceinline__ void mma_load_q(const SplitParams& p, const CtaItem& item, const T* q,
@@ -33,7 +33,7 @@ __device__ __forceinline__ void mma_load_q(const SplitParams& p, const CtaItem& 
   if constexpr (Cfg::kTf32) {
     // The warps of a row tile share its fragments: the first one stores them.
     if (w.wt == 0) tf32_store_q<D>(q, p.q_stride, qr, w.wh, w.lane, w.q4, sQ);
-  } else if constexpr (Cfg::kFp8) {
+  } else if constexpr (Cfg::kCodes) {
     fp8_q_fragments<D>(p, qr, w.q4, head_scale(p.k_scale, p.k_scales, item.kv), logit_fac,
                        [&](int kk, const std::uint32_t(&a)[4]) {
                          if constexpr (Cfg::kQInSmem) {
@@ -123,7 +123,7 @@ __device__ __forceinline__ void mma_scores(MmaWarp w, MmaQSmem qs,
         mma_3xtf32(acc[1], a, bk[2], bk[3]);
       }
     }
-  } else if constexpr (Cfg::kFp8) {
+  } else if constexpr (Cfg::kCodes) {
     // One ldmatrix: tokens 0-7 and 8-15 of chunks 2 j and 2 j + 1, i.e. k-steps 2 jj, 2 jj + 1.
 #pragma unroll
     for (int jj = 0; jj < D / 32; ++jj) {

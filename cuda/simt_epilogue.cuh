@@ -47,7 +47,7 @@ __device__ __forceinline__ void simt_store(const SplitParams& p, const V& var, c
                                            float (&acc)[kSimtRowsPerWarp][D / 16],
                                            SoftmaxState2 (&st)[kSimtRowsPerWarp]) {
   constexpr int HW = kSimtRowsPerWarp, E = D / 16;
-  // sum p (code x v_scale) = v_scale x sum p code: an fp8 cache's V scale, on the weighted sum
+  // sum p (code x v_scale) = v_scale x sum p code: a quantized cache's V scale, on the weighted sum
   // (partial or final; the combine merges scaled partials).
   const float vs = head_scale(p.v_scale, p.v_scales, item.kv);
 #pragma unroll

@@ -20,6 +20,7 @@ __device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_f(fp8_e4m3_t x) { return fp8_e4m3_to_float(x); }
 __device__ __forceinline__ float to_f(fp8_e5m2_t x) { return fp8_e5m2_to_float(x); }
+__device__ __forceinline__ float to_f(int8_code_t x) { return static_cast<float>(x.bits); }
 
 __device__ __forceinline__ float load_q(const void* q, int dtype, std::int64_t i) {
   if (dtype == 0) return static_cast<const float*>(q)[i];
@@ -36,7 +37,7 @@ __device__ __forceinline__ void load_slice(const char* tile, int r, int l16, flo
                          : kBytes % 8 == 0 ? 8
                          : kBytes % 4 == 0 ? 4
                          : kBytes % 2 == 0 ? 2
-                                           : 1;  // fp8 with an odd E (head dims 80, 112)
+                                           : 1;  // 8-bit codes with an odd E (dims 80, 112)
   constexpr int kWords = kBytes / kAlign;
   using W = typename std::conditional<
       kAlign == 16, uint4,

@@ -30,7 +30,7 @@ __device__ __forceinline__ void simt_rows(const SplitParams& p, const V& var, co
   constexpr int HW = kSimtRowsPerWarp, E = D / 16;
 #pragma unroll
   for (int h = 0; h < HW; ++h) rows.qr[h] = query_row<kMulti>(p, item, w.h_first + h);
-  // q . (code x k_scale) = (q x k_scale) . code: an fp8 cache's K scale joins the logit scale.
+  // q . (code x k_scale) = (q x k_scale) . code: a quantized cache's K scale joins the logit scale.
   const float q_scale = p.scale_log2 * head_scale(p.k_scale, p.k_scales, item.kv);
 #pragma unroll
   for (int h = 0; h < HW; ++h) {

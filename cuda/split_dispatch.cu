@@ -31,6 +31,8 @@ void with_cache_type(DType k_dtype, F&& f) {
       return f(CacheType<fp8_e4m3_t>{});
     case DType::kFP8E5M2:
       return f(CacheType<fp8_e5m2_t>{});
+    case DType::kInt8:
+      return f(CacheType<int8_code_t>{});
   }
 }
 

@@ -188,8 +188,8 @@ void launch_split_typed(const SplitParams& p, const V& var, int resident_ctas, i
                 p, var);
 }
 
-// CTAs per SM that the dense build of a kernel is compiled for (0: there is none). The fp8
-// tensor-core kernel's widening needs registers that the compiler's own budget spends freely;
+// CTAs per SM that the dense build of a kernel is compiled for (0: there is none). The 8-bit
+// (fp8, int8) tensor-core kernel's widening needs registers that the compiler's own budget spends freely;
 // built for one more CTA per SM (three at D = 128, four at D = 64; a few dozen bytes of spills),
 // it reads faster when the plan has items for the extra slots, so decode weighs both builds per
 // call (choose_split_kernel). Where the compiler's own budget already fits as many CTAs (e4m3
@@ -197,7 +197,7 @@ void launch_split_typed(const SplitParams& p, const V& var, int resident_ctas, i
 // head dims either fit the CTAs already or lose to the spills; docs/cuda.md has the registers
 // and times.
 template <typename T, int D>
-constexpr int kDenseMinCtas = is_fp8_type<T> ? (D == 64 ? 4 : (D == 128 ? 3 : 0)) : 0;
+constexpr int kDenseMinCtas = is_quantized_type<T> ? (D == 64 ? 4 : (D == 128 ? 3 : 0)) : 0;
 
 // Calls f(bool_constant<kMma>, integral_constant<int, kMinCtas>, bool_constant<kWide>) for
 // build b of the kernel of cache dtype T at head dim D: the CUDA cores (kMma false: where b asks

@@ -14,7 +14,7 @@ void write_cache(const CacheWriteArgs& args, const CacheOpOptions& options) {
   // A pool the CUDA decode cannot read is refused as decode() refuses it.
   if (backend == Backend::kCuda) {
     require_cuda_head_dim(args.head_dim);
-    require_cuda_cache("cache_dtype", args.cache_dtype, args.k_token_scales != nullptr);
+    require_cuda_token_scales(args.k_token_scales != nullptr);
   }
   if (args.num_tokens == 0) return;
   if (backend == Backend::kCuda) {
@@ -32,7 +32,7 @@ void copy_blocks(const CopyBlocksArgs& args, const CacheOpOptions& options) {
   const Backend backend = resolve_backend(options.backend);
   if (backend == Backend::kCuda) {
     require_cuda_head_dim(args.head_dim);
-    require_cuda_cache("cache_dtype", args.cache_dtype, args.k_token_scales != nullptr);
+    require_cuda_token_scales(args.k_token_scales != nullptr);
   }
   if (args.num_pairs == 0) return;
   if (backend == Backend::kCuda) {

@@ -138,10 +138,7 @@ void context_parallel_decode(const DecodeArgs& args, Communicator& comm,
            std::string("must be the communicator's memory, ") + backend_name(memory));
     }
     validate_shapes(args);
-    if (backend == Backend::kCuda) {
-      require_cuda_head_dim(args.head_dim);
-      require_cuda_cache("k_dtype", args.k_dtype, false);
-    }
+    if (backend == Backend::kCuda) require_cuda_head_dim(args.head_dim);
     refuse_unsupported(args);
     if (args.batch > 0 && backend == Backend::kCpu) {
       validate_tables(args, args.context_lens, args.block_table);

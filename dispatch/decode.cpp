@@ -14,7 +14,7 @@ void decode(const DecodeArgs& args, const DecodeOptions& options) {
   const Backend backend = resolve_backend(options.backend);
   if (backend == Backend::kCuda) {  // even for a batch of 0
     require_cuda_head_dim(args.head_dim);
-    require_cuda_cache("k_dtype", args.k_dtype, args.has_token_scales());
+    require_cuda_token_scales(args.has_token_scales());
   }
   if (args.batch == 0) return;
   if (backend == Backend::kCuda) {
