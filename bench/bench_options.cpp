@@ -323,9 +323,9 @@ Options parse(int argc, char** argv) {
     cli::bad_value("--token-scales", dtype_name(kv),
                    "needs a quantized cache (--kv-dtype fp8_e4m3, fp8_e5m2 or int8)");
   }
-  if ((o.token_scales || kv == DType::kInt8) && o.backend == "cuda") {
+  if (o.token_scales && o.backend == "cuda") {
     cli::bad_value("--backend", o.backend,
-                   "int8 caches and --token-scales: the CUDA backend has no kernel for them yet "
+                   "--token-scales: the CUDA backend has no kernel for them yet "
                    "(--backend cpu or naive)");
   }
   if (huge_pages_given && o.backend == "cuda") {

@@ -60,27 +60,32 @@ __global__ void fill_normal(T* p, std::size_t n, std::uint64_t seed) {
   }
 }
 
-// An fp8 cache's codes: N(0, 1) values divided by the cache's scale, through the library's own
-// conversion (round to nearest even). A finite value never gives a NaN code: e4m3 saturates at
-// 448, e5m2 at 57344, far beyond the codes' spread of 2.
+// A quantized cache's codes: N(0, 1) values divided by the cache's scale, through the library's
+// own conversion (round to nearest even, saturating). A finite value never gives a NaN code: e4m3
+// saturates at 448, e5m2 at 57344, far beyond the fp8 codes' spread of 2; int8 at 127, about four
+// of its codes' standard deviations of 32.
 template <typename T>
-__global__ void fill_normal_fp8(T* p, std::size_t n, std::uint64_t seed, float inv_scale) {
+__global__ void fill_normal_codes(T* p, std::size_t n, std::uint64_t seed, float inv_scale) {
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     p[i] = from_float<T>(hashed_normal(seed, i) * inv_scale);
   }
 }
 
-// n elements of dtype t from seed: N(0, 1) values (for fp8, their codes at kFp8KvScale).
+// n elements of dtype t from seed: N(0, 1) values (for fp8, their codes at kFp8KvScale; for int8,
+// at kInt8KvScale).
 void fill(void* p, DType t, std::size_t n, std::uint64_t seed) {
   if (n == 0) return;
   const int grid = static_cast<int>(std::min<std::size_t>((n + 255) / 256, 132 * 32));
   switch (t) {
     case DType::kFP8E4M3:
-      fill_normal_fp8<<<grid, 256>>>(static_cast<fp8_e4m3_t*>(p), n, seed, 1.f / kFp8KvScale);
+      fill_normal_codes<<<grid, 256>>>(static_cast<fp8_e4m3_t*>(p), n, seed, 1.f / kFp8KvScale);
       break;
     case DType::kFP8E5M2:
-      fill_normal_fp8<<<grid, 256>>>(static_cast<fp8_e5m2_t*>(p), n, seed, 1.f / kFp8KvScale);
+      fill_normal_codes<<<grid, 256>>>(static_cast<fp8_e5m2_t*>(p), n, seed, 1.f / kFp8KvScale);
+      break;
+    case DType::kInt8:
+      fill_normal_codes<<<grid, 256>>>(static_cast<int8_code_t*>(p), n, seed, 1.f / kInt8KvScale);
       break;
     case DType::kF32:
       fill_normal<<<grid, 256>>>(static_cast<float*>(p), n, seed);
@@ -231,6 +236,7 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     a.q_dtype = a.out_dtype = dtype;
     a.k_dtype = a.v_dtype = kv_dtype;
     if (is_fp8(kv_dtype)) a.k_scale = a.v_scale = kFp8KvScale;
+    if (kv_dtype == DType::kInt8) a.k_scale = a.v_scale = kInt8KvScale;
     apply_layout(options.layout, geometry, set.k.get(), set.v.get(), a);
     a.block_table = static_cast<const std::int32_t*>(set.table.get());
     a.context_lens = static_cast<const std::int32_t*>(set.lens.get());

@@ -15,7 +15,7 @@ namespace pagedattn::bench {
 // codes hold the values / 0.5, so the values themselves are N(0, 1) as in the other dtypes, the
 // codes N(0, 2), well inside both formats. Any scale in range costs a decode step the same.
 inline constexpr float kFp8KvScale = 0.5f;
-// The scale of an int8 cache (the CPU rows): codes of unit-variance values spread to about +-100.
+// The scale of an int8 cache: codes of unit-variance values spread to about +-100.
 inline constexpr float kInt8KvScale = 1.f / 32;
 
 struct Shape {

@@ -132,8 +132,9 @@ INSTANTIATE_TEST_SUITE_P(D512, BackendReferenceTest,
                                             ::testing::Values(Ctx::kBlockPlus1, Ctx::kThousand)),
                          param_name);
 
-// fp8 caches (values stored x k_scale, v_scale, per kv head too) read with f32, f16 or bf16 q
-// and out: the reference dequantizes exactly, so the error is the backends' f32 arithmetic.
+// Quantized caches (fp8 and int8 codes of the values / k_scale, v_scale, per kv head too) read
+// with f32, f16 or bf16 q and out: the reference dequantizes exactly, so the error is the backends'
+// f32 arithmetic.
 using Fp8Param = std::tuple<Backend, DType /*cache*/, DType /*q, out*/, int /*head_dim*/,
                             int /*block_size*/, int /*group*/, Ctx>;
 
@@ -168,6 +169,18 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(DType::kFP8E4M3, DType::kFP8E5M2),
                        ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
                        ::testing::Values(64, 128), ::testing::Values(1, 16),
+                       ::testing::Values(1, 8),
+                       ::testing::Values(Ctx::kZero, Ctx::kOne, Ctx::kBlockPlus1, Ctx::kThousand)),
+    fp8_param_name);
+
+// int8 caches on the same grid (head dim 80 as well: the CUDA cores' 8-bit loads, an odd number
+// of codes per lane).
+INSTANTIATE_TEST_SUITE_P(
+    Int8Grid, Fp8ReferenceTest,
+    ::testing::Combine(::testing::Values(Backend::kCpu, Backend::kCuda),
+                       ::testing::Values(DType::kInt8),
+                       ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                       ::testing::Values(64, 80, 128), ::testing::Values(1, 16),
                        ::testing::Values(1, 8),
                        ::testing::Values(Ctx::kZero, Ctx::kOne, Ctx::kBlockPlus1, Ctx::kThousand)),
     fp8_param_name);

@@ -66,7 +66,7 @@ WriteCase make_write_case(int tokens, int kv, int dim, int bs, int blocks, DType
     store_from_float(c.key.data(), src, i, normal(rng));
     store_from_float(c.value.data(), src, i, normal(rng));
   }
-  if (is_fp8(cache)) {
+  if (is_quantized(cache)) {
     // Scaled codes, and the edges of quantizing: NaN, Inf, beyond the range (saturates), below
     // the smallest subnormal (to 0).
     c.k_scale = 0.25f;
@@ -105,14 +105,14 @@ void reference_write(WriteCase& c) {
       for (int d = 0; d < c.head_dim; ++d) {
         const std::size_t src = t * row + h * c.head_dim + d;
         const std::size_t dst = l.offset(s / c.block_size, h, s % c.block_size) + d;
-        // An fp8 cache holds x / scale (a scale of 1 leaves the other dtypes' values alone).
+        // A quantized cache holds x / scale (a scale of 1 leaves the other dtypes' values alone).
         const float ks = c.k_scale * (c.k_scales.empty() ? 1.f : c.k_scales[h]);
         const float vs = c.v_scale * (c.v_scales.empty() ? 1.f : c.v_scales[h]);
         const auto put = [&](std::vector<std::uint8_t>& cache, float x, float scale) {
           float q = x / scale;
           // A finite value whose quotient overflows still saturates (docs/fp8.md).
           if (std::isfinite(x) && std::isinf(q)) q = std::copysign(FLT_MAX, q);
-          store_from_float(cache.data(), c.cache, dst, is_fp8(c.cache) ? q : x);
+          store_from_float(cache.data(), c.cache, dst, is_quantized(c.cache) ? q : x);
         };
         put(c.k_cache, load_as_float(c.key.data(), c.src, src), ks);
         put(c.v_cache, load_as_float(c.value.data(), c.src, src), vs);
@@ -154,7 +154,7 @@ INSTANTIATE_TEST_SUITE_P(
     All, CacheWriteDTypes,
     ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
                        ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kFP8E4M3,
-                                         DType::kFP8E5M2)),
+                                         DType::kFP8E5M2, DType::kInt8)),
     [](const auto& info) {
       return std::string(dtype_name(std::get<0>(info.param))) + "_to_" +
              dtype_name(std::get<1>(info.param));

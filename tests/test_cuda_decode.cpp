@@ -224,15 +224,15 @@ TEST(CudaDecode, F32OnTensorCoresOverALongSplit) {
 
 #ifdef PAGEDATTN_TEST_HAS_CUDA_RUNTIME
 
-// The fp8 tensor-core kernels at head dims 64 and 128 have a dense build (more CTAs per SM where
-// the plain build's registers allow fewer), and decode plans for the most CTAs per SM either build
-// fits or for one fewer, from the shapes (choose_split_kernel in cuda/kernel_choice.cpp): few
-// (sequence, kv head) pairs take one fewer (the plain build), about as many pairs as the device
-// has slots the most, and long tables with a few more pairs the most over two waves. Batches of
-// growing size, short tables and then long ones (the choice reads the table's capacity; the
-// contexts stay short), until each choice has run once, for each format and head dim, against
-// the reference. On Hopper the plan for the most CTAs must have run (the dense build where it
-// fits more); on a 132-SM Hopper GPU (H100 SXM, H200) the two-wave plan at D = 128 too.
+// The 8-bit (fp8, int8) tensor-core kernels at head dims 64 and 128 have a dense build (more CTAs
+// per SM where the plain build's registers allow fewer), and decode plans for the most CTAs per SM
+// either build fits or for one fewer, from the shapes (choose_split_kernel in
+// cuda/kernel_choice.cpp): few (sequence, kv head) pairs take one fewer (the plain build), about as
+// many pairs as the device has slots the most, and long tables with a few more pairs the most over
+// two waves. Batches of growing size, short tables and then long ones (the choice reads the table's
+// capacity; the contexts stay short), until each choice has run once, for each format and head dim,
+// against the reference. On Hopper the plan for the most CTAs must have run (the dense build where
+// it fits more); on a 132-SM Hopper GPU (H100 SXM, H200) the two-wave plan at D = 128 too.
 TEST(CudaDecode, Fp8KernelBuilds) {
   SKIP_WITHOUT_CUDA();
   int device = 0;
@@ -240,7 +240,7 @@ TEST(CudaDecode, Fp8KernelBuilds) {
   testing::check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   testing::check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   std::mt19937 rng(static_cast<std::uint32_t>(test_seed()));
-  for (DType cache : {DType::kFP8E4M3, DType::kFP8E5M2}) {
+  for (DType cache : {DType::kFP8E4M3, DType::kFP8E5M2, DType::kInt8}) {
     for (int d : {64, 128}) {
       bool ran[3] = {false, false, false};  // one fewer CTA, the most, the most over two waves
       for (int table_padding : {2, 1100}) {

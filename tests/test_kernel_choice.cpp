@@ -133,9 +133,14 @@ TEST(KernelChoice, MultiTokenRowsTakeTheWideBuild) {
   EXPECT_TRUE(use_wide(shape(DType::kBF16, DType::kBF16, 64, 8, 8)));
 }
 
-TEST(KernelChoice, Fp8TakesTheTensorCoresWithA16BitQAtHeadDimsOf32) {
+TEST(KernelChoice, QuantizedTakesTheTensorCoresWithA16BitQAtHeadDimsOf32) {
   EXPECT_TRUE(use_mma(shape(DType::kBF16, DType::kFP8E4M3, 96, 4, 1)));
   EXPECT_TRUE(use_mma(shape(DType::kF16, DType::kFP8E5M2, 64, 4, 1)));
+  EXPECT_TRUE(use_mma(shape(DType::kBF16, DType::kInt8, 128, 8, 1)));
+  EXPECT_FALSE(use_mma(shape(DType::kBF16, DType::kInt8, 80, 4, 1)));
+  EXPECT_FALSE(use_mma(shape(DType::kF32, DType::kInt8, 128, 4, 1)));
+  EXPECT_TRUE(p_needs_lo(DType::kInt8, DType::kF32));
+  EXPECT_FALSE(p_needs_lo(DType::kInt8, DType::kF16));
   EXPECT_FALSE(use_mma(shape(DType::kBF16, DType::kFP8E4M3, 80, 4, 1)));
   EXPECT_FALSE(use_mma(shape(DType::kBF16, DType::kFP8E5M2, 112, 4, 1)));
   const KernelChoice f32q =

@@ -188,12 +188,12 @@ struct GridParam {
   VariantKind kind;
   DType dtype;  // q, out and, unless `cache` says otherwise, the caches
   GridShape shape;
-  DType cache = DType::kF32;  // an fp8 cache (scaled codes) when is_fp8
+  DType cache = DType::kF32;  // a quantized cache (scaled codes) when is_quantized
 };
 void PrintTo(const GridParam& p, std::ostream* os) {
   *os << backend_name(p.backend) << " " << kind_name(p.kind) << " " << dtype_name(p.dtype) << " d"
       << p.shape.head_dim << " bs" << p.shape.block_size << " g" << p.shape.group;
-  if (is_fp8(p.cache)) *os << " cache " << dtype_name(p.cache);
+  if (is_quantized(p.cache)) *os << " cache " << dtype_name(p.cache);
 }
 
 class QueryTokenReference : public ::testing::TestWithParam<GridParam> {};
@@ -211,7 +211,7 @@ void check_query_grid(const GridParam& p, const std::vector<std::pair<int, int>>
   }
   // Logits of order 9 (magnitude 3): large enough for a cap of 5 or 30 to bend them.
   if (p.kind == VariantKind::kSoftCap || p.kind == VariantKind::kAll) spec.magnitude = 3.f;
-  if (is_fp8(p.cache)) {
+  if (is_quantized(p.cache)) {
     spec.kv_dtype = p.cache;
     spec.k_scale = 0.0625f;
     spec.v_scale = 3.f;
@@ -300,9 +300,9 @@ std::vector<GridParam> grid_params() {
     }
     for (VariantKind k : {VariantKind::kPlain, VariantKind::kAll})
       v.push_back({b, k, DType::kBF16, {256, 16, 64}});
-    // fp8 caches with f16 and bf16 q (the tensor cores on the GPU at head dims 64, 96, 128 and
-    // 256; 80 takes the CUDA cores), plain and with every variant.
-    for (DType cache : {DType::kFP8E4M3, DType::kFP8E5M2}) {
+    // Quantized caches with f16 and bf16 q (the tensor cores on the GPU at head dims 64, 96, 128
+    // and 256; 80 takes the CUDA cores), plain and with every variant.
+    for (DType cache : {DType::kFP8E4M3, DType::kFP8E5M2, DType::kInt8}) {
       for (VariantKind k : {VariantKind::kPlain, VariantKind::kAll}) {
         v.push_back({b, k, DType::kBF16, {128, 16, 8}, cache});
         v.push_back({b, k, DType::kF16, {64, 16, 4}, cache});
@@ -323,7 +323,8 @@ INSTANTIATE_TEST_SUITE_P(Grid, QueryTokenReference, ::testing::ValuesIn(grid_par
                                   std::to_string(p.shape.head_dim) + "_bs" +
                                   std::to_string(p.shape.block_size) + "_g" +
                                   std::to_string(p.shape.group) +
-                                  (is_fp8(p.cache) ? std::string("_") + dtype_name(p.cache) : "");
+                                  (is_quantized(p.cache) ? std::string("_") + dtype_name(p.cache)
+                                                         : "");
                          });
 
 // ---- Row by row: each query token is a one-token decode of its own context. ----

@@ -29,6 +29,9 @@ except ImportError:  # the NumPy tests run without it
     torch = None
 
 needs_torch = pytest.mark.skipif(torch is None, reason="needs PyTorch")
+needs_cuda = pytest.mark.skipif(
+    torch is None or not (torch.cuda.is_available() and pagedattn.cuda_available()[0]),
+    reason="needs PyTorch, a CUDA GPU and a pagedattn built with CUDA")
 
 # Scales of a case: K and V each none, per tensor, per kv head, or both (two kv heads).
 SCALES = {
@@ -685,3 +688,49 @@ def test_torch_int8_query_and_wrong_scales_are_refused():
         pagedattn.decode(q, k, v, table, lens, out=out, k_token_scales=ks, v_token_scales=vs.mT)
     assert info.value.argument == "v_token_scales"
     assert torch.isnan(out).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA: int8 caches (per-token scales are the CPU backend's alone)
+
+
+@needs_cuda
+@pytest.mark.parametrize("q_dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("scales", ["tensor", "both"])
+def test_cuda_decode_matches_the_reference(q_dtype, scales):
+    c = int8_case(40, q_dtype, scales, token_scales=False)
+    torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[q_dtype]
+    q = torch.from_numpy(c.q.view(np.int16).copy()).view(torch_dtype).cuda()
+    k, v = torch.from_numpy(c.k).cuda(), torch.from_numpy(c.v).cuda()
+    kw = {n: (torch.from_numpy(np.asarray(x, np.float32)).cuda() if n.endswith("scales") else x)
+          for n, x in c.scale_kwargs().items()}
+    out, lse = pagedattn.decode(q, k, v, torch.from_numpy(c.block_table).cuda(),
+                                torch.from_numpy(c.context_lens).cuda(), return_lse=True, **kw)
+    torch.cuda.synchronize()
+    want_out, want_lse = c.reference()
+    check_out(out.cpu().view(torch.int16).numpy().view(c.q.dtype), q_dtype, want_out)
+    check_lse(lse.cpu().numpy(), want_lse)
+
+
+@needs_cuda
+def test_cuda_write_cache_and_copy_blocks_match_cpu():
+    rng = np.random.default_rng(41)
+    key = special_keys(rng)
+    value = rng.standard_normal(key.shape).astype(np.float32)
+    slots = np.array([1, 9, 30, -1, 17, 0], np.int32)
+    pool = Pool()
+    pool.write(key, value, slots, k_scale=0.5, v_scale=0.03)
+    pool.copy([(1, 2)])
+    k_t = torch.full((4, NUM_KV_HEADS, 8, HEAD_DIM), 99, dtype=torch.int8, device="cuda")
+    v_t = k_t.clone()
+    pagedattn.write_cache(torch.from_numpy(key).cuda(), torch.from_numpy(value).cuda(),
+                          torch.from_numpy(slots).cuda(), k_t, v_t, k_scale=0.5, v_scale=0.03)
+    pagedattn.copy_blocks(k_t, v_t, [(1, 2)])
+    torch.cuda.synchronize()
+    assert k_t.cpu().numpy().tobytes() == pool.k.tobytes()
+    assert v_t.cpu().numpy().tobytes() == pool.v.tobytes()
+    with pytest.raises(pagedattn.Error) as info:
+        pagedattn.copy_blocks(k_t, v_t, [(1, 2)],
+                              k_token_scales=torch.ones(4, NUM_KV_HEADS, 8, device="cuda"),
+                              v_token_scales=torch.ones(4, NUM_KV_HEADS, 8, device="cuda"))
+    assert (info.value.argument, info.value.code) == ("k_token_scales", "unsupported")
