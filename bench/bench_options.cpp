@@ -112,7 +112,7 @@ void print_help(const char* prog) {
       "                     the values / %g; no per-head scales. GB/s and %%readBW count the\n"
       "                     cache's own bytes (the CSV's kv_dtype column)\n"
       "  --token-scales     with a quantized --kv-dtype: a scale per (token, kv head) too\n"
-      "                     (k_token_scales, dense; cpu and naive). GB/s counts their 4 bytes a\n"
+      "                     (k_token_scales, dense). GB/s counts their 4 bytes a\n"
       "                     row; the pattern read of --limits does not read them (the CSV's\n"
       "                     token_scales column, 0 or 1, the last)\n"
       "  --help, -h         this text\n",
@@ -322,11 +322,6 @@ Options parse(int argc, char** argv) {
   if (o.token_scales && !is_quantized(kv)) {
     cli::bad_value("--token-scales", dtype_name(kv),
                    "needs a quantized cache (--kv-dtype fp8_e4m3, fp8_e5m2 or int8)");
-  }
-  if (o.token_scales && o.backend == "cuda") {
-    cli::bad_value("--backend", o.backend,
-                   "--token-scales: the CUDA backend has no kernel for them yet "
-                   "(--backend cpu or naive)");
   }
   if (huge_pages_given && o.backend == "cuda") {
     cli::bad_value("--huge-pages", testing::huge_pages_name(o.huge_pages),

@@ -72,6 +72,14 @@ __global__ void fill_normal_codes(T* p, std::size_t n, std::uint64_t seed, float
   }
 }
 
+// Per-token scales: 2^-1, 2^0 or 2^1 by a hash of (seed, i).
+__global__ void fill_token_scales(float* p, std::size_t n, std::uint64_t seed) {
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    p[i] = static_cast<float>(1u << (hash32(seed * 0x9E3779B97F4A7C15ull + i) % 3)) * 0.5f;
+  }
+}
+
 // n elements of dtype t from seed: N(0, 1) values (for fp8, their codes at kFp8KvScale; for int8,
 // at kInt8KvScale).
 void fill(void* p, DType t, std::size_t n, std::uint64_t seed) {
@@ -105,6 +113,7 @@ void fill(void* p, DType t, std::size_t n, std::uint64_t seed) {
 struct InputSet {
   DeviceBuffer q, k, v, table, lens, out, lse, q_indptr;
   DecodeArgs args;
+  DeviceBuffer k_token_scales, v_token_scales;  // with CudaTimingOptions::token_scales
 };
 
 // Points a's caches at k and v (v unused where the layout shares one buffer) with the layout's
@@ -215,6 +224,8 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
                  DeviceBuffer(qo * esz),
                  DeviceBuffer(rows * H * 4),
                  DeviceBuffer(host_q_indptr.data(), host_q_indptr.size() * 4),
+                 {},
+                 {},
                  {}};
     fill(set.q.get(), dtype, qo, 3 * i + 1);
     fill(set.k.get(), kv_dtype, cache_elems, 3 * i + 2);
@@ -245,6 +256,17 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     apply_variants(variants, static_cast<const float*>(slopes.get()),
                    static_cast<const float*>(sinks.get()), a);
     apply_q_len(s.q_len, static_cast<const std::int32_t*>(set.q_indptr.get()), a);
+    if (options.token_scales) {
+      const std::size_t rows_of_pool = static_cast<std::size_t>(num_blocks) * KV * BS;
+      set.k_token_scales = DeviceBuffer(rows_of_pool * 4);
+      set.v_token_scales = DeviceBuffer(rows_of_pool * 4);
+      const int grid = static_cast<int>(std::min<std::size_t>((rows_of_pool + 255) / 256, 4224));
+      fill_token_scales<<<grid, 256>>>(set.k_token_scales.as<float>(), rows_of_pool, 3 * i + 2);
+      fill_token_scales<<<grid, 256>>>(set.v_token_scales.as<float>(), rows_of_pool, 3 * i + 3);
+      check_cuda(cudaGetLastError(), "fill_token_scales");
+      a.k_token_scales = set.k_token_scales.as<const float>();
+      a.v_token_scales = set.v_token_scales.as<const float>();
+    }
     in.push_back(std::move(set));
   }
   check_cuda(cudaDeviceSynchronize(), "fill");
@@ -303,6 +325,15 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     apply_variants(variants, host_values.slopes.data(), host_values.sinks.data(), h);
     apply_q_len(s.q_len, m < s.q_len ? tail_indptr : host_q_indptr.data(), h);
     if (h.q_indptr) h.num_q_tokens = m < s.q_len ? m : host_q_indptr[sub];
+    std::vector<float> hks, hvs;
+    if (options.token_scales) {
+      hks.resize(in[0].k_token_scales.size() / 4);
+      hvs.resize(hks.size());
+      in[0].k_token_scales.to_host(hks);
+      in[0].v_token_scales.to_host(hvs);
+      h.k_token_scales = hks.data();
+      h.v_token_scales = hvs.data();
+    }
     std::vector<std::uint8_t> scratch(qo * esz);
     h.out = scratch.data();
     const ReferenceResult ref = reference_decode(h);

@@ -45,6 +45,9 @@ struct CudaTimingOptions {
   // The K/V cache dtype (--kv-dtype); unset: the dtype of q and out. An fp8 cache is scaled by
   // kFp8KvScale.
   std::optional<DType> kv_dtype;
+  // Per-token K and V scales (DecodeArgs::k_token_scales, dense) on a quantized cache: random
+  // powers of two in [1/2, 2], so the values keep their spread.
+  bool token_scales = false;
 };
 
 struct Timing {

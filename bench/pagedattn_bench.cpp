@@ -526,6 +526,7 @@ int run(int argc, char** argv) {
         co.variants = o.variants;
         co.layout = o.layout;
         co.kv_dtype = o.kv_dtype_for(dtype);
+        co.token_scales = o.token_scales;
         const bench::Timing t = bench::cuda_time_shape(s, dtype, co);
         const Row r = row_for("cuda", t.ms, t.rel_err);
         accurate = accurate && !(r.rel_err > tol);

@@ -15,9 +15,10 @@
 namespace pagedattn::detail::cuda {
 namespace {
 
-void require_aligned(const char* name, const void* ptr) {
-  if (reinterpret_cast<std::uintptr_t>(ptr) % 16 != 0) {
-    fail(ErrorCode::kInvalidArgument, name, ptr, "must be 16-byte aligned for the CUDA backend");
+void require_aligned(const char* name, const void* ptr, int bytes = 16) {
+  if (reinterpret_cast<std::uintptr_t>(ptr) % bytes != 0) {
+    fail(ErrorCode::kInvalidArgument, name, ptr,
+         "must be " + std::to_string(bytes) + "-byte aligned for the CUDA backend");
   }
 }
 
@@ -77,7 +78,6 @@ RowUnits row_units(const DecodeArgs& a) {
 
 RowUnits can_implement(const DecodeArgs& a, const pagedattn::DecodeOptions& options) {
   require_cuda_head_dim(a.head_dim);  // no kernel at all (dispatch refuses it first)
-  require_cuda_token_scales(a.has_token_scales());
   if (a.tree_mask != nullptr) {
     fail(ErrorCode::kUnsupported, "tree_mask", static_cast<const void*>(a.tree_mask),
          "the CUDA backend has no tree masks yet (the CPU backend has them)");
@@ -85,6 +85,10 @@ RowUnits can_implement(const DecodeArgs& a, const pagedattn::DecodeOptions& opti
   require_aligned("q", a.q);
   require_aligned("k_cache", a.k_cache);
   require_aligned("v_cache", a.v_cache);
+  if (a.has_token_scales()) {  // copied a float at a time (kv_pipeline.cuh)
+    require_aligned("k_token_scales", a.k_token_scales, 4);
+    require_aligned("v_token_scales", a.v_token_scales, 4);
+  }
   if (options.workspace != nullptr) require_aligned("workspace", options.workspace);
   require_row_strides(a);
   const RowUnits units = row_units(a);

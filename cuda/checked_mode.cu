@@ -47,6 +47,11 @@ void check_device_tables(const DecodeArgs& a, cudaStream_t stream) {
   read_back(&v_scales, a.v_scales, a.num_kv_heads, "cudaMemcpyAsync(v_scales)", stream);
   std::vector<std::int32_t> indptr;
   read_back(&indptr, a.q_indptr, a.batch + 1, "cudaMemcpyAsync(q_indptr)", stream);
+  // The per-token scales, over the whole span of their layout (this mode is for debugging).
+  std::vector<float> k_token, v_token;
+  const auto token_elems = static_cast<std::size_t>(a.token_scale_layout().elements());
+  read_back(&k_token, a.k_token_scales, token_elems, "cudaMemcpyAsync(k_token_scales)", stream);
+  read_back(&v_token, a.v_token_scales, token_elems, "cudaMemcpyAsync(v_token_scales)", stream);
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   validate_q_indptr(a, indptr.data());
   validate_tables(a, lens.data(), table.data(), a.q_indptr ? indptr.data() : nullptr);
@@ -54,6 +59,9 @@ void check_device_tables(const DecodeArgs& a, cudaStream_t stream) {
                           a.sinks ? sinks.data() : nullptr);
   validate_kv_scales(a, a.k_scales ? k_scales.data() : nullptr,
                      a.v_scales ? v_scales.data() : nullptr);
+  validate_token_scales(a, a.k_token_scales ? k_token.data() : nullptr,
+                        a.v_token_scales ? v_token.data() : nullptr, lens.data(), table.data(),
+                        a.q_indptr ? indptr.data() : nullptr);
 }
 
 }  // namespace pagedattn::detail::cuda

@@ -81,7 +81,6 @@ std::size_t cuda_workspace_size(const DecodeArgs& args) {
 std::size_t cuda_workspace_size(const DecodeArgs& args, const DecodeOptions& options) {
   validate_shapes(args);
   require_cuda_head_dim(args.head_dim);  // before the device: no kernel to size for
-  require_cuda_token_scales(args.has_token_scales());
   std::string why;
   if (!detail::cuda::available(&why)) {
     fail(ErrorCode::kBackendUnavailable, "backend", "cuda", "unavailable: " + why);

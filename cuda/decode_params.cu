@@ -36,6 +36,12 @@ SplitParams make_split_params(const DecodeArgs& a, const DecodePlan& plan, const
   p.v_scale = a.v_scale;
   p.k_scales = a.k_scales;
   p.v_scales = a.v_scales;
+  p.k_token_scales = a.k_token_scales;
+  p.v_token_scales = a.v_token_scales;
+  const CacheLayout ts = a.token_scale_layout();
+  p.ts_block = ts.block_stride;
+  p.ts_head = ts.head_stride;
+  p.ts_token = ts.token_stride;
   p.plan = plan.options;
   p.p_lo = p_needs_lo(a.k_dtype, a.out_dtype);
   p.q_indptr = a.q_indptr;

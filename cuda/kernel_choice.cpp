@@ -12,12 +12,13 @@ CallShape call_shape(const DecodeArgs& a) {
               a.batch,   a.num_kv_heads, a.block_size, a.max_blocks_per_seq};
   s.out_dtype = a.out_dtype;
   s.logit_variant = a.logits_soft_cap > 0.f || a.alibi_slopes != nullptr;
+  s.token_scales = a.has_token_scales();
   return s;
 }
 
 bool use_mma(const CallShape& s) {
   const bool q16 = s.q_dtype == DType::kF16 || s.q_dtype == DType::kBF16;
-  if (is_quantized(s.k_dtype)) return q16 && s.head_dim % 32 == 0;
+  if (is_quantized(s.k_dtype)) return q16 && s.head_dim % 32 == 0 && !s.token_scales;
   if (s.k_dtype == DType::kF32) {
     return s.q_dtype == DType::kF32 && s.head_dim % 32 == 0 && s.head_dim <= 128 &&
            std::int64_t{s.group} * s.q_len >= kTf32MinRows;

@@ -28,6 +28,7 @@ struct CallShape {
   int max_blocks = 1;  // the block table's capacity per sequence
   DType out_dtype = DType::kBF16;
   bool logit_variant = false;  // a soft-cap or ALiBi slopes
+  bool token_scales = false;   // per-token K and V scales (DecodeArgs::k_token_scales)
 };
 CallShape call_shape(const DecodeArgs& a);
 
@@ -65,16 +66,18 @@ constexpr int kMaxSplitsPerSeq = 1024;  // bounds the partials buffer
 
 // The tensor cores for every group size of a 16-bit cache with q in the cache dtype, even MHA
 // (the MMAs cost little next to the copies); for a quantized cache (fp8, int8) when q is f16 or
-// bf16 (exact in f16, the fragments' type) and the head dim is a multiple of 32 (fp8_frags.cuh); for an f32
-// cache with an f32 q (3xTF32, tf32_frags.cuh) at head dims 64, 96 and 128 with at least
-// kTf32MinRows query rows per kv head. Otherwise the CUDA cores: with one or two rows they read
-// an f32 cache faster than the three MMAs per product run (docs/cuda.md).
+// bf16 (exact in f16, the fragments' type), the head dim is a multiple of 32 (fp8_frags.cuh) and
+// there are no per-token scales (the CUDA cores apply those in f32: P times a V scale could leave
+// the range of the f16 fragments); for an f32 cache with an f32 q (3xTF32, tf32_frags.cuh) at head
+// dims 64, 96 and 128 with at least kTf32MinRows query rows per kv head. Otherwise the CUDA cores:
+// with one or two rows they read an f32 cache faster than the three MMAs per product run
+// (docs/cuda.md).
 constexpr int kTf32MinRows = 3;
 bool use_mma(const CallShape& s);
 // Whether P, rounded to the tensor-core fragments' dtype (relative error 2^-9 for bf16, 2^-12 for
-// f16, which quantized caches use), needs a lo part next to it (SplitParams::p_lo): not for a bf16 out
-// (whose own rounding is 2^-9 of |out|) nor for an f16 out from an f16 or quantized cache; an f32 out,
-// or an f16 out from a bf16 cache, does.
+// f16, which quantized caches use), needs a lo part next to it (SplitParams::p_lo): not for a bf16
+// out (whose own rounding is 2^-9 of |out|) nor for an f16 out from an f16 or quantized cache; an
+// f32 out, or an f16 out from a bf16 cache, does.
 bool p_needs_lo(DType k_dtype, DType out_dtype);
 // The calls the Hopper many-row kernel serves (SplitBuild::hopper): a 16-bit cache with q in its
 // dtype, head dim 128, P without a lo part, no soft-cap or ALiBi (it runs them through the variant
@@ -96,8 +99,8 @@ int row_chunks(const CallShape& s);  // chunks_of_rows at rows_per_cta(s)
 bool use_wide(const CallShape& s);
 // The build before the dense weighing: mma and wide from the shapes, dense unset.
 SplitBuild candidate_build(const CallShape& s);
-// Whether the dense build is weighed against the plain one: a quantized cache on the plain tensor-core build,
-// where that fits at all. Only then does the caller need KernelFacts::dense.
+// Whether the dense build is weighed against the plain one: a quantized cache on the plain
+// tensor-core build, where that fits at all. Only then does the caller need KernelFacts::dense.
 bool weighs_dense(const CallShape& s, SplitBuild candidate, const BuildFacts& plain);
 
 // How this call's items fill the slots (SMs x CTAs per SM / row chunks) of a build when the plan
@@ -122,11 +125,11 @@ constexpr double kTwoWaveFill = 0.9;
 constexpr std::int64_t kTwoWaveItemTokens = 4096;
 bool two_dense_waves_pay(const CallShape& s, int sms, int most);
 
-// The choice. A quantized cache on the tensor cores weighs the most CTAs per SM (the dense build's where it
-// fits more than the plain one, else the plain build's own) against one fewer (the plain build's,
-// or the plain build planned one CTA per SM short of what fits): the most where dense_pays, or
-// over two waves where two_dense_waves_pay, else one fewer. ctas_per_sm is 0 when the plain
-// build fits nowhere (the caller reports it).
+// The choice. A quantized cache on the tensor cores weighs the most CTAs per SM (the dense build's
+// where it fits more than the plain one, else the plain build's own) against one fewer (the plain
+// build's, or the plain build planned one CTA per SM short of what fits): the most where
+// dense_pays, or over two waves where two_dense_waves_pay, else one fewer. ctas_per_sm is 0 when
+// the plain build fits nowhere (the caller reports it).
 KernelChoice choose_split_kernel(const CallShape& s, const KernelFacts& f);
 
 // The split plan's options for a choice: its parallelism in work items, kMinChunkTokens, the

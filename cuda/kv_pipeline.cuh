@@ -149,7 +149,13 @@ __device__ __forceinline__ void issue_tile(char* sK, char* sV, const int* s_row,
 // warp finished before the barrier of iteration n - STAGES.
 // Each warp computes TT / kWarps of the rows (table entry, index, mask bits), so that work, which
 // sits between two barriers, weighs the same on every warp.
-template <typename T, int D, int TT, int STAGES>
+// kTokenScales (the CUDA-core path of a quantized cache): the pipeline also copies each tile's
+// per-token K and V scales (SplitParams::k_token_scales, when set) into a ring of STAGES + 1
+// slots beside the masks, TT K scales then TT V scales per slot, 0 for rows not read. A tile's
+// scales are issued with its row index (store_row), so they join the copy group of the tile
+// itself (the next commit after end() is the one that issues that tile) and the same wait
+// covers both; the ring is as deep as the masks' for the same reason.
+template <typename T, int D, int TT, int STAGES, bool kTokenScales = false>
 struct KvPipeline {
   static constexpr int kRowsPerWarp = TT / kWarps;
   static_assert(kRowsPerWarp == 8 || kRowsPerWarp == 16 || kRowsPerWarp == 32,
@@ -160,8 +166,9 @@ struct KvPipeline {
   static constexpr int kRowBytes = RowGeom<T, D>::kRowBytes;
   static constexpr int kTileBytes = 2 * TT * kRowBytes;  // one stage: K rows, then V rows
   static constexpr int kMaskWords = TT / 32;
-  // Shared bytes of the row indices and masks.
-  static constexpr int kIndexBytes = (STAGES * TT + (STAGES + 1) * kMaskWords) * 4;
+  static constexpr int kScaleFloats = kTokenScales ? (STAGES + 1) * 2 * TT : 0;
+  // Shared bytes of the row indices, masks and token scales.
+  static constexpr int kIndexBytes = (STAGES * TT + (STAGES + 1) * kMaskWords + kScaleFloats) * 4;
 
   char* stages;
   int* rows_at;
@@ -174,6 +181,11 @@ struct KvPipeline {
   int tok_begin, tok_end, ntiles;
   int tok_lo;    // the window's first token (0 without one): rows before it are not read
   int last_pos;  // the last query token's position, L - 1 (ALiBi, the per-row masks)
+  // kTokenScales: the ring (after the masks) and the kv head's K and V token scales in block 0
+  // (null: the call has none, and the ring is not written).
+  float* scale_ring;
+  const float* gks;
+  const float* gvs;
 
   __device__ __forceinline__ const char* k(int st) const { return stages + st * kTileBytes; }
   __device__ __forceinline__ const char* v(int st) const {
@@ -182,6 +194,10 @@ struct KvPipeline {
   // The row mask of tile `it` (kMaskWords words).
   __device__ __forceinline__ const unsigned* mask(int it) const {
     return masks + (it % (STAGES + 1)) * kMaskWords;
+  }
+  // The K token scales of tile `it` (TT floats), then its V token scales.
+  __device__ __forceinline__ const float* token_scales(int it) const {
+    return scale_ring + (it % (STAGES + 1)) * 2 * TT;
   }
   // Rows of tile `it` (the last tile of a split may be short).
   __device__ __forceinline__ int rows(int it) const {
@@ -205,6 +221,18 @@ struct KvPipeline {
     const bool mine = has_row();
     const int row = mine ? row_index(*p, id, tok_of(n), tok_lo, tok_end) : -1;
     if (mine) rows_at[(n % STAGES) * TT + my_row()] = row;
+    if constexpr (kTokenScales) {
+      if (mine && gks != nullptr) {
+        const int t = tok_of(n);
+        const int slot =
+            t - static_cast<int>(p->block_div.div(static_cast<unsigned>(t))) * p->block_size;
+        // Offsets of rows that are read only: their block id is in the pool.
+        const long long at = row < 0 ? 0 : id * p->ts_block + slot * p->ts_token;
+        float* dst = scale_ring + (n % (STAGES + 1)) * 2 * TT + my_row();
+        cp_async4_row(dst, gks + at, row);
+        cp_async4_row(dst + TT, gvs + at, row);
+      }
+    }
     const unsigned bits = __ballot_sync(0xffffffffu, row >= 0);
     if ((threadIdx.x & 31) == 0) {
       reinterpret_cast<MaskPart*>(masks + (n % (STAGES + 1)) * kMaskWords)[threadIdx.x >> 5] =

@@ -24,6 +24,13 @@ __device__ __forceinline__ void cp_async16_row(void* dst, const void* src, int r
       " cp.async.cg.shared.global [%0], [%1], 16, skip;\n}\n" ::"r"(smem_u32(dst)),
       "l"(src), "r"(row));
 }
+// 4-byte async copy (a float) with the same predicate: a negative `row` zero-fills dst.
+__device__ __forceinline__ void cp_async4_row(void* dst, const void* src, int row) {
+  asm volatile(
+      "{\n .reg .pred skip;\n setp.lt.s32 skip, %2, 0;\n"
+      " cp.async.ca.shared.global [%0], [%1], 4, skip;\n}\n" ::"r"(smem_u32(dst)),
+      "l"(src), "r"(row));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -24,7 +24,8 @@ struct SimtCfg {
   static constexpr int SCRATCH = kWarps * kSimtRowsPerWarp * (D + 2) * 4;
   static constexpr int STAGE_AREA = STAGES * TILE > SCRATCH ? STAGES* TILE : SCRATCH;
   static constexpr int QBYTES = 0;
-  using Pipe = KvPipeline<T, D, TT, STAGES>;
+  // A quantized cache's per-token scales come through the pipeline (kv_pipeline.cuh).
+  using Pipe = KvPipeline<T, D, TT, STAGES, is_quantized_type<T>>;
   static constexpr int SMEM = STAGE_AREA + QBYTES + Pipe::kIndexBytes + kSmemAlign;
 };
 

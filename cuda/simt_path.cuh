@@ -45,13 +45,14 @@ __device__ __forceinline__ void simt_rows(const SplitParams& p, const V& var, co
   for (int h = 0; h < HW; ++h) rows.vrow[h] = var.row(rows.qr[h].head, h < w.nh);
 }
 
-// The logits sc of token t (row r of tile kS; ok: its row-mask bit) for the warp's rows, each
-// half-warp's dot products summed over its 16 lanes (shuffles over all 32), and whether each row
-// attends to it (att). bad: NaN once a row met a non-finite logit.
+// The logits sc of token t (row r of tile kS; ok: its row-mask bit; k_token: its K token scale,
+// 1 without) for the warp's rows, each half-warp's dot products summed over its 16 lanes
+// (shuffles over all 32), and whether each row attends to it (att). bad: NaN once a row met a
+// non-finite logit.
 template <typename T, int D, bool kMulti, typename V>
 __device__ __forceinline__ void simt_scores(const SplitParams& p, const V& var, const CtaItem& item,
                                             int last_pos, SimtWarp w, const SimtRows<D, V>& rows,
-                                            const char* kS, int r, bool ok, int t,
+                                            const char* kS, int r, bool ok, int t, float k_token,
                                             float (&sc)[kSimtRowsPerWarp],
                                             bool (&att)[kSimtRowsPerWarp],
                                             float (&bad)[kSimtRowsPerWarp]) {
@@ -66,6 +67,7 @@ __device__ __forceinline__ void simt_scores(const SplitParams& p, const V& var, 
     for (int e = 0; e < E; ++e) d = fmaf(rows.q[h][e], kr[e], d);
 #pragma unroll
     for (int o2 = 8; o2 > 0; o2 >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o2);
+    d *= k_token;  // q . (code x scale) = (q . code) x scale
     // Whether the row attends to the token: with several query tokens, each row's own
     // causal bound and window (the tile mask covers the earliest query's window).
     att[h] = ok && (!kMulti || item.n_q == 1 ||
@@ -77,10 +79,10 @@ __device__ __forceinline__ void simt_scores(const SplitParams& p, const V& var, 
   }
 }
 
-// Token r of tile vS (read, so per half-warp; no shuffles inside) into the online-softmax state
-// and accumulator of each row that attends to it.
+// Token r of tile vS (read, so per half-warp; no shuffles inside; v_token: its V token scale, 1
+// without) into the online-softmax state and accumulator of each row that attends to it.
 template <typename T, int D>
-__device__ __forceinline__ void simt_update(SimtWarp w, const char* vS, int r,
+__device__ __forceinline__ void simt_update(SimtWarp w, const char* vS, int r, float v_token,
                                             const float (&sc)[kSimtRowsPerWarp],
                                             const bool (&att)[kSimtRowsPerWarp],
                                             float (&acc)[kSimtRowsPerWarp][D / 16],
@@ -97,8 +99,9 @@ __device__ __forceinline__ void simt_update(SimtWarp w, const char* vS, int r,
     const float alpha = st[h].rescale_to(sc[h]);
     const float pr = st[h].weight(sc[h]);
     st[h].add(pr);
+    const float pv = pr * v_token;  // the weight of the code: p x the row's V scale
 #pragma unroll
-    for (int e = 0; e < E; ++e) acc[h][e] = fmaf(pr, vr[e], acc[h][e] * alpha);
+    for (int e = 0; e < E; ++e) acc[h][e] = fmaf(pv, vr[e], acc[h][e] * alpha);
   }
 }
 
@@ -133,14 +136,22 @@ __device__ __forceinline__ void simt_item(const SplitParams& p, const V& var, co
     const char* kS = pipe.k(stage);
     const char* vS = pipe.v(stage);
     const unsigned* tile_mask = pipe.mask(it);
+    // The tile's token scales (kv_pipeline.cuh), where the cache has them.
+    const float* token_scales = nullptr;
+    if constexpr (Cfg::Pipe::kScaleFloats > 0) {
+      if (p.k_token_scales != nullptr) token_scales = pipe.token_scales(it);
+    }
     for (int r0 = w.wt * 2; r0 < nrows; r0 += 2 * w.WT) {
       const int r = r0 + w.half;  // r < TT always; rows past `nrows` are masked
       const bool ok = (tile_mask[r >> 5] >> (r & 31)) & 1u;
       const int t = pipe.tok_begin + it * Cfg::TT + r;
       float sc[HW];
       bool att[HW];
-      simt_scores<T, D, kMulti>(p, var, item, pipe.last_pos, w, rows, kS, r, ok, t, sc, att, bad);
-      if (ok) simt_update<T, D>(w, vS, r, sc, att, acc, st);
+      const float k_token = token_scales != nullptr ? token_scales[r] : 1.f;
+      const float v_token = token_scales != nullptr ? token_scales[Cfg::TT + r] : 1.f;
+      simt_scores<T, D, kMulti>(p, var, item, pipe.last_pos, w, rows, kS, r, ok, t, k_token, sc,
+                                att, bad);
+      if (ok) simt_update<T, D>(w, vS, r, v_token, sc, att, acc, st);
     }
     pipe.end(it, next_id);
   }

@@ -71,6 +71,10 @@ __device__ __forceinline__ void split_cta(const SplitParams& p, const V& var) {
   pipe.tok_end = work.tok_end;
   pipe.last_pos = work.len - 1;
   pipe.ntiles = (pipe.tok_end - pipe.tok_begin + TT - 1) / TT;
+  pipe.scale_ring = reinterpret_cast<float*>(pipe.masks + (STAGES + 1) * Pipe::kMaskWords);
+  const long long scales_off = item.kv * p.ts_head;
+  pipe.gks = p.k_token_scales != nullptr ? p.k_token_scales + scales_off : nullptr;
+  pipe.gvs = p.v_token_scales != nullptr ? p.v_token_scales + scales_off : nullptr;
   if constexpr (kMma && kWide) {
     mma_item<T, D, true, true>(p, var, item, pipe, smem);
   } else if constexpr (kMma) {
@@ -189,11 +193,11 @@ void launch_split_typed(const SplitParams& p, const V& var, int resident_ctas, i
 }
 
 // CTAs per SM that the dense build of a kernel is compiled for (0: there is none). The 8-bit
-// (fp8, int8) tensor-core kernel's widening needs registers that the compiler's own budget spends freely;
-// built for one more CTA per SM (three at D = 128, four at D = 64; a few dozen bytes of spills),
-// it reads faster when the plan has items for the extra slots, so decode weighs both builds per
-// call (choose_split_kernel). Where the compiler's own budget already fits as many CTAs (e4m3
-// at D = 128, depending on the compiler), decode has no reason to take the dense build. Other
+// (fp8, int8) tensor-core kernel's widening needs registers that the compiler's own budget spends
+// freely; built for one more CTA per SM (three at D = 128, four at D = 64; a few dozen bytes of
+// spills), it reads faster when the plan has items for the extra slots, so decode weighs both
+// builds per call (choose_split_kernel). Where the compiler's own budget already fits as many CTAs
+// (e4m3 at D = 128, depending on the compiler), decode has no reason to take the dense build. Other
 // head dims either fit the CTAs already or lose to the spills; docs/cuda.md has the registers
 // and times.
 template <typename T, int D>

@@ -34,11 +34,17 @@ struct SplitParams {
   int block_units, token_units, row_unit;
   long long head_bytes;
   float scale_log2;  // scale * log2(e): scores are kept in log2 units
-  // Quantized caches' dequantization scales (DecodeArgs::k_scale, ...; 1 and null otherwise), folded
-  // into a kv head's logit scale and into its weighted sum (simt_path.cuh).
+  // Quantized caches' dequantization scales (DecodeArgs::k_scale, ...; 1 and null otherwise),
+  // folded into a kv head's logit scale and into its weighted sum (simt_path.cuh).
   float k_scale, v_scale;
   const float* k_scales;
   const float* v_scales;
+  // Per-token scales (DecodeArgs::k_token_scales; null: none), which only the CUDA-core path
+  // reads (kernel_choice.hpp): slot s of block b of kv head kv has its scale
+  // kv * ts_head + b * ts_block + s * ts_token floats past the pointer (token_scale_layout()).
+  const float* k_token_scales;
+  const float* v_token_scales;
+  long long ts_block, ts_head, ts_token;
   // plan.window_left is DecodeArgs::window_left. The other variants are the kernel's variant
   // policy (variant_policy.cuh), an argument of its own.
   PlanOptions plan;

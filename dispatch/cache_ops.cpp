@@ -12,10 +12,7 @@ void write_cache(const CacheWriteArgs& args, const CacheOpOptions& options) {
   validate_options(options);
   const Backend backend = resolve_backend(options.backend);
   // A pool the CUDA decode cannot read is refused as decode() refuses it.
-  if (backend == Backend::kCuda) {
-    require_cuda_head_dim(args.head_dim);
-    require_cuda_token_scales(args.k_token_scales != nullptr);
-  }
+  if (backend == Backend::kCuda) require_cuda_head_dim(args.head_dim);
   if (args.num_tokens == 0) return;
   if (backend == Backend::kCuda) {
     detail::cuda::write_cache(args, options);  // checks device-resident slots itself
@@ -30,10 +27,7 @@ void copy_blocks(const CopyBlocksArgs& args, const CacheOpOptions& options) {
   detail::validate_copy_args(args);
   validate_options(options);
   const Backend backend = resolve_backend(options.backend);
-  if (backend == Backend::kCuda) {
-    require_cuda_head_dim(args.head_dim);
-    require_cuda_token_scales(args.k_token_scales != nullptr);
-  }
+  if (backend == Backend::kCuda) require_cuda_head_dim(args.head_dim);
   if (args.num_pairs == 0) return;
   if (backend == Backend::kCuda) {
     detail::cuda::copy_blocks(args, options);

@@ -54,6 +54,8 @@ def ours_row(d, label):
         variants.append(d["layout"])
     if d.get("tree", "0") == "1":
         variants.append("tree mask")
+    if d.get("token_scales", "0") == "1":
+        variants.append("token scales")
     impl = (label or "pagedattn", ", ".join(variants))
     key = key_of(d, dtype, d.get("kv_dtype") or dtype, d.get("q_len") or 1, d["block_size"])
     gbps, pct = float(d["gbps"]), float(d["pct_read_bw"])

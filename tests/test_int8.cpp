@@ -3,7 +3,7 @@
 // caches with and without per-token scales (head dims, groups, block sizes, dtypes, multi-token
 // queries, variants, NHD scale strides); write_cache's scales and codes by their definition, and
 // a decode of written rows against the unquantized rows' (the formats' accuracy); copy_blocks
-// carrying the scales; the argument errors, which write nothing; the CUDA backend's refusal.
+// carrying the scales; the argument errors, which write nothing.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,6 +21,7 @@
 #include "pagedattn/testing/cache_op_args.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/testing/tolerance.hpp"
+#include "quantized_spec.hpp"
 #include "query_case.hpp"
 #include "test_seed.hpp"
 
@@ -60,19 +61,6 @@ TEST(Int8Codes, RoundToNearestEvenSaturateAndZeroNaN) {
   EXPECT_STREQ(dtype_name(DType::kInt8), "int8");
   EXPECT_TRUE(is_quantized(DType::kInt8));
   EXPECT_FALSE(is_fp8(DType::kInt8));
-}
-
-// A case of `cache` codes: int8 with a per-tensor scale that spreads its codes over the range.
-CaseSpec quantized_spec(DType cache, DType q_and_out, int H, int KV, int D, int BS,
-                        std::vector<int> lens, bool token_scales, std::uint64_t seed) {
-  CaseSpec s = testing::shaped_spec(q_and_out, H, KV, D, BS, std::move(lens));
-  s.kv_dtype = cache;
-  s.k_scale = cache == DType::kInt8 ? 0.02f : 0.5f;
-  s.v_scale = cache == DType::kInt8 ? 0.03f : 0.25f;
-  s.per_head_scales = seed % 2 == 0;
-  s.token_scales = token_scales;
-  s.seed = seed;
-  return s;
 }
 
 void expect_matches_reference(HostCase& c, const std::string& what) {

@@ -2,11 +2,13 @@
 // and codes by the definition in cache_ops.hpp, edge rows (zeros, NaN, Inf, huge values), NHD
 // scale strides, a decode of written rows against the decode of the unquantized rows (the
 // accuracy bounds docs/kv_quantization.md states), copy_blocks carrying the scales, and the
-// argument errors of decode, write_cache and copy_blocks with per-token scales and int8.
+// argument errors of decode, write_cache and copy_blocks with per-token scales and int8; the CUDA
+// backend's writes and copies against the CPU backend's bits.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -18,6 +20,7 @@
 #include "pagedattn/dtype.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/cache_op_args.hpp"
+#include "pagedattn/testing/device_memory.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "test_seed.hpp"
 
@@ -311,16 +314,64 @@ TEST(Int8Writes, CopyBlocksCarriesTheScales) {
   EXPECT_EQ(p.ks[0], -1.f) << "a block outside the copy changed";
 }
 
-TEST(Int8Errors, CudaRefusesTokenScales) {
-  std::string why;
-  if (!cuda_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  std::vector<float> key(std::size_t{kKv} * kD, 1.f), value(key.size(), 1.f);
-  const std::vector<std::int32_t> slots = {5};
-  Pool p(DType::kFP8E4M3);
-  expect_error(
-      [&] { write_cache(p.write_args(key, value, slots), CacheOpOptions{Backend::kCuda}); },
-      ErrorCode::kUnsupported, "k_token_scales", {"CPU backend"},
-      "an fp8 write with per-token scales on CUDA");
+// write_cache and copy_blocks with per-token scales on CUDA give the CPU backend's bits: codes and
+// scales, edge rows included (zeros, NaN and Inf among finite values, huge values).
+TEST(Int8Writes, CudaWritesAndCopiesTheCpuBits) {
+  if (!cuda_available() || !testing::device_memory_built()) GTEST_SKIP() << "no CUDA device";
+  using testing::DeviceBuffer;
+  std::mt19937_64 rng(testing::seed_for(1700));
+  std::normal_distribution<float> dist(0.f, 3.f);
+  for (DType cache : {DType::kInt8, DType::kFP8E4M3, DType::kFP8E5M2}) {
+    SCOPED_TRACE(dtype_name(cache));
+    const int tokens = 6;
+    std::vector<float> key(std::size_t{tokens} * kKv * kD), value(key.size());
+    for (float& x : key) x = dist(rng);
+    for (float& x : value) x = dist(rng) * 1e-3f;
+    std::fill(key.begin() + kKv * kD, key.begin() + kKv * kD + kD, 0.f);
+    key[2 * kKv * kD + 3] = std::numeric_limits<float>::quiet_NaN();
+    key[2 * kKv * kD + 5] = INFINITY;
+    for (int d = 0; d < kD; ++d) value[3 * kKv * kD + d] = 1e36f * (d % 2 ? 1 : -1);
+    const std::vector<std::int32_t> slots = {0, 9, -1, 31, 17, 4};
+    std::vector<float> k_heads = {0.5f, 2.f};
+    Pool want(cache), got(cache);
+    CacheWriteArgs a = want.write_args(key, value, slots);
+    a.k_scales = k_heads.data();
+    write_cache(a, kCpu);
+    const BlockCopy pair{1, 2};
+    copy_blocks(want.copy_args(cache, pair), kCpu);
+
+    DeviceBuffer dkey(key.data(), key.size() * 4), dvalue(value.data(), value.size() * 4);
+    DeviceBuffer dslots(slots.data(), slots.size() * 4), dheads(k_heads.data(), 8);
+    DeviceBuffer k(got.k.data(), got.k.size()), v(got.v.data(), got.v.size());
+    DeviceBuffer ks(got.ks.data(), got.ks.size() * 4), vs(got.vs.data(), got.vs.size() * 4);
+    CacheWriteArgs d = got.write_args(key, value, slots);
+    d.key = dkey.get();
+    d.value = dvalue.get();
+    d.slot_mapping = dslots.as<const std::int32_t>();
+    d.k_scales = dheads.as<const float>();
+    d.k_cache = k.get();
+    d.v_cache = v.get();
+    d.k_token_scales = ks.as<float>();
+    d.v_token_scales = vs.as<float>();
+    CacheOpOptions o;
+    o.backend = Backend::kCuda;
+    o.cuda_checked = cache == DType::kInt8;
+    write_cache(d, o);
+    CopyBlocksArgs c = got.copy_args(cache, pair);
+    c.k_cache = k.get();
+    c.v_cache = v.get();
+    c.k_token_scales = ks.as<float>();
+    c.v_token_scales = vs.as<float>();
+    copy_blocks(c, o);
+    k.to_host(got.k);
+    v.to_host(got.v);
+    ks.to_host(got.ks);
+    vs.to_host(got.vs);
+    EXPECT_EQ(got.k, want.k);
+    EXPECT_EQ(got.v, want.v);
+    EXPECT_EQ(0, std::memcmp(got.ks.data(), want.ks.data(), got.ks.size() * 4));
+    EXPECT_EQ(0, std::memcmp(got.vs.data(), want.vs.data(), got.vs.size() * 4));
+  }
 }
 
 }  // namespace

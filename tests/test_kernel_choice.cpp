@@ -139,6 +139,9 @@ TEST(KernelChoice, QuantizedTakesTheTensorCoresWithA16BitQAtHeadDimsOf32) {
   EXPECT_TRUE(use_mma(shape(DType::kBF16, DType::kInt8, 128, 8, 1)));
   EXPECT_FALSE(use_mma(shape(DType::kBF16, DType::kInt8, 80, 4, 1)));
   EXPECT_FALSE(use_mma(shape(DType::kF32, DType::kInt8, 128, 4, 1)));
+  CallShape token_scaled = shape(DType::kBF16, DType::kInt8, 128, 8, 1);
+  token_scaled.token_scales = true;  // the CUDA cores apply them, in f32
+  EXPECT_FALSE(use_mma(token_scaled));
   EXPECT_TRUE(p_needs_lo(DType::kInt8, DType::kF32));
   EXPECT_FALSE(p_needs_lo(DType::kInt8, DType::kF16));
   EXPECT_FALSE(use_mma(shape(DType::kBF16, DType::kFP8E4M3, 80, 4, 1)));

@@ -178,13 +178,6 @@ void require_cuda_head_dim(int head_dim) {
            head_dims_list(kCudaHeadDims) + "; the CPU backend takes it)");
 }
 
-void require_cuda_token_scales(bool token_scales) {
-  if (token_scales) {
-    fail(ErrorCode::kUnsupported, "k_token_scales", "set",
-         "the CUDA backend has no kernel for it yet (the CPU backend takes it)");
-  }
-}
-
 void require_backend(const char* name, Backend b) {
   if (b != Backend::kAuto && b != Backend::kCpu && b != Backend::kCuda) {
     fail(ErrorCode::kInvalidArgument, name, static_cast<int>(b),

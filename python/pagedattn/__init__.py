@@ -645,8 +645,7 @@ def decode(
     c * k_scale * k_scales[kv] * k_token_scales[n, kv, s] in K (k_scales None: no factor
     k_scales[kv]; k_token_scales None: no per-token factor), and likewise with v_scale,
     v_scales and v_token_scales in V: pass the scales the cache was written with
-    (write_cache). The CUDA backend refuses per-token scales (pagedattn.Error, code
-    "unsupported"); the CPU backend takes them.
+    (write_cache). Both backends take them.
 
     Args:
         q: [batch, num_heads, head_dim], float32, float16 or bfloat16. Each sequence's

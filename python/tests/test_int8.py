@@ -691,14 +691,15 @@ def test_torch_int8_query_and_wrong_scales_are_refused():
 
 
 # ----------------------------------------------------------------------------------------------
-# CUDA: int8 caches (per-token scales are the CPU backend's alone)
+# CUDA
 
 
 @needs_cuda
 @pytest.mark.parametrize("q_dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("scales", ["tensor", "both"])
-def test_cuda_decode_matches_the_reference(q_dtype, scales):
-    c = int8_case(40, q_dtype, scales, token_scales=False)
+@pytest.mark.parametrize("token_scales", [False, True], ids=["no_token_scales", "token_scales"])
+def test_cuda_decode_matches_the_reference(q_dtype, scales, token_scales):
+    c = int8_case(40, q_dtype, scales, token_scales=token_scales)
     torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[q_dtype]
     q = torch.from_numpy(c.q.view(np.int16).copy()).view(torch_dtype).cuda()
     k, v = torch.from_numpy(c.k).cuda(), torch.from_numpy(c.v).cuda()
@@ -719,18 +720,19 @@ def test_cuda_write_cache_and_copy_blocks_match_cpu():
     value = rng.standard_normal(key.shape).astype(np.float32)
     slots = np.array([1, 9, 30, -1, 17, 0], np.int32)
     pool = Pool()
-    pool.write(key, value, slots, k_scale=0.5, v_scale=0.03)
-    pool.copy([(1, 2)])
+    pool.write(key, value, slots, k_scale=0.5, v_scale=0.03, **pool.token_kwargs())
+    pool.copy([(1, 2)], **pool.token_kwargs())
     k_t = torch.full((4, NUM_KV_HEADS, 8, HEAD_DIM), 99, dtype=torch.int8, device="cuda")
     v_t = k_t.clone()
+    ks_t = torch.full((4, NUM_KV_HEADS, 8), float("nan"), device="cuda")
+    vs_t = ks_t.clone()
+    scales = dict(k_token_scales=ks_t, v_token_scales=vs_t)
     pagedattn.write_cache(torch.from_numpy(key).cuda(), torch.from_numpy(value).cuda(),
-                          torch.from_numpy(slots).cuda(), k_t, v_t, k_scale=0.5, v_scale=0.03)
-    pagedattn.copy_blocks(k_t, v_t, [(1, 2)])
+                          torch.from_numpy(slots).cuda(), k_t, v_t, k_scale=0.5, v_scale=0.03,
+                          **scales)
+    pagedattn.copy_blocks(k_t, v_t, [(1, 2)], **scales)
     torch.cuda.synchronize()
     assert k_t.cpu().numpy().tobytes() == pool.k.tobytes()
     assert v_t.cpu().numpy().tobytes() == pool.v.tobytes()
-    with pytest.raises(pagedattn.Error) as info:
-        pagedattn.copy_blocks(k_t, v_t, [(1, 2)],
-                              k_token_scales=torch.ones(4, NUM_KV_HEADS, 8, device="cuda"),
-                              v_token_scales=torch.ones(4, NUM_KV_HEADS, 8, device="cuda"))
-    assert (info.value.argument, info.value.code) == ("k_token_scales", "unsupported")
+    assert ks_t.cpu().numpy().tobytes() == pool.ks.tobytes()
+    assert vs_t.cpu().numpy().tobytes() == pool.vs.tobytes()

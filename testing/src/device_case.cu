@@ -58,6 +58,10 @@ DeviceCase::DeviceCase(const DecodeArgs& host, void* stream_ptr) : args_(host) {
   const std::size_t kv_head_bytes = static_cast<std::size_t>(host.num_kv_heads) * sizeof(float);
   if (host.k_scales) k_scales_ = upload(host.k_scales, kv_head_bytes, stream);
   if (host.v_scales) v_scales_ = upload(host.v_scales, kv_head_bytes, stream);
+  const std::size_t token_scale_bytes =
+      static_cast<std::size_t>(host.token_scale_layout().elements()) * sizeof(float);
+  if (host.k_token_scales) k_token_scales_ = upload(host.k_token_scales, token_scale_bytes, stream);
+  if (host.v_token_scales) v_token_scales_ = upload(host.v_token_scales, token_scale_bytes, stream);
   check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   args_.q = q_.get();
   args_.k_cache = k_.get();
@@ -71,6 +75,8 @@ DeviceCase::DeviceCase(const DecodeArgs& host, void* stream_ptr) : args_(host) {
   args_.sinks = host.sinks ? sinks_.as<const float>() : nullptr;
   args_.k_scales = host.k_scales ? k_scales_.as<const float>() : nullptr;
   args_.v_scales = host.v_scales ? v_scales_.as<const float>() : nullptr;
+  args_.k_token_scales = host.k_token_scales ? k_token_scales_.as<const float>() : nullptr;
+  args_.v_token_scales = host.v_token_scales ? v_token_scales_.as<const float>() : nullptr;
 }
 
 void DeviceCase::download(const DecodeArgs& host, void* stream_ptr) const {

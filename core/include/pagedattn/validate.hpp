@@ -32,9 +32,6 @@ void require_head_dim(int head_dim);      // one of kSupportedHeadDims
 // One of kCudaHeadDims: else Error(kUnsupported) naming head_dim, saying the CUDA backend has no
 // kernel for it yet. The CUDA entry points call it first, so no other CUDA check comes before it.
 void require_cuda_head_dim(int head_dim);
-// No per-token scales for the CUDA backend yet (else Error(kUnsupported) naming k_token_scales).
-// Called beside require_cuda_head_dim.
-void require_cuda_token_scales(bool token_scales);
 void require_backend(const char* name, Backend backend);  // kAuto, kCpu or kCuda
 void require_num_threads(int num_threads);                // in [0, kMaxThreads]
 
