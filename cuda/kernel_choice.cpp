@@ -18,7 +18,7 @@ CallShape call_shape(const DecodeArgs& a) {
 
 bool use_mma(const CallShape& s) {
   const bool q16 = s.q_dtype == DType::kF16 || s.q_dtype == DType::kBF16;
-  if (is_quantized(s.k_dtype)) return q16 && s.head_dim % 32 == 0 && !s.token_scales;
+  if (is_quantized(s.k_dtype)) return q16 && s.head_dim % 32 == 0;
   if (s.k_dtype == DType::kF32) {
     return s.q_dtype == DType::kF32 && s.head_dim % 32 == 0 && s.head_dim <= 128 &&
            std::int64_t{s.group} * s.q_len >= kTf32MinRows;
@@ -60,18 +60,20 @@ int row_chunks(const CallShape& s) { return chunks_of_rows(s, rows_per_cta(s)); 
 bool use_wide(const CallShape& s) {
   const std::int64_t rows = static_cast<std::int64_t>(s.group) * s.q_len;
   return use_mma(s) && s.q_len > 1 && std::min<std::int64_t>(rows, rows_per_cta(s)) > 16 &&
-         wide_head_dim(s.head_dim);
+         wide_head_dim(s.head_dim) && !s.token_scales;
 }
 
 SplitBuild candidate_build(const CallShape& s) {
   SplitBuild b;
   b.mma = use_mma(s);
+  b.token_scales = b.mma && s.token_scales;
   b.wide = use_wide(s);
   return b;
 }
 
 bool weighs_dense(const CallShape& s, SplitBuild candidate, const BuildFacts& plain) {
-  return plain.ctas_per_sm > 0 && candidate.mma && !candidate.wide && is_quantized(s.k_dtype);
+  return plain.ctas_per_sm > 0 && candidate.mma && !candidate.wide && !candidate.token_scales &&
+         is_quantized(s.k_dtype);
 }
 
 WaveFill wave_fill(const CallShape& s, int sms, int ctas_per_sm, int plan_waves) {

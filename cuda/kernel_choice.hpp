@@ -66,12 +66,11 @@ constexpr int kMaxSplitsPerSeq = 1024;  // bounds the partials buffer
 
 // The tensor cores for every group size of a 16-bit cache with q in the cache dtype, even MHA
 // (the MMAs cost little next to the copies); for a quantized cache (fp8, int8) when q is f16 or
-// bf16 (exact in f16, the fragments' type), the head dim is a multiple of 32 (fp8_frags.cuh) and
-// there are no per-token scales (the CUDA cores apply those in f32: P times a V scale could leave
-// the range of the f16 fragments); for an f32 cache with an f32 q (3xTF32, tf32_frags.cuh) at head
-// dims 64, 96 and 128 with at least kTf32MinRows query rows per kv head. Otherwise the CUDA cores:
-// with one or two rows they read an f32 cache faster than the three MMAs per product run
-// (docs/cuda.md).
+// bf16 (exact in f16, the fragments' type) and the head dim is a multiple of 32 (fp8_frags.cuh),
+// per-token scales included (SplitBuild::token_scales); for an f32 cache with an f32 q (3xTF32,
+// tf32_frags.cuh) at head dims 64, 96 and 128 with at least kTf32MinRows query rows per kv head.
+// Otherwise the CUDA cores: with one or two rows they read an f32 cache faster than the three MMAs
+// per product run (docs/cuda.md).
 constexpr int kTf32MinRows = 3;
 bool use_mma(const CallShape& s);
 // Whether P, rounded to the tensor-core fragments' dtype (relative error 2^-9 for bf16, 2^-12 for
@@ -95,7 +94,8 @@ bool simt_stands_in(const CallShape& s, const KernelFacts& f);
 int chunks_of_rows(const CallShape& s, int rows_per_cta);
 int row_chunks(const CallShape& s);  // chunks_of_rows at rows_per_cta(s)
 // The wide build: tensor cores, several query tokens and more than 16 rows per CTA, where a warp
-// takes 2 or 4 slices of each tile and folds them at once; head dims with one (wide_head_dim).
+// takes 2 or 4 slices of each tile and folds them at once; head dims with one (wide_head_dim);
+// not with per-token scales, which only the plain build carries.
 bool use_wide(const CallShape& s);
 // The build before the dense weighing: mma and wide from the shapes, dense unset.
 SplitBuild candidate_build(const CallShape& s);

@@ -149,9 +149,10 @@ __device__ __forceinline__ void issue_tile(char* sK, char* sV, const int* s_row,
 // warp finished before the barrier of iteration n - STAGES.
 // Each warp computes TT / kWarps of the rows (table entry, index, mask bits), so that work, which
 // sits between two barriers, weighs the same on every warp.
-// kTokenScales (the CUDA-core path of a quantized cache): the pipeline also copies each tile's
-// per-token K and V scales (SplitParams::k_token_scales, when set) into a ring of STAGES + 1
-// slots beside the masks, TT K scales then TT V scales per slot, 0 for rows not read. A tile's
+// kTokenScales (a quantized cache on the CUDA cores, or the tensor cores' token-scale build): the
+// pipeline also copies each tile's per-token K and V scales (SplitParams::k_token_scales, when
+// set) into a ring of STAGES + 1 slots beside the masks, TT K scales then TT V scales per slot,
+// 0 for rows not read. A tile's
 // scales are issued with its row index (store_row), so they join the copy group of the tile
 // itself (the next commit after end() is the one that issues that tile) and the same wait
 // covers both; the ring is as deep as the masks' for the same reason.

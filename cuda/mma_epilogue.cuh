@@ -21,15 +21,16 @@
 namespace pagedattn::detail::cuda {
 
 // The warp's rows g and g + 8 into its slot of the scratch (smem, the drained stage area): the
-// D columns of each row, then its (m, l).
+// D columns of each row, then its (m, l). o_unit: the unit of o (the largest V token scale of the
+// token-scale build, mma_token_scales.cuh; else 1).
 template <typename T, int D>
 __device__ __forceinline__ void mma_stash(const SplitParams& p, const CtaItem& item, char* smem,
                                           MmaWarp w, const SoftmaxState2 (&st)[2],
-                                          const float (&o)[D / 8][4]) {
+                                          const float (&o)[D / 8][4], float o_unit) {
   using Cfg = MmaCfg<T, D>;
   float* scratch = reinterpret_cast<float*>(smem);
   constexpr int SROW = D + 2;
-  const float vs = Cfg::kCodes ? head_scale(p.v_scale, p.v_scales, item.kv) : 1.f;
+  const float vs = Cfg::kCodes ? head_scale(p.v_scale, p.v_scales, item.kv) * o_unit : 1.f;
   float* base = scratch + ((w.wh * w.WT + w.wt) * 16) * SROW;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

@@ -21,10 +21,12 @@ namespace pagedattn::detail::cuda {
 // Head dims with a tensor-core kernel for cache type T: every one for f16 and bf16, multiples of
 // 32 for fp8 (each ldmatrix covers two 16-code chunks), and kTf32HeadDim for f32.
 template <typename T, int D>
-constexpr bool kMmaHeadDim = is_quantized_type<T> ? D % 32 == 0
-                                            : (std::is_same_v<T, float> ? kTf32HeadDim<D> : true);
+constexpr bool kMmaHeadDim = is_quantized_type<T>
+                                 ? D % 32 == 0
+                                 : (std::is_same_v<T, float> ? kTf32HeadDim<D> : true);
 
-template <typename T, int D>
+// kTokenScales: the pipeline also carries each tile's per-token scales (SplitBuild::token_scales).
+template <typename T, int D, bool kTokenScales = false>
 struct MmaCfg {
   // Quantized caches (fp8, int8) keep 8-bit code tiles and widen the fragments to f16
   // (fp8_frags.cuh); f32 caches run 3xTF32 (tf32_frags.cuh).
@@ -50,7 +52,7 @@ struct MmaCfg {
       !kQInSmem ? 0
                 : (kTf32 ? QROWS / 16 * kTf32QBytesPerRowTile<D>
                          : (kCodes ? QROWS / 16 * (D / 16) * 32 * 16 : QROWS * ROW));
-  using Pipe = KvPipeline<T, D, TT, STAGES>;
+  using Pipe = KvPipeline<T, D, TT, STAGES, kTokenScales>;
   static constexpr int SMEM = STAGE_AREA + QBYTES + Pipe::kIndexBytes + kSmemAlign;
 };
 
@@ -70,13 +72,14 @@ struct MmaWarp {
         q4(lane & 3) {}
 };
 
-// One tile of the KV pipeline: K and V in shared memory, its row masks (KvPipeline::mask) and
-// its first token.
+// One tile of the KV pipeline: K and V in shared memory, its row masks (KvPipeline::mask), its
+// first token and, in the token-scale build, its scales (KvPipeline::token_scales; else null).
 struct MmaTile {
   const char* k;
   const char* v;
   const unsigned* mask;
   int t0;
+  const float* scales;
 };
 
 // Q in shared memory (MmaCfg::kQInSmem): its base, and the (row, chunk pair) of the lane's 8x8

@@ -24,6 +24,7 @@
 #include "mma_pv.cuh"
 #include "mma_scores.cuh"
 #include "mma_softmax.cuh"
+#include "mma_token_scales.cuh"
 #include "pagedattn/online_softmax.hpp"
 #include "query_rows.cuh"
 #include "split_params.cuh"
@@ -39,15 +40,18 @@ namespace pagedattn::detail::cuda {
 // on the slice's last tokens (causal) and, with a window, on its first ones (uniform); then
 // each element gets its row's verdict, bit n * 4 + e of `keep`. The wide fold (NS > 1) is
 // taken only on tiles where the rows agree.
-template <typename T, int D, bool kMulti, int NS, typename V>
+// kTs: the tile's per-token scales (tile.scales) join the fold (mma_token_scales.cuh), vmax
+// being the warp's running largest V scale.
+template <typename T, int D, bool kMulti, int NS, bool kTs, typename V>
 __device__ __forceinline__ void mma_fold(const SplitParams& p, const V& var, MmaWarp w, MmaQSmem qs,
                                          const std::uint32_t (&qf)[MmaCfg<T, D>::kQK][4],
                                          const int (&k_at)[4], const int (&v_at)[4],
                                          const MmaRows<V>& rows, MmaTile tile, int last_pos,
                                          int n_q, int sl0, SoftmaxState2 (&st)[2],
-                                         float (&bad)[2][2], float (&o)[D / 8][4]) {
+                                         float (&bad)[2][2], float (&o)[D / 8][4], float& vmax) {
   float s[NS][2][4];
   mma_scores<T, D, NS>(w, qs, qf, k_at, tile.k, sl0, s);
+  if constexpr (kTs) scale_scores_by_token<NS>(tile.scales, w, sl0, s);
   const int t0 = tile.t0 + sl0 * 16;  // the (first) slice's first token
   unsigned keep = 0xffu;
   const bool disagree =
@@ -59,6 +63,9 @@ __device__ __forceinline__ void mma_fold(const SplitParams& p, const V& var, Mma
   }
   float alpha[2];
   mma_softmax<NS>(s, rows.efac, st, alpha);
+  if constexpr (kTs) {
+    scale_weights_by_token<NS>(tile.scales + MmaCfg<T, D>::TT, w, sl0, s, vmax, alpha);
+  }
   mma_rescale<D>(o, alpha);
   if (MmaCfg<T, D>::kTf32 || p.p_lo) {  // tf32 splits P whatever p_lo says
 #pragma unroll
@@ -78,10 +85,14 @@ __device__ __forceinline__ void mma_fold(const SplitParams& p, const V& var, Mma
 // decode, the common case, pays nothing for multi-token queries (docs/cuda.md). kFold (with
 // kMulti, in the wide build): a warp that takes 2 or 4 slices of a full tile folds them with one
 // softmax step (mma_fold). V: the variant policy (variant_policy.cuh).
-template <typename T, int D, bool kMulti, bool kFold, typename V>
+// Pipe: MmaCfg's pipeline, with the token scales' ring (KvPipeline::kScaleFloats > 0) in the
+// token-scale build (SplitBuild::token_scales).
+template <typename T, int D, bool kMulti, bool kFold, typename V, typename Pipe>
 __device__ __forceinline__ void mma_item(const SplitParams& p, const V& var, const CtaItem& item,
-                                         typename MmaCfg<T, D>::Pipe& pipe, char* smem) {
+                                         Pipe& pipe, char* smem) {
   using Cfg = MmaCfg<T, D>;
+  constexpr bool kTs = Pipe::kScaleFloats > 0;
+  static_assert(!kTs || !kFold, "token scales: the plain build only");
   using Geo = RowGeom<T, D>;
   constexpr int STAGES = Cfg::STAGES;
   const MmaWarp w(item.rows);
@@ -106,6 +117,8 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const V& var, con
   // NaN once a row met a non-finite logit: per row, two chains (n-tiles 0 and 1) so the
   // checks of a fold are not one dependent sequence.
   float bad[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+  // kTs: o is in units of the largest V token scale met so far (0 before the first).
+  float vmax = 0.f;
   rows.late = !var.transforms_logits() &&
               __all_sync(0xffffffffu, rows.logit_fac[0] > 0.f && rows.logit_fac[1] > 0.f);
   rows.efac[0] = rows.late ? rows.logit_fac[0] : 1.f;
@@ -135,7 +148,9 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const V& var, con
     const int next_id = pipe.begin(it);
     const int stage = it % STAGES;
     const int nrows = pipe.rows(it);
-    const MmaTile tile{pipe.k(stage), pipe.v(stage), pipe.mask(it), pipe.tok_begin + it * Cfg::TT};
+    MmaTile tile{pipe.k(stage), pipe.v(stage), pipe.mask(it), pipe.tok_begin + it * Cfg::TT,
+                 nullptr};
+    if constexpr (kTs) tile.scales = pipe.token_scales(it);
     // A full tile on which the rows agree, with 2 or 4 slices per warp: one fold of them all.
     // (The wide build only: see split_kernel in split_kernel.cuh.)
     if constexpr (kMulti && kFold) {
@@ -143,25 +158,25 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const V& var, con
           !rows_disagree(tile.t0, tile.t0 + Cfg::TT - 1, pipe.last_pos, item.n_q,
                          p.plan.window_left)) {
         if (w.WT == 1) {
-          mma_fold<T, D, kMulti, 4>(p, var, w, qs, qf, k_at, v_at, rows, tile, pipe.last_pos,
-                                    item.n_q, 0, st, bad, o);
+          mma_fold<T, D, kMulti, 4, false>(p, var, w, qs, qf, k_at, v_at, rows, tile, pipe.last_pos,
+                                           item.n_q, 0, st, bad, o, vmax);
         } else {
-          mma_fold<T, D, kMulti, 2>(p, var, w, qs, qf, k_at, v_at, rows, tile, pipe.last_pos,
-                                    item.n_q, w.wt, st, bad, o);
+          mma_fold<T, D, kMulti, 2, false>(p, var, w, qs, qf, k_at, v_at, rows, tile, pipe.last_pos,
+                                           item.n_q, w.wt, st, bad, o, vmax);
         }
         pipe.end(it, next_id);
         continue;
       }
     }
     for (int sl = w.wt; sl * 16 < nrows; sl += w.WT) {
-      mma_fold<T, D, kMulti, 1>(p, var, w, qs, qf, k_at, v_at, rows, tile, pipe.last_pos, item.n_q,
-                                sl, st, bad, o);
+      mma_fold<T, D, kMulti, 1, kTs>(p, var, w, qs, qf, k_at, v_at, rows, tile, pipe.last_pos,
+                                     item.n_q, sl, st, bad, o, vmax);
     }
     pipe.end(it, next_id);
   }
   pipe.drain();  // the stage area becomes the merge scratch
   mma_finish_rows(st, bad);
-  mma_stash<T, D>(p, item, smem, w, st, o);
+  mma_stash<T, D>(p, item, smem, w, st, o, kTs ? vmax : 1.f);
   __syncthreads();
   mma_merge_store<T, D, kMulti>(p, var, item, smem, w, R, part_base);
 }

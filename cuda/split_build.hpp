@@ -24,6 +24,9 @@ struct SplitBuild {
   bool mma = false;    // the tensor cores (use_mma); otherwise the CUDA cores
   bool dense = false;  // fp8: the build for more CTAs per SM (kDenseMinCtas in split_kernel.cuh)
   bool wide = false;   // multi-token rows: the build whose warps fold several slices at once
+  // A quantized cache with per-token scales on the tensor cores: the plain build, its pipeline
+  // carrying each tile's scales (never dense or wide).
+  bool token_scales = false;
   // The Hopper many-row kernel (hopper/many_rows.hpp): wgmma fed by a TMA producer warp, for
   // many query rows per kv head on sm_90. mma is set with it (the same rows per CTA).
   bool hopper = false;

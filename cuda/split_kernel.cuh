@@ -29,12 +29,18 @@
 
 namespace pagedattn::detail::cuda {
 
+// The shapes of a build: the tensor cores' (kTs: with the per-token scales' pipeline) or the
+// CUDA cores'.
+template <typename T, int D, bool kMma, bool kTs>
+using SplitCfg = typename std::conditional<kMma, MmaCfg<T, D, kTs>, SimtCfg<T, D>>::type;
+
 // kWide: the wide build (tensor cores, several query tokens; SplitBuild::wide), where every
-// sequence's rows take the multi-token path with several slices per warp folded at once. V: the
-// variant policy (variant_policy.cuh), whose hooks the compute paths call.
-template <typename T, int D, bool kMma, bool kWide, typename V>
+// sequence's rows take the multi-token path with several slices per warp folded at once. kTs: the
+// tensor cores with per-token scales (SplitBuild::token_scales). V: the variant policy
+// (variant_policy.cuh), whose hooks the compute paths call.
+template <typename T, int D, bool kMma, bool kWide, bool kTs, typename V>
 __device__ __forceinline__ void split_cta(const SplitParams& p, const V& var) {
-  using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
+  using Cfg = SplitCfg<T, D, kMma, kTs>;
   using Pipe = typename Cfg::Pipe;
   constexpr int TT = Cfg::TT;
   constexpr int STAGES = Cfg::STAGES;
@@ -97,20 +103,21 @@ __device__ __forceinline__ void split_cta(const SplitParams& p, const V& var) {
 // thread at what that many CTAs allow). The wide build is a kernel of its own: in one kernel
 // with the other paths, its fold of several slices raised the one-token path's register budget
 // too, costing CTAs per SM. At head dim 64 it is capped for four CTAs per SM (wide_min_ctas).
-template <typename T, int D, bool kMma, bool kWide, typename V>
+template <typename T, int D, bool kMma, bool kWide, bool kTs, typename V>
 __global__ void __launch_bounds__(kThreads, kWide ? wide_min_ctas(D) : 0)
     split_kernel(SplitParams p, V var) {
-  split_cta<T, D, kMma, kWide>(p, var);
+  split_cta<T, D, kMma, kWide, kTs>(p, var);
 }
 template <typename T, int D, bool kMma, int kMinCtas, typename V>
 __global__ void __launch_bounds__(kThreads, kMinCtas) split_kernel_min_ctas(SplitParams p, V var) {
-  split_cta<T, D, kMma, false>(p, var);
+  split_cta<T, D, kMma, false, false>(p, var);
 }
-template <typename T, int D, bool kMma, int kMinCtas, bool kWide, typename V>
+template <typename T, int D, bool kMma, int kMinCtas, bool kWide, bool kTs, typename V>
 constexpr auto split_kernel_fn() {
   static_assert(kMinCtas == 0 || !kWide, "the wide build has no dense variant");
+  static_assert(!kTs || (kMma && kMinCtas == 0 && !kWide), "token scales: the plain build only");
   if constexpr (kMinCtas == 0) {
-    return &split_kernel<T, D, kMma, kWide, V>;
+    return &split_kernel<T, D, kMma, kWide, kTs, V>;
   } else {
     return &split_kernel_min_ctas<T, D, kMma, kMinCtas, V>;
   }
@@ -127,9 +134,9 @@ struct PreparedKernel {
 // device (the attribute could not be set, or no CTA fits): decode reports that before launching.
 // Where more than one CTA fits, the limit is raised further, to what one CTA per SM could take,
 // so that a launch may pad shared memory to hold fewer CTAs per SM (launch_shared_memory).
-template <typename T, int D, bool kMma, int kMinCtas, bool kWide, typename V>
+template <typename T, int D, bool kMma, int kMinCtas, bool kWide, bool kTs, typename V>
 int prepare_split_typed(PreparedKernel** prepared = nullptr) {
-  using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
+  using Cfg = SplitCfg<T, D, kMma, kTs>;
   constexpr int kMaxDevices = 64;
   static PreparedKernel slots[kMaxDevices];
   int dev = 0;
@@ -140,7 +147,7 @@ int prepare_split_typed(PreparedKernel** prepared = nullptr) {
     const int known = slot->ctas.load(std::memory_order_acquire);
     if (known > 0) return known;
   }
-  constexpr auto kernel = split_kernel_fn<T, D, kMma, kMinCtas, kWide, V>();
+  constexpr auto kernel = split_kernel_fn<T, D, kMma, kMinCtas, kWide, kTs, V>();
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::SMEM) !=
       cudaSuccess) {
     return 0;
@@ -172,24 +179,24 @@ int prepare_split_typed(PreparedKernel** prepared = nullptr) {
 
 // The dynamic shared memory a launch of the kernel asks for: its own, or, where the plan gives
 // work to fewer CTAs per SM than fit (SplitBuild::resident_ctas), enough that no more fit.
-template <typename T, int D, bool kMma, int kMinCtas, bool kWide, typename V>
+template <typename T, int D, bool kMma, int kMinCtas, bool kWide, bool kTs, typename V>
 int launch_shared_memory(int resident_ctas) {
-  using Cfg = typename std::conditional<kMma, MmaCfg<T, D>, SimtCfg<T, D>>::type;
+  using Cfg = SplitCfg<T, D, kMma, kTs>;
   PreparedKernel* slot = nullptr;
-  const int fits = prepare_split_typed<T, D, kMma, kMinCtas, kWide, V>(&slot);
+  const int fits = prepare_split_typed<T, D, kMma, kMinCtas, kWide, kTs, V>(&slot);
   if (resident_ctas < 1 || fits <= resident_ctas || slot == nullptr) return Cfg::SMEM;
   const int padded = shared_memory_for_residency(current_device().smem, Cfg::SMEM, resident_ctas);
   return padded > 0 && padded <= slot->smem_limit.load(std::memory_order_relaxed) ? padded
                                                                                   : Cfg::SMEM;
 }
 
-template <typename T, int D, bool kMma, int kMinCtas, bool kWide, typename V>
+template <typename T, int D, bool kMma, int kMinCtas, bool kWide, bool kTs, typename V>
 void launch_split_typed(const SplitParams& p, const V& var, int resident_ctas, int grid,
                         cudaStream_t stream) {
   // Its error is checked by the caller.
-  launch_kernel(split_kernel_fn<T, D, kMma, kMinCtas, kWide, V>(), grid, kThreads,
-                launch_shared_memory<T, D, kMma, kMinCtas, kWide, V>(resident_ctas), p.pdl, stream,
-                p, var);
+  launch_kernel(split_kernel_fn<T, D, kMma, kMinCtas, kWide, kTs, V>(), grid, kThreads,
+                launch_shared_memory<T, D, kMma, kMinCtas, kWide, kTs, V>(resident_ctas), p.pdl,
+                stream, p, var);
 }
 
 // CTAs per SM that the dense build of a kernel is compiled for (0: there is none). The 8-bit
@@ -203,32 +210,39 @@ void launch_split_typed(const SplitParams& p, const V& var, int resident_ctas, i
 template <typename T, int D>
 constexpr int kDenseMinCtas = is_quantized_type<T> ? (D == 64 ? 4 : (D == 128 ? 3 : 0)) : 0;
 
-// Calls f(bool_constant<kMma>, integral_constant<int, kMinCtas>, bool_constant<kWide>) for
-// build b of the kernel of cache dtype T at head dim D: the CUDA cores (kMma false: where b asks
-// for them, and head dims without a tensor-core kernel), the wide build where b asks for it and
-// there is one (wide_head_dim; not for f32, whose tf32 path holds one row tile), the dense build
-// where b asks for it and there is one (kDenseMinCtas), else the plain tensor-core build.
+// Calls f(bool_constant<kMma>, integral_constant<int, kMinCtas>, bool_constant<kWide>,
+// bool_constant<kTs>) for build b of the kernel of cache dtype T at head dim D: the CUDA cores
+// (kMma false: where b asks for them, and head dims without a tensor-core kernel), the plain
+// tensor-core build with the token scales' pipeline where b asks for it (quantized caches), the
+// wide build where b asks for it and there is one (wide_head_dim; not for f32, whose tf32 path
+// holds one row tile), the dense build where b asks for it and there is one (kDenseMinCtas), else
+// the plain tensor-core build.
 template <typename T, int D, typename F>
 void with_split_build(SplitBuild b, F&& f) {
   using std::bool_constant;
   using std::integral_constant;
+  const bool_constant<false> no;
   if constexpr (kMmaHeadDim<T, D>) {
     if (b.mma) {
+      if constexpr (is_quantized_type<T>) {
+        if (b.token_scales) {
+          return f(bool_constant<true>{}, integral_constant<int, 0>{}, no, bool_constant<true>{});
+        }
+      }
       if constexpr (wide_head_dim(D) && !MmaCfg<T, D>::kTf32) {
         if (b.wide) {
-          return f(bool_constant<true>{}, integral_constant<int, 0>{}, bool_constant<true>{});
+          return f(bool_constant<true>{}, integral_constant<int, 0>{}, bool_constant<true>{}, no);
         }
       }
       if constexpr ((kDenseMinCtas<T, D>) > 0) {
         if (b.dense) {
-          return f(bool_constant<true>{}, integral_constant<int, kDenseMinCtas<T, D>>{},
-                   bool_constant<false>{});
+          return f(bool_constant<true>{}, integral_constant<int, kDenseMinCtas<T, D>>{}, no, no);
         }
       }
-      return f(bool_constant<true>{}, integral_constant<int, 0>{}, bool_constant<false>{});
+      return f(bool_constant<true>{}, integral_constant<int, 0>{}, no, no);
     }
   }
-  f(bool_constant<false>{}, integral_constant<int, 0>{}, bool_constant<false>{});
+  f(bool_constant<false>{}, integral_constant<int, 0>{}, no, no);
 }
 
 // Enqueues build b of the split kernel of cache dtype T at head dim D with variant policy V: what
@@ -236,9 +250,9 @@ void with_split_build(SplitBuild b, F&& f) {
 template <typename T, int D, typename V>
 void launch_split_build(const SplitParams& p, const V& var, SplitBuild b, int grid,
                         cudaStream_t stream) {
-  with_split_build<T, D>(b, [&](auto mma, auto min_ctas, auto wide) {
-    launch_split_typed<T, D, decltype(mma)::value, decltype(min_ctas)::value,
-                       decltype(wide)::value>(p, var, b.resident_ctas, grid, stream);
+  with_split_build<T, D>(b, [&](auto mma, auto min_ctas, auto wide, auto ts) {
+    launch_split_typed<T, D, decltype(mma)::value, decltype(min_ctas)::value, decltype(wide)::value,
+                       decltype(ts)::value>(p, var, b.resident_ctas, grid, stream);
   });
 }
 
@@ -254,10 +268,11 @@ void SplitKernels<T, D>::launch(const SplitParams& p, const GeneralVariant& var,
 template <typename T, int D>
 BuildFacts SplitKernels<T, D>::facts(SplitBuild b) {
   BuildFacts f;
-  with_split_build<T, D>(b, [&](auto mma, auto min_ctas, auto wide) {
-    using Cfg = typename std::conditional<decltype(mma)::value, MmaCfg<T, D>, SimtCfg<T, D>>::type;
-    f.ctas_per_sm = prepare_split_typed<T, D, decltype(mma)::value, decltype(min_ctas)::value,
-                                        decltype(wide)::value, GeneralVariant>();
+  with_split_build<T, D>(b, [&](auto mma, auto min_ctas, auto wide, auto ts) {
+    using Cfg = SplitCfg<T, D, decltype(mma)::value, decltype(ts)::value>;
+    f.ctas_per_sm =
+        prepare_split_typed<T, D, decltype(mma)::value, decltype(min_ctas)::value,
+                            decltype(wide)::value, decltype(ts)::value, GeneralVariant>();
     f.smem_bytes = Cfg::SMEM;
   });
   return f;

@@ -39,8 +39,9 @@ struct SplitParams {
   float k_scale, v_scale;
   const float* k_scales;
   const float* v_scales;
-  // Per-token scales (DecodeArgs::k_token_scales; null: none), which only the CUDA-core path
-  // reads (kernel_choice.hpp): slot s of block b of kv head kv has its scale
+  // Per-token scales (DecodeArgs::k_token_scales; null: none), read by the CUDA-core path and the
+  // tensor cores' token-scale build (SplitBuild::token_scales): slot s of block b of kv head kv
+  // has its scale
   // kv * ts_head + b * ts_block + s * ts_token floats past the pointer (token_scale_layout()).
   const float* k_token_scales;
   const float* v_token_scales;

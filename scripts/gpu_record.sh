@@ -20,8 +20,8 @@
 # What runs (bf16 q; block 16; CUDA-graph replays; inputs rotated past the L2):
 #   readbw; pagedattn and FlashInfer on the 13 one-token bf16 anchor shapes, with q_len 4 and 8
 #   on the five large shapes, with an fp8 e4m3 cache on the anchor shapes; pagedattn with an int8
-#   cache on the anchor shapes, with per-token scales and without (FlashInfer's decode has
-#   neither); pagedattn with f32 at
+#   cache on the anchor shapes, with per-token scales and without, and with an fp8 e4m3 cache and
+#   per-token scales (FlashInfer's decode has neither); pagedattn with f32 at
 #   group sizes 1, 4, 8 and 16 (FlashInfer has no f32); the seed's kernels on the one-token bf16
 #   shapes when torch and triton import. A part that fails is reported and the rest still runs.
 # Writes into OUT_DIR: readbw.txt, pagedattn_*.csv, flashinfer_*.csv, gpu_anchors_graph.csv (the
@@ -125,6 +125,8 @@ if [ -x "$BENCH" ]; then
   part pagedattn_fp8 400 "${bench[@]}" --dtype bf16 --kv-dtype fp8_e4m3 "${one_args[@]}"
   part pagedattn_int8 400 "${bench[@]}" --dtype bf16 --kv-dtype int8 "${one_args[@]}"
   part pagedattn_int8_ts 400 "${bench[@]}" --dtype bf16 --kv-dtype int8 --token-scales \
+    "${one_args[@]}"
+  part pagedattn_fp8_ts 400 "${bench[@]}" --dtype bf16 --kv-dtype fp8_e4m3 --token-scales \
     "${one_args[@]}"
   part pagedattn_f32 300 "${bench[@]}" --dtype f32 "${f32_args[@]}"
 else

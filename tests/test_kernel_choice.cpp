@@ -139,9 +139,17 @@ TEST(KernelChoice, QuantizedTakesTheTensorCoresWithA16BitQAtHeadDimsOf32) {
   EXPECT_TRUE(use_mma(shape(DType::kBF16, DType::kInt8, 128, 8, 1)));
   EXPECT_FALSE(use_mma(shape(DType::kBF16, DType::kInt8, 80, 4, 1)));
   EXPECT_FALSE(use_mma(shape(DType::kF32, DType::kInt8, 128, 4, 1)));
-  CallShape token_scaled = shape(DType::kBF16, DType::kInt8, 128, 8, 1);
-  token_scaled.token_scales = true;  // the CUDA cores apply them, in f32
-  EXPECT_FALSE(use_mma(token_scaled));
+  // Per-token scales: the plain tensor-core build with the scales' pipeline, never dense or wide.
+  CallShape token_scaled = shape(DType::kBF16, DType::kInt8, 128, 8, 4);
+  token_scaled.token_scales = true;
+  EXPECT_TRUE(use_mma(token_scaled));
+  EXPECT_FALSE(use_wide(token_scaled));
+  const KernelChoice ts = choose_split_kernel(token_scaled, facts(2, 3));
+  EXPECT_TRUE(ts.build.mma && ts.build.token_scales);
+  EXPECT_FALSE(ts.build.wide || ts.build.dense);
+  EXPECT_FALSE(candidate_build(shape(DType::kBF16, DType::kInt8, 128, 8, 4)).token_scales);
+  token_scaled.q_dtype = DType::kF32;  // the CUDA cores, which read the scales at run time
+  EXPECT_FALSE(candidate_build(token_scaled).token_scales);
   EXPECT_TRUE(p_needs_lo(DType::kInt8, DType::kF32));
   EXPECT_FALSE(p_needs_lo(DType::kInt8, DType::kF16));
   EXPECT_FALSE(use_mma(shape(DType::kBF16, DType::kFP8E4M3, 80, 4, 1)));
