@@ -1,13 +1,15 @@
 // Per-token K and V scales on the CUDA backend (DecodeArgs::k_token_scales,
 // docs/kv_quantization.md): decode against the f64 reference over int8 and fp8 caches (head dims,
-// groups, block sizes, q dtypes, multi-token queries with every variant, NHD scale strides), in
-// checked and unchecked mode; checked mode's error naming a read row's bad scale, with out
-// untouched; and the scales of rows nobody reads left alone. Skips without a device.
+// groups, block sizes, q dtypes, multi-token queries with every variant, NHD scale strides, V
+// scales far from 1 on the tensor cores), in checked and unchecked mode; checked mode's error
+// naming a read row's bad scale, with out untouched; and the scales of rows nobody reads left
+// alone. Skips without a device.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -80,6 +82,36 @@ TEST(TokenScalesCuda, MultiTokenQueriesAndVariants) {
       qc.c.poison_outputs();
       testing::cuda_decode_from_host(a, cuda_options(true));
       expect_close(qc.c, want, qc.describe());
+    }
+  }
+}
+
+// On the tensor cores each weight goes to f16 fragments as p x s_v / (the warp's largest s_v):
+// V scales far from 1 (p x s_v alone would leave f16's range) and spread over 2^80 (the largest
+// growing tile after tile) stay exact to the tolerance. K scales keep a modest spread: a huge one
+// makes logits whose f32 rounding alone exceeds the tolerance.
+TEST(TokenScalesCuda, TensorCoresTakeVScalesFarFromOne) {
+  if (no_device()) GTEST_SKIP() << "no CUDA device";
+  std::uint64_t salt = 2400;
+  for (DType cache : {DType::kInt8, DType::kFP8E4M3}) {
+    for (int G : {1, 8}) {
+      for (int regime = 0; regime < 3; ++regime) {
+        HostCase c = testing::make_case(quantized_spec(cache, DType::kBF16, 2 * G, 2, 128, 16,
+                                                       {300, 17, 1000, 64}, true,
+                                                       testing::seed_for(++salt)));
+        std::mt19937_64 rng(testing::seed_for(salt + 50));
+        std::uniform_real_distribution<float> unit(1.f, 2.f), spread(-40.f, 40.f);
+        for (float& v : c.v_token_scales) {
+          if (std::isnan(v)) continue;  // a row nobody reads
+          if (regime == 0) v = std::ldexp(unit(rng), static_cast<int>(spread(rng)));
+          if (regime == 1) v = std::ldexp(unit(rng), -60);
+          if (regime == 2) v = std::ldexp(unit(rng), 60);
+        }
+        const ReferenceResult want = reference_decode(c.args());
+        c.poison_outputs();
+        testing::cuda_decode_from_host(c.args(), cuda_options(salt % 2 == 0));
+        expect_close(c, want, testing::describe(c.spec) + " regime " + std::to_string(regime));
+      }
     }
   }
 }
