@@ -58,7 +58,8 @@ void print_help(const char* prog) {
       "                     --threads 1: comparable figures on a host shared with other work)\n"
       "  --plain            CUDA: time plain launches (default: CUDA-graph replays)\n"
       "  --batch-invariant  cpu, cuda: every row with DecodeOptions::batch_invariant (each\n"
-      "                     sequence's bits independent of the batch; docs/batch_invariance.md)\n"
+      "                     sequence's bits independent of the batch; docs/batch_invariance.md;\n"
+      "                     the CSV's batch_invariant column, 0 or 1, the last)\n"
       "  --long-first T     sequence 0 of each shape holds T tokens (1 to %d), the others CTX\n"
       "                     (a skewed batch; the context column shows CTX)\n"
       "  --limits           cpu: also time each shape's work on one thread with its K and V in\n"
@@ -114,7 +115,7 @@ void print_help(const char* prog) {
       "  --token-scales     with a quantized --kv-dtype: a scale per (token, kv head) too\n"
       "                     (k_token_scales, dense). GB/s counts their 4 bytes a\n"
       "                     row; the pattern read of --limits does not read them (the CSV's\n"
-      "                     token_scales column, 0 or 1, the last)\n"
+      "                     token_scales column, 0 or 1)\n"
       "  --help, -h         this text\n",
       prog, kMaxGroupSize, kMaxBlockSize, kMaxThreads, kMaxIters, kMaxSeconds, kMaxBwMib,
       kMaxTokens, kMaxTokens, kMaxSoftCap, kMaxQLen, kFp8KvScale, kFp8KvScale, kInt8KvScale);

@@ -231,7 +231,8 @@ void print_row(const Options& o, DType dtype, const Row& r) {
     } else {
       std::printf(",");
     }
-    std::printf(",%d,%d\n", o.tree_mask ? 1 : 0, o.token_scales ? 1 : 0);
+    std::printf(",%d,%d,%d\n", o.tree_mask ? 1 : 0, o.token_scales ? 1 : 0,
+                o.batch_invariant ? 1 : 0);
   } else {
     char huge[16] = "-";
     if (r.huge_pct >= 0) std::snprintf(huge, sizeof huge, "%.1f%%", r.huge_pct);
@@ -499,7 +500,7 @@ int run(int argc, char** argv) {
     std::printf(
         "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,"
         "pct_read_bw,rel_err,window,soft_cap,alibi,sinks,q_len,layout,kv_dtype%s,huge_pct,tree,"
-        "token_scales\n",
+        "token_scales,batch_invariant\n",
         o.limits ? ",compute_gbps,pattern_gbps,pct_bound,bound,pattern_huge_gbps" : "");
   } else {
     std::printf("%-6s %-5s %-8s %4s %4s %4s %4s %7s %4s %5s %4s %-12s %10s %8s %8s %10s %6s  %s\n",

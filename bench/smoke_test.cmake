@@ -8,10 +8,11 @@ set(quick --csv --threads 2 --iters 2 --min-time 0 --bw-mib 64)
 
 # run_bench(<what> <flag>...): runs pagedattn-bench with the quick flags and these, and fails
 # unless it exits 0 (the exit status carries the accuracy against the f64 reference) and prints
-# the CSV header (with `header_tail` after it where the caller sets one, then huge_pct, tree and
-# token_scales), and every row's last two columns, tree and token_scales, are 1 with --tree-mask
-# and --token-scales among the flags, else 0. Sets `rows` (the CSV rows after the header, those
-# two columns cut off) and `err` (stderr) in the caller.
+# the CSV header (with `header_tail` after it where the caller sets one, then huge_pct, tree,
+# token_scales and batch_invariant), and every row's last three columns, tree, token_scales and
+# batch_invariant, are 1 with --tree-mask, --token-scales and --batch-invariant among the flags,
+# else 0. Sets `rows` (the CSV rows after the header, those three columns cut off) and `err`
+# (stderr) in the caller.
 function(run_bench what)
   execute_process(COMMAND ${BENCH} ${quick} ${ARGN}
                   OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
@@ -21,7 +22,7 @@ function(run_bench what)
   string(REPLACE "\n" ";" lines "${out}")
   list(FILTER lines EXCLUDE REGEX "^$")
   list(POP_FRONT lines header)
-  if(NOT header STREQUAL "${header_want}${header_tail},huge_pct,tree,token_scales")
+  if(NOT header STREQUAL "${header_want}${header_tail},huge_pct,tree,token_scales,batch_invariant")
     message(FATAL_ERROR "unexpected CSV header with ${what}: '${header}'")
   endif()
   set(tree 0)
@@ -32,13 +33,17 @@ function(run_bench what)
   if("--token-scales" IN_LIST ARGN)
     set(token_scales 1)
   endif()
+  set(invariant 0)
+  if("--batch-invariant" IN_LIST ARGN)
+    set(invariant 1)
+  endif()
   set(cut "")
   foreach(row IN LISTS lines)
-    if(NOT row MATCHES ",${tree},${token_scales}$")
+    if(NOT row MATCHES ",${tree},${token_scales},${invariant}$")
       message(FATAL_ERROR "CSV row with ${what} does not end in tree = ${tree}, token_scales = "
-                          "${token_scales}: '${row}'")
+                          "${token_scales}, batch_invariant = ${invariant}: '${row}'")
     endif()
-    string(REGEX REPLACE ",[01],[01]$" "" row "${row}")
+    string(REGEX REPLACE ",[01],[01],[01]$" "" row "${row}")
     list(APPEND cut "${row}")
   endforeach()
   set(rows "${cut}" PARENT_SCOPE)

@@ -21,7 +21,8 @@
 #   readbw; pagedattn and FlashInfer on the 13 one-token bf16 anchor shapes, with q_len 4 and 8
 #   on the five large shapes, with an fp8 e4m3 cache on the anchor shapes; pagedattn with an int8
 #   cache on the anchor shapes, with per-token scales and without, and with an fp8 e4m3 cache and
-#   per-token scales (FlashInfer's decode has neither); pagedattn with f32 at
+#   per-token scales (FlashInfer's decode has neither); pagedattn in batch-invariant mode on the
+#   anchor shapes; pagedattn with f32 at
 #   group sizes 1, 4, 8 and 16 (FlashInfer has no f32); the seed's kernels on the one-token bf16
 #   shapes when torch and triton import. A part that fails is reported and the rest still runs.
 # Writes into OUT_DIR: readbw.txt, pagedattn_*.csv, flashinfer_*.csv, gpu_anchors_graph.csv (the
@@ -128,6 +129,7 @@ if [ -x "$BENCH" ]; then
     "${one_args[@]}"
   part pagedattn_fp8_ts 400 "${bench[@]}" --dtype bf16 --kv-dtype fp8_e4m3 --token-scales \
     "${one_args[@]}"
+  part pagedattn_bi 400 "${bench[@]}" --dtype bf16 --batch-invariant "${one_args[@]}"
   part pagedattn_f32 300 "${bench[@]}" --dtype f32 "${f32_args[@]}"
 else
   missing pagedattn "no pagedattn-bench at $BENCH (--build)"

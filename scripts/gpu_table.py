@@ -56,6 +56,8 @@ def ours_row(d, label):
         variants.append("tree mask")
     if d.get("token_scales", "0") == "1":
         variants.append("token scales")
+    if d.get("batch_invariant", "0") == "1":
+        variants.append("batch-invariant")
     impl = (label or "pagedattn", ", ".join(variants))
     key = key_of(d, dtype, d.get("kv_dtype") or dtype, d.get("q_len") or 1, d["block_size"])
     gbps, pct = float(d["gbps"]), float(d["pct_read_bw"])
