@@ -15,8 +15,8 @@ namespace pagedattn::detail::cuda {
 template <typename V>
 struct MmaRows {
   QueryRow qr[2];
-  // The logit factor: scale * log2(e), for 8-bit codes also the K scale and the power of two a bf16 q
-  // was scaled by (fp8_q_fragments).
+  // The logit factor: scale * log2(e), for 8-bit codes also the K scale and the power of two a bf16
+  // q was scaled by (fp8_q_fragments).
   float logit_fac[2];
   // When the variant leaves logits alone, and with positive logit factors, the logits stay unscaled
   // until the exponentials: the row max is taken on them and scaled once (a positive factor

@@ -22,8 +22,8 @@ __device__ __forceinline__ char* q_frag_at(char* sQ, int wh, int lane, int kk) {
 }
 
 // Q of the CTA's rows (q = p.q) as A fragments: into registers (qf) or shared memory (sQ).
-// qr: the lane's rows g and g + 8. For 8-bit codes, logit_fac also takes the K scale and the power of
-// two a bf16 q was scaled by (fp8_q_fragments).
+// qr: the lane's rows g and g + 8. For 8-bit codes, logit_fac also takes the K scale and the power
+// of two a bf16 q was scaled by (fp8_q_fragments).
 template <typename T, int D, bool kMulti>
 __device__ __forceinline__ void mma_load_q(const SplitParams& p, const CtaItem& item, const T* q,
                                            MmaWarp w, const QueryRow (&qr)[2], char* sQ,
