@@ -83,10 +83,11 @@ void print_summary(const Options& o, const RunStats& s) {
       "shared) in %.2f s: %.0f tokens/s\n",
       s.steps, s.generated, s.prompt_tokens, s.system_tokens, s.wall_seconds,
       s.generated / s.wall_seconds);
-  double seconds = 0, bytes = 0, model_seconds = 0;
+  double seconds = 0, bytes = 0, model_seconds = 0, distinct_bytes = 0;
   for (const LayerTiming& l : s.layers) {
     seconds += l.seconds;
     bytes += l.bytes;
+    distinct_bytes += l.distinct_bytes;
     model_seconds += l.weight * l.seconds;
   }
   std::printf(
@@ -96,6 +97,12 @@ void print_summary(const Options& o, const RunStats& s) {
   const double gbps = seconds > 0 ? bytes / seconds / 1e9 : 0.0;
   std::printf("attention: %.2f GB of K/V read in %.2f s: %.2f GB/s, %.0f%% of the read ceiling\n",
               bytes / 1e9, seconds, gbps, s.ceiling_gbps > 0 ? 100 * gbps / s.ceiling_gbps : 0.0);
+  // Forked sequences hold the same blocks; decode reads them once per sequence.
+  std::printf(
+      "shared blocks: %.1f per step read by two or more sequences; with each block read once, "
+      "%.2f GB of K/V (%.1f%% less)\n",
+      s.shared_block_reads / steps, distinct_bytes / 1e9,
+      bytes > 0 ? 100.0 * (1.0 - distinct_bytes / bytes) : 0.0);
   if (s.naive_seconds > 0) {
     std::printf(
         "naive decode (--compare naive): %.3f ms per step over the simulated layers, %.2f GB/s; "

@@ -17,6 +17,8 @@ struct LayerTiming {
   int layer = 0;
   int window_left = -1;
   double seconds = 0, bytes = 0;
+  double distinct_bytes =
+      0;  // of `bytes`, those of distinct (block, slot) pairs (shared_blocks.hpp)
   double weight = 1;
 };
 
@@ -29,6 +31,8 @@ struct RunStats {
   std::vector<LayerTiming> layers;
   long long steps = 0, generated = 0, prompt_tokens = 0, system_tokens = 0;
   long long forks = 0, n_way_forks = 0, cow_copies = 0, preemptions = 0;
+  // Blocks that two or more sequences read (whole contexts), summed over the steps.
+  long long shared_block_reads = 0;
   double wall_seconds = 0;
   double naive_seconds = 0;  // the naive decode's time over the simulated layers (--compare)
   int peak_used = 0, peak_running = 0;

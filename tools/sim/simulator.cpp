@@ -15,6 +15,7 @@
 #include "pagedattn/block_manager.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/reference.hpp"
+#include "pagedattn/shared_blocks.hpp"
 #include "pagedattn/testing/naive_decode.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/testing/tolerance.hpp"
@@ -391,6 +392,9 @@ double Simulator::decode_layers(bool verify, double* bytes, double* naive_second
   if (m.scale > 0) a.scale = m.scale;
 
   const double token_bytes = static_cast<double>(row_ * dtype_size(o_.dtype) * 2);  // K and V
+  s_.shared_block_reads += count_shared_reads(t.block_table.data(), t.max_blocks_per_seq,
+                                              t.context_lens.data(), batch, o_.block_size)
+                               .shared_blocks;
   const int n = static_cast<int>(layers_.size());
   const int check = verify ? static_cast<int>((s_.steps / std::max(1, o_.verify_every)) % n) : -1;
   double seconds = 0;
@@ -404,12 +408,14 @@ double Simulator::decode_layers(bool verify, double* bytes, double* naive_second
     decode(a, decode_opts_);
     if (device_) testing::device_synchronize();
     const double dt = seconds_since(t0);
-    double tokens = 0;
-    for (const std::int32_t len : t.context_lens) {
-      tokens += a.window_left < 0 ? len : std::min(len, a.window_left + 1);
-    }
+    const SharedBlockReads reads =
+        count_shared_reads(t.block_table.data(), t.max_blocks_per_seq, t.context_lens.data(), batch,
+                           o_.block_size, a.window_left);
+    const double tokens = static_cast<double>(reads.per_sequence_tokens);
     s_.layers[l].seconds += dt;
     s_.layers[l].bytes += tokens * token_bytes;
+    s_.layers[l].distinct_bytes += static_cast<double>(reads.distinct_tokens) * token_bytes;
+
     *bytes += tokens * token_bytes;
     seconds += dt;
     if (o_.compare_naive) *naive_seconds += time_naive(a);
