@@ -4,15 +4,14 @@
 
 #include <algorithm>
 #include <bitset>
-#include <string>
 #include <unordered_map>
 
-#include "pagedattn/error.hpp"
+#include "pagedattn/pagedattn.hpp"
+#include "pagedattn/validate.hpp"
+#include "pagedattn/variants.hpp"
 
 namespace pagedattn {
 namespace {
-
-constexpr int kMaxBlockSize = 256;
 
 struct BlockReaders {
   std::bitset<kMaxBlockSize> slots;  // the union of the slots its readers attend
@@ -24,16 +23,12 @@ struct BlockReaders {
 SharedBlockReads count_shared_reads(const std::int32_t* block_table, std::int64_t table_stride,
                                     const std::int32_t* context_lens, int batch, int block_size,
                                     int window_left) {
-  if (block_size < 1 || block_size > kMaxBlockSize) {
-    fail(ErrorCode::kInvalidArgument, "block_size", std::to_string(block_size),
-         "must be in [1, 256]");
-  }
+  require_block_size(block_size);
   SharedBlockReads r;
   std::unordered_map<std::int32_t, BlockReaders> blocks;
   for (int b = 0; b < batch; ++b) {
     const std::int64_t len = context_lens[b];
-    const std::int64_t first =
-        window_left < 0 ? 0 : std::max<std::int64_t>(0, len - 1 - window_left);
+    const std::int64_t first = window_first_token(context_lens[b], window_left);
     r.per_sequence_tokens += len - first;
     for (std::int64_t t = first; t < len;) {
       const std::int64_t j = t / block_size;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -392,9 +393,20 @@ double Simulator::decode_layers(bool verify, double* bytes, double* naive_second
   if (m.scale > 0) a.scale = m.scale;
 
   const double token_bytes = static_cast<double>(row_ * dtype_size(o_.dtype) * 2);  // K and V
-  s_.shared_block_reads += count_shared_reads(t.block_table.data(), t.max_blocks_per_seq,
-                                              t.context_lens.data(), batch, o_.block_size)
-                               .shared_blocks;
+  // The step's reads for each window its layers use (the tables are the same in every layer).
+  std::map<int, SharedBlockReads> reads_by_window;
+  const auto reads_for = [&](int window_left) -> const SharedBlockReads& {
+    auto it = reads_by_window.find(window_left);
+    if (it == reads_by_window.end()) {
+      it = reads_by_window
+               .emplace(window_left, count_shared_reads(t.block_table.data(), t.max_blocks_per_seq,
+                                                        t.context_lens.data(), batch, o_.block_size,
+                                                        window_left))
+               .first;
+    }
+    return it->second;
+  };
+  s_.shared_block_reads += reads_for(-1).shared_blocks;
   const int n = static_cast<int>(layers_.size());
   const int check = verify ? static_cast<int>((s_.steps / std::max(1, o_.verify_every)) % n) : -1;
   double seconds = 0;
@@ -408,14 +420,11 @@ double Simulator::decode_layers(bool verify, double* bytes, double* naive_second
     decode(a, decode_opts_);
     if (device_) testing::device_synchronize();
     const double dt = seconds_since(t0);
-    const SharedBlockReads reads =
-        count_shared_reads(t.block_table.data(), t.max_blocks_per_seq, t.context_lens.data(), batch,
-                           o_.block_size, a.window_left);
+    const SharedBlockReads& reads = reads_for(a.window_left);
     const double tokens = static_cast<double>(reads.per_sequence_tokens);
     s_.layers[l].seconds += dt;
     s_.layers[l].bytes += tokens * token_bytes;
     s_.layers[l].distinct_bytes += static_cast<double>(reads.distinct_tokens) * token_bytes;
-
     *bytes += tokens * token_bytes;
     seconds += dt;
     if (o_.compare_naive) *naive_seconds += time_naive(a);

@@ -20,9 +20,9 @@ struct SharedBlockReads {
 
 // Counts the reads of one decode step over host block tables (DecodeArgs::block_table, row b at
 // b * table_stride, and context_lens): each sequence attends its last min(len, window_left + 1)
-// tokens (window_left < 0: all of them). The tables must be valid for the lengths (every entry
-// a sequence reads is a block id >= 0; validate_tables checks it); block ids need not be below
-// any bound. block_size is 1 to 256.
+// tokens (window_first_token; window_left < 0: all of them). The tables must be valid for the
+// lengths (every entry a sequence reads is a block id >= 0; validate_tables checks it); block ids
+// need not be below any bound. block_size is checked as decode checks it (require_block_size).
 SharedBlockReads count_shared_reads(const std::int32_t* block_table, std::int64_t table_stride,
                                     const std::int32_t* context_lens, int batch, int block_size,
                                     int window_left = -1);
