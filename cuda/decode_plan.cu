@@ -61,7 +61,7 @@ KernelChoice split_kernel_for(const DecodeArgs& a, bool batch_invariant) {
     many_rows.hopper = true;
     facts.many_rows = split_build_facts(a.k_dtype, a.head_dim, many_rows);
   }
-  if (!batch_invariant && weighs_dense(shape, candidate, facts.plain)) {
+  if (!batch_invariant && !candidate.token_scales && weighs_dense(shape, candidate, facts.plain)) {
     SplitBuild dense = candidate;
     dense.dense = true;
     facts.dense = split_build_facts(a.k_dtype, a.head_dim, dense);

@@ -72,8 +72,7 @@ SplitBuild candidate_build(const CallShape& s) {
 }
 
 bool weighs_dense(const CallShape& s, SplitBuild candidate, const BuildFacts& plain) {
-  return plain.ctas_per_sm > 0 && candidate.mma && !candidate.wide && !candidate.token_scales &&
-         is_quantized(s.k_dtype);
+  return plain.ctas_per_sm > 0 && candidate.mma && !candidate.wide && is_quantized(s.k_dtype);
 }
 
 WaveFill wave_fill(const CallShape& s, int sms, int ctas_per_sm, int plan_waves) {
@@ -123,7 +122,8 @@ KernelChoice choose_split_kernel(const CallShape& s, const KernelFacts& f) {
   } else if (weighs_dense(s, k.build, f.plain)) {
     // Whether the plain build fits as many CTAs as the dense one depends on the registers the
     // compiler gives it, so both are weighed from the facts.
-    const bool dense_fits_more = f.dense.ctas_per_sm > f.plain.ctas_per_sm;
+    // The token-scale build has no dense build: its plain one is weighed against one fewer.
+    const bool dense_fits_more = !k.build.token_scales && f.dense.ctas_per_sm > f.plain.ctas_per_sm;
     const int most = dense_fits_more ? f.dense.ctas_per_sm : f.plain.ctas_per_sm;
     const int fewer = dense_fits_more ? f.plain.ctas_per_sm : most - 1;
     const bool one_wave = fewer < 1 || dense_pays(s, f.sms, fewer, most);

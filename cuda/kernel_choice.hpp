@@ -101,6 +101,8 @@ bool use_wide(const CallShape& s);
 SplitBuild candidate_build(const CallShape& s);
 // Whether the dense build is weighed against the plain one: a quantized cache on the plain
 // tensor-core build, where that fits at all. Only then does the caller need KernelFacts::dense.
+// With per-token scales there is no dense build, but the plain one is still weighed against
+// one CTA per SM fewer (choose_split_kernel).
 bool weighs_dense(const CallShape& s, SplitBuild candidate, const BuildFacts& plain);
 
 // How this call's items fill the slots (SMs x CTAs per SM / row chunks) of a build when the plan

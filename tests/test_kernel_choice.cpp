@@ -147,6 +147,15 @@ TEST(KernelChoice, QuantizedTakesTheTensorCoresWithA16BitQAtHeadDimsOf32) {
   const KernelChoice ts = choose_split_kernel(token_scaled, facts(2, 3));
   EXPECT_TRUE(ts.build.mma && ts.build.token_scales);
   EXPECT_FALSE(ts.build.wide || ts.build.dense);
+  EXPECT_LE(ts.ctas_per_sm, 2);  // the plain build's CTAs, or one fewer
+  // As for fp8 without token scales: 256 (sequence, kv head) pairs of one 4096-token item
+  // each would leave a third of three CTAs' 396 slots empty, so one fewer per SM is planned.
+  CallShape pairs256 = fp8_shape(DType::kInt8, 32, 4096);
+  pairs256.token_scales = true;
+  const KernelChoice fewer = choose_split_kernel(pairs256, facts(3, 3));
+  EXPECT_TRUE(fewer.build.token_scales);
+  EXPECT_FALSE(fewer.build.dense);
+  EXPECT_EQ(fewer.ctas_per_sm, 2);
   EXPECT_FALSE(candidate_build(shape(DType::kBF16, DType::kInt8, 128, 8, 4)).token_scales);
   token_scaled.q_dtype = DType::kF32;  // the CUDA cores, which read the scales at run time
   EXPECT_FALSE(candidate_build(token_scaled).token_scales);
