@@ -33,7 +33,7 @@ constexpr int kAmxStepMaxDim = 256;  // the largest head dim the step buffers ho
 // blocks of at most 32 tokens (a step is whole blocks) and no tree mask (a step reads every token
 // of its blocks).
 inline bool amx_steps_take(const ItemContext& c) {
-  return c.bf16_weights && c.tree_rows == nullptr &&
+  return c.bf16_weights && c.tree_rows == nullptr && c.tree_mask == nullptr &&
          amx_tile_heads(c.group_size) == kAmxWideHeads && c.layout.block_size <= kAmxStepTokens &&
          c.layout.head_dim <= kAmxStepMaxDim;
 }

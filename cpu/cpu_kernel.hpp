@@ -2,6 +2,7 @@
 // once at run time through xsimd::dispatch.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <xsimd/xsimd.hpp>
 
@@ -63,6 +64,10 @@ struct ItemContext {
   // tokens tree_rows[s].attends() (every token before its new ones, the new ones its mask row
   // names); its masked tokens' K and V are never read. Null: no tree mask.
   const TreeMaskRow* tree_rows = nullptr;
+  // Tree masks with the query tokens together (token_group > 0): the call's masks and their
+  // byte offsets (DecodeArgs::tree_mask, tree_mask_indptr), or null.
+  const std::uint8_t* tree_mask = nullptr;
+  const std::int32_t* tree_mask_indptr = nullptr;
   // The attention variants (pagedattn/variants.hpp); the plan already starts each sequence at
   // its window's first block.
   int window_left = -1;
@@ -83,16 +88,32 @@ ItemContext item_context(const DecodeArgs& a, const float* q_scaled,
 // The causal bounds of a sequence's query tokens taken together (ItemContext::token_group):
 // row r of a kv head's rows is query token r / token_group's, which attends positions up to
 // first_query_pos + its index; rows of padding tokens (index n and on) attend the whole context.
-// With token_group 0 (one query token) n is 1 and first_query_pos L - 1; last_pos is not called.
+// With a tree mask (`tree`, ItemContext::tree_mask) a token attends, of the new tokens, only
+// those its mask row keeps. With token_group 0 (one query token) n is 1 and first_query_pos
+// L - 1; last_pos and keeps are not called.
 struct QueryBounds {
   int n = 1;                // the sequence's query tokens
   int first_query_pos = 0;  // the position of its first one
   int token_group = 0;
-  int context = 0;  // L
+  int context = 0;                     // L
+  const std::uint8_t* tree = nullptr;  // the sequence's mask (its first byte), or null
   // The last position that row `row` of a kv head's rows attends.
   int last_pos(int row) const {
     const int i = row / token_group;
     return i < n ? first_query_pos + i : context - 1;
+  }
+  // Whether row `row` keeps position pos under the tree mask (positions up to its last_pos).
+  bool keeps(int row, int pos) const {
+    const int i = row / token_group;
+    if (tree == nullptr || pos < first_query_pos || i >= n) return true;
+    return tree_mask_bit(tree, static_cast<std::int64_t>(i) * n + (pos - first_query_pos));
+  }
+  // Whether any query token keeps new token position pos (at or before its own position).
+  bool any_keeps(int pos) const {
+    for (int i = pos - first_query_pos; i < n; ++i) {
+      if (keeps(i * token_group, pos)) return true;
+    }
+    return false;
   }
 };
 inline QueryBounds query_bounds(const ItemContext& c, int seq, int context) {
@@ -101,6 +122,7 @@ inline QueryBounds query_bounds(const ItemContext& c, int seq, int context) {
   b.first_query_pos = context - b.n;
   b.token_group = c.token_group;
   b.context = context;
+  if (c.token_group > 0 && c.tree_mask != nullptr) b.tree = c.tree_mask + c.tree_mask_indptr[seq];
   return b;
 }
 
@@ -137,6 +159,27 @@ inline int attended_runs(const TreeMaskRow* tree, int pos, int n, int* run_first
     run_first[runs] = t;
     run_n[runs++] = e - t;
     t = e;
+  }
+  return runs;
+}
+
+// The stretches of a block's computed tokens (n of them, the first at position `pos`) that a
+// sequence's query tokens taken together under a tree mask (QueryBounds::tree) read: the tokens
+// before its new ones as one, then each new token some query token keeps on its own, since the
+// rows differ token by token there (BlockLogits::rows_n of 0 or 1). Written and returned as
+// above; a new token no row keeps is never read.
+inline int attended_runs(const QueryBounds& qb, int pos, int n, int* run_first, int* run_n) {
+  int runs = 0;
+  const int before = std::clamp(qb.first_query_pos - pos, 0, n);
+  if (before > 0) {
+    run_first[0] = 0;
+    run_n[0] = before;
+    runs = 1;
+  }
+  for (int t = before; t < n; ++t) {
+    if (!qb.any_keeps(pos + t)) continue;
+    run_first[runs] = t;
+    run_n[runs++] = 1;
   }
   return runs;
 }

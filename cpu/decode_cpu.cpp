@@ -370,6 +370,8 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
     ctx.q_bf16_stride = static_cast<std::int64_t>(H) * D;
     ctx.token_group = a.group_size();
     ctx.q_indptr = tr.q_indptr;
+    ctx.tree_mask = a.tree_mask;
+    ctx.tree_mask_indptr = a.tree_mask_indptr;
   }
   ctx.tree_rows = tree_rows;
 
@@ -411,7 +413,7 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
 // sequence's table row (rows[r]; lens[r] its context) and, with a tree mask, attending the tokens
 // of its mask row (tree[r]). Each query token reads its keys and values itself: the way for a
 // window or ALiBi, whose bounds and biases differ per token at the context's start, and for a tree
-// mask (decode() takes the tokens together otherwise).
+// mask in a batch-invariant call (decode() takes the tokens together otherwise).
 DecodeArgs as_sequences(const DecodeArgs& a, std::vector<std::int32_t>& lens,
                         std::vector<std::int32_t>& rows, std::vector<TreeMaskRow>& tree) {
   lens.resize(static_cast<std::size_t>(a.num_q_tokens));
@@ -449,14 +451,15 @@ DecodeArgs with_read_lengths(const DecodeArgs& a, std::vector<std::int32_t>& len
 }
 
 // Multi-token queries without a window or ALiBi take the query tokens together: every token
-// attends a prefix of the context, so one pass over each sequence's K/V serves them all, each
-// row masked at its own causal bound (ItemContext::token_group). Rows per query head: the
-// largest n_b of the call, so a batch-invariant decode takes each token apart instead (a
-// sequence's rows would otherwise run in blocks sized by the batch's longest).
+// attends a prefix of the context (less, under a tree mask, the new tokens its mask row drops),
+// so one pass over each sequence's K/V serves them all, each row masked at its own causal bound
+// and tree-mask row (ItemContext::token_group, tree_mask). Rows per query head: the largest n_b
+// of the call, so a batch-invariant decode takes each token apart instead (a sequence's rows
+// would otherwise run in blocks sized by the batch's longest).
 TokenRows tokens_together(const DecodeArgs& a, const DecodeOptions& options) {
   TokenRows tr;
   if (a.q_indptr == nullptr || a.window_left >= 0 || a.alibi_slopes != nullptr ||
-      a.tree_mask != nullptr || options.batch_invariant) {
+      options.batch_invariant) {
     return tr;
   }
   tr.q_indptr = a.q_indptr;

@@ -262,11 +262,17 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
       const int R = tile_heads<Arch, QT>(G, g);
       if (c.alibi_slopes != nullptr) var.slopes = c.alibi_slopes + kv * G + g;
       // Query tokens together: where the block passes the causal bound of some of the tile's
-      // rows, each row takes the prefix of the block it attends.
+      // rows, each row takes the prefix of the block it attends; under a tree mask a new token
+      // comes alone (attended_runs), and a row takes it where its mask row keeps it.
       var.rows_n = nullptr;
-      if (c.token_group > 0 && var.first_pos + n - 1 > qb.first_query_pos - (L - 1)) {
+      const int last = pos + n - 1;  // the run's last position
+      if (c.token_group > 0 &&
+          (last > qb.first_query_pos || (qb.tree != nullptr && last >= qb.first_query_pos))) {
         for (int r = 0; r < R; ++r) {
           rows_n[r] = std::clamp(qb.last_pos(g + r) - pos + 1, 0, n);
+          if (qb.tree != nullptr && pos >= qb.first_query_pos && !qb.keeps(g + r, pos)) {
+            rows_n[r] = 0;
+          }
         }
         var.rows_n = rows_n;
       }
@@ -310,8 +316,9 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
   for (int blk = it.block_begin; blk < it.block_end; ++blk) {
     const int id = c.table.block(it.seq, blk);
     const int skip = std::max(0, first_tok - blk * BS);
-    const int runs =
-        attended_runs(tree, blk * BS + skip, valid_in_block(L, BS, blk) - skip, run_first, run_n);
+    const int first = blk * BS + skip, count = valid_in_block(L, BS, blk) - skip;
+    const int runs = qb.tree != nullptr ? attended_runs(qb, first, count, run_first, run_n)
+                                        : attended_runs(tree, first, count, run_first, run_n);
     for (int i = 0; i < kv_count; ++i) {
       pf.rest();
       start_unit(pf, (blk - it.block_begin) * kv_count + i + ahead, kPrefetchPieces);
