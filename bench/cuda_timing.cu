@@ -208,6 +208,14 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
   // q, out and lse have a row per query token: batch * q_len with q_len query tokens per
   // sequence (q_indptr uniform), batch without.
   const std::vector<std::int32_t> host_q_indptr = uniform_q_indptr(B, s.q_len);
+  // --tree-mask: one set of masks serves every input set (read-only).
+  std::optional<TreeMasks> host_tree;
+  DeviceBuffer tree_bits, tree_indptr;
+  if (options.tree_mask && s.q_len > 1) {
+    host_tree = random_tree_masks(B, s.q_len);
+    tree_bits = DeviceBuffer(host_tree->bits.data(), host_tree->bits.size());
+    tree_indptr = DeviceBuffer(host_tree->indptr.data(), host_tree->indptr.size() * 4);
+  }
   const std::size_t rows = static_cast<std::size_t>(s.q_rows());
   const std::size_t qo = rows * H * D;
   std::vector<std::vector<std::int32_t>> tables;
@@ -256,6 +264,10 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     apply_variants(variants, static_cast<const float*>(slopes.get()),
                    static_cast<const float*>(sinks.get()), a);
     apply_q_len(s.q_len, static_cast<const std::int32_t*>(set.q_indptr.get()), a);
+    if (host_tree) {
+      a.tree_mask = tree_bits.as<const std::uint8_t>();
+      a.tree_mask_indptr = tree_indptr.as<const std::int32_t>();
+    }
     if (options.token_scales) {
       const std::size_t rows_of_pool = static_cast<std::size_t>(num_blocks) * KV * BS;
       set.k_token_scales = DeviceBuffer(rows_of_pool * 4);
@@ -287,7 +299,11 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
   // Accuracy: the f64 reference over a subsample of set 0's sequences (at most ~64K tokens),
   // when the cache fits comfortably in host memory; NaN otherwise.
   double rel_err = std::nan("");
-  if (kv_set_bytes <= 3e9) {
+  // With tree masks, only when sequence 0's every query token fits the reference's budget (the
+  // masks of a tail of its query tokens are not the tail of its mask).
+  constexpr double kBudget = 65536;
+  const bool tail_only = static_cast<double>(host_lens[0]) * s.q_len > kBudget;
+  if (kv_set_bytes <= 3e9 && !(host_tree && tail_only)) {
     std::vector<std::uint8_t> hq(qo * esz), hk(cache_elems * kv_esz),
         hv(geometry.shared ? 0 : cache_elems * kv_esz), hout(qo * esz);
     check_cuda(cudaMemcpy(hq.data(), in[0].q.get(), hq.size(), cudaMemcpyDeviceToHost), "copy q");
@@ -300,7 +316,6 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     // The reference attends each query token over its own context, so with q_len query tokens
     // a sequence costs q_len contexts. When sequence 0's alone exceed the budget only its last
     // m >= 1 are checked: they attend exactly as the m query tokens of a sequence with m would.
-    constexpr double kBudget = 65536;
     int sub = 0;
     for (double tokens = 0;
          sub < B && (sub == 0 || tokens + static_cast<double>(host_lens[sub]) * s.q_len <= kBudget);
@@ -325,6 +340,10 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     apply_variants(variants, host_values.slopes.data(), host_values.sinks.data(), h);
     apply_q_len(s.q_len, m < s.q_len ? tail_indptr : host_q_indptr.data(), h);
     if (h.q_indptr) h.num_q_tokens = m < s.q_len ? m : host_q_indptr[sub];
+    if (host_tree) {  // every query token of the first `sub` sequences (m = q_len: see above)
+      h.tree_mask = host_tree->bits.data();
+      h.tree_mask_indptr = host_tree->indptr.data();
+    }
     std::vector<float> hks, hvs;
     if (options.token_scales) {
       hks.resize(in[0].k_token_scales.size() / 4);

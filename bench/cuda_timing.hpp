@@ -48,6 +48,8 @@ struct CudaTimingOptions {
   // Per-token K and V scales (DecodeArgs::k_token_scales, dense) on a quantized cache: random
   // powers of two in [1/2, 2], so the values keep their spread.
   bool token_scales = false;
+  // With q_len > 1: the tree masks of --tree-mask (random_tree_masks) instead of the causal rule.
+  bool tree_mask = false;
 };
 
 struct Timing {

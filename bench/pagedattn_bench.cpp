@@ -29,9 +29,10 @@
 // (bench::random_tree_masks), each token attending the context before the N and itself and its
 // ancestors. The CPU backend then runs each query token as a decode of its own, reading its
 // context again; GB/s keeps --q-len's definition (each sequence's K/V once), so a tree row and
-// the causal row of the same shape compare by time. The CUDA backend has no tree masks yet:
-// --backend cuda --tree-mask is refused with the other bad flags. The CSV's last column, tree,
-// says whether the row had them.
+// the causal row of the same shape compare by time; the CUDA backend reads a sequence's context
+// once for all its query tokens, tree or not. The CSV's last column, tree, says whether the row
+// had them. With a tree mask the CUDA row's rel_err is NaN where sequence 0's query tokens alone
+// exceed the reference's budget.
 //
 // --layout puts K and V where a serving engine keeps them (DecodeArgs::kv_strides): hnd, the
 // default dense [blocks][kv heads][block_size][head_dim] tensors; nhd, [blocks][block_size]
@@ -528,6 +529,7 @@ int run(int argc, char** argv) {
         co.layout = o.layout;
         co.kv_dtype = o.kv_dtype_for(dtype);
         co.token_scales = o.token_scales;
+        co.tree_mask = o.tree_mask;
         const bench::Timing t = bench::cuda_time_shape(s, dtype, co);
         const Row r = row_for("cuda", t.ms, t.rel_err);
         accurate = accurate && !(r.rel_err > tol);

@@ -149,8 +149,6 @@ if(CLI STREQUAL "pagedattn-bench")
   expect_bad("--shape 1024,64,8,256,64 --q-len 1048576" "--q-len = '1048576'" "quarter")
   expect_bad("--tree-mask" "--q-len = '1'" "--tree-mask needs at least 2 query tokens")
   expect_bad("--tree-mask --q-len 1" "--q-len = '1'" "--tree-mask needs at least 2 query tokens")
-  expect_bad("--backend cuda --q-len 4 --tree-mask" "--backend = 'cuda'"
-             "the CUDA backend has no tree masks yet")
 elseif(CLI STREQUAL "pagedattn-cp-bench")
   expect_help(--backend --gpus --ranks --contexts --heads --kv-heads --head-dim --block-size
               --dtype --root --steps --samples --threads --csv --help)

@@ -1,8 +1,8 @@
 // What the CUDA backend refuses before any launch (decode_steps.hpp, can_implement): a head dim
-// it has no kernel for (512, not there yet), tree masks (not there yet), pointers and row strides
-// the kernels' 16-byte reads and paired stores cannot take, a cache layout beyond 32-bit row
-// indices, a kernel that does not fit on the device and, in checked mode, bad device tables. Each
-// is an error naming the argument and its value; nothing is launched then.
+// it has no kernel for (512, not there yet), pointers and row strides the kernels' 16-byte reads
+// and paired stores cannot take, a cache layout beyond 32-bit row indices, a kernel that does not
+// fit on the device and, in checked mode, bad device tables. Each is an error naming the argument
+// and its value; nothing is launched then.
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
@@ -78,10 +78,6 @@ RowUnits row_units(const DecodeArgs& a) {
 
 RowUnits can_implement(const DecodeArgs& a, const pagedattn::DecodeOptions& options) {
   require_cuda_head_dim(a.head_dim);  // no kernel at all (dispatch refuses it first)
-  if (a.tree_mask != nullptr) {
-    fail(ErrorCode::kUnsupported, "tree_mask", static_cast<const void*>(a.tree_mask),
-         "the CUDA backend has no tree masks yet (the CPU backend has them)");
-  }
   require_aligned("q", a.q);
   require_aligned("k_cache", a.k_cache);
   require_aligned("v_cache", a.v_cache);

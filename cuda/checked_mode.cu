@@ -1,6 +1,6 @@
-// Checked mode (DecodeOptions::cuda_checked): the device tables and per-head values read back to
-// the host and validated exactly as the CPU path validates them. The one place decode waits for
-// its stream.
+// Checked mode (DecodeOptions::cuda_checked): the device tables, tree masks and per-head values
+// read back to the host and validated exactly as the CPU path validates them. The one place decode
+// waits for its stream.
 #include <algorithm>
 #include <cstdint>
 #include <tuple>
@@ -8,6 +8,7 @@
 
 #include "cuda_error.hpp"
 #include "decode_steps.hpp"
+#include "pagedattn/tree_mask.hpp"
 #include "pagedattn/validate.hpp"
 #include "pagedattn/variants.hpp"
 
@@ -45,8 +46,10 @@ void check_device_tables(const DecodeArgs& a, cudaStream_t stream) {
   read_back(&sinks, a.sinks, a.num_heads, "cudaMemcpyAsync(sinks)", stream);
   read_back(&k_scales, a.k_scales, a.num_kv_heads, "cudaMemcpyAsync(k_scales)", stream);
   read_back(&v_scales, a.v_scales, a.num_kv_heads, "cudaMemcpyAsync(v_scales)", stream);
-  std::vector<std::int32_t> indptr;
+  std::vector<std::int32_t> indptr, tree_indptr;
   read_back(&indptr, a.q_indptr, a.batch + 1, "cudaMemcpyAsync(q_indptr)", stream);
+  read_back(&tree_indptr, a.tree_mask_indptr, a.batch + 1, "cudaMemcpyAsync(tree_mask_indptr)",
+            stream);
   // The per-token scales, over the whole span of their layout (this mode is for debugging).
   std::vector<float> k_token, v_token;
   const auto token_elems = static_cast<std::size_t>(a.token_scale_layout().elements());
@@ -54,6 +57,14 @@ void check_device_tables(const DecodeArgs& a, cudaStream_t stream) {
   read_back(&v_token, a.v_token_scales, token_elems, "cudaMemcpyAsync(v_token_scales)", stream);
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   validate_q_indptr(a, indptr.data());
+  if (a.tree_mask != nullptr) {  // its bytes once the offsets say how many are read
+    std::vector<std::uint8_t> tree;
+    const auto bytes =
+        static_cast<std::size_t>(tree_mask_bytes_read(a.batch, indptr.data(), tree_indptr.data()));
+    read_back(&tree, a.tree_mask, bytes, "cudaMemcpyAsync(tree_mask)", stream);
+    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    validate_tree_mask(a, tree.data(), tree_indptr.data(), indptr.data());
+  }
   validate_tables(a, lens.data(), table.data(), a.q_indptr ? indptr.data() : nullptr);
   validate_variant_values(a, a.alibi_slopes ? slopes.data() : nullptr,
                           a.sinks ? sinks.data() : nullptr);

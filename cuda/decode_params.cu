@@ -47,6 +47,8 @@ SplitParams make_split_params(const DecodeArgs& a, const DecodePlan& plan, const
   p.q_indptr = a.q_indptr;
   p.q_rows = a.q_rows();
   p.max_q = a.q_len_bound();
+  p.tree_mask = a.tree_mask;
+  p.tree_mask_indptr = a.tree_mask_indptr;
   p.rows_per_cta = plan.kernel.rows_per_cta;
   p.row_chunks = plan.kernel.row_chunks;
   const WorkspaceLayout& ws = plan.workspace;

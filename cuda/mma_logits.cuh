@@ -25,22 +25,25 @@ struct MmaRows {
   bool late;
   float efac[2];
   typename V::Row vrow[2];  // the variant's constants of each row
+  int tree_at;              // the sequence's tree mask (tree_mask_at), -1: none
 };
 
 // Where the rows disagree on the slice from token t0 (rows_disagree): each element's own row's
-// verdict, bit n * 4 + e for element (n, e).
+// verdict (its causal bound, window and tree-mask row), bit n * 4 + e for element (n, e).
 template <typename V>
 __device__ __forceinline__ unsigned mma_keep_bits(const SplitParams& p, const MmaRows<V>& rows,
-                                                  MmaWarp w, int t0, int last_pos) {
+                                                  MmaWarp w, int t0, int last_pos, int n_q) {
+  const int first_new = last_pos - (n_q - 1);
   unsigned keep = 0u;
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int t = t0 + n * 8 + 2 * w.q4 + (e & 1);
-      keep |=
-          static_cast<unsigned>(row_attends(t, last_pos, rows.qr[e >> 1].back, p.plan.window_left))
-          << (n * 4 + e);
+      const int r = e >> 1;
+      const bool kept = row_attends(t, last_pos, rows.qr[r].back, p.plan.window_left) &&
+                        tree_keeps(p, rows.tree_at, n_q, rows.qr[r].back, t - first_new);
+      keep |= static_cast<unsigned>(kept) << (n * 4 + e);
     }
   }
   return keep;

@@ -55,8 +55,9 @@ __device__ __forceinline__ void mma_fold(const SplitParams& p, const V& var, Mma
   const int t0 = tile.t0 + sl0 * 16;  // the (first) slice's first token
   unsigned keep = 0xffu;
   const bool disagree =
-      NS == 1 && kMulti && rows_disagree(t0, t0 + 15, last_pos, n_q, p.plan.window_left);
-  if (disagree) keep = mma_keep_bits(p, rows, w, t0, last_pos);
+      NS == 1 && kMulti &&
+      rows_disagree(t0, t0 + 15, last_pos, n_q, p.plan.window_left, p.tree_mask != nullptr);
+  if (disagree) keep = mma_keep_bits(p, rows, w, t0, last_pos, n_q);
 #pragma unroll
   for (int j = 0; j < NS; ++j) {
     mma_logits<kMulti>(var, w, rows, tile, last_pos, sl0 + j * w.WT, s[j], keep, bad);
@@ -80,7 +81,8 @@ __device__ __forceinline__ void mma_fold(const SplitParams& p, const V& var, Mma
   }
 }
 
-// kMulti: the item's sequence has several query tokens (item.n_q > 1). One-token decode runs the
+// kMulti: the item's sequence has several query tokens (item.n_q > 1) or a tree mask, whose
+// single query token may drop its own position. One-token decode runs the
 // kMulti = false instance, where the per-row masks and the row arithmetic fold away: one-token
 // decode, the common case, pays nothing for multi-token queries (docs/cuda.md). kFold (with
 // kMulti, in the wide build): a warp that takes 2 or 4 slices of a full tile folds them with one
@@ -103,6 +105,7 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const V& var, con
   MmaRows<V> rows;
 #pragma unroll
   for (int r = 0; r < 2; ++r) rows.qr[r] = query_row<kMulti>(p, item, w.wh * 16 + w.g + 8 * r);
+  rows.tree_at = kMulti ? tree_mask_at(p, item) : -1;
   // Q of the rows (same dtype as the cache, so exact), rows past the CTA's zero.
   std::uint32_t qf[Cfg::kQK][4];
   rows.logit_fac[0] = rows.logit_fac[1] = p.scale_log2;
@@ -156,7 +159,7 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const V& var, con
     if constexpr (kMulti && kFold) {
       if (w.WT < kWarps && nrows == Cfg::TT &&
           !rows_disagree(tile.t0, tile.t0 + Cfg::TT - 1, pipe.last_pos, item.n_q,
-                         p.plan.window_left)) {
+                         p.plan.window_left, p.tree_mask != nullptr)) {
         if (w.WT == 1) {
           mma_fold<T, D, kMulti, 4, false>(p, var, w, qs, qf, k_at, v_at, rows, tile, pipe.last_pos,
                                            item.n_q, 0, st, bad, o, vmax);

@@ -1,8 +1,9 @@
 // The rows of multi-token queries on the device (DecodeArgs::q_indptr): which rows of q, out and
-// lse a sequence owns, what query head and query token each of a CTA's rows is, and the causal
-// mask that tells the tokens of a sequence's query tokens apart. Query token i of n sits
+// lse a sequence owns, what query head and query token each of a CTA's rows is, and the mask
+// that tells the tokens of a sequence's query tokens apart. Query token i of n sits
 // back = n - 1 - i positions before the last one (at L - 1) and attends to the tokens up to its
-// own position, within its own window.
+// own position, within its own window; with a tree mask (DecodeArgs::tree_mask), of the new
+// tokens L - n .. L - 1 only those its mask row keeps.
 #pragma once
 
 #include "split_params.cuh"
@@ -56,11 +57,37 @@ __device__ __forceinline__ bool row_attends(int t, int last_pos, int back, int w
 
 // Whether the rows of a sequence with n_q query tokens may disagree on tokens [lo, hi]: only
 // then do the kernels test each row (the tile mask covers the rest: tokens from the earliest
-// query's window to L - 1).
+// query's window to L - 1). Causal rows agree up to the first query token's position; with a
+// tree mask (`tree`) a row may drop any new token, the first one and a single query's own
+// included.
 __device__ __forceinline__ bool rows_disagree(int lo, int hi, int last_pos, int n_q,
-                                              int window_left) {
-  return n_q > 1 &&
-         (hi > last_pos - (n_q - 1) || (window_left >= 0 && lo < last_pos - window_left));
+                                              int window_left, bool tree) {
+  const int first_differing = last_pos - (n_q - 1) + (tree ? 0 : 1);
+  return (n_q > 1 || tree) &&
+         (hi >= first_differing || (window_left >= 0 && lo < last_pos - window_left));
+}
+
+// The byte offset of the item's sequence's mask in tree_mask, or -1 where its rows keep every
+// new token up to their own: no tree mask, or a span [tree_mask_indptr[b], tree_mask_indptr[b +
+// 1]) too short for its n_q x n_q bits (checked mode refuses such a span; unchecked mode reads
+// nothing outside the spans). Read once per item.
+__device__ __forceinline__ int tree_mask_at(const SplitParams& p, const CtaItem& item) {
+  if (p.tree_mask == nullptr) return -1;
+  const int at = __ldg(p.tree_mask_indptr + item.seq);
+  const int end = __ldg(p.tree_mask_indptr + item.seq + 1);
+  const long long n = item.n_q;
+  if (at < 0 || static_cast<long long>(end) - at < (n * n + 7) / 8) return -1;
+  return at;
+}
+
+// Whether the row `back` positions before the last of the sequence's n_q query tokens keeps new
+// token j under the mask at byte `at` (tree_mask_at; -1: every one); a token before the new ones
+// (j < 0) is always kept. Bit (i, j) is bit i * n_q + j, packed little-endian.
+__device__ __forceinline__ bool tree_keeps(const SplitParams& p, int at, int n_q, int back, int j) {
+  if (at < 0 || j < 0) return true;
+  const long long bit =
+      static_cast<long long>(at) * 8 + static_cast<long long>(n_q - 1 - back) * n_q + j;
+  return (__ldg(p.tree_mask + (bit >> 3)) >> (bit & 7)) & 1u;
 }
 
 }  // namespace pagedattn::detail::cuda

@@ -56,6 +56,7 @@ struct SimtRows {
   QueryRow qr[HW];
   float q[HW][E];
   typename V::Row vrow[HW];
+  int tree_at;  // the sequence's tree mask (tree_mask_at), -1: none
 };
 
 }  // namespace pagedattn::detail::cuda

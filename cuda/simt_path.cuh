@@ -30,6 +30,7 @@ __device__ __forceinline__ void simt_rows(const SplitParams& p, const V& var, co
   constexpr int HW = kSimtRowsPerWarp, E = D / 16;
 #pragma unroll
   for (int h = 0; h < HW; ++h) rows.qr[h] = query_row<kMulti>(p, item, w.h_first + h);
+  rows.tree_at = kMulti ? tree_mask_at(p, item) : -1;
   // q . (code x k_scale) = (q x k_scale) . code: a quantized cache's K scale joins the logit scale.
   const float q_scale = p.scale_log2 * head_scale(p.k_scale, p.k_scales, item.kv);
 #pragma unroll
@@ -68,10 +69,14 @@ __device__ __forceinline__ void simt_scores(const SplitParams& p, const V& var, 
 #pragma unroll
     for (int o2 = 8; o2 > 0; o2 >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o2);
     d *= k_token;  // q . (code x scale) = (q . code) x scale
-    // Whether the row attends to the token: with several query tokens, each row's own
-    // causal bound and window (the tile mask covers the earliest query's window).
-    att[h] = ok && (!kMulti || item.n_q == 1 ||
-                    row_attends(t, last_pos, rows.qr[h].back, p.plan.window_left));
+    // Whether the row attends to the token: with several query tokens (or a tree mask), each
+    // row's own causal bound, window and tree-mask row (the tile mask covers the earliest
+    // query's window).
+    att[h] =
+        ok &&
+        (!kMulti || (item.n_q == 1 && p.tree_mask == nullptr) ||
+         (row_attends(t, last_pos, rows.qr[h].back, p.plan.window_left) &&
+          tree_keeps(p, rows.tree_at, item.n_q, rows.qr[h].back, t - (last_pos - (item.n_q - 1)))));
     // x * 0 is 0 for a finite logit, NaN otherwise.
     bad[h] = fmaf(att[h] ? d : 0.f, 0.f, bad[h]);
     if (var.transforms_logits()) d = var.logit(rows.vrow[h], d, t - last_pos + rows.qr[h].back);
@@ -105,9 +110,10 @@ __device__ __forceinline__ void simt_update(SimtWarp w, const char* vS, int r, f
   }
 }
 
-// kMulti: the item's sequence has several query tokens (item.n_q > 1). One-token decode runs the
-// kMulti = false instance, where the per-row causal tests and the row arithmetic fold away.
-// V: the variant policy (variant_policy.cuh).
+// kMulti: the item's sequence has several query tokens (item.n_q > 1) or a tree mask, whose
+// single query token may drop its own position. One-token decode runs the kMulti = false instance,
+// where the per-row causal tests and the row arithmetic fold away. V: the variant policy
+// (variant_policy.cuh).
 template <typename T, int D, bool kMulti, typename V>
 __device__ __forceinline__ void simt_item(const SplitParams& p, const V& var, const CtaItem& item,
                                           typename SimtCfg<T, D>::Pipe& pipe, char* smem) {

@@ -84,13 +84,13 @@ __device__ __forceinline__ void split_cta(const SplitParams& p, const V& var) {
   if constexpr (kMma && kWide) {
     mma_item<T, D, true, true>(p, var, item, pipe, smem);
   } else if constexpr (kMma) {
-    if (item.n_q > 1) {
+    if (item.n_q > 1 || p.tree_mask != nullptr) {
       mma_item<T, D, true, false>(p, var, item, pipe, smem);
     } else {
       mma_item<T, D, false, false>(p, var, item, pipe, smem);
     }
   } else {
-    if (item.n_q > 1) {
+    if (item.n_q > 1 || p.tree_mask != nullptr) {
       simt_item<T, D, true>(p, var, item, pipe, smem);
     } else {
       simt_item<T, D, false>(p, var, item, pipe, smem);

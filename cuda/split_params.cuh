@@ -57,6 +57,10 @@ struct SplitParams {
   // (max_q_len, or 1); what the kernels read from q_indptr is clamped into those bounds.
   const std::int32_t* q_indptr;
   int q_rows, max_q;
+  // Tree masks (DecodeArgs::tree_mask, tree_mask_indptr; null: the causal rule among a
+  // sequence's query tokens), read only where the rows of a sequence disagree (query_rows.cuh).
+  const std::uint8_t* tree_mask;
+  const std::int32_t* tree_mask_indptr;
   int rows_per_cta;  // kMmaRowsPerCta or kSimtRowsPerCta (split_build.hpp)
   int row_chunks;    // CTAs per item: ceil(group * max_q / rows_per_cta)
   // The partial states of one (sequence, split) are max_q * num_heads rows, query token major.

@@ -326,10 +326,9 @@ void lay_out_rows(const FuzzCase& c, BuiltCase& b) {
 
 // What the CUDA backend has no kernel for yet, which it refuses (kUnsupported) right after the
 // shapes, before anything else, or null: whatever the batch, a head dim (512; dispatch's
-// require_cuda_head_dim, before a batch of 0 returns); once there is a sequence, a tree mask.
+// require_cuda_head_dim, before a batch of 0 returns).
 const char* cuda_unsupported(const DecodeArgs& a) {
   if (!is_cuda_head_dim(a.head_dim)) return "head_dim";
-  if (a.tree_mask != nullptr && a.batch > 0) return "tree_mask";
   return nullptr;
 }
 

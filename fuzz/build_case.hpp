@@ -59,11 +59,10 @@ struct BuiltCase {
   ErrorCode expected_code = ErrorCode::kInvalidArgument;
   std::string expected_argument;  // empty for a valid case
   // The argument the CUDA backend raises instead (cuda_refuses_code), or empty: what it has no
-  // kernel for yet (kUnsupported): a head dim or an int8 cache or per-token scales (whatever the
-  // batch), a tree mask; else a misaligned row stride (FuzzCase::cuda_misaligned_stride, over the
-  // rows args declares) or cache stride (kInvalidArgument), which it checks after the shapes but
-  // before its checked-mode q_indptr, table and value checks, on a case that is valid or malformed
-  // only in those (or in its tree mask's contents, which it never reads).
+  // kernel for yet (kUnsupported): a head dim (whatever the batch); else a misaligned row stride
+  // (FuzzCase::cuda_misaligned_stride, over the rows args declares) or cache stride
+  // (kInvalidArgument), which it checks after the shapes but before its checked-mode q_indptr,
+  // tree mask, table and value checks, on a case that is valid or malformed only in those.
   std::string cuda_refuses;
   ErrorCode cuda_refuses_code = ErrorCode::kInvalidArgument;
 

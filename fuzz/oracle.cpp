@@ -58,7 +58,7 @@ Outcome expect_error(Backend backend, BuiltCase& bc, int threads, bool checked, 
 
 Outcome check_malformed(BuiltCase& bc, const CheckOptions& options, int threads) {
   for (Backend backend : options.backends) {
-    // The CUDA backend may refuse a tree mask or a misaligned stride first (BuiltCase::
+    // The CUDA backend may refuse a head dim or a misaligned stride first (BuiltCase::
     // cuda_refuses).
     const bool cuda_first = backend == Backend::kCuda && !bc.cuda_refuses.empty();
     Outcome o = expect_error(backend, bc, threads, /*checked=*/true,
@@ -113,7 +113,7 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
   for (Backend backend : options.backends) {
     const std::string tag = std::string(backend_name(backend)) + ": ";
     if (backend == Backend::kCuda && !bc.cuda_refuses.empty()) {
-      // A tree mask or a stride the CPU takes and the CUDA backend must refuse, naming it.
+      // A head dim or a stride the CPU takes and the CUDA backend must refuse, naming it.
       Outcome o = expect_error(backend, bc, threads, checked, bc.cuda_refuses_code, bc.cuda_refuses,
                                "a case it must refuse (" + bc.cuda_refuses + ")");
       if (o.failed()) return o;

@@ -123,8 +123,7 @@ void run_cuda(const BuiltCase& bc, const DecodeArgs& host, const detail::DecodeO
     dindptr = testing::DeviceBuffer(host.q_indptr, bc.q_indptr.size() * sizeof(std::int32_t));
     d.q_indptr = dindptr.as<const std::int32_t>();
   }
-  // The tree mask and its offsets live where q_indptr does (the backend refuses them all the
-  // same, but must do so on the pointers it is given).
+  // The tree mask and its offsets live where q_indptr does.
   if (host.tree_mask != nullptr) {
     dtree = testing::DeviceBuffer(bc.tree_mask.data(), bc.tree_mask.size());
     d.tree_mask = dtree.as<const std::uint8_t>();

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU job, run on the H200 machine from the repository root over a build made elsewhere:
 #   scripts/gpu_job.sh [stage...]     stages: tests sanitize bench flashinfer anchors fuzz ncu
-#                                     ncu-flashinfer cp python transformers variants qlen (default: tests
-#                                     sanitize bench flashinfer anchors fuzz)
+#                                     ncu-flashinfer cp python transformers variants qlen tree
+#                                     (default: tests sanitize bench flashinfer anchors fuzz)
 # Env: BUILD (default build-gpu), OUT (logs; default ./out), FLASHINFER (FlashInfer's decode
 # benchmark binary, default build-peers/fi_decode_bench, built by bench/peers/flashinfer/build.sh;
 # the seed's kernels run from bench/peers/seed/), SHAPES=quick for a short benchmark list, SHAPES=anchors
@@ -12,7 +12,8 @@
 # variants.csv, transformers.log, transformers.csv, summary.txt.
 # variants: plain decode against each attention variant and all of them, on three anchor shapes
 # (bf16) and one f32 shape (the CUDA-core path). qlen: multi-token queries (q_len 1 to 16) on
-# the large-KV shapes, ours and FlashInfer's prefill path (qlen.csv, fi_qlen.csv).
+# the large-KV shapes, ours and FlashInfer's prefill path (qlen.csv, fi_qlen.csv). tree: q_len 2,
+# 4 and 8 with and without tree masks on the same shapes, each pair back to back (tree.csv).
 # cp: context-parallel decode over NCCL on every visible GPU (NCCL from the machine's
 # nvidia-nccl-cu13 wheel; NCCL_NVLS_ENABLE=0 keeps NVLink multicast off). python: builds the
 # Python package for this machine's python3 (PYDEPS: a prefix with xsimd and Eigen's CMake
@@ -46,8 +47,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --
 has() { local s; for s in "${STAGES[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 if has tests; then
-  # Every CUDA test: the shared reference grid's CUDA rows, the CUDA suite, cache writes.
-  timeout 200 "$TESTS" --gtest_filter='*cuda*:*Cuda*' --gtest_brief=1 > "$OUT/tests.log" 2>&1
+  # Every CUDA test: the shared reference grid's CUDA rows, the CUDA suite, cache writes, and
+  # the tree-mask tests that run every backend.
+  timeout 200 "$TESTS" --gtest_filter='*cuda*:*Cuda*:TreeMaskBackends.*' --gtest_brief=1 \
+    > "$OUT/tests.log" 2>&1
   rc=$?
   note "tests rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|tests? from .* ran' "$OUT/tests.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]' "$OUT/tests.log" | head -20 | tee -a "$SUMMARY"
@@ -61,7 +64,7 @@ if has tests; then
 fi
 
 if has sanitize; then
-  SMALL='CudaDecode.StreamAndWorkspace:CudaDecode.ConcurrentStreamsUseSeparateWorkspaces:*NonFinite*cuda_bf16*:*Merge*cuda*:CudaDecode.UncheckedCorruptTablesStayInBounds:CudaDecode.UncheckedCorruptQueryIndptrStaysInBounds:CudaDecode.CheckedModeReportsTheCpuErrors:CudaDecode.GraphReplayWithNewLengths:CudaDecode.MixedDtypes:CudaDecode.BlockSizes:*cuda_bf16_d80_bs7_g*_ctx1000:*cuda_f32_d256_bs1_g4_ctxBSp1:*cuda_f16_d64_bs32_gall_ctx1000:*VariantReference*cuda_all_bf16_d128_bs16_g8:*VariantReference*cuda_all_f32_d80_bs7_g1:*VariantReference*cuda_window_bf16_d128_bs1_g16:VariantCuda.*:*VariantBackend.EmptyContext*cuda:*VariantBackend.SinksOnly*cuda:*QueryTokenReference*cuda_all_bf16*:*QueryTokenReference*cuda_all_f32_d80*:*QueryTokenCausality*cuda*:*QueryTokenUnread*cuda*:*QueryTokenLayout*cuda:QueryTokenValidation.Cuda*:*CacheLayouts*cuda_*bf16*:*CacheOpLayouts*cuda*:CacheLayoutValidation.*:*Fp8ReferenceTest*cuda_fp8_e4m3_bf16_d128_bs16_g8*:*Fp8ReferenceTest*cuda_fp8_e5m2_f32_d64_bs1_g1*:*CacheWriteDTypes*Cuda*fp8*:*Fp8ReferenceTest*cuda_int8_bf16_d128_bs16_g8*:*Fp8ReferenceTest*cuda_int8_f32_d80_bs1_g1*:*CacheWriteDTypes*Cuda*int8*:*QueryTokenReference*cuda_all_bf16_d96_bs7_g16_int8:TokenScalesCuda.*:Int8Writes.Cuda*:CudaVariantPolicy.*'
+  SMALL='CudaDecode.StreamAndWorkspace:CudaDecode.ConcurrentStreamsUseSeparateWorkspaces:*NonFinite*cuda_bf16*:*Merge*cuda*:CudaDecode.UncheckedCorruptTablesStayInBounds:CudaDecode.UncheckedCorruptQueryIndptrStaysInBounds:CudaDecode.CheckedModeReportsTheCpuErrors:CudaDecode.GraphReplayWithNewLengths:CudaDecode.MixedDtypes:CudaDecode.BlockSizes:*cuda_bf16_d80_bs7_g*_ctx1000:*cuda_f32_d256_bs1_g4_ctxBSp1:*cuda_f16_d64_bs32_gall_ctx1000:*VariantReference*cuda_all_bf16_d128_bs16_g8:*VariantReference*cuda_all_f32_d80_bs7_g1:*VariantReference*cuda_window_bf16_d128_bs1_g16:VariantCuda.*:*VariantBackend.EmptyContext*cuda:*VariantBackend.SinksOnly*cuda:*QueryTokenReference*cuda_all_bf16*:*QueryTokenReference*cuda_all_f32_d80*:*QueryTokenCausality*cuda*:*QueryTokenUnread*cuda*:*QueryTokenLayout*cuda:QueryTokenValidation.Cuda*:*CacheLayouts*cuda_*bf16*:*CacheOpLayouts*cuda*:CacheLayoutValidation.*:*Fp8ReferenceTest*cuda_fp8_e4m3_bf16_d128_bs16_g8*:*Fp8ReferenceTest*cuda_fp8_e5m2_f32_d64_bs1_g1*:*CacheWriteDTypes*Cuda*fp8*:*Fp8ReferenceTest*cuda_int8_bf16_d128_bs16_g8*:*Fp8ReferenceTest*cuda_int8_f32_d80_bs1_g1*:*CacheWriteDTypes*Cuda*int8*:*QueryTokenReference*cuda_all_bf16_d96_bs7_g16_int8:TokenScalesCuda.*:Int8Writes.Cuda*:CudaVariantPolicy.*:*TreeMaskGrid.Cuda*/bf16*:TreeMaskBackends.*:TreeMaskValidation.Cuda*'
   {
     echo "## memcheck"
     timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTS" \
@@ -165,6 +168,22 @@ if has qlen; then
     cat "$OUT/fi_qlen.csv" >> "$SUMMARY"
   fi
   cat "$OUT/qlen.csv" >> "$SUMMARY"
+fi
+
+if has tree; then
+  # Tree masks against the causal rule at the same q_len (bf16, graph replay), back to back.
+  TSHAPES=(--shape 8,32,8,128,32768 --shape 32,32,8,128,4096 --shape 32,32,8,128,16384
+    --shape 128,32,8,128,4096 --shape 32,32,32,128,4096)
+  : > "$OUT/tree.csv"
+  for n in 2 4 8; do
+    for tree in "" --tree-mask; do
+      timeout 100 "$BENCH" --backend cuda --dtype bf16 --csv --q-len "$n" $tree "${TSHAPES[@]}" \
+        2>> "$OUT/tree.log" | { [ -s "$OUT/tree.csv" ] && tail -n +2 || cat; } >> "$OUT/tree.csv"
+      note "tree q_len $n '${tree}' rc=$?"
+    done
+  done
+  grep -m1 -E 'GPU read bandwidth' "$OUT/tree.log" | tee -a "$SUMMARY"
+  cat "$OUT/tree.csv" >> "$SUMMARY"
 fi
 
 if has fuzz; then

@@ -453,9 +453,12 @@ INSTANTIATE_TEST_SUITE_P(
 struct CausalParam {
   Backend backend;
   DType dtype;
+  // 128 / 16 / 8: 40 to 96 rows per kv head, which CUDA runs on the Hopper many-row kernel where
+  // the device has it.
+  int head_dim = 64, block_size = 7, group = 4;
 };
 void PrintTo(const CausalParam& p, std::ostream* os) {
-  *os << backend_name(p.backend) << " " << dtype_name(p.dtype);
+  *os << backend_name(p.backend) << " " << dtype_name(p.dtype) << " d" << p.head_dim;
 }
 
 class QueryTokenCausality : public ::testing::TestWithParam<CausalParam> {};
@@ -467,7 +470,8 @@ class QueryTokenCausality : public ::testing::TestWithParam<CausalParam> {};
 TEST_P(QueryTokenCausality, LaterTokensNeverReachEarlierQueries) {
   const CausalParam& p = GetParam();
   if (p.backend == Backend::kCuda && !cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const testing::CaseSpec spec = variant_spec(p.dtype, 64, 7, 4, {40, 23, 9, 150});
+  const testing::CaseSpec spec =
+      variant_spec(p.dtype, p.head_dim, p.block_size, p.group, {40, 23, 9, 150});
   const QueryCase clean = make_query_case(spec, {8, 5, 12, 6});
   const int H = spec.num_heads;
   const float huge = p.dtype == DType::kF16 ? 6e4f : 1e30f;
@@ -526,10 +530,13 @@ INSTANTIATE_TEST_SUITE_P(All, QueryTokenCausality,
                                            CausalParam{Backend::kCpu, DType::kBF16},
                                            CausalParam{Backend::kCuda, DType::kF32},
                                            CausalParam{Backend::kCuda, DType::kF16},
-                                           CausalParam{Backend::kCuda, DType::kBF16}),
+                                           CausalParam{Backend::kCuda, DType::kBF16},
+                                           CausalParam{Backend::kCuda, DType::kBF16, 128, 16, 8},
+                                           CausalParam{Backend::kCuda, DType::kF16, 128, 16, 8}),
                          [](const ::testing::TestParamInfo<CausalParam>& i) {
                            return std::string(backend_name(i.param.backend)) + "_" +
-                                  dtype_name(i.param.dtype);
+                                  dtype_name(i.param.dtype) +
+                                  (i.param.head_dim == 64 ? "" : "_d128_many_rows");
                          });
 
 struct UnreadParam {

@@ -1,11 +1,13 @@
 // Tree masks (DecodeArgs::tree_mask, tree_mask_indptr): among a sequence's new tokens the mask
 // replaces the causal rule. Checked: the f64 reference against an independent oracle (each query
-// token as a one-token decode over a compact cache of exactly the tokens it attends); the CPU
-// backend against the reference over dtypes, head dims, groups, block sizes, random trees and
-// random lower-triangular masks, with every variant and in batch-invariant mode; the naive
-// baseline of the benchmark (testing::naive_decode) against the reference; a full
-// lower-triangular mask against the causal decode; NaN in the K and V of tokens no row attends;
-// the argument errors, which write nothing; and the CUDA backend's refusal.
+// token as a one-token decode over a compact cache of exactly the tokens it attends); the CPU and
+// CUDA backends against the reference over dtypes, head dims, groups, block sizes, random trees
+// and random lower-triangular masks, with every variant and in batch-invariant mode (on CUDA the
+// tensor-core, CUDA-core and Hopper many-row kernels); the naive baseline of the benchmark
+// (testing::naive_decode) against the reference; a full lower-triangular mask against the causal
+// decode; NaN in the K and V of tokens no row attends; rows that attend nothing; and the argument
+// errors, which write nothing, on the CPU and in CUDA's checked mode. CUDA tests skip without a
+// device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -23,6 +26,7 @@
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/detail/dispatch.hpp"
 #include "pagedattn/reference.hpp"
+#include "pagedattn/testing/device_case.hpp"
 #include "pagedattn/testing/naive_decode.hpp"
 #include "pagedattn/tree_mask.hpp"
 #include "query_case.hpp"
@@ -198,6 +202,27 @@ TEST(TreeMaskReference, EachRowIsADecodeOfExactlyItsAttendedTokens) {
   }
 }
 
+// The backends to test: the CPU, and CUDA where a device is present.
+std::vector<Backend> backends() {
+  if (cuda_available()) return {Backend::kCpu, Backend::kCuda};
+  return {Backend::kCpu};
+}
+
+// decode on `backend` over a case in host memory (CUDA: through device copies of every buffer).
+void decode_on(Backend backend, const DecodeArgs& a, bool batch_invariant = false,
+               bool checked = false) {
+  detail::DecodeOptions o;
+  o.backend = backend;
+  o.num_threads = 2;
+  o.batch_invariant = batch_invariant;
+  o.cuda_checked = checked;
+  if (backend == Backend::kCuda) {
+    testing::cuda_decode_from_host(a, o);
+  } else {
+    detail::decode(a, o);
+  }
+}
+
 struct GridParam {
   DType dtype;
   GridShape shape;
@@ -221,10 +246,9 @@ Variants variants_of(VariantKind k, int heads) {
 
 class TreeMaskGrid : public ::testing::TestWithParam<GridParam> {};
 
-TEST_P(TreeMaskGrid, CpuMatchesTheReference) {
-  const GridParam& p = GetParam();
-  // Contexts across block boundaries, more query tokens than context, a sequence without query
-  // tokens; q lens up to 16.
+// Contexts across block boundaries, more query tokens than context, a sequence without query
+// tokens and one with a single one; q lens up to 16.
+void check_grid(const GridParam& p, Backend backend) {
   testing::CaseSpec s = variant_spec(p.dtype, p.shape.head_dim, p.shape.block_size, p.shape.group,
                                      {300, 17, 4, 64, 1});
   TreeCase t = make_tree_case(s, {16, 9, 6, 0, 1}, p.trees);
@@ -232,14 +256,17 @@ TEST_P(TreeMaskGrid, CpuMatchesTheReference) {
   const ReferenceResult ref = reference_decode(t.args(v));
   for (bool invariant : {false, true}) {
     t.qc.c.poison_outputs();
-    detail::DecodeOptions o;
-    o.backend = Backend::kCpu;
-    o.num_threads = 2;
-    o.batch_invariant = invariant;
-    detail::decode(t.args(v), o);
+    decode_on(backend, t.args(v), invariant);
     expect_rows_near(t.qc, ref, 0, t.qc.rows(),
                      describe(v) + (invariant ? " batch_invariant" : ""));
   }
+}
+
+TEST_P(TreeMaskGrid, CpuMatchesTheReference) { check_grid(GetParam(), Backend::kCpu); }
+
+TEST_P(TreeMaskGrid, CudaMatchesTheReference) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  check_grid(GetParam(), Backend::kCuda);
 }
 
 std::vector<GridParam> grid() {
@@ -264,25 +291,31 @@ INSTANTIATE_TEST_SUITE_P(TreeMask, TreeMaskGrid, ::testing::ValuesIn(grid()), []
   return os.str();
 });
 
-TEST(TreeMaskCpu, AFullLowerTriangleIsTheCausalDecode) {
+TEST(TreeMaskBackends, AFullLowerTriangleIsTheCausalDecode) {
   testing::CaseSpec s = variant_spec(DType::kBF16, 128, 16, 8, {200, 33, 5}, 7);
   TreeCase t = make_tree_case(s, {12, 8, 5}, true);
   std::mt19937_64 rng(s.seed);
   t.masks = {causal(12), causal(8), causal(5)};
   t.packed = pack(t.masks, rng);
-  detail::DecodeOptions o;
-  o.backend = Backend::kCpu;
   const ReferenceResult causal_ref = reference_decode(t.qc.args());
   const ReferenceResult tree_ref = reference_decode(t.args());
   EXPECT_EQ(causal_ref.out, tree_ref.out);
   EXPECT_EQ(causal_ref.lse, tree_ref.lse);
-  detail::decode(t.args(), o);
-  expect_rows_near(t.qc, causal_ref, 0, t.qc.rows(), "full lower-triangular mask");
+  for (Backend b : backends()) {
+    t.qc.c.poison_outputs();
+    decode_on(b, t.args());
+    expect_rows_near(t.qc, causal_ref, 0, t.qc.rows(),
+                     std::string("full lower-triangular mask, ") + backend_name(b));
+  }
 }
 
-TEST(TreeMaskCpu, TokensNoRowAttendsAreNeverRead) {
-  for (DType d : {DType::kF32, DType::kBF16}) {
-    testing::CaseSpec s = variant_spec(d, 64, 4, 4, {50, 10}, 11);
+TEST(TreeMaskBackends, TokensNoRowAttendsAreNeverRead) {
+  // f32 (CUDA: tf32 tensor cores), bf16 at head dim 64 (tensor cores) and at 128 with 80 rows
+  // per kv head (CUDA: the Hopper many-row kernel where the device has it).
+  const std::tuple<DType, int, int, int> shapes[] = {
+      {DType::kF32, 64, 4, 4}, {DType::kBF16, 64, 4, 4}, {DType::kBF16, 128, 16, 8}};
+  for (const auto& [d, head_dim, block_size, group] : shapes) {
+    testing::CaseSpec s = variant_spec(d, head_dim, block_size, group, {50, 10}, 11);
     TreeCase t = make_tree_case(s, {10, 6}, true);
     std::mt19937_64 rng(s.seed);
     // New tokens 3 and 7 of sequence 0 and token 0 of sequence 1: no row's bit, NaN K and V.
@@ -293,15 +326,17 @@ TEST(TreeMaskCpu, TokensNoRowAttendsAreNeverRead) {
     }
     t.packed = pack(t.masks, rng);
     const ReferenceResult ref = reference_decode(t.args());
-    detail::DecodeOptions o;
-    o.backend = Backend::kCpu;
-    detail::decode(t.args(), o);
-    expect_rows_near(t.qc, ref, 0, t.qc.rows(),
-                     std::string("NaN in unattended new tokens, ") + dtype_name(d));
+    for (Backend b : backends()) {
+      t.qc.c.poison_outputs();
+      decode_on(b, t.args());
+      expect_rows_near(t.qc, ref, 0, t.qc.rows(),
+                       std::string("NaN in unattended new tokens, ") + dtype_name(d) + " D " +
+                           std::to_string(head_dim) + ", " + backend_name(b));
+    }
   }
 }
 
-TEST(TreeMaskCpu, ARowThatAttendsNothingIsEmpty) {
+TEST(TreeMaskBackends, ARowThatAttendsNothingIsEmpty) {
   // No context before the new tokens and an empty mask row: out 0 and lse -inf, or the sink.
   testing::CaseSpec s = variant_spec(DType::kF32, 64, 8, 2, {4}, 13);
   TreeCase t = make_tree_case(s, {4}, true);
@@ -314,15 +349,36 @@ TEST(TreeMaskCpu, ARowThatAttendsNothingIsEmpty) {
   for (bool sinks : {false, true}) {
     Variants v;
     if (sinks) v.sinks = sink_logits(s.num_heads);
-    t.qc.c.poison_outputs();
     const ReferenceResult ref = reference_decode(t.args(v));
     for (int h = 0; h < s.num_heads; ++h) {
       EXPECT_EQ(ref.lse[h], sinks ? v.sinks[h] : -std::numeric_limits<double>::infinity());
     }
-    detail::DecodeOptions o;
-    o.backend = Backend::kCpu;
-    detail::decode(t.args(v), o);
-    expect_rows_near(t.qc, ref, 0, t.qc.rows(), sinks ? "empty rows, sinks" : "empty rows");
+    for (Backend b : backends()) {
+      t.qc.c.poison_outputs();
+      decode_on(b, t.args(v));
+      expect_rows_near(
+          t.qc, ref, 0, t.qc.rows(),
+          std::string(sinks ? "empty rows, sinks, " : "empty rows, ") + backend_name(b));
+    }
+  }
+}
+
+TEST(TreeMaskBackends, ASingleQueryTokenMayDropItsOwnPosition) {
+  // Sequences of one query token each under a tree mask: a clear bit (0, 0) drops the last
+  // token, which one-token decode always attends.
+  for (DType d : {DType::kBF16, DType::kF32}) {
+    testing::CaseSpec s = variant_spec(d, 128, 16, 4, {40, 1, 17, 33}, 17);
+    TreeCase t = make_tree_case(s, {1, 1, 1, 1}, true);
+    std::mt19937_64 rng(s.seed);
+    t.masks = {{{false}}, {{false}}, {{true}}, {{false}}};
+    t.packed = pack(t.masks, rng);
+    const ReferenceResult ref = reference_decode(t.args());
+    for (Backend b : backends()) {
+      t.qc.c.poison_outputs();
+      decode_on(b, t.args());
+      expect_rows_near(t.qc, ref, 0, t.qc.rows(),
+                       std::string("one query token, ") + dtype_name(d) + ", " + backend_name(b));
+    }
   }
 }
 
@@ -343,15 +399,15 @@ TEST(TreeMaskNaive, TheBaselineMatchesTheReference) {
   }
 }
 
-TEST(TreeMaskValidation, BadMasksAreErrorsAndWriteNothing) {
-  testing::CaseSpec s = bad_input_spec();
-  TreeCase t = make_tree_case(s, {3, 0, 2}, true);
-  struct Bad {
-    std::string what, argument;
-    std::function<void(DecodeArgs&, PackedMasks&)> apply;
-    std::vector<std::string> parts;
-  };
-  const std::vector<Bad> bad = {
+struct BadMask {
+  std::string what, argument;
+  std::function<void(DecodeArgs&, PackedMasks&)> apply;
+  std::vector<std::string> parts;
+};
+
+// Malformed tree-mask arguments of a case of three sequences with 3, 0 and 2 query tokens.
+std::vector<BadMask> bad_masks() {
+  return {
       {"mask without indptr",
        "tree_mask_indptr",
        [](DecodeArgs& a, PackedMasks&) { a.tree_mask_indptr = nullptr; },
@@ -380,7 +436,12 @@ TEST(TreeMaskValidation, BadMasksAreErrorsAndWriteNothing) {
        [](DecodeArgs&, PackedMasks& p) { p.bytes[p.indptr[2]] |= 1u << 1; },
        {"later token 1"}},
   };
-  for (const Bad& k : bad) {
+}
+
+TEST(TreeMaskValidation, BadMasksAreErrorsAndWriteNothing) {
+  testing::CaseSpec s = bad_input_spec();
+  TreeCase t = make_tree_case(s, {3, 0, 2}, true);
+  for (const BadMask& k : bad_masks()) {
     PackedMasks p = t.packed;
     DecodeArgs a = with_masks(t.qc.args(), p);
     k.apply(a, p);
@@ -395,15 +456,22 @@ TEST(TreeMaskValidation, BadMasksAreErrorsAndWriteNothing) {
   }
 }
 
-TEST(TreeMaskValidation, TheCudaBackendRefusesTreeMasks) {
+// The same errors from the CUDA backend in checked mode, the masks in device memory; nothing
+// written.
+TEST(TreeMaskValidation, CudaCheckedModeRefusesBadMasks) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   testing::CaseSpec s = bad_input_spec();
   TreeCase t = make_tree_case(s, {3, 0, 2}, true);
-  detail::DecodeOptions o;
-  o.backend = Backend::kCuda;
-  // Refused before any pointer is used, so host pointers show the error as well.
-  expect_error([&] { detail::decode(t.args(), o); }, ErrorCode::kUnsupported, "tree_mask",
-               {"no tree masks"}, "a tree mask on CUDA");
+  for (const BadMask& k : bad_masks()) {
+    PackedMasks p = t.packed;
+    DecodeArgs a = with_masks(t.qc.args(), p);
+    k.apply(a, p);
+    t.qc.c.poison_outputs();
+    const Unwritten unwritten(t.qc.c);
+    expect_error([&] { decode_on(Backend::kCuda, a, false, /*checked=*/true); },
+                 ErrorCode::kInvalidArgument, k.argument, k.parts, "cuda: " + k.what);
+    unwritten.check();
+  }
 }
 
 }  // namespace

@@ -45,6 +45,7 @@ __global__ void __launch_bounds__(kCtaThreads, 2)
       mbar_init(&sm.empty[s], kConsumers / 32);
     }
     fence_barrier_init();
+    sm.nonfinite_keys[0] = sm.nonfinite_keys[1] = 0;
   }
   CtaWork w;  // plan_cta's barriers also publish the initialized mbarriers
   if (!plan_cta<kCtaThreads>(p, sm.plan, &w)) return;  // uniform

@@ -6,6 +6,8 @@
 // group i it holds columns 8 i + 2 (lane % 4) + {0, 1} of both rows.
 #pragma once
 
+#include <type_traits>
+
 #include "../query_rows.cuh"
 #include "many_rows_layout.cuh"
 #include "pagedattn/online_softmax.hpp"
@@ -29,6 +31,9 @@ struct RowPair {
   QueryRow row[2];
   int lo[2], hi[2];
   typename V::Row vrow[2];
+  int tree_at;    // the sequence's tree mask (tree_mask_at), -1: none
+  int first_new;  // the position of the sequence's first query token
+  int n_q;        // and how many there are
 };
 
 template <typename V>
@@ -42,6 +47,9 @@ __device__ inline RowPair<V> row_pair(const SplitParams& p, const V& var, const 
     rp.hi[r] = tw.w.tok_end - 1;
     if (rp.row[r].valid) row_bounds(p, tw.w, rp.row[r].back, &rp.lo[r], &rp.hi[r]);
   }
+  rp.tree_at = tree_mask_at(p, tw.w.item);
+  rp.first_new = tw.w.len - tw.w.item.n_q;
+  rp.n_q = tw.w.item.n_q;
   return rp;
 }
 
@@ -91,11 +99,11 @@ __device__ __forceinline__ void issue_pv(float (&o)[64], const std::uint32_t (&p
   wgmma_commit();
 }
 
-// Keys outside a row's attended range, or on a page that was not copied, get -inf: a select, so
-// the NaN logits of unused slots vanish.
+// Keys outside a row's attended range, dropped by its tree-mask row, or on a page that was not
+// copied, get -inf: a select, so the NaN logits of unused slots vanish.
 template <typename V>
-__device__ inline void mask_scores(float (&s)[32], int key0, const RowPair<V>& rp, std::uint32_t ok,
-                                   int page_rows) {
+__device__ inline void mask_scores(const SplitParams& p, float (&s)[32], int key0,
+                                   const RowPair<V>& rp, std::uint32_t ok, int page_rows) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -105,25 +113,130 @@ __device__ inline void mask_scores(float (&s)[32], int key0, const RowPair<V>& r
       const bool copied = (ok >> (k / page_rows)) & 1u;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        if (!copied || key < rp.lo[r] || key > rp.hi[r]) s[4 * i + 2 * r + e] = -INFINITY;
+        if (!copied || key < rp.lo[r] || key > rp.hi[r] ||
+            !tree_keeps(p, rp.tree_at, rp.n_q, rp.row[r].back, key - rp.first_new)) {
+          s[4 * i + 2 * r + e] = -INFINITY;
+        }
       }
     }
   }
 }
 
-// V rows that no query may weigh (before tok_lo, at or past tok_end, or on a page not copied)
-// may hold anything, NaN included; P is 0 there but 0 x NaN is not, so they are cleared before
-// P V reads them.
+// Whether some query token of the CTA's rows keeps new token j (j < 0: a token before the new
+// ones) under its tree-mask row; true without a tree mask.
+__device__ inline bool some_row_keeps(const SplitParams& p, const TileWork& tw, int j) {
+  if (p.tree_mask == nullptr || j < 0) return true;
+  const CtaItem& item = tw.w.item;
+  const int at = tree_mask_at(p, item);
+  const int last_tok = (item.row_begin + item.rows - 1) / p.group;
+  for (int i = max(item.row_begin / p.group, j); i <= last_tok; ++i) {
+    if (tree_keeps(p, at, item.n_q, item.n_q - 1 - i, j)) return true;
+  }
+  return false;
+}
+
+// V rows that no query may weigh (before tok_lo, at or past tok_end, on a page not copied, or a
+// new token no row's tree mask keeps) may hold anything, NaN included; P is 0 there but 0 x NaN
+// is not, so they are cleared before P V reads them.
 template <typename T>
-__device__ void clear_unread_v(T* v, int key0, const TileWork& tw, std::uint32_t ok,
-                               int page_rows) {
+__device__ void clear_unread_v(const SplitParams& p, T* v, int key0, const TileWork& tw,
+                               std::uint32_t ok, int page_rows) {
   char* base = reinterpret_cast<char*>(v);
+  const int first_new = tw.w.len - tw.w.item.n_q;
   for (int c = threadIdx.x; c < kTileKeys * 16; c += kConsumers) {
     const int k = c / 16, half = (c % 16) / 8, key = key0 + k;
     const bool copied = (ok >> (k / page_rows)) & 1u;
-    if (copied && key >= tw.w.tok_lo && key < tw.w.tok_end) continue;
+    if (copied && key >= tw.w.tok_lo && key < tw.w.tok_end &&
+        some_row_keeps(p, tw, key - first_new)) {
+      continue;
+    }
     *reinterpret_cast<uint4*>(base + half * kHalfBytes + k * 128 + (c % 8) * 16) =
         make_uint4(0, 0, 0, 0);
+  }
+  fence_proxy_async();
+  consumer_sync();
+}
+
+// Bit i set where element i of the 8 16-bit values of `c` is not finite (all exponent bits set).
+template <typename T>
+__device__ __forceinline__ unsigned nonfinite_lanes(uint4 c) {
+  constexpr std::uint32_t kExp = std::is_same_v<T, __half> ? 0x7c00u : 0x7f80u;
+  const std::uint32_t w[4] = {c.x, c.y, c.z, c.w};
+  unsigned bits = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    bits |= static_cast<unsigned>((w[i] & kExp) == kExp) << (2 * i);
+    bits |= static_cast<unsigned>(((w[i] >> 16) & kExp) == kExp) << (2 * i + 1);
+  }
+  return bits;
+}
+
+// Whether row r of the pair attends `key` of the item (page copies aside).
+template <typename V>
+__device__ __forceinline__ bool row_keeps(const SplitParams& p, const RowPair<V>& rp, int r,
+                                          int key) {
+  return key >= rp.lo[r] && key <= rp.hi[r] &&
+         tree_keeps(p, rp.tree_at, rp.n_q, rp.row[r].back, key - rp.first_new);
+}
+
+// A non-finite V value of a key that some rows of the CTA attend and others drop (a later token
+// under the causal rule, a token a tree mask drops, one before a row's window) would reach the
+// rows that drop it as 0 x NaN in P V. So on an edge tile, after clear_unread_v, the consumers
+// look for such values (one barrier when there are none, the usual case). Where there are, each
+// row that attends the key gets NaN in the columns where its V is not finite (the reference
+// gives them a non-finite value too), and the values are zeroed for the product. parity: that of
+// the edge tiles met so far (the word of nonfinite_keys this tile uses; the other is cleared).
+template <typename T, typename V>
+__device__ void guard_nonfinite_v(SharedStorage<T>& sm, T* v, const SplitParams& p, int key0,
+                                  const RowPair<V>& rp, int parity, float (&o)[64]) {
+  char* base = reinterpret_cast<char*>(v);
+  auto chunk_at = [&](int c) {  // chunk c % 16 of key c / 16, in storage order
+    return reinterpret_cast<uint4*>(base + ((c % 16) / 8) * kHalfBytes + (c / 16) * 128 +
+                                    (c % 8) * 16);
+  };
+  unsigned long long mine = 0;
+  for (int c = threadIdx.x; c < kTileKeys * 16; c += kConsumers) {
+    if (nonfinite_lanes<T>(*chunk_at(c)) != 0) mine |= 1ull << (c / 16);
+  }
+  if (mine != 0) atomicOr(&sm.nonfinite_keys[parity], mine);
+  consumer_sync();
+  const unsigned long long bad =
+      *static_cast<volatile unsigned long long*>(&sm.nonfinite_keys[parity]);
+  if (threadIdx.x == 0) sm.nonfinite_keys[parity ^ 1] = 0;
+  if (bad == 0) return;  // uniform
+  const int lane = threadIdx.x % 32;
+  for (int k = 0; k < kTileKeys; ++k) {
+    if (!((bad >> k) & 1ull)) continue;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if (!row_keeps(p, rp, r, key0 + k)) continue;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          // Column col's value: in half col / 64, 16-byte chunk (col % 64) / 8 swizzled by k % 8.
+          const int col = 8 * i + 2 * (lane % 4) + e, chunk = (col % 64) / 8;
+          const T* x = reinterpret_cast<const T*>(base + (col / 64) * kHalfBytes + k * 128 +
+                                                  ((chunk ^ (k % 8)) * 16)) +
+                       col % 8;
+          if (!isfinite(static_cast<float>(*x))) o[4 * i + 2 * r + e] = NAN;
+        }
+      }
+    }
+  }
+  consumer_sync();  // every row read V before it is zeroed
+  for (int c = threadIdx.x; c < kTileKeys * 16; c += kConsumers) {
+    if (!((bad >> (c / 16)) & 1ull)) continue;
+    uint4* at = chunk_at(c);
+    const unsigned lanes = nonfinite_lanes<T>(*at);
+    if (lanes == 0) continue;
+    std::uint32_t w[4] = {at->x, at->y, at->z, at->w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if ((lanes >> (2 * i)) & 1u) w[i] &= 0xffff0000u;
+      if ((lanes >> (2 * i + 1)) & 1u) w[i] &= 0x0000ffffu;
+    }
+    *at = make_uint4(w[0], w[1], w[2], w[3]);
   }
   fence_proxy_async();
   consumer_sync();
@@ -215,6 +328,7 @@ __device__ void consume_tiles(SharedStorage<T>& sm, const SplitParams& p, const 
   const PageGeom g = page_geom(p.block_size);
   const std::uint32_t all_pages = (1u << g.pages_per_tile) - 1u;
   const std::uint32_t q = smem_u32(sm.q);
+  int edges = 0;  // edge tiles met (guard_nonfinite_v)
   for (int t = 0; t < tw.tiles; ++t) {
     const int s = t % kStages, key0 = tw.w.tok_begin + t * kTileKeys;
     const std::uint32_t ok = tile_pages_copied(p, tw, key0);
@@ -228,8 +342,9 @@ __device__ void consume_tiles(SharedStorage<T>& sm, const SplitParams& p, const 
     if (transforms) variant_scores(var, sc, key0, tw.w.len - 1, rp, p.scale_log2);
     // Uniform across the CTA: the tile leaves the keys every row attends, or misses a page.
     if (key0 < tw.all_lo || key0 + kTileKeys - 1 > tw.all_hi || ok != all_pages) {
-      mask_scores(sc, key0, rp, ok, g.page_rows);
-      clear_unread_v(sm.v[s], key0, tw, ok, g.page_rows);
+      mask_scores(p, sc, key0, rp, ok, g.page_rows);
+      clear_unread_v(p, sm.v[s], key0, tw, ok, g.page_rows);
+      guard_nonfinite_v(sm, sm.v[s], p, key0, rp, edges++ & 1, o);
     }
     float alpha[2];
     std::uint32_t pf[16];

@@ -34,6 +34,9 @@ struct alignas(1024) SharedStorage {
   T v[kStages][kTileElems];
   std::uint64_t full[kStages];   // producer -> consumers: the stage's copies have landed
   std::uint64_t empty[kStages];  // consumers -> producer: every consumer warp is done with it
+  // The keys of an edge tile whose V holds a non-finite value (guard_nonfinite_v), one word per
+  // parity of the edge tiles met; zero at the start.
+  unsigned long long nonfinite_keys[2];
   PlanScratch<kCtaThreads> plan;
 };
 
@@ -80,6 +83,8 @@ __device__ inline TileWork tile_work(const SplitParams& p, const CtaWork& w) {
   t.all_hi = hi;
   row_bounds(p, w, w.item.n_q - 1 - last_tok, &lo, &hi);
   t.all_lo = lo;
+  // A tree mask may drop any new token from any row.
+  if (p.tree_mask != nullptr) t.all_hi = min(t.all_hi, w.len - w.item.n_q - 1);
   return t;
 }
 

@@ -636,8 +636,8 @@ def decode(
     ``tree_mask_indptr`` (and q_indptr), sequence b's n_b x n_b mask replaces the causal rule
     among its new tokens: token i attends every token before the new ones (t < L - n_b) and
     new token j (at L - n_b + j) where bit (i, j) is set; the window, ALiBi and sinks stay as
-    above. ``pack_tree_masks`` packs boolean masks into these two tensors. CPU backend only:
-    the CUDA backend refuses tree masks (pagedattn.Error, code "unsupported").
+    above. ``pack_tree_masks`` packs boolean masks into these two tensors. Both backends;
+    on CUDA they live on q's device.
 
     Quantized caches (docs/fp8.md for the fp8 formats): k_cache and v_cache may hold fp8
     codes, e4m3 or e5m2, or int8 codes (-127 to 127), with q and out in float32, float16 or

@@ -173,8 +173,8 @@ void check_tree_mask_length(const Tensor& mask, const std::int32_t* q_indptr,
 // Tree masks over the query tokens: tree_mask, uint8 [bytes] of packed bits, and
 // tree_mask_indptr, int32 [batch + 1] byte offsets, both contiguous on q's device, both or
 // neither, and only with q_indptr (read before). Their values are checked by the library where
-// they are in host memory, after the length of tree_mask is checked here; on CUDA the library
-// refuses tree masks.
+// they are in host memory, after the length of tree_mask is checked here (on CUDA, in checked
+// mode only).
 void read_tree_mask(DecodeCall& c, nb::handle mask_h, nb::handle indptr_h, bool query_tokens) {
   if (mask_h.is_none() && indptr_h.is_none()) return;
   if (mask_h.is_none() || indptr_h.is_none()) {

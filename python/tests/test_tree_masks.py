@@ -2,8 +2,8 @@
 NumPy implementation written here from the definition: among sequence b's n new tokens (at
 positions L - n .. L - 1, the last n of its context of L), query token i attends every token
 before the new ones and new token j where its mask's bit (i, j) is set. NumPy on the CPU always,
-PyTorch's paths where it is installed, the CUDA backend's refusal where a GPU is present; and the
-errors for bad arguments."""
+PyTorch's paths where it is installed, the CUDA backend where a GPU is present; and the errors
+for bad arguments."""
 
 from __future__ import annotations
 
@@ -360,7 +360,7 @@ def test_the_case_of_the_errors_is_good(case):
 
 
 # ----------------------------------------------------------------------------------------------
-# PyTorch on the CPU, and the CUDA backend's refusal
+# PyTorch on the CPU and on CUDA
 
 
 @needs_torch
@@ -386,18 +386,20 @@ def test_torch_cpu_tree_masks(dtype):
 
 
 @needs_cuda
-def test_cuda_refuses_tree_masks():
-    t = TreeCase(np.random.default_rng(8), [30, 70], [3, 2])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("masks", ["tree", "lower"])
+def test_cuda_tree_masks(dtype, masks):
+    t = TreeCase(np.random.default_rng(8), LENS, Q_LENS, masks=masks, q_dtype=dtype,
+                 kv_dtype=dtype)
+    want_out, want_lse = t.reference()
     args = case_tensors(t.c, "cuda", q=t.q)
-    out = torch.full_like(args[0], float("nan"))
-    q_indptr = torch.from_numpy(t.q_indptr).cuda()
-    with pytest.raises(pagedattn.Error) as info:
-        pagedattn.decode(*args, out=out, q_indptr=q_indptr,
-                         tree_mask=torch.from_numpy(t.tree_mask).cuda(),
-                         tree_mask_indptr=torch.from_numpy(t.tree_mask_indptr).cuda())
+    out, lse = pagedattn.decode(*args, q_indptr=torch.from_numpy(t.q_indptr).cuda(),
+                                tree_mask=torch.from_numpy(t.tree_mask).cuda(),
+                                tree_mask_indptr=torch.from_numpy(t.tree_mask_indptr).cuda(),
+                                return_lse=True)
     torch.cuda.synchronize()
-    assert info.value.code == "unsupported" and info.value.argument == "tree_mask", str(info.value)
-    assert torch.isnan(out).all()  # nothing written
+    check_out(from_torch(out, dtype), dtype, want_out)
+    check_lse(lse.cpu().numpy(), want_lse)
     # Masks in host memory with CUDA tensors are refused like any tensor on another device.
     with pytest.raises(pagedattn.Error) as info:
         pagedattn.decode(*args, out=out, q_indptr=q_indptr,

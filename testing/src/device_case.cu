@@ -3,6 +3,7 @@
 // poisoned out/lse, so an unwritten element shows), decode on the caller's stream, copies back.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -10,6 +11,7 @@
 #include "pagedattn/detail/dispatch.hpp"
 #include "pagedattn/testing/cuda_check.hpp"
 #include "pagedattn/testing/device_case.hpp"
+#include "pagedattn/tree_mask.hpp"
 #include "pagedattn/validate.hpp"
 
 namespace pagedattn::testing {
@@ -50,6 +52,17 @@ DeviceCase::DeviceCase(const DecodeArgs& host, void* stream_ptr) : args_(host) {
   if (host.q_indptr) {
     indptr_ = upload(host.q_indptr, (host.batch + 1) * sizeof(std::int32_t), stream);
   }
+  // A tree mask's offsets, and the bytes its masks take.
+  if (host.tree_mask_indptr) {
+    tree_indptr_ = upload(host.tree_mask_indptr, (host.batch + 1) * sizeof(std::int32_t), stream);
+  }
+  if (host.tree_mask && host.tree_mask_indptr && host.q_indptr) {
+    const std::int64_t bytes =
+        tree_mask_bytes_read(host.batch, host.q_indptr, host.tree_mask_indptr);
+    // A pointer to one unread byte where the masks take none.
+    tree_mask_ = upload(bytes > 0 ? host.tree_mask : nullptr,
+                        static_cast<std::size_t>(std::max<std::int64_t>(bytes, 1)), stream);
+  }
   out_ = upload(host.out, out_bytes_, stream);  // carries the caller's poison
   if (host.lse) lse_ = upload(host.lse, lse_bytes_, stream);
   const std::size_t head_bytes = static_cast<std::size_t>(host.num_heads) * sizeof(float);
@@ -69,6 +82,8 @@ DeviceCase::DeviceCase(const DecodeArgs& host, void* stream_ptr) : args_(host) {
   args_.block_table = table_.as<const std::int32_t>();
   args_.context_lens = lens_.as<const std::int32_t>();
   args_.q_indptr = host.q_indptr ? indptr_.as<const std::int32_t>() : nullptr;
+  args_.tree_mask = host.tree_mask ? tree_mask_.as<const std::uint8_t>() : nullptr;
+  args_.tree_mask_indptr = host.tree_mask_indptr ? tree_indptr_.as<const std::int32_t>() : nullptr;
   args_.out = out_.get();
   args_.lse = host.lse ? lse_.as<float>() : nullptr;
   args_.alibi_slopes = host.alibi_slopes ? slopes_.as<const float>() : nullptr;

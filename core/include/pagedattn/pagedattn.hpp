@@ -108,7 +108,7 @@ struct DecodeArgs {
   // [num_blocks][num_kv_heads][block_size]; token_scale_strides as kv_strides with head_dim 1).
   // write_cache() writes them. They live where the caches do; the scale of every row a sequence's
   // used blocks hold below its context length must be in [kMinKvScale, kMaxKvScale] (checked where
-  // they are in host memory). The CUDA backend refuses them and int8 caches (kUnsupported) for now.
+  // they are in host memory or read back: CUDA's cuda_checked).
   const float* k_token_scales = nullptr;
   const float* v_token_scales = nullptr;
   CacheStrides token_scale_strides;
@@ -165,8 +165,8 @@ struct DecodeArgs {
   // after its own position. tree_mask_indptr: int32 [batch + 1], byte offsets into tree_mask,
   // tree_mask_indptr[0] >= 0, each sequence's span [tree_mask_indptr[b], tree_mask_indptr[b + 1])
   // at least ceil(n_b * n_b / 8) bytes. Both live where q_indptr does, both or neither are set,
-  // and they are checked where they are in host memory (pagedattn/tree_mask.hpp,
-  // docs/tree_masks.md). The CUDA backend has no tree masks yet: it refuses them (kUnsupported).
+  // and they are checked where they are in host memory or read back (CUDA's cuda_checked;
+  // pagedattn/tree_mask.hpp, docs/tree_masks.md).
   const std::uint8_t* tree_mask = nullptr;
   const std::int32_t* tree_mask_indptr = nullptr;
 

@@ -55,4 +55,20 @@ inline TreeMaskRow tree_mask_row(const DecodeArgs& a, int b, int i) {
 // Bytes a sequence of n new tokens needs: ceil(n * n / 8).
 inline std::int64_t tree_mask_bytes(int n) { return (static_cast<std::int64_t>(n) * n + 7) / 8; }
 
+// The end of the bytes of tree_mask that the masks take, given host copies of q_indptr and
+// tree_mask_indptr: the largest tree_mask_indptr[b] + tree_mask_bytes(n_b), over the sequences
+// before the first whose span is too short (or 0 for a negative tree_mask_indptr[0]), which is
+// what validate_tree_mask reads. The last span may reach past it (and past the buffer).
+inline std::int64_t tree_mask_bytes_read(int batch, const std::int32_t* q_indptr,
+                                         const std::int32_t* tree_mask_indptr) {
+  std::int64_t end = 0;
+  if (batch <= 0 || tree_mask_indptr[0] < 0) return 0;
+  for (int b = 0; b < batch; ++b) {
+    const std::int64_t need = tree_mask_bytes(q_indptr[b + 1] - q_indptr[b]);
+    if (static_cast<std::int64_t>(tree_mask_indptr[b + 1]) - tree_mask_indptr[b] < need) break;
+    if (need > 0 && tree_mask_indptr[b] + need > end) end = tree_mask_indptr[b] + need;
+  }
+  return end;
+}
+
 }  // namespace pagedattn

@@ -25,7 +25,7 @@ class DeviceCase {
 
  private:
   DeviceBuffer q_, k_, v_, table_, lens_, indptr_, out_, lse_, slopes_, sinks_, k_scales_,
-      v_scales_, k_token_scales_, v_token_scales_;
+      v_scales_, k_token_scales_, v_token_scales_, tree_mask_, tree_indptr_;
   DecodeArgs args_;
   std::size_t out_bytes_ = 0, lse_bytes_ = 0;
 };
