@@ -103,16 +103,20 @@ const IsaEntry kIsas[] = {
 #if PAGEDATTN_CPU_AMX
     // Auto takes it wherever it runs: shapes it does not take run the AVX-512 kernel, which
     // auto picks on the Intel processors that have AMX (docs/cpu.md has the measurements).
-    {{&item_kernel_amx, "amx"}, &has_amx},
+    {{&item_kernel_amx, "amx", &mla_item<xsimd::avx512bw>}, &has_amx},
 #endif
 #if PAGEDATTN_CPU_AVX512BF16
-    {{&item_kernel_avx512bf16, "avx512bf16"}, &has_avx512bf16, &is_amd_zen5_or_later},
+    {{&item_kernel_avx512bf16, "avx512bf16", &mla_item<xsimd::avx512bw>},
+     &has_avx512bf16,
+     &is_amd_zen5_or_later},
 #endif
-    {{&kernel_for<xsimd::avx512bw>, "avx512"}, &has_avx512},
-    {{&kernel_for<xsimd::fma3<xsimd::avx2>>, "avx2"}, &has_avx2},
-    {{&kernel_for<xsimd::sse2>, "sse2"}, &always}};
+    {{&kernel_for<xsimd::avx512bw>, "avx512", &mla_item<xsimd::avx512bw>}, &has_avx512},
+    {{&kernel_for<xsimd::fma3<xsimd::avx2>>, "avx2", &mla_item<xsimd::fma3<xsimd::avx2>>},
+     &has_avx2},
+    {{&kernel_for<xsimd::sse2>, "sse2", &mla_item<xsimd::sse2>}, &always}};
 #elif PAGEDATTN_CPU_ARM64
-const IsaEntry kIsas[] = {{{&kernel_for<xsimd::neon64>, "neon"}, &always}};
+const IsaEntry kIsas[] = {
+    {{&kernel_for<xsimd::neon64>, "neon", &mla_item<xsimd::neon64>}, &always}};
 #endif
 
 // The best instruction set of this machine, or the one PAGEDATTN_CPU_ISA names (for testing

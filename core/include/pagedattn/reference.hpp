@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "pagedattn/mla.hpp"
 #include "pagedattn/pagedattn.hpp"
 
 namespace pagedattn {
@@ -22,5 +23,9 @@ struct ReferenceResult {
 // or a K row inside its context, holds NaN or Inf gets NaN in all of its out and in its lse (an
 // empty context gives out = 0, lse = -inf whatever q holds).
 ReferenceResult reference_decode(const DecodeArgs& args);
+
+// MLA decode (pagedattn/mla.hpp) the same way: out is [rows][num_heads][kv_lora_rank]. A head whose
+// q, or a latent row inside its context, holds NaN or Inf gets NaN in all of its out and its lse.
+ReferenceResult mla_reference_decode(const MlaDecodeArgs& args);
 
 }  // namespace pagedattn

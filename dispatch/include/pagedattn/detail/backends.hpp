@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "pagedattn/mla.hpp"
 #include "pagedattn/pagedattn.hpp"
 #include "pagedattn/split_plan.hpp"
 
@@ -30,6 +31,8 @@ void decode(const DecodeArgs& args, const DecodeOptions& options);
 // q_indptr, over the query tokens in row order, each a sequence of its own (its context ending
 // at its position). So tests can check the plan, or act on it.
 SplitPlan split_plan(const DecodeArgs& args, const DecodeOptions& options);
+// MLA decode on host memory (pagedattn/mla.hpp); arguments, tables and q_indptr validated.
+void mla_decode(const MlaDecodeArgs& args, const DecodeOptions& options);
 }  // namespace cpu
 
 namespace cuda {

@@ -1,5 +1,5 @@
-// The dispatch layer's internal entry point: decode() with the backends' own options, so tests
-// and the fuzzer can ask for one split per sequence. Not installed.
+// The dispatch layer's internal entry points: decode() and mla_decode() with the backends' own
+// options, so tests and the fuzzer can ask for one split per sequence. Not installed.
 #pragma once
 
 #include "pagedattn/detail/backends.hpp"
@@ -8,5 +8,7 @@ namespace pagedattn::detail {
 
 // Validates, resolves options.backend and runs that backend, exactly as pagedattn::decode.
 void decode(const DecodeArgs& args, const DecodeOptions& options);
+// The same for pagedattn::mla_decode.
+void mla_decode(const MlaDecodeArgs& args, const DecodeOptions& options);
 
 }  // namespace pagedattn::detail

@@ -1,0 +1,530 @@
+// MLA decode (pagedattn/mla.hpp). Checked: the f64 reference against loops written here from the
+// definition; the CPU backend against the reference over heads, query tokens, block sizes, cache
+// dtypes (fp8 with its scale), the two-part and the combined latent cache, padded rows and strided
+// q and out; empty and one-token contexts; NaN in every slot no query reads and in the tokens
+// after a query's position; the split plan against one split per sequence; batch invariance;
+// the argument errors, which write nothing; and the CUDA backend's refusal. ctest runs the suite
+// again on the SSE2 and AVX2 kernels (tests/CMakeLists.txt).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bad_input.hpp"
+#include "pagedattn/detail/dispatch.hpp"
+#include "pagedattn/mla.hpp"
+#include "pagedattn/reference.hpp"
+#include "pagedattn/testing/tolerance.hpp"
+#include "test_seed.hpp"
+
+namespace pagedattn {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+struct MlaSpec {
+  DType q_dtype = DType::kBF16;
+  DType kv_dtype = DType::kBF16;
+  DType out_dtype = DType::kBF16;
+  int heads = 16;
+  int rank = 512;
+  int rope = 64;
+  int block_size = 16;
+  std::vector<int> lens = {0, 1, 63, 300};
+  std::vector<int> q_lens;  // empty: one query token per sequence
+  bool combined = false;    // one [blocks][block_size][rank + rope] tensor
+  int row_pad = 0;          // elements after each latent row (and each q and out row)
+  std::uint64_t seed = 1;
+};
+
+// A fragmented latent cache with NaN in every slot no query reads, garbage past each table row's
+// used entries, q rows of N(0, 1) values and out and lse poisoned with NaN.
+struct MlaCase {
+  MlaSpec spec;
+  int num_blocks = 0, max_blocks = 0;
+  std::vector<std::uint8_t> q_nope, q_pe, c, kpe, out;
+  std::vector<float> lse;
+  std::vector<std::int32_t> table, lens, indptr;
+  float kv_scale = 1.f;
+
+  int rows() const { return spec.q_lens.empty() ? static_cast<int>(lens.size()) : indptr.back(); }
+  std::int64_t latent_stride() const {
+    return (spec.combined ? spec.rank + spec.rope : spec.rank) + spec.row_pad;
+  }
+  MlaDecodeArgs args() {
+    const MlaSpec& s = spec;
+    MlaDecodeArgs a;
+    a.batch = static_cast<int>(lens.size());
+    a.num_heads = s.heads;
+    a.kv_lora_rank = s.rank;
+    a.rope_dim = s.rope;
+    a.block_size = s.block_size;
+    a.num_blocks = num_blocks;
+    a.max_blocks_per_seq = max_blocks;
+    a.q_nope = q_nope.data();
+    a.q_pe = q_pe.data();
+    a.q_dtype = s.q_dtype;
+    a.q_nope_row_stride = static_cast<std::int64_t>(s.heads) * s.rank + s.row_pad;
+    a.q_pe_row_stride = static_cast<std::int64_t>(s.heads) * s.rope + s.row_pad;
+    a.out_row_stride = static_cast<std::int64_t>(s.heads) * s.rank + s.row_pad;
+    const std::int64_t token = latent_stride();
+    a.c_cache = c.data();
+    a.kpe_cache = s.combined ? c.data() + s.rank * dtype_size(s.kv_dtype) : kpe.data();
+    a.c_strides = {token * s.block_size, token};
+    a.kpe_strides =
+        s.combined ? a.c_strides
+                   : MlaPartStrides{static_cast<std::int64_t>(s.rope + s.row_pad) * s.block_size,
+                                    s.rope + s.row_pad};
+    a.kv_dtype = s.kv_dtype;
+    a.kv_scale = kv_scale;
+    a.block_table = table.data();
+    a.context_lens = lens.data();
+    if (!s.q_lens.empty()) {
+      a.q_indptr = indptr.data();
+      a.num_q_tokens = indptr.back();
+      a.max_q_len = std::max(1, *std::max_element(s.q_lens.begin(), s.q_lens.end()));
+    }
+    a.out = out.data();
+    a.out_dtype = s.out_dtype;
+    a.lse = lse.data();
+    return a;
+  }
+  void poison_outputs() {
+    for (std::size_t i = 0; i < out.size() / dtype_size(spec.out_dtype); ++i) {
+      store_from_float(out.data(), spec.out_dtype, i, kNaN);
+    }
+    std::fill(lse.begin(), lse.end(), kNaN);
+  }
+};
+
+MlaCase make_mla_case(const MlaSpec& s) {
+  MlaCase m;
+  m.spec = s;
+  std::mt19937_64 rng(s.seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const int B = static_cast<int>(s.lens.size());
+  m.lens.assign(s.lens.begin(), s.lens.end());
+  m.indptr.push_back(0);
+  for (int b = 0; b < B && !s.q_lens.empty(); ++b)
+    m.indptr.push_back(m.indptr.back() + s.q_lens[b]);
+  for (int L : s.lens) m.max_blocks = std::max(m.max_blocks, (L + s.block_size - 1) / s.block_size);
+  m.max_blocks += 1;  // a spare entry past every context
+  int used = 0;
+  for (int L : s.lens) used += (L + s.block_size - 1) / s.block_size;
+  m.num_blocks = used + 3;  // blocks no sequence reads
+  std::vector<int> ids(static_cast<std::size_t>(m.num_blocks));
+  for (int i = 0; i < m.num_blocks; ++i) ids[i] = i;
+  std::shuffle(ids.begin(), ids.end(), rng);
+  m.table.assign(static_cast<std::size_t>(B) * m.max_blocks, 0);
+  int next = 0;
+  for (int b = 0; b < B; ++b) {
+    const int n = (s.lens[b] + s.block_size - 1) / s.block_size;
+    for (int i = 0; i < m.max_blocks; ++i) {
+      m.table[static_cast<std::size_t>(b) * m.max_blocks + i] =
+          i < n ? ids[next++] : static_cast<std::int32_t>(rng() % 1000) - 500;
+    }
+  }
+  // The latent rows: N(0, 1) values (an fp8 cache holds them / kv_scale), NaN where unread.
+  if (is_fp8(s.kv_dtype)) m.kv_scale = 0.5f;
+  const std::int64_t token = m.latent_stride();
+  const std::size_t esz = dtype_size(s.kv_dtype);
+  const std::int64_t c_elems = static_cast<std::int64_t>(m.num_blocks) * s.block_size * token;
+  const std::int64_t p_token = s.rope + s.row_pad;
+  const std::int64_t p_elems = static_cast<std::int64_t>(m.num_blocks) * s.block_size * p_token;
+  m.c.assign(static_cast<std::size_t>(c_elems) * esz, 0);
+  if (!s.combined)
+    m.kpe.assign(static_cast<std::size_t>(std::max<std::int64_t>(p_elems, 1)) * esz, 0);
+  for (std::int64_t i = 0; i < c_elems; ++i) store_from_float(m.c.data(), s.kv_dtype, i, kNaN);
+  for (std::int64_t i = 0; i < p_elems && !s.combined; ++i) {
+    store_from_float(m.kpe.data(), s.kv_dtype, i, kNaN);
+  }
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < s.lens[b]; ++t) {
+      const std::int64_t id =
+          m.table[static_cast<std::size_t>(b) * m.max_blocks + t / s.block_size];
+      const std::int64_t slot = id * s.block_size + t % s.block_size;
+      for (int d = 0; d < s.rank + s.rope; ++d) {
+        const float v = normal(rng) / m.kv_scale;
+        if (d < s.rank || s.combined) {
+          store_from_float(m.c.data(), s.kv_dtype, slot * token + d, v);
+        } else {
+          store_from_float(m.kpe.data(), s.kv_dtype, slot * p_token + d - s.rank, v);
+        }
+      }
+    }
+  }
+  const int rows = s.q_lens.empty() ? B : m.indptr.back();
+  const std::int64_t qn = static_cast<std::int64_t>(s.heads) * s.rank + s.row_pad;
+  const std::int64_t qp = static_cast<std::int64_t>(s.heads) * s.rope + s.row_pad;
+  m.q_nope.assign(static_cast<std::size_t>(std::max(rows, 1) * qn) * dtype_size(s.q_dtype), 0);
+  m.q_pe.assign(
+      static_cast<std::size_t>(std::max<std::int64_t>(rows * qp, 1)) * dtype_size(s.q_dtype), 0);
+  for (std::int64_t i = 0; i < rows * qn; ++i) {
+    store_from_float(m.q_nope.data(), s.q_dtype, i, i % qn < qn - s.row_pad ? normal(rng) : kNaN);
+  }
+  for (std::int64_t i = 0; i < rows * qp; ++i) {
+    store_from_float(m.q_pe.data(), s.q_dtype, i, i % qp < qp - s.row_pad ? normal(rng) : kNaN);
+  }
+  m.out.assign(static_cast<std::size_t>(std::max(rows, 1) * qn) * dtype_size(s.out_dtype), 0);
+  m.lse.assign(static_cast<std::size_t>(std::max(rows, 1)) * s.heads, 0.f);
+  m.poison_outputs();
+  return m;
+}
+
+// out and lse of every row against the reference, within the out dtype's tolerance of the
+// largest reference value.
+void expect_matches(MlaCase& m, const ReferenceResult& ref, const std::string& what) {
+  const MlaSpec& s = m.spec;
+  const MlaDecodeArgs a = m.args();
+  double scale = 1e-30, err = 0;
+  for (double v : ref.out) scale = std::max(scale, std::fabs(v));
+  for (int r = 0; r < m.rows(); ++r) {
+    for (int h = 0; h < s.heads; ++h) {
+      const std::size_t at = static_cast<std::size_t>(r) * s.heads + h;
+      const double want_lse = ref.lse[at], got_lse = m.lse[at];
+      if (std::isinf(want_lse) || std::isnan(want_lse)) {
+        EXPECT_TRUE(got_lse == want_lse || (std::isnan(want_lse) && std::isnan(got_lse)))
+            << what << ": row " << r << " head " << h << " lse " << got_lse << " != " << want_lse;
+      } else {
+        EXPECT_NEAR(got_lse, want_lse, testing::lse_tolerance())
+            << what << ": row " << r << " head " << h;
+      }
+      for (int d = 0; d < s.rank; ++d) {
+        const double want = ref.out[at * s.rank + d];
+        const double got = load_as_float(
+            a.out, s.out_dtype, r * a.out_row() + static_cast<std::int64_t>(h) * s.rank + d);
+        if (std::isnan(want)) {
+          EXPECT_TRUE(std::isnan(got)) << what << ": row " << r << " head " << h << " dim " << d;
+          continue;
+        }
+        ASSERT_TRUE(std::isfinite(got)) << what << ": row " << r << " head " << h << " dim " << d;
+        err = std::max(err, std::fabs(got - want));
+      }
+    }
+  }
+  EXPECT_LE(err / scale, testing::out_tolerance(s.out_dtype)) << what;
+}
+
+void run_cpu(MlaCase& m, bool single_split = false, bool invariant = false) {
+  detail::DecodeOptions o;
+  o.backend = Backend::kCpu;
+  o.num_threads = 2;
+  o.single_split = single_split;
+  o.batch_invariant = invariant;
+  detail::mla_decode(m.args(), o);
+}
+
+// ---- The reference against the definition. ----
+
+TEST(MlaReference, MatchesTheDefinitionOnASmallCase) {
+  MlaSpec s;
+  s.q_dtype = s.kv_dtype = s.out_dtype = DType::kF32;
+  s.heads = 3;
+  s.rank = 32;
+  s.rope = 16;
+  s.block_size = 4;
+  s.lens = {5, 0, 9};
+  s.q_lens = {2, 1, 3};
+  s.seed = testing::seed_for_test();
+  MlaCase m = make_mla_case(s);
+  const MlaDecodeArgs a = m.args();
+  const ReferenceResult ref = mla_reference_decode(a);
+  const double scale = 1.f / std::sqrt(48.f);  // the default scale, 1 / sqrt(rank + rope) in f32
+  for (int b = 0; b < 3; ++b) {
+    for (int i = 0; i < s.q_lens[b]; ++i) {
+      const int row = m.indptr[b] + i, L = s.lens[b] - s.q_lens[b] + i + 1;
+      for (int h = 0; h < s.heads; ++h) {
+        std::vector<double> sc(static_cast<std::size_t>(std::max(L, 0)));
+        auto latent = [&](int t, int d) {
+          const int id = m.table[static_cast<std::size_t>(b) * m.max_blocks + t / 4];
+          const std::int64_t slot = static_cast<std::int64_t>(id) * 4 + t % 4;
+          return d < 32
+                     ? load_as_float(a.c_cache, s.kv_dtype, slot * a.c_strides.token + d)
+                     : load_as_float(a.kpe_cache, s.kv_dtype, slot * a.kpe_strides.token + d - 32);
+        };
+        double mx = -INFINITY;
+        for (int t = 0; t < L; ++t) {
+          double dot = 0;
+          for (int d = 0; d < 48; ++d) {
+            const double qv =
+                d < 32 ? load_as_float(a.q_nope, s.q_dtype, row * a.q_nope_row() + h * 32 + d)
+                       : load_as_float(a.q_pe, s.q_dtype, row * a.q_pe_row() + h * 16 + d - 32);
+            dot += qv * latent(t, d);
+          }
+          sc[t] = dot * scale;
+          mx = std::max(mx, sc[t]);
+        }
+        double sum = 0;
+        for (int t = 0; t < L; ++t) sum += std::exp(sc[t] - mx);
+        const std::size_t at = static_cast<std::size_t>(row) * s.heads + h;
+        if (L <= 0) {
+          EXPECT_EQ(ref.lse[at], -INFINITY);
+          continue;
+        }
+        EXPECT_NEAR(ref.lse[at], mx + std::log(sum), 1e-12);
+        for (int d = 0; d < 32; ++d) {
+          double o = 0;
+          for (int t = 0; t < L; ++t) o += std::exp(sc[t] - mx) / sum * latent(t, d);
+          EXPECT_NEAR(ref.out[at * 32 + d], o, 1e-12) << "row " << row << " head " << h;
+        }
+      }
+    }
+  }
+}
+
+// ---- The CPU backend against the reference. ----
+
+struct GridParam {
+  DType kv_dtype;
+  int heads, q_len, block_size;
+  bool combined;
+};
+void PrintTo(const GridParam& p, std::ostream* os) {
+  *os << dtype_name(p.kv_dtype) << "_h" << p.heads << "_q" << p.q_len << "_bs" << p.block_size
+      << (p.combined ? "_combined" : "_parts");
+}
+
+class MlaCpuGrid : public ::testing::TestWithParam<GridParam> {};
+
+TEST_P(MlaCpuGrid, MatchesTheReference) {
+  const GridParam& p = GetParam();
+  MlaSpec s;
+  s.kv_dtype = p.kv_dtype;
+  s.q_dtype = s.out_dtype = p.kv_dtype == DType::kF32 ? DType::kF32 : DType::kBF16;
+  if (p.kv_dtype == DType::kF16) s.q_dtype = s.out_dtype = DType::kF16;
+  s.heads = p.heads;
+  s.block_size = p.block_size;
+  s.lens = {0, 1, 63, 300, 17};
+  if (p.q_len > 1) s.q_lens = {p.q_len, 1, p.q_len, p.q_len, 0};
+  s.combined = p.combined;
+  s.seed = testing::seed_for_test();
+  MlaCase m = make_mla_case(s);
+  const ReferenceResult ref = mla_reference_decode(m.args());
+  run_cpu(m);
+  std::ostringstream what;
+  PrintTo(p, &what);
+  expect_matches(m, ref, what.str());
+}
+
+std::vector<GridParam> grid() {
+  std::vector<GridParam> g;
+  for (DType d : {DType::kBF16, DType::kF16, DType::kF32, DType::kFP8E4M3}) {
+    for (int heads : {16, 128}) {
+      for (int q : {1, 3}) {
+        for (int bs : {1, 16, 64}) {
+          for (bool combined : {false, true}) g.push_back({d, heads, q, bs, combined});
+        }
+      }
+    }
+  }
+  g.push_back({DType::kFP8E5M2, 32, 2, 64, true});
+  return g;
+}
+INSTANTIATE_TEST_SUITE_P(Mla, MlaCpuGrid, ::testing::ValuesIn(grid()), [](const auto& info) {
+  std::ostringstream os;
+  PrintTo(info.param, &os);
+  return os.str();
+});
+
+TEST(MlaCpu, EmptyContextsGiveZeroAndMinusInfinity) {
+  MlaSpec s;
+  s.lens = {0, 0, 5};
+  s.q_lens = {2, 0, 3};  // sequence 2's first query tokens sit before position 0 too
+  s.lens[2] = 1;
+  s.seed = testing::seed_for_test();
+  MlaCase m = make_mla_case(s);
+  const ReferenceResult ref = mla_reference_decode(m.args());
+  run_cpu(m);
+  expect_matches(m, ref, "empty contexts");
+  for (int h = 0; h < s.heads; ++h) EXPECT_EQ(m.lse[h], -INFINITY);
+}
+
+TEST(MlaCpu, PaddedRowsAndStridedQueriesAndOut) {
+  MlaSpec s;
+  s.row_pad = 48;
+  s.q_lens = {1, 2, 1, 3};
+  s.seed = testing::seed_for_test();
+  MlaCase m = make_mla_case(s);
+  const ReferenceResult ref = mla_reference_decode(m.args());
+  run_cpu(m);
+  expect_matches(m, ref, "padded rows");
+  // The padding of out rows stays as it was (NaN).
+  const MlaDecodeArgs a = m.args();
+  for (int r = 0; r < m.rows(); ++r) {
+    for (int d = 0; d < s.row_pad; ++d) {
+      EXPECT_TRUE(std::isnan(load_as_float(
+          a.out, s.out_dtype, r * a.out_row() + static_cast<std::int64_t>(s.heads) * s.rank + d)));
+    }
+  }
+}
+
+TEST(MlaCpu, TheCombinedCacheGivesTheSameBitsAsTwoParts) {
+  MlaSpec s;
+  s.q_lens = {2, 1, 3, 1};
+  s.seed = testing::seed_for_test();
+  MlaCase parts = make_mla_case(s);
+  s.combined = true;
+  MlaCase combined = make_mla_case(s);  // the same draws, laid out in one tensor
+  run_cpu(parts);
+  run_cpu(combined);
+  EXPECT_EQ(parts.out, combined.out);
+  EXPECT_EQ(0, std::memcmp(parts.lse.data(), combined.lse.data(), parts.lse.size() * 4));
+}
+
+TEST(MlaCpu, LaterTokensNeverReachEarlierQueries) {
+  MlaSpec s;
+  s.lens = {40, 70};
+  s.q_lens = {4, 6};
+  s.seed = testing::seed_for_test();
+  MlaCase clean = make_mla_case(s);
+  run_cpu(clean);
+  MlaCase poisoned = make_mla_case(s);
+  // NaN in the latent rows after sequence 1's third query token (positions 67 to 69).
+  const MlaDecodeArgs a = poisoned.args();
+  for (int t = 67; t < 70; ++t) {
+    const std::int64_t id = poisoned.table[static_cast<std::size_t>(poisoned.max_blocks) + t / 16];
+    const std::int64_t slot = id * 16 + t % 16;
+    store_from_float(poisoned.c.data(), s.kv_dtype, slot * a.c_strides.token + 3, kNaN);
+  }
+  run_cpu(poisoned);
+  const ReferenceResult ref = mla_reference_decode(poisoned.args());
+  expect_matches(poisoned, ref, "NaN after query 2 of sequence 1");
+  // Rows of sequence 0 and of sequence 1's first three query tokens: bitwise as without NaN.
+  const std::size_t row_bytes = static_cast<std::size_t>(s.heads) * s.rank * 2;
+  const std::size_t keep = (4 + 3) * row_bytes;
+  EXPECT_EQ(0, std::memcmp(clean.out.data(), poisoned.out.data(), keep));
+  for (int h = 0; h < s.heads; ++h) EXPECT_TRUE(std::isnan(poisoned.lse[(4 + 3) * s.heads + h]));
+}
+
+TEST(MlaCpu, TheSplitPlanMatchesOneSplitPerSequence) {
+  MlaSpec s;
+  s.kv_dtype = s.q_dtype = s.out_dtype = DType::kF32;
+  s.lens = {3000, 5, 1200};
+  s.q_lens = {2, 1, 1};
+  s.seed = testing::seed_for_test();
+  MlaCase split = make_mla_case(s);
+  MlaCase single = make_mla_case(s);
+  run_cpu(split);
+  run_cpu(single, /*single_split=*/true);
+  const ReferenceResult ref = mla_reference_decode(split.args());
+  expect_matches(split, ref, "planned splits");
+  expect_matches(single, ref, "one split per sequence");
+}
+
+TEST(MlaCpu, BatchInvariantResultsDoNotDependOnTheBatch) {
+  // Sequence 0 decoded alone (a batch of 1 over the same buffers) and among three more: the same
+  // bits in batch-invariant mode, though the default plan splits it differently.
+  MlaSpec s;
+  s.lens = {2500, 9000, 30, 4000};
+  s.seed = testing::seed_for_test();
+  MlaCase batch = make_mla_case(s);
+  MlaCase alone = batch;
+  run_cpu(batch, false, true);
+  detail::DecodeOptions o;
+  o.backend = Backend::kCpu;
+  o.num_threads = 2;
+  o.batch_invariant = true;
+  MlaDecodeArgs a = alone.args();
+  a.batch = 1;
+  detail::mla_decode(a, o);
+  const std::size_t row_bytes = static_cast<std::size_t>(s.heads) * s.rank * 2;
+  EXPECT_EQ(0, std::memcmp(alone.out.data(), batch.out.data(), row_bytes));
+  EXPECT_EQ(0, std::memcmp(alone.lse.data(), batch.lse.data(), s.heads * 4));
+}
+
+TEST(MlaCpu, NaNInAQueryOrALatentRowMakesItsHeadsNaN) {
+  MlaSpec s;
+  s.lens = {30, 30};
+  s.seed = testing::seed_for_test();
+  MlaCase m = make_mla_case(s);
+  MlaDecodeArgs a = m.args();
+  store_from_float(m.q_pe.data(), s.q_dtype, 5 * s.rope + 1, kNaN);         // sequence 0, head 5
+  const std::int64_t id = m.table[static_cast<std::size_t>(m.max_blocks)];  // sequence 1, token 0
+  store_from_float(m.c.data(), s.kv_dtype, id * 16 * a.c_strides.token + 7, INFINITY);
+  run_cpu(m);
+  const ReferenceResult ref = mla_reference_decode(m.args());
+  expect_matches(m, ref, "non-finite inputs");
+  EXPECT_TRUE(std::isnan(m.lse[5]));
+  EXPECT_FALSE(std::isnan(m.lse[4]));
+  for (int h = 0; h < s.heads; ++h) EXPECT_TRUE(std::isnan(m.lse[s.heads + h]));
+}
+
+// ---- Errors. ----
+
+TEST(MlaValidation, BadArgumentsAreErrorsAndWriteNothing) {
+  MlaSpec s;
+  s.lens = {20, 0, 9};
+  s.q_lens = {2, 0, 1};
+  s.seed = 7;
+  MlaCase m = make_mla_case(s);
+  struct Bad {
+    std::string what, argument;
+    ErrorCode code;
+    std::function<void(MlaDecodeArgs&, MlaCase&)> apply;
+  };
+  const ErrorCode inv = ErrorCode::kInvalidArgument, uns = ErrorCode::kUnsupported,
+                  oor = ErrorCode::kOutOfRange;
+  const std::vector<Bad> bad = {
+      {"negative batch", "batch", inv, [](MlaDecodeArgs& a, MlaCase&) { a.batch = -1; }},
+      {"no heads", "num_heads", inv, [](MlaDecodeArgs& a, MlaCase&) { a.num_heads = 0; }},
+      {"too many heads", "num_heads", uns, [](MlaDecodeArgs& a, MlaCase&) { a.num_heads = 257; }},
+      {"rank not a multiple of 16", "kv_lora_rank", uns,
+       [](MlaDecodeArgs& a, MlaCase&) { a.kv_lora_rank = 500; }},
+      {"negative rope", "rope_dim", inv, [](MlaDecodeArgs& a, MlaCase&) { a.rope_dim = -16; }},
+      {"block size 0", "block_size", uns, [](MlaDecodeArgs& a, MlaCase&) { a.block_size = 0; }},
+      {"int8 cache", "kv_dtype", uns,
+       [](MlaDecodeArgs& a, MlaCase&) { a.kv_dtype = DType::kInt8; }},
+      {"fp8 q", "q_dtype", uns, [](MlaDecodeArgs& a, MlaCase&) { a.q_dtype = DType::kFP8E4M3; }},
+      {"scale on bf16", "kv_scale", inv, [](MlaDecodeArgs& a, MlaCase&) { a.kv_scale = 2.f; }},
+      {"overlapping latent rows", "c_strides.token", inv,
+       [](MlaDecodeArgs& a, MlaCase&) { a.c_strides.token = 100; }},
+      {"one latent stride", "c_strides.block", inv,
+       [](MlaDecodeArgs& a, MlaCase&) { a.c_strides.block = 0; }},
+      {"short q rows", "q_nope_row_stride", inv,
+       [](MlaDecodeArgs& a, MlaCase&) { a.q_nope_row_stride = 100; }},
+      {"no c cache", "c_cache", inv, [](MlaDecodeArgs& a, MlaCase&) { a.c_cache = nullptr; }},
+      {"no out", "out", inv, [](MlaDecodeArgs& a, MlaCase&) { a.out = nullptr; }},
+      {"a context past the table", "context_lens[0]", oor,
+       [](MlaDecodeArgs& a, MlaCase& c) { c.lens[0] = a.max_blocks_per_seq * 16 + 1; }},
+      {"a block id out of range", "block_table[2][0]", oor,
+       [](MlaDecodeArgs& a, MlaCase& c) { c.table[2 * a.max_blocks_per_seq] = a.num_blocks; }},
+      {"q_indptr not from 0", "q_indptr[0]", inv,
+       [](MlaDecodeArgs&, MlaCase& c) { c.indptr[0] = 1; }},
+      {"non-finite scale", "scale", inv, [](MlaDecodeArgs& a, MlaCase&) { a.scale = NAN; }},
+  };
+  for (const Bad& k : bad) {
+    MlaCase c = m;
+    MlaDecodeArgs a = c.args();
+    k.apply(a, c);
+    const std::vector<std::uint8_t> out = c.out;
+    detail::DecodeOptions o;
+    o.backend = Backend::kCpu;
+    expect_error([&] { detail::mla_decode(a, o); }, k.code, k.argument, {}, "decode: " + k.what);
+    if (k.argument != "out") {
+      expect_error([&] { mla_reference_decode(a); }, k.code, k.argument, {},
+                   "reference: " + k.what);
+    }
+    EXPECT_EQ(out, c.out) << k.what << ": out was written";
+  }
+}
+
+TEST(MlaValidation, TheCudaBackendRefusesMla) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  MlaSpec s;
+  MlaCase m = make_mla_case(s);
+  detail::DecodeOptions o;
+  o.backend = Backend::kCuda;
+  expect_error([&] { detail::mla_decode(m.args(), o); }, ErrorCode::kUnsupported, "kv_lora_rank",
+               {"no MLA kernel"}, "MLA on CUDA");
+}
+
+}  // namespace
+}  // namespace pagedattn
