@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "pagedattn/cli/args.hpp"
+#include "pagedattn/mla.hpp"
 #include "pagedattn/validate.hpp"
 #include "pagedattn/variants.hpp"
 
@@ -22,6 +23,13 @@ const Shape kDefaultShapes[] = {
     {1, 32, 8, 128, 32768, 16},  {8, 32, 8, 128, 8192, 16},  {32, 32, 8, 128, 2048, 16},
     {4, 32, 32, 128, 4096, 16},  {16, 64, 8, 128, 4096, 16}, {64, 32, 8, 64, 1024, 16},
     {1, 32, 8, 128, 262144, 16},
+};
+// --mla's default grid: 16 heads (128 over tensor parallelism 8) and 128, one and eight sequences.
+const Shape kDefaultMlaShapes[] = {
+    {1, 16, 1, 576, 4096, 64},
+    {8, 16, 1, 576, 4096, 64},
+    {1, 128, 1, 576, 4096, 64},
+    {8, 128, 1, 576, 4096, 64},
 };
 
 constexpr int kMaxTokens = 1 << 30;  // a context, a batch, a head count
@@ -100,6 +108,16 @@ void print_help(const char* prog) {
       "                     and %%readBW still count each sequence's K/V once, as\n"
       "                     for --q-len, so tree and causal rows compare by time (the CSV's tree\n"
       "                     column, 0 or 1, the last)\n"
+      "MLA:\n"
+      "  --mla              cpu: MLA decode (mla_decode, docs/mla.md) instead: each --shape is\n"
+      "                     B,H,1,576,CTX[,BS] (H query heads on one latent row of 512 + 64\n"
+      "                     values; default 1 and 8 sequences of 4096 tokens, 16 and 128 heads,\n"
+      "                     block size 64), the cache one combined [blocks][BS][576] tensor of "
+      "--kv-dtype\n"
+      "                     (bf16, f16, f32 or fp8_e4m3/e5m2), with --q-len query tokens per\n"
+      "                     sequence; GB/s and %%readBW count each latent row once; the CSV has\n"
+      "                     its own columns (backend,dtype,kv_dtype,batch,heads,context,\n"
+      "                     block_size,q_len,ms,gbps,pct_read_bw,rel_err)\n"
       "cache layout:\n"
       "  --layout L         where K and V live (kv_strides; the CSV's layout column):\n"
       "                     hnd, two tensors [blocks][kv heads][block][head_dim] (default);\n"
@@ -152,6 +170,14 @@ void validate_shape(const Shape& s, const std::string& text, const Options& o) {
   const auto bad = [&](const std::string& why) { cli::bad_value("--shape", text, why); };
   if (s.batch < 1) bad("batch = 0: must be at least 1 (an empty batch reads nothing to time)");
   if (s.context < 1) bad("context = 0: must be at least 1 (an empty context reads nothing)");
+  if (o.mla) {  // B,H,1,576,CTX: one latent row of 512 + 64 values (mla_rows.cpp)
+    if (s.kv_heads != 1 || s.head_dim != 576) {
+      bad("--mla shapes are B,H,1,576,CTX: one latent row of kv_lora_rank 512 + rope_dim 64");
+    }
+    if (s.heads > kMaxMlaHeads) bad("--mla: at most " + std::to_string(kMaxMlaHeads) + " heads");
+    if (s.block_size < 1 || s.block_size > kMaxBlockSize) bad("block size out of [1, 256]");
+    return;
+  }
   DecodeArgs a;  // batch 0: the shape checks of decode(), without its buffers
   a.num_heads = s.heads;
   a.num_kv_heads = s.kv_heads;
@@ -269,6 +295,8 @@ Options parse(int argc, char** argv) {
       o.q_len = static_cast<int>(args.integer(1, kMaxQLen));
     } else if (args.is("--tree-mask")) {
       o.tree_mask = true;
+    } else if (args.is("--mla")) {
+      o.mla = true;
     } else if (args.is("--kv-dtype")) {
       o.kv_dtype = args.choice<DType>({{"f32", DType::kF32},
                                        {"f16", DType::kF16},
@@ -293,7 +321,11 @@ Options parse(int argc, char** argv) {
   }
   if (o.help) return o;
   if (o.shapes.empty()) {
-    o.shapes.assign(std::begin(kDefaultShapes), std::end(kDefaultShapes));
+    if (o.mla) {
+      o.shapes.assign(std::begin(kDefaultMlaShapes), std::end(kDefaultMlaShapes));
+    } else {
+      o.shapes.assign(std::begin(kDefaultShapes), std::end(kDefaultShapes));
+    }
     for (const Shape& s : o.shapes) {
       o.shape_texts.push_back(std::to_string(s.batch) + "," + std::to_string(s.heads) + "," +
                               std::to_string(s.kv_heads) + "," + std::to_string(s.head_dim) + "," +
@@ -308,6 +340,14 @@ Options parse(int argc, char** argv) {
   }
   if (o.limits && o.backend != "cpu") {
     cli::bad_value("--backend", o.backend, "--limits bounds CPU rows only (--backend cpu)");
+  }
+  if (o.mla && o.backend != "cpu") {
+    cli::bad_value("--backend", o.backend, "--mla runs on the CPU backend (CUDA has no MLA yet)");
+  }
+  if (o.mla && (o.tree_mask || o.token_scales || o.limits || o.variants.any() ||
+                o.layout != testing::KvLayout::kHnd || o.long_first > 0)) {
+    cli::bad_value("--mla", "set",
+                   "takes --q-len, --kv-dtype, --dtype, --threads and --batch-invariant only");
   }
   // A tree mask orders a sequence's new tokens, so it needs two of them at least.
   if (o.tree_mask && o.q_len < 2) {

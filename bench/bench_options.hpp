@@ -33,6 +33,7 @@ struct Options {
   Variants variants;             // --window, --soft-cap, --alibi, --sinks: on every row
   int q_len = 1;                 // --q-len: query tokens per sequence
   bool tree_mask = false;        // --tree-mask: a random token tree per sequence (q_len >= 2)
+  bool mla = false;              // --mla: MLA decode (mla_decode); shapes B,H,1,576,CTX
   int iters = 20;                // timed runs at least
   double min_time = 0.5;         // seconds of timed runs at least
   double max_time = 10.0;        // stop after this many seconds (at least 3 runs)

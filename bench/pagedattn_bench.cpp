@@ -67,6 +67,8 @@
 #include "bench_options.hpp"
 #include "bench_variants.hpp"
 #include "cuda_timing.hpp"
+#include "median.hpp"
+#include "mla_rows.hpp"
 #include "pagedattn/cli/args.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/host_pool.hpp"
@@ -78,6 +80,7 @@
 #include "read_bandwidth.hpp"
 
 using namespace pagedattn;
+using pagedattn::bench::median_ms;
 using pagedattn::bench::Options;
 using pagedattn::bench::Shape;
 using pagedattn::testing::HostPool;
@@ -103,26 +106,6 @@ double attended_tokens(const Shape& s, int window_left) {
 double kv_bytes(const Shape& s, DType t, int window_left, bool token_scales = false) {
   const double row = s.head_dim * static_cast<double>(dtype_size(t)) + (token_scales ? 4 : 0);
   return 2.0 * attended_tokens(s, window_left) * s.kv_heads * row;
-}
-
-// Median time (ms) of fn(i) on `clock` for i = 0, 1, ... after `warmup` untimed calls; min_time
-// and max_time bound the runs in wall seconds.
-double median_ms(const std::function<void(int)>& fn, int warmup, int min_iters, double min_time,
-                 double max_time, bench::Clock clock) {
-  for (int i = 0; i < warmup; ++i) fn(i);
-  std::vector<double> ms;
-  const double start = bench::seconds_now(bench::Clock::kWall);
-  for (int i = warmup;; ++i) {
-    const double t0 = bench::seconds_now(clock);
-    fn(i);
-    ms.push_back(1e3 * (bench::seconds_now(clock) - t0));
-    const double total = bench::seconds_now(bench::Clock::kWall) - start;
-    const int n = static_cast<int>(ms.size());
-    if ((n >= min_iters && total >= min_time) || (n >= 3 && total >= max_time)) break;
-  }
-  std::sort(ms.begin(), ms.end());
-  const std::size_t n = ms.size();
-  return n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
 }
 
 // rel_err = max |out - ref| / max |ref| over the first sequences whose reference is quick to
@@ -497,6 +480,7 @@ int run(int argc, char** argv) {
                  testing::thp_mode_name(testing::thp_mode()));
   }
   std::fflush(info);
+  if (o.mla) return bench::run_mla_rows(o, read_bw, info);
   if (o.csv) {
     std::printf(
         "backend,dtype,batch,heads,kv_heads,head_dim,context,block_size,ms,gbps,"

@@ -214,3 +214,17 @@ run_bench("--huge-pages on --limits" --dtype f32 --shape 1,4,4,128,37,8 --huge-p
 unset(header_tail)
 check_rows("--huge-pages on --limits" 2
            "^(cpu,f32,.*,(read|compute),${num}|naive,f32,.*,,,,,),(100\\.0|[0-9]?[0-9]\\.[0-9])$")
+
+# MLA decode (--mla): its own CSV, every row within its dtype's tolerance (the exit status), with
+# one and three query tokens per sequence and an fp8 cache.
+foreach(extra "" "--q-len 3" "--kv-dtype fp8_e4m3 --dtype f32")
+  separate_arguments(extra_args UNIX_COMMAND "${extra}")
+  execute_process(COMMAND ${BENCH} ${quick} --mla --shape 2,16,1,576,70,16 ${extra_args}
+                  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "pagedattn-bench --mla ${extra} exited with ${rc}:\n${out}\n${err}")
+  endif()
+  if(NOT out MATCHES "^backend,dtype,kv_dtype,batch,heads,context,block_size,q_len,ms,gbps,pct_read_bw,rel_err,batch_invariant\ncpu,(bf16|f32),(bf16|fp8_e4m3),2,16,70,16,[13],${num},${num},${num},${num},0\n$")
+    message(FATAL_ERROR "unexpected --mla ${extra} output:\n${out}")
+  endif()
+endforeach()

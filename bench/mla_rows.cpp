@@ -1,0 +1,168 @@
+// pagedattn-bench --mla: each shape's latent cache as one combined [blocks][BS][576] tensor (vLLM's
+// layout) with fragmented tables, in enough copies that consecutive steps read memory the last
+// level cache does not hold; mla_decode timed over them, its error checked against the f64
+// reference on sequence 0. GB/s counts each attended latent row once.
+#include "mla_rows.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "median.hpp"
+#include "pagedattn/mla.hpp"
+#include "pagedattn/reference.hpp"
+#include "pagedattn/testing/tables.hpp"
+#include "pagedattn/testing/tolerance.hpp"
+
+namespace pagedattn::bench {
+namespace {
+
+constexpr int kRank = 512, kRope = 64, kWidth = kRank + kRope;
+constexpr double kColdBytes = 512.0 * (1 << 20);  // copies until the caches span this much
+
+// One shape's buffers: `copies` latent pools, their tables, q and out.
+struct MlaRows {
+  int B = 0, H = 0, BS = 0, q_len = 1, max_blocks = 0, num_blocks = 0;
+  DType q_dtype = DType::kBF16, kv_dtype = DType::kBF16;
+  float kv_scale = 1.f;
+  std::vector<std::vector<std::uint8_t>> pools;
+  std::vector<std::vector<std::int32_t>> tables;
+  std::vector<std::int32_t> lens, indptr;
+  std::vector<std::uint8_t> q, out;
+  std::vector<float> lse;
+
+  MlaDecodeArgs args(int i) {
+    const std::size_t c = static_cast<std::size_t>(i) % pools.size();
+    MlaDecodeArgs a;
+    a.batch = B;
+    a.num_heads = H;
+    a.block_size = BS;
+    a.num_blocks = num_blocks;
+    a.max_blocks_per_seq = max_blocks;
+    a.q_dtype = a.out_dtype = q_dtype;
+    a.q_nope = q.data();
+    a.q_pe = q.data() + kRank * dtype_size(q_dtype);
+    a.q_nope_row_stride = a.q_pe_row_stride = static_cast<std::int64_t>(H) * kWidth;
+    a.q_nope_head_stride = a.q_pe_head_stride = kWidth;  // FlashMLA's one q of 576 per head
+    a.kv_dtype = kv_dtype;
+    a.kv_scale = kv_scale;
+    a.c_cache = pools[c].data();
+    a.kpe_cache = pools[c].data() + kRank * dtype_size(kv_dtype);
+    a.c_strides = a.kpe_strides = {static_cast<std::int64_t>(BS) * kWidth, kWidth};
+    a.block_table = tables[c].data();
+    a.context_lens = lens.data();
+    if (q_len > 1) {
+      a.q_indptr = indptr.data();
+      a.num_q_tokens = B * q_len;
+      a.max_q_len = q_len;
+    }
+    a.out = out.data();
+    a.lse = lse.data();
+    return a;
+  }
+};
+
+MlaRows make_rows(const Shape& s, DType q_dtype, DType kv_dtype, bool contiguous, int q_len) {
+  MlaRows m;
+  m.B = s.batch;
+  m.H = s.heads;
+  m.BS = s.block_size;
+  m.q_len = q_len;
+  m.q_dtype = q_dtype;
+  m.kv_dtype = kv_dtype;
+  if (is_fp8(kv_dtype)) m.kv_scale = 0.5f;
+  m.lens.assign(static_cast<std::size_t>(s.batch), s.context);
+  m.max_blocks = (s.context + s.block_size - 1) / s.block_size;
+  m.num_blocks = m.max_blocks * s.batch;
+  const double pool_bytes =
+      static_cast<double>(m.num_blocks) * s.block_size * kWidth * dtype_size(kv_dtype);
+  const int copies = static_cast<int>(std::clamp(std::ceil(kColdBytes / pool_bytes), 1.0, 8.0));
+  std::mt19937_64 rng(20261207u + static_cast<std::uint64_t>(s.batch) * 131 + s.context);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const std::size_t elems = static_cast<std::size_t>(m.num_blocks) * s.block_size * kWidth;
+  for (int c = 0; c < copies; ++c) {
+    std::vector<std::uint8_t> pool(elems * dtype_size(kv_dtype));
+    for (std::size_t i = 0; i < elems; ++i) {
+      store_from_float(pool.data(), kv_dtype, i, normal(rng) / m.kv_scale);
+    }
+    m.pools.push_back(std::move(pool));
+    m.tables.push_back(testing::table_from_pool(testing::block_pool(m.num_blocks, !contiguous, rng),
+                                                m.lens, s.block_size, m.max_blocks));
+  }
+  for (int b = 0; b <= s.batch; ++b) m.indptr.push_back(b * q_len);
+  const std::size_t q_elems = static_cast<std::size_t>(s.batch) * q_len * s.heads * kWidth;
+  m.q.resize(q_elems * dtype_size(q_dtype));
+  for (std::size_t i = 0; i < q_elems; ++i) store_from_float(m.q.data(), q_dtype, i, normal(rng));
+  m.out.resize(static_cast<std::size_t>(s.batch) * q_len * s.heads * kRank * dtype_size(q_dtype));
+  m.lse.resize(static_cast<std::size_t>(s.batch) * q_len * s.heads);
+  return m;
+}
+
+// max |out - ref| / max |ref| over sequence 0's rows (of step 0's buffers).
+double rel_err_of_sequence_0(MlaRows& m) {
+  MlaDecodeArgs a = m.args(0);
+  a.batch = 1;
+  if (a.q_indptr) a.num_q_tokens = m.q_len;
+  const ReferenceResult ref = mla_reference_decode(a);
+  double scale = 1e-30, err = 0;
+  for (std::size_t i = 0; i < ref.out.size(); ++i) {
+    scale = std::max(scale, std::fabs(ref.out[i]));
+    const double got = load_as_float(a.out, a.out_dtype, i);
+    err = std::isfinite(got) ? std::max(err, std::fabs(got - ref.out[i]))
+                             : std::numeric_limits<double>::infinity();
+  }
+  return err / scale;
+}
+
+}  // namespace
+
+int run_mla_rows(const Options& o, double read_bw, std::FILE* info) {
+  if (o.csv) {
+    std::printf(
+        "backend,dtype,kv_dtype,batch,heads,context,block_size,q_len,ms,gbps,pct_read_bw,"
+        "rel_err,batch_invariant\n");
+  } else {
+    std::printf("%-5s %-5s %-9s %5s %4s %7s %4s %5s %10s %8s %8s %10s\n", "impl", "dtype", "kv",
+                "B", "H", "ctx", "BS", "q_len", "ms", "GB/s", "%readBW", "rel_err");
+  }
+  bool accurate = true;
+  for (DType dtype : o.dtypes) {
+    const DType kv = o.kv_dtype_for(dtype);
+    for (const Shape& s : o.shapes) {
+      MlaRows m = make_rows(s, dtype, kv, o.contiguous, o.q_len);
+      DecodeOptions opt;
+      opt.backend = Backend::kCpu;
+      opt.num_threads = o.threads;
+      opt.batch_invariant = o.batch_invariant;
+      mla_decode(m.args(0), opt);
+      const double err = rel_err_of_sequence_0(m);
+      const double ms =
+          median_ms([&](int i) { mla_decode(m.args(i), opt); }, static_cast<int>(m.pools.size()),
+                    o.iters, o.min_time, o.max_time, o.clock);
+      const double bytes =
+          static_cast<double>(s.batch) * s.context * kWidth * static_cast<double>(dtype_size(kv));
+      const double gbps = bytes / (ms * 1e-3) / 1e9;
+      const double tol = testing::out_tolerance(dtype);
+      accurate = accurate && !(err > tol);
+      if (o.csv) {
+        std::printf("cpu,%s,%s,%d,%d,%d,%d,%d,%.4f,%.2f,%.1f,%.3g,%d\n", dtype_name(dtype),
+                    dtype_name(kv), s.batch, s.heads, s.context, s.block_size, o.q_len, ms, gbps,
+                    100.0 * gbps / read_bw, err, o.batch_invariant ? 1 : 0);
+      } else {
+        std::printf("%-5s %-5s %-9s %5d %4d %7d %4d %5d %10.4f %8.2f %8.1f %10.3g\n", "cpu",
+                    dtype_name(dtype), dtype_name(kv), s.batch, s.heads, s.context, s.block_size,
+                    o.q_len, ms, gbps, 100.0 * gbps / read_bw, err);
+      }
+      std::fflush(stdout);
+    }
+  }
+  if (!accurate) {
+    std::fprintf(info, "pagedattn-bench: a rel_err exceeds its dtype's tolerance\n");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace pagedattn::bench
