@@ -125,18 +125,21 @@ void print_help(const char* prog) {
       "                     combined_nhd, one tensor [blocks][2][block][kv heads][head_dim],\n"
       "                     each block's K then its V. GB/s counts the same K/V bytes in all\n"
       "cache dtype:\n"
-      "  --kv-dtype T       the K and V caches' dtype: f32, f16, bf16, fp8_e4m3, fp8_e5m2 or\n"
-      "                     int8 (default: each --dtype's own; q and out keep --dtype). An fp8\n"
-      "                     cache holds the values / %g (k_scale = v_scale = %g), an int8 one\n"
-      "                     the values / %g; no per-head scales. GB/s and %%readBW count the\n"
-      "                     cache's own bytes (the CSV's kv_dtype column)\n"
+      "  --kv-dtype T       the K and V caches' dtype: f32, f16, bf16, fp8_e4m3, fp8_e5m2, int8\n"
+      "                     or int4 (default: each --dtype's own; q and out keep --dtype). An\n"
+      "                     fp8 cache holds the values / %g (k_scale = v_scale = %g), an int8\n"
+      "                     one the values / %g, an int4 one codes times %g times a scale per\n"
+      "                     group of 32 values (CPU and naive only); no per-head scales. GB/s\n"
+      "                     and %%readBW count the cache's own bytes (int4: half a byte a value\n"
+      "                     and 4 bytes a group) (the CSV's kv_dtype column)\n"
       "  --token-scales     with a quantized --kv-dtype: a scale per (token, kv head) too\n"
       "                     (k_token_scales, dense). GB/s counts their 4 bytes a\n"
       "                     row; the pattern read of --limits does not read them (the CSV's\n"
       "                     token_scales column, 0 or 1)\n"
       "  --help, -h         this text\n",
       prog, kMaxGroupSize, kMaxBlockSize, kMaxThreads, kMaxIters, kMaxSeconds, kMaxBwMib,
-      kMaxTokens, kMaxTokens, kMaxSoftCap, kMaxQLen, kFp8KvScale, kFp8KvScale, kInt8KvScale);
+      kMaxTokens, kMaxTokens, kMaxSoftCap, kMaxQLen, kFp8KvScale, kFp8KvScale, kInt8KvScale,
+      kInt4KvScale);
 }
 
 namespace {
@@ -216,7 +219,8 @@ void validate_shape(const Shape& s, const std::string& text, const Options& o) {
     const double blocks =
         (s.batch - 1.0) * std::ceil(static_cast<double>(s.context) / s.block_size) +
         std::ceil(static_cast<double>(s.context_of(0)) / s.block_size);
-    const double bytes = 2.0 * blocks * s.block_size * s.kv_heads * s.head_dim * dtype_size(t);
+    const double bytes = 2.0 * dtype_bytes(t, static_cast<std::int64_t>(blocks * s.block_size) *
+                                                  s.kv_heads * s.head_dim);
     // --limits reads the pattern on the other kind of pages too, from a second copy of the pools.
     const double held = o.limits ? 2 * bytes : bytes;
     if (have > 0 && held > 0.5 * have) {
@@ -303,7 +307,8 @@ Options parse(int argc, char** argv) {
                                        {"bf16", DType::kBF16},
                                        {"fp8_e4m3", DType::kFP8E4M3},
                                        {"fp8_e5m2", DType::kFP8E5M2},
-                                       {"int8", DType::kInt8}});
+                                       {"int8", DType::kInt8},
+                                       {"int4", DType::kInt4}});
     } else if (args.is("--token-scales")) {
       o.token_scales = true;
     } else if (args.is("--huge-pages")) {
@@ -357,7 +362,11 @@ Options parse(int argc, char** argv) {
   const DType kv = o.kv_dtype.value_or(o.dtypes.front());
   if (o.token_scales && !is_quantized(kv)) {
     cli::bad_value("--token-scales", dtype_name(kv),
-                   "needs a quantized cache (--kv-dtype fp8_e4m3, fp8_e5m2 or int8)");
+                   "needs a quantized cache (--kv-dtype fp8_e4m3, fp8_e5m2, int8 or int4)");
+  }
+  if (kv == DType::kInt4 && o.backend == "cuda") {
+    cli::bad_value("--kv-dtype", "int4",
+                   "the CUDA backend has no int4 caches yet (--backend cpu or naive)");
   }
   if (huge_pages_given && o.backend == "cuda") {
     cli::bad_value("--huge-pages", testing::huge_pages_name(o.huge_pages),

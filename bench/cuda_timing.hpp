@@ -17,6 +17,9 @@ namespace pagedattn::bench {
 inline constexpr float kFp8KvScale = 0.5f;
 // The scale of an int8 cache: codes of unit-variance values spread to about +-100.
 inline constexpr float kInt8KvScale = 1.f / 32;
+// The scale of an int4 cache (codes -8..7 drawn uniform, times group scales in [0.25, 4)): values
+// of about unit variance.
+inline constexpr float kInt4KvScale = 1.f / 8;
 
 struct Shape {
   int batch, heads, kv_heads, head_dim, context, block_size;

@@ -6,7 +6,8 @@
 //                   [--iters N] [--min-time S] [--bw-mib N] [--no-naive] [--plain]
 //                   [--long-first TOKENS] [--window N] [--soft-cap X] [--alibi] [--sinks]
 //                   [--q-len N [--tree-mask]] [--layout hnd|nhd|combined_nhd]
-//                   [--kv-dtype f32|f16|bf16|fp8_e4m3|fp8_e5m2] [--limits] [--huge-pages on|off]
+//                   [--kv-dtype f32|f16|bf16|fp8_e4m3|fp8_e5m2|int8|int4] [--limits] [--huge-pages
+//                   on|off]
 //
 // Every flag is parsed strictly (bench_options.cpp) and every shape checked before anything is
 // measured; a bad one is a message naming the flag and the value, and exit status 2.
@@ -102,9 +103,13 @@ double attended_tokens(const Shape& s, int window_left) {
 }
 
 // Bytes of K and V one decode step must read: every attended token, each kv head, once, in the
-// caches' dtype t.
+// caches' dtype t, with a row's scales (4 bytes with per-token scales; an int4 row's half-byte
+// codes and 4 bytes for each group of 32).
 double kv_bytes(const Shape& s, DType t, int window_left, bool token_scales = false) {
-  const double row = s.head_dim * static_cast<double>(dtype_size(t)) + (token_scales ? 4 : 0);
+  const double scales = t == DType::kInt4 ? 4.0 * token_scales_per_row(t, s.head_dim)
+                        : token_scales    ? 4
+                                          : 0;
+  const double row = static_cast<double>(dtype_bytes(t, s.head_dim)) + scales;
   return 2.0 * attended_tokens(s, window_left) * s.kv_heads * row;
 }
 
@@ -326,6 +331,7 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s, b
   spec.kv_dtype = o.kv_dtype_for(dtype);
   if (is_fp8(spec.kv_dtype)) spec.k_scale = spec.v_scale = bench::kFp8KvScale;
   if (spec.kv_dtype == DType::kInt8) spec.k_scale = spec.v_scale = bench::kInt8KvScale;
+  if (spec.kv_dtype == DType::kInt4) spec.k_scale = spec.v_scale = bench::kInt4KvScale;
   spec.token_scales = o.token_scales;
   spec.fragmented = !o.contiguous;
   spec.seed = 20261129u + static_cast<std::uint64_t>(s.batch) * 131 + s.context;
@@ -373,7 +379,7 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s, b
 double in_cache_gbps(const Options& o, DType dtype, const Shape& s) {
   constexpr double kInCacheBytes = 512.0 * 1024;
   const DType kv = o.kv_dtype_for(dtype);
-  const double token_bytes = 2.0 * s.head_dim * static_cast<double>(dtype_size(kv));
+  const double token_bytes = 2.0 * static_cast<double>(dtype_bytes(kv, s.head_dim));
   Shape c = s;
   c.batch = 1;
   c.heads = s.heads / s.kv_heads;
@@ -408,7 +414,9 @@ double pattern_read_gbps(const Options& o, RotatingCase& rc, const std::vector<K
                          DType dtype, const Shape& s) {
   const DType kv = o.kv_dtype_for(dtype);
   const std::size_t block_bytes =
-      static_cast<std::size_t>(s.kv_heads) * s.block_size * s.head_dim * dtype_size(kv) / 64 * 64;
+      static_cast<std::size_t>(
+          dtype_bytes(kv, static_cast<std::int64_t>(s.kv_heads) * s.block_size * s.head_dim)) /
+      64 * 64;
   // The table entries [first, end) of sequence b that decode reads.
   const auto attended_blocks = [&](int b) {
     const int len = s.context_of(b);
@@ -425,8 +433,7 @@ double pattern_read_gbps(const Options& o, RotatingCase& rc, const std::vector<K
   std::vector<std::vector<bench::ReadTask>> passes;
   for (int c = 0; c < static_cast<int>(over.size()); ++c) {
     const DecodeArgs a = rc.args_over(over, c);
-    const std::int64_t stride =
-        a.cache_layout().block_stride * static_cast<std::int64_t>(dtype_size(kv));
+    const std::int64_t stride = dtype_bytes(kv, a.cache_layout().block_stride);
     const char* k = static_cast<const char*>(a.k_cache);
     const char* v = static_cast<const char*>(a.v_cache);
     std::vector<bench::ReadTask> tasks;

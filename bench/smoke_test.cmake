@@ -178,6 +178,21 @@ foreach(kv int8 fp8_e4m3)
              "^(cpu|naive),f32,2,8,2,128,100,16,${num},${num},${num},${num},-1,0,0,0,2,hnd,${kv},${num}$")
 endforeach()
 
+# int4 caches (group scales always): the CPU backend and the naive baseline against the reference,
+# dense and NHD; CUDA refuses them by name.
+foreach(layout hnd nhd)
+  run_bench("--kv-dtype int4 --layout ${layout}" --dtype bf16 --kv-dtype int4
+            --shape 2,8,2,128,100,16 --layout ${layout})
+  check_rows("--kv-dtype int4 --layout ${layout}" 2
+             "^(cpu|naive),bf16,2,8,2,128,100,16,${num},${num},${num},${num},${plain_tail},${layout},int4,${num}$")
+endforeach()
+execute_process(COMMAND ${BENCH} ${quick} --shape 1,4,4,64,16 --kv-dtype int4 --backend cuda
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "--kv-dtype = 'int4'")
+  message(FATAL_ERROR "--kv-dtype int4 --backend cuda: exit status ${rc}, expected 2 and a "
+                      "message naming the flag:\n${err}")
+endif()
+
 # A layout the benchmark does not offer is refused before anything is measured, naming --layout.
 execute_process(COMMAND ${BENCH} ${quick} --shape 1,4,4,64,16 --layout padded_hnd
                 OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)

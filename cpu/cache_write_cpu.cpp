@@ -56,6 +56,25 @@ void quantize_row(const Src* src, Dst* dst, int n, float head_scale, DType cache
   convert_row(src, dst, n, head_scale * s);
 }
 
+// One row of an int4 cache: each group of 32 values gets its scale (row_token_scale over the
+// group, max code 7) into scales[k], and its codes x / (head_scale x that scale), two to a byte.
+template <typename Src>
+void quantize_int4_row(const Src* src, std::uint8_t* dst, int n, float head_scale, float* scales) {
+  constexpr int kGroup = kInt4GroupSize;
+  for (int k = 0; k < n / kGroup; ++k) {
+    const Src* g = src + k * kGroup;
+    const float s =
+        row_token_scale(finite_amax(g, kGroup), max_code_magnitude(DType::kInt4), head_scale);
+    scales[k] = s;
+    const float q = head_scale * s;
+    std::uint8_t* out = dst + k * (kGroup / 2);
+    for (int j = 0; j < kGroup / 2; ++j) {
+      out[j] =
+          int4_pack(quantize_int4(to_float(g[2 * j]), q), quantize_int4(to_float(g[2 * j + 1]), q));
+    }
+  }
+}
+
 template <typename Src, typename Dst>
 void write_typed(const CacheWriteArgs& a, const CacheOpOptions& o) {
   const CacheLayout layout = a.cache_layout();
@@ -79,7 +98,13 @@ void write_typed(const CacheWriteArgs& a, const CacheOpOptions& o) {
       const std::int64_t dst = layout.offset(block, h, offset);
       const float ks = head_scale(a.k_scale, a.k_scales, h);
       const float vs = head_scale(a.v_scale, a.v_scales, h);
-      if constexpr (is_quantized_type<Dst>) {
+      if constexpr (std::is_same_v<Dst, int4x2_t>) {  // a byte holds two codes; scales required
+        const std::int64_t at = scale_layout.offset(block, h, offset);
+        quantize_int4_row(key + src, &k_cache[dst / 2].bits, a.head_dim, ks, &a.k_token_scales[at]);
+        quantize_int4_row(value + src, &v_cache[dst / 2].bits, a.head_dim, vs,
+                          &a.v_token_scales[at]);
+        continue;
+      } else if constexpr (is_quantized_type<Dst>) {
         if (a.k_token_scales != nullptr) {
           const std::int64_t at = scale_layout.offset(block, h, offset);
           quantize_row(key + src, k_cache + dst, a.head_dim, ks, a.cache_dtype,
@@ -89,8 +114,10 @@ void write_typed(const CacheWriteArgs& a, const CacheOpOptions& o) {
           continue;
         }
       }
-      convert_row(key + src, k_cache + dst, a.head_dim, ks);
-      convert_row(value + src, v_cache + dst, a.head_dim, vs);
+      if constexpr (!std::is_same_v<Dst, int4x2_t>) {
+        convert_row(key + src, k_cache + dst, a.head_dim, ks);
+        convert_row(value + src, v_cache + dst, a.head_dim, vs);
+      }
     }
   }
 }
@@ -115,21 +142,22 @@ void write_cache(const CacheWriteArgs& a, const CacheOpOptions& o) {
     case DType::kFP8E4M3:
     case DType::kFP8E5M2:
     case DType::kInt8:
+    case DType::kInt4:
       return;  // refused by validation: quantized dtypes are cache dtypes only
   }
 }
 
 void copy_blocks(const CopyBlocksArgs& a, const CacheOpOptions& o) {
   const CacheLayout layout = a.cache_layout();
-  const std::int64_t elem = static_cast<std::int64_t>(dtype_size(a.cache_dtype));
-  const std::int64_t row_bytes = a.head_dim * elem;
+  // Bytes of n elements, and of an element offset (int4: half, the offsets validated even).
+  const auto bytes_of = [&](std::int64_t n) { return dtype_bytes(a.cache_dtype, n); };
+  const std::int64_t row_bytes = bytes_of(a.head_dim);
   const int rows = a.num_kv_heads * a.block_size;
   // A block whose rows fill one span (HND, NHD: the strides validated as non-overlapping and the
   // span exactly rows x head_dim) is one copy; otherwise (a padded pool, K and V interleaved) a
   // copy per row.
-  const std::int64_t span =
-      (layout.elements() - static_cast<std::int64_t>(a.num_blocks - 1) * layout.block_stride) *
-      elem;
+  const std::int64_t span = bytes_of(
+      layout.elements() - static_cast<std::int64_t>(a.num_blocks - 1) * layout.block_stride);
   const bool one_span = span == rows * row_bytes;
   auto* k = static_cast<unsigned char*>(a.k_cache);
   auto* v = static_cast<unsigned char*>(a.v_cache);
@@ -141,26 +169,30 @@ void copy_blocks(const CopyBlocksArgs& a, const CacheOpOptions& o) {
     const BlockCopy& p = a.pairs[i / 2];
     unsigned char* base = (i % 2 == 0) ? k : v;
     if (one_span) {
-      std::memcpy(base + layout.offset(p.dst, 0, 0) * elem,
-                  base + layout.offset(p.src, 0, 0) * elem, static_cast<std::size_t>(span));
+      std::memcpy(base + bytes_of(layout.offset(p.dst, 0, 0)),
+                  base + bytes_of(layout.offset(p.src, 0, 0)), static_cast<std::size_t>(span));
       continue;
     }
     for (int h = 0; h < a.num_kv_heads; ++h) {
       for (int t = 0; t < a.block_size; ++t) {
-        std::memcpy(base + layout.offset(p.dst, h, t) * elem,
-                    base + layout.offset(p.src, h, t) * elem, static_cast<std::size_t>(row_bytes));
+        std::memcpy(base + bytes_of(layout.offset(p.dst, h, t)),
+                    base + bytes_of(layout.offset(p.src, h, t)),
+                    static_cast<std::size_t>(row_bytes));
       }
     }
   }
   if (a.k_token_scales == nullptr) return;
   const CacheLayout scale_layout = a.token_scale_layout();
-  for (int i = 0; i < a.num_pairs; ++i) {  // the rows' scales with them: a few bytes a row
+  const int groups = scale_layout.head_dim;  // a row's scales: 1, or head_dim / 32 for int4
+  for (int i = 0; i < a.num_pairs; ++i) {    // the rows' scales with them: a few bytes a row
     for (int h = 0; h < a.num_kv_heads; ++h) {
       for (int t = 0; t < a.block_size; ++t) {
         const std::int64_t dst = scale_layout.offset(a.pairs[i].dst, h, t);
         const std::int64_t src = scale_layout.offset(a.pairs[i].src, h, t);
-        a.k_token_scales[dst] = a.k_token_scales[src];
-        a.v_token_scales[dst] = a.v_token_scales[src];
+        for (int g = 0; g < groups; ++g) {
+          a.k_token_scales[dst + g] = a.k_token_scales[src + g];
+          a.v_token_scales[dst + g] = a.v_token_scales[src + g];
+        }
       }
     }
   }

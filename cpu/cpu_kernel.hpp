@@ -44,9 +44,11 @@ struct ItemContext {
   const void* k_cache;
   const void* v_cache;
   DType kv_dtype;
+  // The caches' layout in storage units: elements, but bytes for int4 (int4x2_t, two codes each),
+  // head_dim still counting values.
   CacheLayout layout;
   // A quantized cache's per-token scales (DecodeArgs::k_token_scales), or null, and where each
-  // row's is.
+  // row's is (an int4 row's head_dim / 32 group scales from there on).
   const float* k_token_scales = nullptr;
   const float* v_token_scales = nullptr;
   CacheLayout token_scale_layout{};
@@ -75,8 +77,10 @@ struct ItemContext {
   const float* alibi_slopes = nullptr;  // [num_heads], or null
 
   // Whether the kernel reads the cache as dequantized f32 rows (dequantize_rows.hpp) rather than
-  // widening its codes in registers: int8 caches, and caches with per-token scales.
-  bool dequantizes() const { return kv_dtype == DType::kInt8 || k_token_scales != nullptr; }
+  // widening its codes in registers: int8 and int4 caches, and caches with per-token scales.
+  bool dequantizes() const {
+    return kv_dtype == DType::kInt8 || kv_dtype == DType::kInt4 || k_token_scales != nullptr;
+  }
 };
 
 // The backend's context for a call's work items (decode_cpu.cpp builds every call's this way):

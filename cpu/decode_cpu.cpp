@@ -148,8 +148,7 @@ int threads_for_call(const DecodeArgs& a, const DecodeOptions& options) {
   for (int b = 0; b < a.batch; ++b) {
     tokens += a.context_lens[b] - window_first_token(a.context_lens[b], a.window_left);
   }
-  const std::int64_t kv_bytes =
-      tokens * a.num_kv_heads * a.head_dim * 2 * static_cast<std::int64_t>(dtype_size(a.k_dtype));
+  const std::int64_t kv_bytes = dtype_bytes(a.k_dtype, tokens * a.num_kv_heads * a.head_dim * 2);
   return threads_for_work(requested, kv_bytes);
 }
 
@@ -221,6 +220,11 @@ ItemContext item_context(const DecodeArgs& a, const float* q_scaled, const std::
   ctx.v_cache = a.v_cache;
   ctx.kv_dtype = a.k_dtype;
   ctx.layout = a.cache_layout();
+  if (a.k_dtype == DType::kInt4) {  // in bytes (int4x2_t), the strides validated even
+    ctx.layout.block_stride /= 2;
+    ctx.layout.head_stride /= 2;
+    ctx.layout.token_stride /= 2;
+  }
   ctx.k_token_scales = a.k_token_scales;
   ctx.v_token_scales = a.v_token_scales;
   ctx.token_scale_layout = a.token_scale_layout();

@@ -216,7 +216,10 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
   // until they are used; the hardware prefetcher follows the contiguous stretch of several kv
   // heads beyond it. Never past the item: table entries past the context may be garbage.
   const int units = (it.block_end - it.block_begin) * kv_count;
-  const int ahead = prefetch_units(2 * static_cast<std::int64_t>(BS) * D * sizeof(T));
+  // A row's bytes (int4x2_t holds two of its D values).
+  constexpr int kPerUnit = std::is_same_v<T, int4x2_t> ? 2 : 1;
+  const std::int64_t row_bytes = static_cast<std::int64_t>(D) / kPerUnit * sizeof(T);
+  const int ahead = prefetch_units(2 * static_cast<std::int64_t>(BS) * row_bytes);
   auto start_unit = [&](PacedPrefetch& p, int u, int pieces) {
     if (u >= units) {
       p.start(nullptr, nullptr, 0, 0, 0, 1);
@@ -225,7 +228,7 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
     const int b = it.block_begin + u / kv_count;
     const std::int64_t base = c.layout.offset(c.table.block(it.seq, b), kv_first + u % kv_count, 0);
     constexpr std::int64_t kElem = sizeof(T);
-    p.start(k_cache + base, v_cache + base, valid_in_block(L, BS, b), D * kElem, ts * kElem,
+    p.start(k_cache + base, v_cache + base, valid_in_block(L, BS, b), row_bytes, ts * kElem,
             pieces);
   };
   PacedPrefetch pf;
@@ -457,7 +460,8 @@ void ItemKernel::operator()(Arch, const ItemContext& ctx, const WorkItem& item, 
         return;
       }
     }
-    if constexpr (!std::is_same_v<T, int8_code_t>) {  // int8 is always dequantized
+    // int8 and int4 are always dequantized
+    if constexpr (!std::is_same_v<T, int8_code_t> && !std::is_same_v<T, int4x2_t>) {
       run_item<Arch, T>(ctx, item, kv_count, m, l, acc, scratch);
     }
   });

@@ -78,6 +78,7 @@ RowUnits row_units(const DecodeArgs& a) {
 
 RowUnits can_implement(const DecodeArgs& a, const pagedattn::DecodeOptions& options) {
   require_cuda_head_dim(a.head_dim);  // no kernel at all (dispatch refuses it first)
+  require_cuda_cache_dtype("k_dtype", a.k_dtype);
   require_aligned("q", a.q);
   require_aligned("k_cache", a.k_cache);
   require_aligned("v_cache", a.v_cache);

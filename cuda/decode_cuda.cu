@@ -81,6 +81,7 @@ std::size_t cuda_workspace_size(const DecodeArgs& args) {
 std::size_t cuda_workspace_size(const DecodeArgs& args, const DecodeOptions& options) {
   validate_shapes(args);
   require_cuda_head_dim(args.head_dim);  // before the device: no kernel to size for
+  require_cuda_cache_dtype("k_dtype", args.k_dtype);  // int4: no kernel either
   std::string why;
   if (!detail::cuda::available(&why)) {
     fail(ErrorCode::kBackendUnavailable, "backend", "cuda", "unavailable: " + why);

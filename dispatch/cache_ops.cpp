@@ -12,7 +12,10 @@ void write_cache(const CacheWriteArgs& args, const CacheOpOptions& options) {
   validate_options(options);
   const Backend backend = resolve_backend(options.backend);
   // A pool the CUDA decode cannot read is refused as decode() refuses it.
-  if (backend == Backend::kCuda) require_cuda_head_dim(args.head_dim);
+  if (backend == Backend::kCuda) {
+    require_cuda_head_dim(args.head_dim);
+    require_cuda_cache_dtype("cache_dtype", args.cache_dtype);
+  }
   if (args.num_tokens == 0) return;
   if (backend == Backend::kCuda) {
     detail::cuda::write_cache(args, options);  // checks device-resident slots itself
@@ -27,7 +30,10 @@ void copy_blocks(const CopyBlocksArgs& args, const CacheOpOptions& options) {
   detail::validate_copy_args(args);
   validate_options(options);
   const Backend backend = resolve_backend(options.backend);
-  if (backend == Backend::kCuda) require_cuda_head_dim(args.head_dim);
+  if (backend == Backend::kCuda) {
+    require_cuda_head_dim(args.head_dim);
+    require_cuda_cache_dtype("cache_dtype", args.cache_dtype);
+  }
   if (args.num_pairs == 0) return;
   if (backend == Backend::kCuda) {
     detail::cuda::copy_blocks(args, options);

@@ -12,7 +12,10 @@ void decode(const DecodeArgs& args, const DecodeOptions& options) {
   validate_shapes(args);
   validate_options(options);
   const Backend backend = resolve_backend(options.backend);
-  if (backend == Backend::kCuda) require_cuda_head_dim(args.head_dim);  // even for a batch of 0
+  if (backend == Backend::kCuda) {  // even for a batch of 0
+    require_cuda_head_dim(args.head_dim);
+    require_cuda_cache_dtype("k_dtype", args.k_dtype);
+  }
   if (args.batch == 0) return;
   if (backend == Backend::kCuda) {
     cuda::decode(args, options);  // validates device-resident tables itself

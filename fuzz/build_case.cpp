@@ -118,6 +118,11 @@ void require_case(const FuzzCase& c) {
     }
   }
   require_token_scale_layout(c);
+  if (spec.kv_dtype == DType::kInt4 &&
+      (spec.head_dim % kInt4GroupSize != 0 || c.kv_pad % 2 != 0 || !c.token_scales())) {
+    throw std::invalid_argument(
+        "an int4 cache needs a head_dim multiple of 32, an even kv_pad and its group scales");
+  }
 }
 
 // Each row's sequence and the context it attends as a query.
@@ -203,7 +208,10 @@ void snap_values(testing::HostCase& h) {
     store_from_float(h.q.data(), spec.q_dtype, i,
                      snapped(load_as_float(h.q.data(), spec.q_dtype, i)));
   }
-  for (std::size_t i = 0; i < h.k.size() / dtype_size(spec.kv_dtype); ++i) {
+  // int4 codes are integers already (-8 included, which a store would make -7).
+  const std::size_t k_elems =
+      spec.kv_dtype == DType::kInt4 ? 0 : h.k.size() / dtype_size(spec.kv_dtype);
+  for (std::size_t i = 0; i < k_elems; ++i) {
     const float x = load_as_float(h.k.data(), spec.kv_dtype, i);
     if (std::isfinite(x)) store_from_float(h.k.data(), spec.kv_dtype, i, snapped(x));
   }
@@ -257,9 +265,10 @@ void lay_out_token_scales(const FuzzCase& c, BuiltCase& b) {
   const testing::HostCase& h = b.host;
   if (h.k_token_scales.empty()) return;
   const int KV = c.spec.num_kv_heads, BS = c.spec.block_size;
+  const int n_row = token_scales_per_row(c.spec.kv_dtype, c.spec.head_dim);  // int4: per group
   const CacheStrides strides = c.token_scale_strides();
-  const CacheLayout from = CacheLayout::dense(h.num_blocks, KV, BS, 1);
-  const CacheLayout to = CacheLayout::with_strides(h.num_blocks, KV, BS, 1, strides);
+  const CacheLayout from = CacheLayout::dense(h.num_blocks, KV, BS, n_row);
+  const CacheLayout to = CacheLayout::with_strides(h.num_blocks, KV, BS, n_row, strides);
   const std::size_t n = static_cast<std::size_t>(
       std::max(to.elements(), static_cast<std::int64_t>(h.num_blocks) * to.block_stride));
   b.k_token_scales.assign(n, std::numeric_limits<float>::quiet_NaN());
@@ -269,8 +278,10 @@ void lay_out_token_scales(const FuzzCase& c, BuiltCase& b) {
       for (int slot = 0; slot < BS; ++slot) {
         const std::size_t src = static_cast<std::size_t>(from.offset(blk, kv, slot));
         const std::size_t dst = static_cast<std::size_t>(to.offset(blk, kv, slot));
-        b.k_token_scales[dst] = h.k_token_scales[src];
-        b.v_token_scales[dst] = h.v_token_scales[src];
+        for (int g = 0; g < n_row; ++g) {
+          b.k_token_scales[dst + g] = h.k_token_scales[src + g];
+          b.v_token_scales[dst + g] = h.v_token_scales[src + g];
+        }
       }
     }
   }
@@ -326,9 +337,10 @@ void lay_out_rows(const FuzzCase& c, BuiltCase& b) {
 
 // What the CUDA backend has no kernel for yet, which it refuses (kUnsupported) right after the
 // shapes, before anything else, or null: whatever the batch, a head dim (512; dispatch's
-// require_cuda_head_dim, before a batch of 0 returns).
+// require_cuda_head_dim, before a batch of 0 returns) or an int4 cache.
 const char* cuda_unsupported(const DecodeArgs& a) {
   if (!is_cuda_head_dim(a.head_dim)) return "head_dim";
+  if (a.k_dtype == DType::kInt4) return "k_dtype";  // dispatch's require_cuda_cache_dtype
   return nullptr;
 }
 

@@ -69,10 +69,21 @@ void draw_layout(FuzzCase& c, Rng& r, const DrawOptions& options) {
 // scales, log-uniform over [0.5, 2] per kv head for K and V alike. A snapped case keeps exact
 // logits: its K scales are powers of two (k_scale such that the codes' spread is 4 to 32, integers
 // once snapped; per-head 0.5, 1 or 2).
+//
+// int4 (a quarter, where head_dim is a multiple of 32; else the other three) always has its group
+// scales (draw_token_scales), which carry the rows' spread: its per-tensor scales are drawn as
+// int8's. An odd kv_pad becomes even for it (its strides count codes, two to a byte).
 void draw_quantized(FuzzCase& c, Rng& r, bool force, bool force_per_head) {
   if (!r.chance(0.3) && !force) return;
   testing::CaseSpec& s = c.spec;
   s.kv_dtype = r.pick(kQuantizedDTypes);
+  if (s.kv_dtype == DType::kInt4 && s.head_dim % kInt4GroupSize != 0) {
+    s.kv_dtype = kQuantizedDTypes[r.uniform(0, 2)];
+  }
+  if (s.kv_dtype == DType::kInt4) {
+    c.kv_pad += c.kv_pad % 2;
+    s.token_scales = true;  // its group scales, in the layout draw_token_scales gives them
+  }
   const double lo = s.kv_dtype == DType::kFP8E4M3   ? 1.0 / 8
                     : s.kv_dtype == DType::kFP8E5M2 ? 1.0 / 128
                                                     : 4.0;
@@ -108,8 +119,9 @@ void draw_quantized(FuzzCase& c, Rng& r, bool force, bool force_per_head) {
 // cache): half in the default dense layout, a quarter in NHD order, a quarter padded (a gap of 0,
 // the dense strides given explicitly, or 1, 2, 3, 5 or 16 elements after every row, kv head and
 // block). The scales themselves come with the cache's contents (make_fast_case).
+// An int4 cache always has them (its group scales).
 void draw_token_scales(FuzzCase& c, Rng& r, bool force) {
-  if (!c.quantized() || (!r.chance(0.4) && !force)) return;
+  if (!c.quantized() || (!r.chance(0.4) && !force && c.spec.kv_dtype != DType::kInt4)) return;
   c.spec.token_scales = true;
   const double u = r.real();
   c.token_scale_layout = u < 0.5    ? TokenScaleLayout::kDense

@@ -124,11 +124,12 @@ std::vector<float> inverse_scales(float scale, const std::vector<float>& per_hea
 // 1 / scale must have its largest |x| at a code of 127 / jitter, jitter in [1, 4] (write_cache
 // fits an int8 row to 127; a jitter leaves codes coarser at random): amax * jitter / 127, 1 for a
 // row of zeros. 127 in every format, so that snapped codes (integers in [-127, 127]) keep them.
-float fitted_scale(const float* x, int n, Xoshiro& rng) {
+// An int4 group's (max_code 7) the same way at 7 / jitter.
+float fitted_scale(const float* x, int n, Xoshiro& rng, float max_code = 127.f) {
   float amax = 0.f;
   for (int d = 0; d < n; ++d) amax = std::max(amax, std::fabs(x[d]));
   const float jitter = std::exp2(2.f * static_cast<float>(rng.next() >> 40) * 0x1p-24f);
-  return amax > 0.f ? amax * jitter / 127.f : 1.f;
+  return amax > 0.f ? amax * jitter / max_code : 1.f;
 }
 
 // Stores one row of values `x` (D of them) at `base` of a cache buffer, each divided by `scale`.
@@ -142,17 +143,21 @@ void store_row(std::vector<std::uint8_t>& buf, DType t, std::int64_t base, const
 // by their kv head's scales and, with spec.token_scales, by their row's own (fitted_scale, drawn
 // from a generator of their own, so that the values are those of the same case without them),
 // which c.k_token_scales and c.v_token_scales get (dense [num_blocks][num_kv_heads][block_size]).
+// An int4 cache's rows have a scale per group of 32 values instead, fitted to 7 / jitter
+// (dense [num_blocks][num_kv_heads][block_size][head_dim / 32]).
 void fill_kv(testing::HostCase& c, const std::vector<char>& readable, Xoshiro& rng) {
   const testing::CaseSpec& spec = c.spec;
   const int KV = spec.num_kv_heads, D = spec.head_dim, BS = spec.block_size;
   const CacheLayout layout = CacheLayout::dense(c.num_blocks, KV, BS, D);
-  const std::size_t bytes = dtype_size(spec.kv_dtype);
-  c.k.assign(static_cast<std::size_t>(layout.elements()) * bytes, 0);
+  const bool int4 = spec.kv_dtype == DType::kInt4;
+  const int groups = token_scales_per_row(spec.kv_dtype, D), group = D / groups;
+  const float max_code = int4 ? 7.f : 127.f;
+  c.k.assign(static_cast<std::size_t>(dtype_bytes(spec.kv_dtype, layout.elements())), 0);
   c.v.assign(c.k.size(), 0);
   const std::size_t rows = static_cast<std::size_t>(c.num_blocks) * KV * BS;
   if (spec.token_scales) {
-    c.k_token_scales.assign(rows, 1.f);
-    c.v_token_scales.assign(rows, 1.f);
+    c.k_token_scales.assign(rows * groups, 1.f);
+    c.v_token_scales.assign(rows * groups, 1.f);
   }
   const std::vector<std::uint8_t> nan_row = poison_row(spec.kv_dtype, D);
   const std::vector<float> k_mul = inverse_scales(spec.k_scale, c.k_scales, KV);
@@ -162,8 +167,9 @@ void fill_kv(testing::HostCase& c, const std::vector<char>& readable, Xoshiro& r
   for (std::size_t r = 0; r < rows; ++r) {
     const std::int64_t base = static_cast<std::int64_t>(r) * D;  // dense: row r's elements
     if (!readable[r / (static_cast<std::size_t>(KV) * BS) * BS + r % BS]) {
-      std::copy(nan_row.begin(), nan_row.end(), c.k.begin() + base * bytes);
-      std::copy(nan_row.begin(), nan_row.end(), c.v.begin() + base * bytes);
+      const std::int64_t at = dtype_bytes(spec.kv_dtype, base);
+      std::copy(nan_row.begin(), nan_row.end(), c.k.begin() + at);
+      std::copy(nan_row.begin(), nan_row.end(), c.v.begin() + at);
       continue;
     }
     const std::size_t kv = r / BS % KV;
@@ -171,11 +177,19 @@ void fill_kv(testing::HostCase& c, const std::vector<char>& readable, Xoshiro& r
       k[d] = spec.magnitude * k_mul[kv] * rng.normal();
       v[d] = v_mul[kv] * rng.normal();
     }
-    const float ks = spec.token_scales ? fitted_scale(k.data(), D, scale_rng) : 1.f;
-    const float vs = spec.token_scales ? fitted_scale(v.data(), D, scale_rng) : 1.f;
-    store_row(c.k, spec.kv_dtype, base, k.data(), D, ks);
-    store_row(c.v, spec.kv_dtype, base, v.data(), D, vs);
-    if (spec.token_scales) c.k_token_scales[r] = ks, c.v_token_scales[r] = vs;
+    for (int g = 0; g < groups; ++g) {
+      const int d0 = g * group;
+      const float ks =
+          spec.token_scales ? fitted_scale(k.data() + d0, group, scale_rng, max_code) : 1.f;
+      const float vs =
+          spec.token_scales ? fitted_scale(v.data() + d0, group, scale_rng, max_code) : 1.f;
+      store_row(c.k, spec.kv_dtype, base + d0, k.data() + d0, group, ks);
+      store_row(c.v, spec.kv_dtype, base + d0, v.data() + d0, group, vs);
+      if (spec.token_scales) {
+        c.k_token_scales[r * groups + g] = ks;
+        c.v_token_scales[r * groups + g] = vs;
+      }
+    }
   }
 }
 
@@ -203,21 +217,27 @@ std::vector<char> checked_slots(const DecodeArgs& a, int window_left,
 void poison_token_scales(testing::HostCase& c, const std::vector<char>& readable, int window_left,
                          const std::vector<int>& q_lens) {
   const int KV = c.spec.num_kv_heads, BS = c.spec.block_size;
+  const std::size_t groups = token_scales_per_row(c.spec.kv_dtype, c.spec.head_dim);
   const std::vector<char> checked = checked_slots(c.args(), window_left, q_lens);
-  for (std::size_t r = 0; r < c.k_token_scales.size(); ++r) {
+  for (std::size_t i = 0; i < c.k_token_scales.size(); ++i) {
+    const std::size_t r = i / groups;  // the row of scale i (an int4 row has several)
     const std::size_t slot = r / (static_cast<std::size_t>(KV) * BS) * BS + r % BS;
     if (readable[slot]) continue;
     const float x = checked[slot] ? kCheckedUnreadScale : std::numeric_limits<float>::quiet_NaN();
-    c.k_token_scales[r] = c.v_token_scales[r] = x;
+    c.k_token_scales[i] = c.v_token_scales[i] = x;
   }
 }
 
 }  // namespace
 
 std::vector<std::uint8_t> poison_row(DType t, int n) {
-  std::vector<std::uint8_t> row(static_cast<std::size_t>(n) * dtype_size(t));
+  std::vector<std::uint8_t> row(static_cast<std::size_t>(dtype_bytes(t, n)));
   if (t == DType::kInt8) {
     std::fill(row.begin(), row.end(), std::uint8_t{0x80});  // the code -128
+    return row;
+  }
+  if (t == DType::kInt4) {
+    std::fill(row.begin(), row.end(), std::uint8_t{0x88});  // the code -8, twice a byte
     return row;
   }
   for (int d = 0; d < n; ++d) {

@@ -53,10 +53,12 @@ const char* token_scale_layout_name(TokenScaleLayout layout) {
 
 CacheStrides FuzzCase::token_scale_strides() const {
   const std::int64_t KV = spec.num_kv_heads, BS = spec.block_size, pad = token_scale_pad;
-  if (token_scale_layout == TokenScaleLayout::kNhd) return CacheStrides::nhd(KV, BS, 1);
+  // A row's scales: one, or an int4 row's head_dim / 32.
+  const int n = token_scales_per_row(spec.kv_dtype, spec.head_dim);
+  if (token_scale_layout == TokenScaleLayout::kNhd) return CacheStrides::nhd(KV, BS, n);
   CacheStrides s;
   if (token_scale_layout == TokenScaleLayout::kPadded) {
-    s.token = 1 + pad;
+    s.token = n + pad;
     s.head = BS * s.token + pad;
     s.block = KV * s.head + pad;
   }

@@ -19,7 +19,9 @@ namespace pagedattn::fuzz {
 
 // The dtypes a case draws for q, out and a plain cache, and for a quantized cache.
 inline constexpr DType kPlainDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
-inline constexpr DType kQuantizedDTypes[] = {DType::kFP8E4M3, DType::kFP8E5M2, DType::kInt8};
+// int4 last: a head dim that is not a multiple of 32 draws among the others.
+inline constexpr DType kQuantizedDTypes[] = {DType::kFP8E4M3, DType::kFP8E5M2, DType::kInt8,
+                                             DType::kInt4};
 
 // Where a case's per-token scales live (DecodeArgs::token_scale_strides, a cache view's strides
 // with head_dim 1): kDense is the default [num_blocks][num_kv_heads][block_size], strides left 0;

@@ -165,7 +165,7 @@ struct Counts {
   long long layouts[std::size(pagedattn::testing::kAllKvLayouts)] = {};
   long long misaligned_kv = 0;
   // Valid cases with a quantized cache, per format, and those with per-head scales.
-  long long fp8_e4m3 = 0, fp8_e5m2 = 0, int8 = 0, per_head_scales = 0;
+  long long fp8_e4m3 = 0, fp8_e5m2 = 0, int8 = 0, int4 = 0, per_head_scales = 0;
   // Valid cases with per-token scales, and those of them in a layout other than the dense one.
   long long token_scales = 0, strided_token_scales = 0;
   long long invariance_checks = 0;  // batch-invariance checks that ran and held
@@ -196,6 +196,7 @@ void count(Counts& n, const pf::FuzzCase& c, const pf::Outcome& o) {
     n.fp8_e4m3 += c.spec.kv_dtype == pagedattn::DType::kFP8E4M3;
     n.fp8_e5m2 += c.spec.kv_dtype == pagedattn::DType::kFP8E5M2;
     n.int8 += c.spec.kv_dtype == pagedattn::DType::kInt8;
+    n.int4 += c.spec.kv_dtype == pagedattn::DType::kInt4;
     n.per_head_scales += c.quantized() && c.per_head_scales();
     n.token_scales += c.token_scales();
     n.strided_token_scales +=
@@ -221,20 +222,20 @@ std::string counts_text(const Counts& n, double elapsed) {
                " " + std::to_string(n.layouts[static_cast<std::size_t>(l)]);
   }
   char buf[1024];
-  std::snprintf(buf, sizeof buf,
-                "%lld cases in %.1fs (%.0f/s): valid %lld (huge-logit %lld, split-length %lld, "
-                "batch 0 %lld; variants: window %lld, soft-cap %lld, alibi %lld, sinks %lld; "
-                "multi-token %lld, tree masks %lld; head dim without a cuda kernel %lld; strided: "
-                "q %lld, out %lld, misaligned for cuda %lld; "
-                "layouts: %s, misaligned for cuda %lld; quantized: e4m3 %lld, e5m2 %lld, int8 "
-                "%lld, per-head scales %lld, token scales %lld (strided %lld)), malformed %lld; "
-                "batch-invariance checks %lld; failures %lld; worst err/tol %.3g",
-                n.cases, elapsed, elapsed > 0 ? n.cases / elapsed : 0.0, n.valid, n.huge,
-                n.long_ctx, n.empty_batch, n.window, n.soft_cap, n.alibi, n.sinks, n.multi_token,
-                n.tree, n.no_cuda_dim, n.strided_q, n.strided_out, n.misaligned, layouts.c_str(),
-                n.misaligned_kv, n.fp8_e4m3, n.fp8_e5m2, n.int8, n.per_head_scales, n.token_scales,
-                n.strided_token_scales, n.malformed, n.invariance_checks, n.failures,
-                n.worst_ratio);
+  std::snprintf(
+      buf, sizeof buf,
+      "%lld cases in %.1fs (%.0f/s): valid %lld (huge-logit %lld, split-length %lld, "
+      "batch 0 %lld; variants: window %lld, soft-cap %lld, alibi %lld, sinks %lld; "
+      "multi-token %lld, tree masks %lld; head dim without a cuda kernel %lld; strided: "
+      "q %lld, out %lld, misaligned for cuda %lld; "
+      "layouts: %s, misaligned for cuda %lld; quantized: e4m3 %lld, e5m2 %lld, int8 "
+      "%lld, int4 %lld, per-head scales %lld, token scales %lld (strided %lld)), malformed %lld; "
+      "batch-invariance checks %lld; failures %lld; worst err/tol %.3g",
+      n.cases, elapsed, elapsed > 0 ? n.cases / elapsed : 0.0, n.valid, n.huge, n.long_ctx,
+      n.empty_batch, n.window, n.soft_cap, n.alibi, n.sinks, n.multi_token, n.tree, n.no_cuda_dim,
+      n.strided_q, n.strided_out, n.misaligned, layouts.c_str(), n.misaligned_kv, n.fp8_e4m3,
+      n.fp8_e5m2, n.int8, n.int4, n.per_head_scales, n.token_scales, n.strided_token_scales,
+      n.malformed, n.invariance_checks, n.failures, n.worst_ratio);
   return buf;
 }
 

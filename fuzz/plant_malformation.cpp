@@ -159,15 +159,15 @@ void plant_in_dtypes(const FuzzCase& c, BuiltCase& b) {
     case Malformation::kDtypeMismatch:
       // Another plain dtype, or for a quantized cache now and then another quantized format.
       a.v_dtype = is_quantized(a.k_dtype) && (p >> 8) % 3 == 0
-                      ? kQuantizedDTypes[(static_cast<int>(a.k_dtype) - 2 + p % 2) % 3]
+                      ? kQuantizedDTypes[(static_cast<int>(a.k_dtype) - 2 + p % 3) % 4]
                       : kPlainDTypes[(static_cast<int>(a.k_dtype) + 1 + p % 2) % 3];
       b.expected_code = ErrorCode::kUnsupported;
       b.expected_argument = "v_dtype";
       break;
     case Malformation::kBadDtype: {
-      // Values past the last DType (kInt8 = 5) or negative.
+      // Values past the last DType (kInt4 = 6) or negative.
       const DType bad =
-          static_cast<DType>((p >> 8) % 2 ? -1 : 6 + static_cast<int>((p >> 16) % 50));
+          static_cast<DType>((p >> 8) % 2 ? -1 : 7 + static_cast<int>((p >> 16) % 50));
       DType* fields[] = {&a.q_dtype, &a.k_dtype, &a.v_dtype, &a.out_dtype};
       const char* names[] = {"q_dtype", "k_dtype", "v_dtype", "out_dtype"};
       *fields[p % 4] = bad;
@@ -177,7 +177,7 @@ void plant_in_dtypes(const FuzzCase& c, BuiltCase& b) {
     case Malformation::kFp8ValueDtype: {
       // The quantized dtypes store K and V caches only: q or out in e4m3, e5m2 or int8, whatever
       // the cache.
-      (p % 2 ? a.out_dtype : a.q_dtype) = kQuantizedDTypes[(p >> 8) % 3];
+      (p % 2 ? a.out_dtype : a.q_dtype) = kQuantizedDTypes[(p >> 8) % 4];
       b.expected_code = ErrorCode::kUnsupported;
       b.expected_argument = p % 2 ? "out_dtype" : "q_dtype";
       break;

@@ -17,11 +17,15 @@ namespace {
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
+// A row's scales: one, or an int4 row's one per group of 32 values.
+int scales_per_row(const DecodeArgs& a) { return token_scales_per_row(a.k_dtype, a.head_dim); }
+
 // Scales of ones (valid values) for every row of the pool, dense, in b's K and/or V array, args
 // pointed at them.
 void set_ones(BuiltCase& b, bool k, bool v) {
   DecodeArgs& a = b.args;
-  const std::size_t n = static_cast<std::size_t>(a.num_blocks) * a.num_kv_heads * a.block_size;
+  const std::size_t n =
+      static_cast<std::size_t>(a.num_blocks) * a.num_kv_heads * a.block_size * scales_per_row(a);
   if (k) {
     b.k_token_scales.assign(n, 1.f);
     a.k_token_scales = b.k_token_scales.data();
@@ -60,7 +64,9 @@ void plant_unpaired(const FuzzCase& c, BuiltCase& b) {
                                    CacheStrides{-1, 0, 0}};
     a.k_token_scales = a.v_token_scales = nullptr;
     a.token_scale_strides = own.is_default() ? values[(p >> 8) % 4] : own;
-    b.expected_argument = "token_scale_strides.block";
+    // An int4 cache without its group scales is refused before their strides are looked at.
+    b.expected_argument =
+        a.k_dtype == DType::kInt4 ? "k_token_scales" : "token_scale_strides.block";
     return;
   }
   const bool k_missing = kind == 0;
@@ -95,7 +101,8 @@ std::vector<int> checked_tokens(const FuzzCase& c, const BuiltCase& b, int s, bo
 // A row's K or V scale out of [kMinKvScale, kMaxKvScale]: in a token a row reads (three times in
 // four, where the sequence has one), else in any token whose row is checked. Checked sequence by
 // sequence, the one bad row is the error whichever sequence reaches it first (kInvalidArgument,
-// "k_token_scales[block B, kv head H, slot S]" with B the physical block id).
+// "k_token_scales[block B, kv head H, slot S]" with B the physical block id; an int4 row's scale
+// is one of its groups', "[block B, kv head H, slot S, group G]").
 void plant_bad_scale(const FuzzCase& c, BuiltCase& b) {
   const std::uint64_t p = c.bad_param;
   if (!c.token_scales() || b.k_token_scales.empty()) not_applicable(c);
@@ -111,8 +118,10 @@ void plant_bad_scale(const FuzzCase& c, BuiltCase& b) {
   const testing::HostCase& h = b.host;
   const int BS = c.spec.block_size, kv = static_cast<int>((p >> 16) % c.spec.num_kv_heads);
   const int id = h.block_table[static_cast<std::size_t>(s) * h.table_stride + t / BS];
-  const CacheLayout l =
-      CacheLayout::with_strides(h.num_blocks, c.spec.num_kv_heads, BS, 1, c.token_scale_strides());
+  const int groups = scales_per_row(b.args);
+  const int g = static_cast<int>((p >> 48) % groups);
+  const CacheLayout l = CacheLayout::with_strides(h.num_blocks, c.spec.num_kv_heads, BS, groups,
+                                                  c.token_scale_strides());
   const float values[] = {0.f,
                           -0.f,
                           -1.f,
@@ -124,23 +133,27 @@ void plant_bad_scale(const FuzzCase& c, BuiltCase& b) {
                           -std::numeric_limits<float>::max(),
                           std::numeric_limits<float>::denorm_min()};
   const bool v = (p >> 24) % 2;
-  (v ? b.v_token_scales : b.k_token_scales)[static_cast<std::size_t>(l.offset(id, kv, t % BS))] =
+  (v ? b.v_token_scales
+     : b.k_token_scales)[static_cast<std::size_t>(l.offset(id, kv, t % BS) + g)] =
       values[(p >> 32) % (sizeof(values) / sizeof(values[0]))];
-  b.expected_argument = std::string(v ? "v_token_scales" : "k_token_scales") + "[block " +
-                        std::to_string(id) + ", kv head " + std::to_string(kv) + ", slot " +
-                        std::to_string(t % BS) + "]";
+  b.expected_argument =
+      std::string(v ? "v_token_scales" : "k_token_scales") + "[block " + std::to_string(id) +
+      ", kv head " + std::to_string(kv) + ", slot " + std::to_string(t % BS) +
+      (c.spec.kv_dtype == DType::kInt4 ? ", group " + std::to_string(g) : "") + "]";
 }
 
 // The case's token_scale_strides (the explicit dense ones in the default layout) made bad
-// (bad_strides, with rows of one element).
+// (bad_strides, with rows of one element, or an int4 row's head_dim / 32).
 void plant_token_scale_strides(const FuzzCase& c, BuiltCase& b) {
   DecodeArgs& a = b.args;
   if (!c.token_scales()) not_applicable(c);
+  const int n_row = scales_per_row(a);
   const CacheStrides own = c.token_scale_strides();
   const CacheStrides base =
-      own.is_default() ? CacheStrides::hnd(a.num_kv_heads, a.block_size, 1) : own;
-  const BadStrides bad = bad_strides(
-      {base, a.num_blocks, a.num_kv_heads, a.block_size, 1, "token_scale_strides"}, c.bad_param);
+      own.is_default() ? CacheStrides::hnd(a.num_kv_heads, a.block_size, n_row) : own;
+  const BadStrides bad =
+      bad_strides({base, a.num_blocks, a.num_kv_heads, a.block_size, n_row, "token_scale_strides"},
+                  c.bad_param);
   if (bad.field.empty()) not_applicable(c);
   a.token_scale_strides = bad.strides;
   b.expected_argument = bad.field;

@@ -180,6 +180,7 @@ void smaller_dims(const FuzzCase& c, Candidates& add) {
   const testing::CaseSpec& s = c.spec;
   for (int d : kSupportedHeadDims) {
     if (d >= s.head_dim) break;
+    if (s.kv_dtype == DType::kInt4 && d % kInt4GroupSize != 0) continue;  // groups of 32
     add([&](testing::CaseSpec& t, FuzzCase&) { t.head_dim = d; });
   }
   const int G = s.num_heads / std::max(s.num_kv_heads, 1);
@@ -237,7 +238,10 @@ void plainer_values(const FuzzCase& c, Candidates& add) {
       no_token_scales(n);
     });
   }
-  if (c.token_scales()) add([](testing::CaseSpec&, FuzzCase& n) { no_token_scales(n); });
+  // (An int4 cache keeps its group scales.)
+  if (c.token_scales() && s.kv_dtype != DType::kInt4) {
+    add([](testing::CaseSpec&, FuzzCase& n) { no_token_scales(n); });
+  }
   if (c.token_scale_layout != TokenScaleLayout::kDense) {
     add([](testing::CaseSpec&, FuzzCase& n) {
       n.token_scale_layout = TokenScaleLayout::kDense;

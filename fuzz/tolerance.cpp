@@ -30,14 +30,18 @@ double dequantized_row(const DecodeArgs& a, int b, int t, int kv, double* k) {
   const BlockTableView table{a.block_table, a.max_blocks_per_seq, a.table_stride()};
   const int id = table.block(b, t / a.block_size), slot = t % a.block_size;
   const std::int64_t base = layout.offset(id, kv, slot);
-  double ks = k_scale_of(a, kv), vs = v_scale_of(a, kv);
-  if (a.k_token_scales != nullptr) {
-    const std::int64_t at = a.token_scale_layout().offset(id, kv, slot);
-    ks *= a.k_token_scales[at];
-    vs *= a.v_token_scales[at];
-  }
+  const double k_head = k_scale_of(a, kv), v_head = v_scale_of(a, kv);
+  // A row's own scales: one, or an int4 row's one per group of 32 values.
+  const int group = a.head_dim / token_scales_per_row(a.k_dtype, a.head_dim);
+  const std::int64_t at =
+      a.k_token_scales != nullptr ? a.token_scale_layout().offset(id, kv, slot) : 0;
   double vmax = 0;
   for (int d = 0; d < a.head_dim; ++d) {
+    double ks = k_head, vs = v_head;
+    if (a.k_token_scales != nullptr) {
+      ks *= a.k_token_scales[at + d / group];
+      vs *= a.v_token_scales[at + d / group];
+    }
     k[d] = load_as_float(a.k_cache, a.k_dtype, base + d) * ks;
     vmax = std::max(vmax, std::fabs(load_as_float(a.v_cache, a.v_dtype, base + d) * vs));
   }

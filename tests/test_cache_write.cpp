@@ -306,7 +306,7 @@ TEST(CacheWrite, EveryFieldIsChecked) {
        ErrorCode::kUnsupported, "block_size", "block_size = 257"},
       {[](WriteCase&, CacheWriteArgs& a, CacheOpOptions&) { a.num_blocks = -3; },
        ErrorCode::kInvalidArgument, "num_blocks", "num_blocks = -3"},
-      {[](WriteCase&, CacheWriteArgs& a, CacheOpOptions&) { a.src_dtype = static_cast<DType>(6); },
+      {[](WriteCase&, CacheWriteArgs& a, CacheOpOptions&) { a.src_dtype = static_cast<DType>(16); },
        ErrorCode::kInvalidArgument, "src_dtype", "not a DType"},
       {[](WriteCase&, CacheWriteArgs& a, CacheOpOptions&) {
          a.cache_dtype = static_cast<DType>(-1);

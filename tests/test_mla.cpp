@@ -482,6 +482,8 @@ TEST(MlaValidation, BadArgumentsAreErrorsAndWriteNothing) {
       {"block size 0", "block_size", uns, [](MlaDecodeArgs& a, MlaCase&) { a.block_size = 0; }},
       {"int8 cache", "kv_dtype", uns,
        [](MlaDecodeArgs& a, MlaCase&) { a.kv_dtype = DType::kInt8; }},
+      {"int4 cache", "kv_dtype", uns,
+       [](MlaDecodeArgs& a, MlaCase&) { a.kv_dtype = DType::kInt4; }},
       {"fp8 q", "q_dtype", uns, [](MlaDecodeArgs& a, MlaCase&) { a.q_dtype = DType::kFP8E4M3; }},
       {"scale on bf16", "kv_scale", inv, [](MlaDecodeArgs& a, MlaCase&) { a.kv_scale = 2.f; }},
       {"overlapping latent rows", "c_strides.token", inv,

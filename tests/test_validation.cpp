@@ -185,7 +185,7 @@ TEST(Validation, DtypesOutsideTheEnum) {
   const std::vector<std::pair<std::string, std::function<void(DecodeArgs&)>>> cases = {
       {"q_dtype", [](DecodeArgs& a) { a.q_dtype = static_cast<DType>(7); }},
       {"k_dtype", [](DecodeArgs& a) { a.k_dtype = static_cast<DType>(-1); }},
-      {"v_dtype", [](DecodeArgs& a) { a.v_dtype = static_cast<DType>(6); }},
+      {"v_dtype", [](DecodeArgs& a) { a.v_dtype = static_cast<DType>(16); }},
       {"out_dtype", [](DecodeArgs& a) { a.out_dtype = static_cast<DType>(42); }},
   };
   for (const auto& [name, mutate] : cases) {

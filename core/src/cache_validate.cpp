@@ -38,8 +38,10 @@ void validate_write_args(const CacheWriteArgs& a) {
   require_value_dtype("src_dtype", a.src_dtype);
   require_dtype("cache_dtype", a.cache_dtype);
   require_cache_scales("cache_dtype", a.cache_dtype, a.k_scale, a.v_scale, a.k_scales, a.v_scales);
+  require_int4_cache(a.cache_dtype, a.head_dim, a.kv_strides);
   require_token_scales("cache_dtype", a.cache_dtype, a.k_token_scales, a.v_token_scales,
-                       a.token_scale_strides, a.num_blocks, a.num_kv_heads, a.block_size);
+                       a.token_scale_strides, a.num_blocks, a.num_kv_heads, a.block_size,
+                       a.head_dim);
   if (a.src_token_stride != 0 &&
       a.src_token_stride < static_cast<std::int64_t>(a.num_kv_heads) * a.head_dim) {
     std::ostringstream v;
@@ -61,8 +63,10 @@ void validate_copy_args(const CopyBlocksArgs& a) {
   validate_pool(a.num_kv_heads, a.head_dim, a.block_size, a.num_blocks);
   require_cache_strides(a.kv_strides, a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
   require_dtype("cache_dtype", a.cache_dtype);
+  require_int4_cache(a.cache_dtype, a.head_dim, a.kv_strides);
   require_token_scales("cache_dtype", a.cache_dtype, a.k_token_scales, a.v_token_scales,
-                       a.token_scale_strides, a.num_blocks, a.num_kv_heads, a.block_size);
+                       a.token_scale_strides, a.num_blocks, a.num_kv_heads, a.block_size,
+                       a.head_dim);
   if (a.num_pairs < 0) {
     fail(ErrorCode::kInvalidArgument, "num_pairs", a.num_pairs, "must not be negative");
   }

@@ -151,7 +151,7 @@ void validate_mla_shapes(const MlaDecodeArgs& a, bool require_out) {
   require_value_dtype("q_dtype", a.q_dtype);
   require_value_dtype("out_dtype", a.out_dtype);
   require_dtype("kv_dtype", a.kv_dtype);
-  if (a.kv_dtype == DType::kInt8) {
+  if (a.kv_dtype == DType::kInt8 || a.kv_dtype == DType::kInt4) {
     fail(ErrorCode::kUnsupported, "kv_dtype", dtype_name(a.kv_dtype),
          "an MLA cache is f32, f16, bf16 or fp8");
   }

@@ -67,19 +67,20 @@ ReferenceResult reference_decode(const DecodeArgs& a) {
         const double ks = static_cast<double>(a.k_scale) * (a.k_scales ? a.k_scales[kv] : 1.f);
         const double vs = static_cast<double>(a.v_scale) * (a.v_scales ? a.v_scales[kv] : 1.f);
         // Gather the attended keys and values: one row per token, each times its own scale
-        // where there are per-token scales.
+        // where there are per-token scales (int4: element d times its group's, d / 32).
+        const int group_len = D / token_scales_per_row(a.k_dtype, D);
         Eigen::MatrixXd K(n, D), V(n, D);
         for (int j = 0; j < n; ++j) {
           const int t = attended[j];
           const int id = table.block(b, t / a.block_size), slot = t % a.block_size;
           const std::int64_t base = layout.offset(id, kv, slot);
-          double kt = ks, vt = vs;
-          if (a.k_token_scales != nullptr) {
-            const std::int64_t row = scale_layout.offset(id, kv, slot);
-            kt *= a.k_token_scales[row];
-            vt *= a.v_token_scales[row];
-          }
+          const std::int64_t row = scale_layout.offset(id, kv, slot);
           for (int d = 0; d < D; ++d) {
+            double kt = ks, vt = vs;
+            if (a.k_token_scales != nullptr) {
+              kt *= a.k_token_scales[row + d / group_len];
+              vt *= a.v_token_scales[row + d / group_len];
+            }
             K(j, d) = load_as_float(a.k_cache, a.k_dtype, base + d) * kt;
             V(j, d) = load_as_float(a.v_cache, a.v_dtype, base + d) * vt;
           }

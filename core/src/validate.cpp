@@ -119,21 +119,45 @@ void require_cache_scales(const char* dtype_field, DType cache, float k_scale, f
   require_kv_scale("v_scale", v_scale);
   if (is_quantized(cache)) return;
   const std::string why = std::string("applies to quantized caches only (") + dtype_field +
-                          " fp8_e4m3, fp8_e5m2 or int8)";
+                          " fp8_e4m3, fp8_e5m2, int8 or int4)";
   if (k_scale != 1.f) fail(ErrorCode::kUnsupported, "k_scale", k_scale, why);
   if (v_scale != 1.f) fail(ErrorCode::kUnsupported, "v_scale", v_scale, why);
   if (k_scales != nullptr) fail(ErrorCode::kUnsupported, "k_scales", "set", why);
   if (v_scales != nullptr) fail(ErrorCode::kUnsupported, "v_scales", "set", why);
 }
 
+void require_int4_cache(DType cache, int head_dim, const CacheStrides& kv_strides) {
+  if (cache != DType::kInt4) return;
+  if (head_dim % kInt4GroupSize != 0) {
+    fail(ErrorCode::kUnsupported, "head_dim", head_dim,
+         "unsupported for an int4 cache: it must be a multiple of 32 (a scale per group of 32 "
+         "values)");
+  }
+  const std::pair<const char*, std::int64_t> named[] = {{"kv_strides.block", kv_strides.block},
+                                                        {"kv_strides.head", kv_strides.head},
+                                                        {"kv_strides.token", kv_strides.token}};
+  for (const auto& [name, v] : named) {
+    if (v % 2 != 0) {
+      fail(ErrorCode::kInvalidArgument, name, v,
+           "must be even for an int4 cache (strides count 4-bit codes, two to a byte: each row "
+           "starts on a byte)");
+    }
+  }
+}
+
 void require_token_scales(const char* dtype_field, DType cache, const float* k_token_scales,
                           const float* v_token_scales, const CacheStrides& strides, int num_blocks,
-                          int num_kv_heads, int block_size) {
+                          int num_kv_heads, int block_size, int head_dim) {
   const bool k = k_token_scales != nullptr, v = v_token_scales != nullptr;
   if (k != v) {
     fail(ErrorCode::kInvalidArgument, k ? "v_token_scales" : "k_token_scales", "null",
          std::string("must be set with ") + (k ? "k_token_scales" : "v_token_scales") +
              " (per-token scales come in pairs)");
+  }
+  if (!k && cache == DType::kInt4) {
+    fail(ErrorCode::kInvalidArgument, "k_token_scales", "null",
+         std::string("an int4 cache (") + dtype_field +
+             ") needs its group scales: k_token_scales and v_token_scales, head_dim / 32 per row");
   }
   if (!k) {
     if (!strides.is_default()) {
@@ -145,9 +169,10 @@ void require_token_scales(const char* dtype_field, DType cache, const float* k_t
   if (!is_quantized(cache)) {
     fail(ErrorCode::kUnsupported, "k_token_scales", "set",
          std::string("applies to quantized caches only (") + dtype_field + " is " +
-             dtype_name(cache) + "; per-token scales take fp8_e4m3, fp8_e5m2 or int8)");
+             dtype_name(cache) + "; per-token scales take fp8_e4m3, fp8_e5m2, int8 or int4)");
   }
-  require_cache_strides(strides, num_blocks, num_kv_heads, block_size, 1, "token_scale_strides");
+  require_cache_strides(strides, num_blocks, num_kv_heads, block_size,
+                        token_scales_per_row(cache, head_dim), "token_scale_strides");
 }
 
 void require_kv_scale(const char* name, float v) {
@@ -176,6 +201,12 @@ void require_cuda_head_dim(int head_dim) {
   fail(ErrorCode::kUnsupported, "head_dim", head_dim,
        "the CUDA backend has no kernel for this head dim yet (its head dims: " +
            head_dims_list(kCudaHeadDims) + "; the CPU backend takes it)");
+}
+
+void require_cuda_cache_dtype(const char* name, DType cache) {
+  if (cache != DType::kInt4) return;
+  fail(ErrorCode::kUnsupported, name, dtype_name(cache),
+       "the CUDA backend has no int4 caches yet (the CPU backend takes them)");
 }
 
 void require_backend(const char* name, Backend b) {
@@ -370,8 +401,10 @@ void validate_shapes(const DecodeArgs& a, bool require_out) {
          std::string("must equal k_dtype (") + dtype_name(a.k_dtype) + ")");
   }
   require_cache_scales("k_dtype", a.k_dtype, a.k_scale, a.v_scale, a.k_scales, a.v_scales);
+  require_int4_cache(a.k_dtype, a.head_dim, a.kv_strides);
   require_token_scales("k_dtype", a.k_dtype, a.k_token_scales, a.v_token_scales,
-                       a.token_scale_strides, a.num_blocks, a.num_kv_heads, a.block_size);
+                       a.token_scale_strides, a.num_blocks, a.num_kv_heads, a.block_size,
+                       a.head_dim);
   if (a.scale && !std::isfinite(*a.scale)) {
     fail(ErrorCode::kInvalidArgument, "scale", *a.scale, "must be finite");
   }
@@ -463,18 +496,26 @@ void validate_token_scales(const DecodeArgs& a, const float* k_token_scales,
   const BlockTableView table{block_table, a.max_blocks_per_seq, a.table_stride()};
   // The first n rows of (block id, kv head kv): a branch-free pass over them (this runs on every
   // decode call), then, only where one is out of range, the search for the first such row.
+  // A row has `groups` scales (int4: one per group of 32 values; an error names the group).
+  const int groups = token_scales_per_row(a.k_dtype, a.head_dim);
   const auto check = [&](const char* name, const float* scales, int id, int kv, int n) {
     const float* row = scales + layout.offset(id, kv, 0);
     const std::int64_t step = layout.token_stride;
     bool bad = false;
     for (int slot = 0; slot < n; ++slot) {
-      const float x = row[slot * step];
-      bad |= !(x >= kMinKvScale && x <= kMaxKvScale);
+      for (int g = 0; g < groups; ++g) {
+        const float x = row[slot * step + g];
+        bad |= !(x >= kMinKvScale && x <= kMaxKvScale);
+      }
     }
     for (int slot = 0; bad && slot < n; ++slot) {
-      std::ostringstream arg;
-      arg << name << "[block " << id << ", kv head " << kv << ", slot " << slot << "]";
-      require_kv_scale(arg.str().c_str(), row[slot * step]);
+      for (int g = 0; g < groups; ++g) {
+        std::ostringstream arg;
+        arg << name << "[block " << id << ", kv head " << kv << ", slot " << slot;
+        if (a.k_dtype == DType::kInt4) arg << ", group " << g;
+        arg << "]";
+        require_kv_scale(arg.str().c_str(), row[slot * step + g]);
+      }
     }
   };
   for (int b = 0; b < a.batch; ++b) {

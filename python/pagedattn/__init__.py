@@ -15,10 +15,11 @@ sinks) and several query tokens per sequence (q_indptr), causal or under a tree 
 (tree_mask). The caches may be laid out HND [num_blocks, num_kv_heads, block_size, head_dim] or
 NHD [num_blocks, block_size, num_kv_heads, head_dim] (kv_layout), with any strides: K and V as
 views into one tensor work in place. They may hold f32, f16, bf16, or quantized codes: fp8 (e4m3
-or e5m2) or int8, with per-tensor, per-kv-head and per-token scales.
+or e5m2) or int8, with per-tensor, per-kv-head and per-token scales, or int4 (two 4-bit codes a
+byte, marked with pagedattn.int4(), with a scale per group of 32 values of every row).
 
 Functions: decode, pack_tree_masks, write_cache, copy_blocks, merge_states, workspace_size, bf16,
-fp8_e4m3, fp8_e5m2; class BlockManager.
+fp8_e4m3, fp8_e5m2, int4; class BlockManager.
 See docs/python.md in the source tree for the whole story.
 """
 
@@ -45,9 +46,11 @@ __all__ = [
     "BlockManager",
     "BF16Bits",
     "FP8Bits",
+    "Int4Bits",
     "bf16",
     "fp8_e4m3",
     "fp8_e5m2",
+    "int4",
     "decode",
     "pack_tree_masks",
     "write_cache",
@@ -140,8 +143,32 @@ def fp8_e5m2(tensor: Tensor) -> FP8Bits:
     return FP8Bits(tensor, "fp8_e5m2")
 
 
+class Int4Bits:
+    """An 8-bit integer tensor (uint8 or int8) holding packed int4 codes of a K or V cache: two
+    signed 4-bit codes a byte (-7 to 7 written; -8 read as -8), the element of even index in the
+    low nibble. Its last dimension is head_dim / 2 bytes, and its strides count bytes. An int4
+    cache always comes with its group scales (``k_token_scales``, ``v_token_scales``: float32
+    ``[num_blocks, num_kv_heads, block_size, head_dim / 32]``, one per group of 32 values of a
+    row); head_dim must be a multiple of 32 (docs/kv_quantization.md).
+    """
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: Tensor) -> None:
+        self.tensor = tensor
+
+    def __repr__(self) -> str:
+        return f"pagedattn.int4({self.tensor!r})"
+
+
+def int4(tensor: Tensor) -> Int4Bits:
+    """Marks ``tensor`` (uint8 or int8 elements, ``[..., head_dim / 2]``) as holding packed int4
+    cache codes, two a byte, the even element in the low nibble."""
+    return Int4Bits(tensor)
+
+
 # The marked integer tensors: the module reads them as the dtype the mark names.
-_MARKED = (BF16Bits, FP8Bits)
+_MARKED = (BF16Bits, FP8Bits, Int4Bits)
 
 
 def _remark(like: Any, x: Any) -> Any:
@@ -150,6 +177,8 @@ def _remark(like: Any, x: Any) -> Any:
         return BF16Bits(x)
     if isinstance(like, FP8Bits):
         return FP8Bits(x, like.format)
+    if isinstance(like, Int4Bits):
+        return Int4Bits(x)
     return x
 
 
@@ -227,6 +256,9 @@ def _unwrap(x: Any, name: str, tags: List[str]) -> Any:
         x = x.tensor
     elif isinstance(x, FP8Bits):
         tags.append(f"{name}:{x.format}")
+        x = x.tensor
+    elif isinstance(x, Int4Bits):
+        tags.append(f"{name}:int4")
         x = x.tensor
     else:
         np = sys.modules.get("numpy")

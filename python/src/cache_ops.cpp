@@ -126,7 +126,9 @@ void write_cache(nb::handle key_h, nb::handle value_h, nb::handle slots_h, nb::h
   const DType src = shared_float_dtype(key, value);
   slots.require_int32();
   key.require_dim(1, c.k.shape[layout.heads_dim()], layout.kv_heads_ref());
-  key.require_dim(2, c.k.shape[3], "head_dim, k_cache.shape[3]");
+  key.require_dim(2, c.dims.head_dim,
+                  c.k.codes_per_element() == 2 ? "head_dim, 2 x k_cache.shape[3] (int4 codes)"
+                                               : "head_dim, k_cache.shape[3]");
   value.require_shape_of(key);
   slots.require_dim(0, key.shape[0], "num_tokens, key.shape[0]");
   slots.require_contiguous();

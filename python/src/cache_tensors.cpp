@@ -23,7 +23,8 @@ KvLayout parse_kv_layout(const std::string& s) {
 }
 
 PoolDims pool_dims(const Tensor& k, KvLayout layout) {
-  return {k.dim_int(0), k.dim_int(layout.heads_dim()), k.dim_int(layout.slots_dim()), k.dim_int(3)};
+  return {k.dim_int(0), k.dim_int(layout.heads_dim()), k.dim_int(layout.slots_dim()),
+          k.dim_int(3) * k.codes_per_element()};
 }
 
 namespace {
@@ -46,7 +47,7 @@ std::vector<std::int64_t> effective_strides(const Tensor& t) {
 // A pair laid out as dense HND gets the default strides, exactly what the library got before
 // strided caches existed.
 pagedattn::CacheStrides pool_strides(const Tensor& k, const Tensor& v, int heads_dim, int slots_dim,
-                                     int row, const char* field) {
+                                     int row, const char* field, int per_element) {
   // A pool with nothing in it is never read; its strides (NumPy 2 gives an empty array zero
   // strides) say nothing.
   if (k.numel() == 0) return {};
@@ -65,7 +66,8 @@ pagedattn::CacheStrides pool_strides(const Tensor& k, const Tensor& v, int heads
   }
   const int num_blocks = k.dim_int(0), num_kv_heads = k.dim_int(heads_dim);
   const int block_size = k.dim_int(slots_dim);
-  const pagedattn::CacheStrides s{ks[0], ks[heads_dim], ks[slots_dim]};
+  const pagedattn::CacheStrides s{ks[0] * per_element, ks[heads_dim] * per_element,
+                                  ks[slots_dim] * per_element};
   const pagedattn::CacheStrides hnd = pagedattn::CacheStrides::hnd(num_kv_heads, block_size, row);
   if ((num_blocks == 1 || s.block == hnd.block) && (num_kv_heads == 1 || s.head == hnd.head) &&
       (block_size == 1 || s.token == hnd.token)) {
@@ -91,7 +93,22 @@ pagedattn::CacheStrides cache_strides(const Tensor& k, const Tensor& v, KvLayout
              "the last dimension (head_dim) must be contiguous (stride 1)");
     }
   }
-  return pool_strides(k, v, layout.heads_dim(), layout.slots_dim(), k.dim_int(3), "kv_strides");
+  // Packed int4 codes: the strides count bytes, the library's count codes (two a byte).
+  const int per = k.codes_per_element();
+  return pool_strides(k, v, layout.heads_dim(), layout.slots_dim(), k.dim_int(3) * per,
+                      "kv_strides", per);
+}
+
+void require_cache_head_dim(const Tensor& k, std::int64_t head_dim) {
+  if (k.codes_per_element() == 2) {  // two int4 codes a byte
+    if (head_dim % 2 != 0 || k.shape[3] != head_dim / 2) {
+      reject(ErrorCode::kInvalidArgument, k.name, ".shape", k.shape_str(),
+             "dimension 3 must be head_dim / 2, q.shape[2] / 2 = " + std::to_string(head_dim) +
+                 " / 2 (two int4 codes a byte)");
+    }
+    return;
+  }
+  k.require_dim(3, head_dim, "head_dim, q.shape[2]");
 }
 
 CachePair cache_pair(nb::handle k_h, nb::handle v_h, const std::vector<std::string>& tags,

@@ -52,8 +52,10 @@ PoolDims pool_dims(const Tensor& k, KvLayout layout);
 // V must step alike, with positive strides and rows that do not overlap (the library's
 // require_cache_strides, whose error, naming `field`, is told as k's); a pair laid out as dense
 // HND gets the default strides.
+// per_element: the library's elements in one of the tensors' (2 for packed int4 codes), which
+// multiplies the strides; `row` counts the library's elements.
 pagedattn::CacheStrides pool_strides(const Tensor& k, const Tensor& v, int heads_dim, int slots_dim,
-                                     int row, const char* field);
+                                     int row, const char* field, int per_element = 1);
 
 // kv_strides for a K/V cache pair of equal shapes, from the tensors' element strides. head_dim
 // must be contiguous, and K and V must step alike: the library takes one set of strides for
@@ -81,6 +83,9 @@ struct CachePair {
     a.cache_dtype = dtype;
   }
 };
+
+// k_cache's last dimension against q's head_dim: equal, or half of it for packed int4 codes.
+void require_cache_head_dim(const Tensor& k, std::int64_t head_dim);
 
 CachePair cache_pair(nb::handle k_h, nb::handle v_h, const std::vector<std::string>& tags,
                      KvLayout layout);

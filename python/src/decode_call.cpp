@@ -82,7 +82,7 @@ DecodeCall decode_inputs(nb::handle q_h, nb::handle k_h, nb::handle v_h, nb::han
   lens.require_int32();
 
   v.require_shape_of(k);
-  k.require_dim(3, q.shape[2], "head_dim, q.shape[2]");
+  require_cache_head_dim(k, q.shape[2]);
   if (query_tokens) {
     table.require_dim(0, lens.shape[0], "batch, context_lens.shape[0]");
   } else {
@@ -350,7 +350,7 @@ std::size_t workspace_size(nb::handle q, nb::handle k_cache, nb::handle block_ta
   qt.require_ndim(3, q_dims(max_q_len.has_value()));
   k.require_ndim(4, layout.dims());
   table.require_ndim(2, "[batch, max_blocks_per_seq]");
-  k.require_dim(3, qt.shape[2], "head_dim, q.shape[2]");
+  require_cache_head_dim(k, qt.shape[2]);
   if (!max_q_len) table.require_dim(0, qt.shape[0], "batch, q.shape[0]");
   k.require_device(qt.device, "q");
   table.require_device(qt.device, "q");

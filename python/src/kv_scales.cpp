@@ -38,7 +38,15 @@ void TokenScales::read(nb::handle k_h, nb::handle v_h, const Tensor& cache, KvLa
   }
   k = scales_tensor(k_h, "k_token_scales", cache, layout, writable);
   v = scales_tensor(v_h, "v_token_scales", cache, layout, writable);
-  strides = pool_strides(k, v, 1, 2, 1, "token_scale_strides");
+  // An int4 cache's group scales: [..., head_dim / 32], the last dimension contiguous.
+  const int groups = k.ndim() == 4 ? k.dim_int(3) : 1;
+  for (const Tensor* t : {&k, &v}) {
+    if (groups > 1 && t->numel() > 0 && t->strides[3] != 1) {
+      reject(ErrorCode::kInvalidArgument, t->name, ".strides", t->strides_str(),
+             "the last dimension (a row's group scales) must be contiguous (stride 1)");
+    }
+  }
+  strides = pool_strides(k, v, 1, 2, groups, "token_scale_strides");
   given = true;
 }
 
@@ -50,10 +58,16 @@ float* TokenScales::data(const Tensor& t) {
 Tensor TokenScales::scales_tensor(nb::handle h, const char* name, const Tensor& cache,
                                   KvLayout layout, bool writable) {
   Tensor t = writable ? output(h, name) : input(h, name);
-  t.require_ndim(3, "[num_blocks, num_kv_heads, block_size]");
+  const bool int4 = cache.codes_per_element() == 2;
+  if (int4) {  // a scale per group of 32 values of a row
+    t.require_ndim(4, "[num_blocks, num_kv_heads, block_size, head_dim / 32] (int4 group scales)");
+  } else {
+    t.require_ndim(3, "[num_blocks, num_kv_heads, block_size]");
+  }
   t.require_dim(0, cache.shape[0], "num_blocks, k_cache.shape[0]");
   t.require_dim(1, cache.shape[layout.heads_dim()], layout.kv_heads_ref());
   t.require_dim(2, cache.shape[layout.slots_dim()], layout.slots_ref());
+  if (int4) t.require_dim(3, cache.shape[3] * 2 / 32, "head_dim / 32, k_cache.shape[3] / 16");
   t.require_float32();
   t.require_device(cache.device, "k_cache");
   return t;

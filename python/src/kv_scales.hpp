@@ -37,7 +37,9 @@ struct KvScales {
 };
 
 // The per-token scales (k_token_scales, v_token_scales), both or neither: f32
-// [num_blocks, num_kv_heads, block_size], in this order whatever the caches' kv_layout, on the
+// [num_blocks, num_kv_heads, block_size] (an int4 cache's group scales [num_blocks, num_kv_heads,
+// block_size, head_dim / 32], the last dimension contiguous), in this order whatever the caches'
+// kv_layout, on the
 // caches' device, in any strides with positive steps and no two rows at one address, the same in
 // both (two views into one tensor work); the strides become token_scale_strides, as the caches'
 // become kv_strides. decode reads them; write_cache and copy_blocks write them (`writable`).

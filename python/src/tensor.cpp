@@ -60,13 +60,16 @@ std::string tuple_str(const std::vector<std::int64_t>& values) {
 DType Tensor::float_dtype() const {
   using Code = nb::dlpack::dtype_code;
   if (marked) {
-    const int bits = pagedattn::is_fp8(*marked) ? 8 : 16;
+    const bool int4 = *marked == DType::kInt4;
+    const int bits = pagedattn::is_fp8(*marked) || int4 ? 8 : 16;
     if (has_dtype(dt, Code::UInt, bits) || has_dtype(dt, Code::Int, bits)) return *marked;
     reject(ErrorCode::kInvalidArgument, name, ".dtype", dtype_str(dt),
-           bits == 8 ? std::string("pagedattn.") + pagedattn::dtype_name(*marked) +
-                           "() marks an 8-bit integer tensor holding fp8 codes"
-                     : std::string("pagedattn.bf16() marks a 16-bit integer tensor holding bf16 "
-                                   "bit patterns"));
+           int4        ? std::string("pagedattn.int4() marks an 8-bit integer tensor holding two "
+                                            "int4 codes a byte")
+           : bits == 8 ? std::string("pagedattn.") + pagedattn::dtype_name(*marked) +
+                             "() marks an 8-bit integer tensor holding fp8 codes"
+                       : std::string("pagedattn.bf16() marks a 16-bit integer tensor holding bf16 "
+                                     "bit patterns"));
   }
   if (has_dtype(dt, Code::Float, 32)) return DType::kF32;
   if (has_dtype(dt, Code::Float, 16)) return DType::kF16;

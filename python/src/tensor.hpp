@@ -39,10 +39,13 @@ struct Tensor {
   Device device;
   // The storage dtype a marked integer tensor holds: kBF16 for a 16-bit one marked with
   // pagedattn.bf16(), kFP8E4M3 or kFP8E5M2 for an 8-bit one marked with pagedattn.fp8_e4m3() or
-  // pagedattn.fp8_e5m2() (NumPy has neither type).
+  // pagedattn.fp8_e5m2() (NumPy has neither type), kInt4 for an 8-bit one marked with
+  // pagedattn.int4() (two codes a byte: its last dimension, and its strides, count bytes).
   std::optional<DType> marked;
 
   int ndim() const { return static_cast<int>(shape.size()); }
+  // The library's elements in one of the tensor's: 2 for packed int4 codes, else 1.
+  int codes_per_element() const { return marked == DType::kInt4 ? 2 : 1; }
   std::int64_t numel() const {
     std::int64_t n = 1;
     for (auto s : shape) n *= s;

@@ -79,8 +79,8 @@ Tensor import_tensor(nb::handle h, const std::string& name, bool writable,
 }
 
 // The dtype `tags` gives the argument `name`: an entry "name" or "name:bf16" marks bf16 bits,
-// "name:fp8_e4m3" and "name:fp8_e5m2" fp8 codes (pagedattn.bf16() and the rest). An entry of
-// another form is an error naming `tags`.
+// "name:fp8_e4m3" and "name:fp8_e5m2" fp8 codes, "name:int4" packed int4 codes (pagedattn.bf16()
+// and the rest). An entry of another form is an error naming `tags`.
 std::optional<DType> tagged(const std::vector<std::string>& tags, const char* name) {
   const std::size_t n = std::char_traits<char>::length(name);
   for (const std::string& tag : tags) {
@@ -91,8 +91,9 @@ std::optional<DType> tagged(const std::vector<std::string>& tags, const char* na
     if (kind == "bf16") return DType::kBF16;
     if (kind == "fp8_e4m3") return DType::kFP8E4M3;
     if (kind == "fp8_e5m2") return DType::kFP8E5M2;
+    if (kind == "int4") return DType::kInt4;
     reject(ErrorCode::kInvalidArgument, "tags", "", "'" + tag + "'",
-           "expected 'name', 'name:bf16', 'name:fp8_e4m3' or 'name:fp8_e5m2'");
+           "expected 'name', 'name:bf16', 'name:fp8_e4m3', 'name:fp8_e5m2' or 'name:int4'");
   }
   return std::nullopt;
 }

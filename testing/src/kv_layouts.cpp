@@ -1,5 +1,6 @@
 #include "pagedattn/testing/kv_layouts.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -69,7 +70,7 @@ void KvStorage::apply(DecodeArgs& a, const void* base_k, const void* base_v) con
   a.kv_strides = geometry.strides;
   a.k_cache = base_k;
   a.v_cache = static_cast<const std::uint8_t*>(geometry.shared ? base_k : base_v) +
-              geometry.v_offset * static_cast<std::int64_t>(dtype_size(a.k_dtype));
+              dtype_bytes(a.k_dtype, geometry.v_offset);
 }
 
 KvStorage store_kv(const HostCase& c, KvLayout layout) {
@@ -83,24 +84,31 @@ KvStorage store_kv(const HostCase& c, KvLayout layout, const KvGeometry& geometr
   KvStorage st;
   st.layout = layout;
   st.geometry = geometry;
-  const std::size_t elem = dtype_size(s.kv_dtype);
+  // Bytes of an element offset or count (int4: two codes a byte, every offset even).
+  const auto bytes = [&](std::int64_t n) {
+    return static_cast<std::size_t>(dtype_bytes(s.kv_dtype, n));
+  };
   const std::size_t n = static_cast<std::size_t>(st.geometry.elements);
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  st.k.assign(n * elem, 0);
-  for (std::size_t i = 0; i < n; ++i) store_from_float(st.k.data(), s.kv_dtype, i, nan);
+  st.k.assign(bytes(static_cast<std::int64_t>(n)), 0);
+  if (s.kv_dtype == DType::kInt4) {
+    std::fill(st.k.begin(), st.k.end(), 0x88);  // code -8 (never written) where no row is
+  } else {
+    for (std::size_t i = 0; i < n; ++i) store_from_float(st.k.data(), s.kv_dtype, i, nan);
+  }
   if (!st.geometry.shared) st.v = st.k;
   std::uint8_t* v_base =
-      st.geometry.shared ? st.k.data() + st.geometry.v_offset * elem : st.v.data();
+      st.geometry.shared ? st.k.data() + bytes(st.geometry.v_offset) : st.v.data();
   const CacheLayout from =
       CacheLayout::dense(c.num_blocks, s.num_kv_heads, s.block_size, s.head_dim);
   const CacheLayout to = CacheLayout::with_strides(c.num_blocks, s.num_kv_heads, s.block_size,
                                                    s.head_dim, st.geometry.strides);
-  const std::size_t row = static_cast<std::size_t>(s.head_dim) * elem;
+  const std::size_t row = bytes(s.head_dim);
   for (int b = 0; b < c.num_blocks; ++b) {
     for (int h = 0; h < s.num_kv_heads; ++h) {
       for (int t = 0; t < s.block_size; ++t) {
-        const std::size_t src = static_cast<std::size_t>(from.offset(b, h, t)) * elem;
-        const std::size_t dst = static_cast<std::size_t>(to.offset(b, h, t)) * elem;
+        const std::size_t src = bytes(from.offset(b, h, t));
+        const std::size_t dst = bytes(to.offset(b, h, t));
         std::memcpy(st.k.data() + dst, c.k.data() + src, row);
         std::memcpy(v_base + dst, c.v.data() + src, row);
       }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "pagedattn/cache_layout.hpp"
@@ -26,6 +27,15 @@ void naive_rows(const DecodeArgs& a, int threads) {
   const CacheLayout scale_layout = a.token_scale_layout();
   const auto row_scale = [&](const float* scales, int id, int kv, int slot) {
     return scales != nullptr ? scales[scale_layout.offset(id, kv, slot)] : 1.f;
+  };
+  // Value d of the row at element offset `row` (int4: a code, times its group's scale `group`).
+  constexpr bool kInt4 = std::is_same_v<T, int4x2_t>;
+  const auto value = [&](const T* cache, std::int64_t row, int d, const float* group) {
+    if constexpr (kInt4) {
+      return static_cast<float>(int4_code(&cache->bits, row + d)) * group[d / kInt4GroupSize];
+    } else {
+      return to_float(cache[row + d]);
+    }
   };
   // Each query token's sequence and the context it attends to: with q_indptr, token i of
   // sequence b's n at position P = L_b - n + i is a query of a context of P + 1 tokens, and
@@ -71,10 +81,12 @@ void naive_rows(const DecodeArgs& a, int threads) {
         float m_new = m;
         for (int t = t0; t < n; ++t) {
           if (!tree.attends(blk * BS + t)) continue;
-          const T* k = k_cache + base + t * layout.token_stride;
+          const std::int64_t k = base + t * layout.token_stride;
+          const int id = table.block(b, blk);
+          const float* kg = kInt4 ? a.k_token_scales + scale_layout.offset(id, kv, t) : nullptr;
           float dot = 0.f;
-          for (int d = 0; d < D; ++d) dot += q[d] * to_float(k[d]);
-          s[t] = dot * scale * k_scale * row_scale(a.k_token_scales, table.block(b, blk), kv, t);
+          for (int d = 0; d < D; ++d) dot += q[d] * value(k_cache, k, d, kg);
+          s[t] = dot * scale * k_scale * (kInt4 ? 1.f : row_scale(a.k_token_scales, id, kv, t));
           if (cap > 0.f) s[t] = cap * std::tanh(s[t] / cap);
           s[t] += slope * static_cast<float>(blk * BS + t - (L - 1));
           m_new = std::max(m_new, s[t]);
@@ -87,9 +99,11 @@ void naive_rows(const DecodeArgs& a, int threads) {
           if (!tree.attends(blk * BS + t)) continue;
           const float p = std::exp(s[t] - m_new);
           l += p;
-          const T* v = v_cache + base + t * layout.token_stride;
-          const float pv = p * row_scale(a.v_token_scales, table.block(b, blk), kv, t);
-          for (int d = 0; d < D; ++d) acc[d] += pv * to_float(v[d]);
+          const std::int64_t v = base + t * layout.token_stride;
+          const int id = table.block(b, blk);
+          const float* vg = kInt4 ? a.v_token_scales + scale_layout.offset(id, kv, t) : nullptr;
+          const float pv = p * (kInt4 ? 1.f : row_scale(a.v_token_scales, id, kv, t));
+          for (int d = 0; d < D; ++d) acc[d] += pv * value(v_cache, v, d, vg);
         }
         m = m_new;
       }

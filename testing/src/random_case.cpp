@@ -16,7 +16,11 @@ namespace {
 
 void fill_random(std::vector<std::uint8_t>& buf, DType t, std::size_t n, float scale,
                  std::mt19937_64& rng) {
-  buf.assign(n * dtype_size(t), 0);
+  buf.assign(static_cast<std::size_t>(dtype_bytes(t, static_cast<std::int64_t>(n))), 0);
+  if (t == DType::kInt4) {  // every code -8..7 alike (-8, never written, reads as -8)
+    for (auto& b : buf) b = static_cast<std::uint8_t>(rng());
+    return;
+  }
   std::normal_distribution<float> dist(0.f, scale);
   for (std::size_t i = 0; i < n; ++i) store_from_float(buf.data(), t, i, dist(rng));
 }
@@ -96,7 +100,15 @@ HostCase make_case(const CaseSpec& spec) {
       c.v_scales.push_back(per_head(rng));
     }
   }
-  if (spec.token_scales) {
+  if (spec.kv_dtype == DType::kInt4) {
+    // int4: uniform codes (above) and a scale per group of 32 values, in [0.25, 4).
+    const std::size_t scales = static_cast<std::size_t>(c.num_blocks) * KV * BS * (D / 32);
+    std::uniform_real_distribution<float> per_group(0.25f, 4.f);
+    for (std::size_t r = 0; r < scales; ++r) {
+      c.k_token_scales.push_back(per_group(rng));
+      c.v_token_scales.push_back(per_group(rng));
+    }
+  } else if (spec.token_scales) {
     // Each row's codes divided by its scale: code x scale keeps the spread of the rest.
     const std::size_t rows = static_cast<std::size_t>(c.num_blocks) * KV * BS;
     std::uniform_real_distribution<float> per_row(0.25f, 4.f);
@@ -124,12 +136,20 @@ HostCase make_case(const CaseSpec& spec) {
         for (int kv = 0; kv < KV; ++kv) {
           const std::int64_t base = layout.offset(blk, kv, slot);
           for (int d = 0; d < D; ++d) {
+            if (spec.kv_dtype == DType::kInt4) {  // no NaN code: -8, never written
+              int4_store(c.k.data(), base + d, -8);
+              int4_store(c.v.data(), base + d, -8);
+              continue;
+            }
             store_from_float(c.k.data(), spec.kv_dtype, base + d, nan);
             store_from_float(c.v.data(), spec.kv_dtype, base + d, nan);
           }
-          if (spec.token_scales) {
+          if (!c.k_token_scales.empty()) {  // the row's scales (int4: each group's)
+            const int per_row = token_scales_per_row(spec.kv_dtype, D);
             const std::size_t r = (static_cast<std::size_t>(blk) * KV + kv) * BS + slot;
-            c.k_token_scales[r] = c.v_token_scales[r] = nan;
+            for (int g = 0; g < per_row; ++g) {
+              c.k_token_scales[r * per_row + g] = c.v_token_scales[r * per_row + g] = nan;
+            }
           }
         }
       }

@@ -51,7 +51,9 @@ struct CacheWriteArgs {
   // chosen so that the row's largest finite |x| maps onto the format's largest code:
   // s = max|x| / (max_code_magnitude(cache_dtype) x k_scale x k_scales[h]), clamped into
   // [kMinKvScale, kMaxKvScale], and 1 when the row has no finite nonzero value. The row then
-  // stores x / (k_scale x k_scales[h] x s). docs/kv_quantization.md.
+  // stores x / (k_scale x k_scales[h] x s). An int4 cache (which needs them) does this for each
+  // group of 32 values of a row, storing the row's head_dim / 32 scales from its offset on.
+  // docs/kv_quantization.md.
   float* k_token_scales = nullptr;
   float* v_token_scales = nullptr;
   CacheStrides token_scale_strides;  // as DecodeArgs::token_scale_strides
@@ -59,8 +61,10 @@ struct CacheWriteArgs {
   CacheLayout cache_layout() const {
     return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size, head_dim, kv_strides);
   }
-  CacheLayout token_scale_layout() const {
-    return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size, 1, token_scale_strides);
+  CacheLayout token_scale_layout() const {  // as DecodeArgs::token_scale_layout()
+    return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size,
+                                     token_scales_per_row(cache_dtype, head_dim),
+                                     token_scale_strides);
   }
   std::int64_t token_stride() const {
     return src_token_stride ? src_token_stride : static_cast<std::int64_t>(num_kv_heads) * head_dim;
@@ -106,8 +110,10 @@ struct CopyBlocksArgs {
   CacheLayout cache_layout() const {
     return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size, head_dim, kv_strides);
   }
-  CacheLayout token_scale_layout() const {
-    return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size, 1, token_scale_strides);
+  CacheLayout token_scale_layout() const {  // as DecodeArgs::token_scale_layout()
+    return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size,
+                                     token_scales_per_row(cache_dtype, head_dim),
+                                     token_scale_strides);
   }
 };
 

@@ -12,13 +12,31 @@
 
 namespace pagedattn {
 
-// f32, f16 and bf16 store any tensor; the fp8 formats and int8 store K and V caches only, as
-// codes that mean code x scale (DecodeArgs::k_scale and the rest; docs/kv_quantization.md).
-enum class DType : int { kF32 = 0, kF16 = 1, kBF16 = 2, kFP8E4M3 = 3, kFP8E5M2 = 4, kInt8 = 5 };
+// f32, f16 and bf16 store any tensor; the fp8 formats, int8 and int4 store K and V caches only,
+// as codes that mean code x scale (DecodeArgs::k_scale and the rest; docs/kv_quantization.md).
+// int4 packs two codes in a byte and always comes with a scale per group of 32 values of a row.
+enum class DType : int {
+  kF32 = 0,
+  kF16 = 1,
+  kBF16 = 2,
+  kFP8E4M3 = 3,
+  kFP8E5M2 = 4,
+  kInt8 = 5,
+  kInt4 = 6
+};
 
 inline bool is_fp8(DType t) { return t == DType::kFP8E4M3 || t == DType::kFP8E5M2; }
 // The quantized cache dtypes: codes that take dequantization scales.
-inline bool is_quantized(DType t) { return is_fp8(t) || t == DType::kInt8; }
+inline bool is_quantized(DType t) { return is_fp8(t) || t == DType::kInt8 || t == DType::kInt4; }
+
+// int4 caches: each cache row (token, kv head) is cut into groups of kInt4GroupSize consecutive
+// values with an f32 scale each (DecodeArgs::k_token_scales), so head_dim must be a multiple of
+// it. A row of any other quantized cache has one such scale.
+inline constexpr int kInt4GroupSize = 32;
+// The scales a cache row of dtype t has in k_token_scales (head_dim / 32 for int4, else 1).
+PAGEDATTN_HOST_DEVICE int token_scales_per_row(DType t, int head_dim) {
+  return t == DType::kInt4 ? head_dim / kInt4GroupSize : 1;
+}
 
 inline const char* dtype_name(DType t) {
   switch (t) {
@@ -34,11 +52,19 @@ inline const char* dtype_name(DType t) {
       return "fp8_e5m2";
     case DType::kInt8:
       return "int8";
+    case DType::kInt4:
+      return "int4";
   }
   return "unknown";
 }
 
+// Bytes of one element; int4 packs two elements in a byte, and counts 1 here: take the bytes of
+// n elements from dtype_bytes.
 inline std::size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : is_quantized(t) ? 1 : 2; }
+// Bytes that n elements of dtype t take (n / 2 rounded up for int4).
+inline std::int64_t dtype_bytes(DType t, std::int64_t n) {
+  return t == DType::kInt4 ? (n + 1) / 2 : n * static_cast<std::int64_t>(dtype_size(t));
+}
 
 // 16- and 8-bit storage types: distinct wrappers so templates can tell them apart.
 struct f16_t {
@@ -195,8 +221,6 @@ PAGEDATTN_HOST_DEVICE fp8_e5m2_t float_to_fp8_e5m2(float f) {
 struct int8_code_t {
   std::int8_t bits;
 };
-template <typename T>
-constexpr bool is_quantized_type = is_fp8_type<T> || std::is_same_v<T, int8_code_t>;
 
 PAGEDATTN_HOST_DEVICE float int8_to_float(int8_code_t c) { return static_cast<float>(c.bits); }
 
@@ -207,10 +231,61 @@ PAGEDATTN_HOST_DEVICE int8_code_t float_to_int8(float f) {
   return int8_code_t{static_cast<std::int8_t>(rintf(f))};  // the default rounding: ties to even
 }
 
+// The int4 cache's codes: -7..7, symmetric, a two's complement nibble each, two to a byte (the
+// element of even index in the low nibble: element i of a row is nibble i % 2 of byte i / 2). The
+// code -8 is never written; it reads as -8. From f32 as int8: ties to even, beyond +-7 (Inf
+// included) saturates to +-7, NaN becomes 0. int4x2_t is a byte of two codes, the storage unit.
+struct int4x2_t {
+  std::uint8_t bits;
+};
+
+// The storage types of quantized caches (fp8, int8, and int4's byte of two codes).
+template <typename T>
+constexpr bool is_quantized_type =
+    is_fp8_type<T> || std::is_same_v<T, int8_code_t> || std::is_same_v<T, int4x2_t>;
+
+PAGEDATTN_HOST_DEVICE int int4_low(std::uint8_t b) {
+  return static_cast<int>(static_cast<std::int8_t>(static_cast<std::uint8_t>(b << 4))) >> 4;
+}
+PAGEDATTN_HOST_DEVICE int int4_high(std::uint8_t b) {
+  return static_cast<int>(static_cast<std::int8_t>(b)) >> 4;
+}
+// Element i of packed int4 codes.
+PAGEDATTN_HOST_DEVICE int int4_code(const std::uint8_t* codes, std::int64_t i) {
+  return (i & 1) ? int4_high(codes[i >> 1]) : int4_low(codes[i >> 1]);
+}
+
+PAGEDATTN_HOST_DEVICE int float_to_int4(float f) {
+  if (!(f == f)) return 0;  // NaN
+  if (f >= 7.f) return 7;
+  if (f <= -7.f) return -7;
+  return static_cast<int>(rintf(f));  // the default rounding: ties to even
+}
+
+// Two codes (each in -8..7) as one byte: lo at the even element.
+PAGEDATTN_HOST_DEVICE std::uint8_t int4_pack(int lo, int hi) {
+  return static_cast<std::uint8_t>((lo & 0xf) | ((hi & 0xf) << 4));
+}
+
+// Stores code c (in -8..7) as element i of packed int4 codes, leaving the other nibble.
+inline void int4_store(std::uint8_t* codes, std::int64_t i, int c) {
+  std::uint8_t& b = codes[i >> 1];
+  b = (i & 1) ? static_cast<std::uint8_t>((b & 0x0fu) | ((c & 0xf) << 4))
+              : static_cast<std::uint8_t>((b & 0xf0u) | (c & 0xf));
+}
+
+// The code int4 stores for x under `scale`: x / scale as float_to_int4 rounds it (a finite x
+// whose quotient overflows saturates, as quantize_scaled's).
+PAGEDATTN_HOST_DEVICE int quantize_int4(float x, float scale) { return float_to_int4(x / scale); }
+
 // The largest magnitude a quantized cache dtype's codes hold (448 for e4m3, 57344 for e5m2, 127
-// for int8): write_cache's per-token scales map each row's largest |x| onto it.
+// for int8, 7 for int4): write_cache's per-token (int4: per-group) scales map each row's (group's)
+// largest |x| onto it.
 inline float max_code_magnitude(DType t) {
-  return t == DType::kFP8E4M3 ? 448.f : t == DType::kFP8E5M2 ? 57344.f : 127.f;
+  return t == DType::kFP8E4M3   ? 448.f
+         : t == DType::kFP8E5M2 ? 57344.f
+         : t == DType::kInt4    ? 7.f
+                                : 127.f;
 }
 
 // Typed load/store of one element as f32: the one place storage types meet arithmetic.
@@ -282,6 +357,8 @@ inline float load_as_float(const void* base, DType t, std::size_t i) {
       return fp8_e5m2_to_float(static_cast<const fp8_e5m2_t*>(base)[i]);
     case DType::kInt8:
       return int8_to_float(static_cast<const int8_code_t*>(base)[i]);
+    case DType::kInt4:  // i counts codes: nibble i % 2 of byte i / 2
+      return static_cast<float>(int4_code(static_cast<const std::uint8_t*>(base), i));
   }
   return 0.f;
 }
@@ -306,6 +383,9 @@ inline void store_from_float(void* base, DType t, std::size_t i, float v) {
     case DType::kInt8:
       static_cast<int8_code_t*>(base)[i] = float_to_int8(v);
       break;
+    case DType::kInt4:
+      int4_store(static_cast<std::uint8_t*>(base), static_cast<std::int64_t>(i), float_to_int4(v));
+      break;
   }
 }
 
@@ -324,6 +404,8 @@ inline float round_to(DType t, float v) {
       return fp8_e5m2_to_float(float_to_fp8_e5m2(v));
     case DType::kInt8:
       return int8_to_float(float_to_int8(v));
+    case DType::kInt4:
+      return static_cast<float>(float_to_int4(v));
   }
   return v;
 }

@@ -94,8 +94,8 @@ struct DecodeArgs {
   DType k_dtype = DType::kF32;
   const void* v_cache = nullptr;
   DType v_dtype = DType::kF32;
-  // Quantized caches (k_dtype = v_dtype = kFP8E4M3, kFP8E5M2 or kInt8): a stored code c of kv
-  // head h means c x k_scale x k_scales[h] in K (k_scales null: x 1), times the row's own scale
+  // Quantized caches (k_dtype = v_dtype = kFP8E4M3, kFP8E5M2, kInt8 or kInt4): a stored code c of
+  // kv head h means c x k_scale x k_scales[h] in K (k_scales null: x 1), times the row's own scale
   // with per-token scales (below), and likewise for V; each scale in [kMinKvScale, kMaxKvScale].
   // k_scales and v_scales (f32 [num_kv_heads]) live where the caches do. Other cache dtypes take
   // no scales (k_scale = v_scale = 1, no arrays). docs/kv_quantization.md.
@@ -109,6 +109,11 @@ struct DecodeArgs {
   // write_cache() writes them. They live where the caches do; the scale of every row a sequence's
   // used blocks hold below its context length must be in [kMinKvScale, kMaxKvScale] (checked where
   // they are in host memory or read back: CUDA's cuda_checked).
+  // int4 caches (kInt4, CPU backend only for now: the CUDA backend refuses them, kUnsupported
+  // naming k_dtype) pack two codes in a byte and need these scales: a row has head_dim / 32 of
+  // them, one per group of 32 consecutive values, contiguous from the row's offset
+  // (token_scale_strides as kv_strides with head_dim / 32). head_dim must be a multiple of 32,
+  // and kv_strides, which count codes, must be even (each row starts on a byte).
   const float* k_token_scales = nullptr;
   const float* v_token_scales = nullptr;
   CacheStrides token_scale_strides;
@@ -180,8 +185,11 @@ struct DecodeArgs {
   CacheLayout cache_layout() const {
     return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size, head_dim, kv_strides);
   }
+  // Where each cache row's scales are: a row's token_scales_per_row(k_dtype, head_dim) scales
+  // (head_dim / 32 group scales for int4, else one) from offset(block, kv head, slot) on.
   CacheLayout token_scale_layout() const {
-    return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size, 1, token_scale_strides);
+    return CacheLayout::with_strides(num_blocks, num_kv_heads, block_size,
+                                     token_scales_per_row(k_dtype, head_dim), token_scale_strides);
   }
   bool has_token_scales() const { return k_token_scales != nullptr || v_token_scales != nullptr; }
   int group_size() const { return num_kv_heads > 0 ? num_heads / num_kv_heads : 0; }

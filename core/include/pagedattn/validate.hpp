@@ -22,16 +22,24 @@ void require_kv_scale(const char* name, float scale);     // in [kMinKvScale, kM
 // (dtype field `dtype_field`) is quantized (fp8 or int8).
 void require_cache_scales(const char* dtype_field, DType cache, float k_scale, float v_scale,
                           const float* k_scales, const float* v_scales);
-// Per-token scales (k_token_scales, v_token_scales): both or neither, a quantized cache only,
-// and their strides (`strides`, as a cache view's with head_dim 1) valid.
+// Per-token scales (k_token_scales, v_token_scales): both or neither, a quantized cache only
+// (and always for int4), and their strides (`strides`, as a cache view's with "head_dim"
+// token_scales_per_row(cache, head_dim): 1, or head_dim / 32 group scales for int4) valid.
 void require_token_scales(const char* dtype_field, DType cache, const float* k_token_scales,
                           const float* v_token_scales, const CacheStrides& strides, int num_blocks,
-                          int num_kv_heads, int block_size);
+                          int num_kv_heads, int block_size, int head_dim);
+// An int4 cache's shape: head_dim a multiple of kInt4GroupSize (kUnsupported naming head_dim) and
+// every kv_strides even, since they count codes (kInvalidArgument naming the stride). Nothing to
+// check for other dtypes.
+void require_int4_cache(DType cache, int head_dim, const CacheStrides& kv_strides);
 void require_block_size(int block_size);  // in [1, kMaxBlockSize]
 void require_head_dim(int head_dim);      // one of kSupportedHeadDims
 // One of kCudaHeadDims: else Error(kUnsupported) naming head_dim, saying the CUDA backend has no
 // kernel for it yet. The CUDA entry points call it first, so no other CUDA check comes before it.
 void require_cuda_head_dim(int head_dim);
+// A cache dtype the CUDA backend reads and writes: else (int4, for now) Error(kUnsupported)
+// naming `name` (k_dtype, cache_dtype). The CUDA entry points call it after require_cuda_head_dim.
+void require_cuda_cache_dtype(const char* name, DType cache);
 void require_backend(const char* name, Backend backend);  // kAuto, kCpu or kCuda
 void require_num_threads(int num_threads);                // in [0, kMaxThreads]
 
@@ -88,7 +96,8 @@ void validate_kv_scales(const DecodeArgs& args, const float* k_scales, const flo
 // The per-token scales (k_token_scales, v_token_scales, both null or both set), in host memory,
 // with the validated context_lens, block_table and q_indptr: the scale of every row (slot, kv
 // head) of the blocks validate_tables checks, below the sequence's context length, in
-// [kMinKvScale, kMaxKvScale]. An error names the row (block id, kv head, slot).
+// [kMinKvScale, kMaxKvScale] (for int4 each of its head_dim / 32 group scales). An error names
+// the row (block id, kv head, slot; and the group for int4).
 void validate_token_scales(const DecodeArgs& args, const float* k_token_scales,
                            const float* v_token_scales, const std::int32_t* context_lens,
                            const std::int32_t* block_table, const std::int32_t* q_indptr);

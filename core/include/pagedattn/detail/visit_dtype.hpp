@@ -14,7 +14,8 @@ struct TypeTag {
 };
 
 // Calls visit(TypeTag<T>{}) with T the storage type of t (float, f16_t, bf16_t, fp8_e4m3_t,
-// fp8_e5m2_t or int8_code_t), once; each dtype instantiates the visitor on its own type.
+// fp8_e5m2_t, int8_code_t or int4x2_t, a byte of two int4 codes), once; each dtype instantiates the
+// visitor on its own type.
 template <class Visitor>
 void visit_storage_type(DType t, Visitor&& visit) {
   switch (t) {
@@ -30,6 +31,8 @@ void visit_storage_type(DType t, Visitor&& visit) {
       return visit(TypeTag<fp8_e5m2_t>{});
     case DType::kInt8:
       return visit(TypeTag<int8_code_t>{});
+    case DType::kInt4:
+      return visit(TypeTag<int4x2_t>{});
   }
 }
 

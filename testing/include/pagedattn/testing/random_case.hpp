@@ -33,6 +33,9 @@ struct CaseSpec {
   // Quantized caches: also a scale per (block, kv head, slot), in [0.25, 4) (NaN in the slots no
   // sequence reads, with poison), and the codes drawn so that code x scale has the usual spread
   // (HostCase::k_token_scales, dense [num_blocks][num_kv_heads][block_size]).
+  // An int4 cache (kInt4) always has them, one per group of 32 values of a row, its codes drawn
+  // uniform over -8..7 (-8 never written by write_cache, but read as -8); its unreadable slots hold
+  // the code -8 and NaN scales.
   bool token_scales = false;
   int spare_blocks = 3;        // pool blocks no sequence owns (poisoned)
   int table_padding = 0;       // table entries past the largest context's blocks
