@@ -45,10 +45,11 @@ __device__ __forceinline__ void scale_scores_by_token(const float* k_scales, Mma
 }
 
 // The weights s of NS slices times their tokens' V scales (v_scales: the tile's) in units of the
-// warp's running largest V scale vmax (0 before the first tile), which grows to the slices' own
-// largest where that is larger; alpha, the rows' rescale factors, then also take old / new.
-// Every lane of the warp reads the same columns (a quad covers a slice's 16), so vmax stays
-// uniform over the warp.
+// warp's running largest V scale vmax (0 before the first tile), which grows to the largest
+// scale of the slices' tokens that some row of the warp weighs (a masked token's weight is 0,
+// and its scale, which may be anything in range, must not shrink the others' weights to
+// nothing); alpha, the rows' rescale factors, then also take old / new. The largest is taken
+// over the whole warp, so vmax stays uniform over it.
 template <int NS>
 __device__ __forceinline__ void scale_weights_by_token(const float* v_scales, MmaWarp w, int sl0,
                                                        float (&s)[NS][2][4], float& vmax,
@@ -62,12 +63,14 @@ __device__ __forceinline__ void scale_weights_by_token(const float* v_scales, Mm
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         vs[j][n][c] = slice_token_scale(v_scales, w, sl0 + j * w.WT, n, c);
-        most = fmaxf(most, vs[j][n][c]);
+        if (s[j][n][c] > 0.f || s[j][n][2 + c] > 0.f) most = fmaxf(most, vs[j][n][c]);
       }
     }
   }
-  most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, 1));
-  most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, 2));
+#pragma unroll
+  for (int lanes = 1; lanes < 32; lanes *= 2) {
+    most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, lanes));
+  }
   if (most > vmax) {
     const float shrink = vmax / most;  // 0 on the first tile, where the accumulator is 0
     alpha[0] *= shrink;

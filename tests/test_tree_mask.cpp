@@ -29,6 +29,7 @@
 #include "pagedattn/testing/device_case.hpp"
 #include "pagedattn/testing/naive_decode.hpp"
 #include "pagedattn/tree_mask.hpp"
+#include "quantized_spec.hpp"
 #include "query_case.hpp"
 #include "test_seed.hpp"
 #include "variant_args.hpp"
@@ -378,6 +379,37 @@ TEST(TreeMaskBackends, ASingleQueryTokenMayDropItsOwnPosition) {
       decode_on(b, t.args());
       expect_rows_near(t.qc, ref, 0, t.qc.rows(),
                        std::string("one query token, ") + dtype_name(d) + ", " + backend_name(b));
+    }
+  }
+}
+
+TEST(TreeMaskBackends, TheScalesOfTokensNoRowKeepsAreNeverUsed) {
+  // Per-token scales: a new token no row keeps may hold any scale in range (2^99 here, with NaN
+  // codes). The kept tokens' weights must not shrink by it (on the CUDA tensor cores, the unit of
+  // a warp's V accumulator is the largest V scale of the tokens its rows weigh).
+  for (DType cache : {DType::kFP8E5M2, DType::kInt8}) {
+    const testing::CaseSpec s =
+        quantized_spec(cache, DType::kBF16, 4, 1, 64, 1, {2, 40}, true, testing::seed_for_test());
+    TreeCase t = make_tree_case(s, {1, 3}, true);
+    std::mt19937_64 rng(s.seed);
+    t.masks = {{{false}}, causal(3)};  // sequence 0 drops its own token; 1 drops new token 1
+    for (auto& row : t.masks[1]) row[1] = false;
+    t.packed = pack(t.masks, rng);
+    const DecodeArgs a = t.args();
+    const CacheLayout scales = a.token_scale_layout();
+    for (const auto& [b, pos] : {std::pair{0, 1}, {1, 38}}) {
+      const int id = t.qc.c.block_table[static_cast<std::size_t>(b) * t.qc.c.table_stride + pos];
+      const std::int64_t at = scales.offset(id, 0, 0);
+      t.qc.c.k_token_scales[at] = t.qc.c.v_token_scales[at] = std::ldexp(1.f, 99);
+      plant(t.qc.c, b, pos, pos + 1, std::numeric_limits<float>::quiet_NaN());
+    }
+    const ReferenceResult ref = reference_decode(t.args());
+    for (Backend b : backends()) {
+      t.qc.c.poison_outputs();
+      decode_on(b, t.args());
+      expect_rows_near(t.qc, ref, 0, t.qc.rows(),
+                       std::string("huge scales of dropped tokens, ") + dtype_name(cache) + ", " +
+                           backend_name(b));
     }
   }
 }
