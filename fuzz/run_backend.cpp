@@ -61,6 +61,12 @@ class TokenScaleCopies {
 // back whole, so that a read or write of a gap shows on the host; DeviceCase then copies a stand-in
 // of batch rows instead.
 void run_cuda(const BuiltCase& bc, const DecodeArgs& host, const detail::DecodeOptions& o) {
+  // An int4 cache: refused (kUnsupported) after the shapes, before any pointer is read, so the
+  // host arguments serve; DeviceCase would check them without the group scales they need.
+  if (host.k_dtype == DType::kInt4) {
+    detail::decode(host, o);
+    return;
+  }
   DecodeArgs plain = host;
   copy_fields_device_case_lacks(DecodeArgs{}, plain);  // the defaults: none of them
   plain.q_indptr = nullptr;
