@@ -25,24 +25,30 @@ struct MmaRows {
   bool late;
   float efac[2];
   typename V::Row vrow[2];  // the variant's constants of each row
-  int tree_at;              // the sequence's tree mask (tree_mask_at), -1: none
 };
 
 // Where the rows disagree on the slice from token t0 (rows_disagree): each element's own row's
-// verdict (its causal bound, window and tree-mask row), bit n * 4 + e for element (n, e).
+// verdict (its causal bound, window and tree-mask row), bit n * 4 + e for element (n, e). The
+// tree mask's offset is read here rather than kept for the item: a register held through the
+// tile loop costs the one-token kernel in the same build a CTA per SM.
 template <typename V>
 __device__ __forceinline__ unsigned mma_keep_bits(const SplitParams& p, const MmaRows<V>& rows,
-                                                  MmaWarp w, int t0, int last_pos, int n_q) {
-  const int first_new = last_pos - (n_q - 1);
+                                                  MmaWarp w, int t0, int last_pos,
+                                                  const CtaItem& item) {
+  const int n_q = item.n_q;
+  const int at = tree_mask_at(p, item);
+  const int j0 = t0 - (last_pos - (n_q - 1));  // the slice's first token among the new ones
+  const unsigned tree[2] = {tree_keeps16(p, at, n_q, rows.qr[0].back, j0),
+                            tree_keeps16(p, at, n_q, rows.qr[1].back, j0)};
   unsigned keep = 0u;
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int t = t0 + n * 8 + 2 * w.q4 + (e & 1);
+      const int k = n * 8 + 2 * w.q4 + (e & 1);  // the token's column in the slice
       const int r = e >> 1;
-      const bool kept = row_attends(t, last_pos, rows.qr[r].back, p.plan.window_left) &&
-                        tree_keeps(p, rows.tree_at, n_q, rows.qr[r].back, t - first_new);
+      const bool kept = row_attends(t0 + k, last_pos, rows.qr[r].back, p.plan.window_left) &&
+                        ((tree[r] >> k) & 1u);
       keep |= static_cast<unsigned>(kept) << (n * 4 + e);
     }
   }

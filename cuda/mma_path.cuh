@@ -47,17 +47,17 @@ __device__ __forceinline__ void mma_fold(const SplitParams& p, const V& var, Mma
                                          const std::uint32_t (&qf)[MmaCfg<T, D>::kQK][4],
                                          const int (&k_at)[4], const int (&v_at)[4],
                                          const MmaRows<V>& rows, MmaTile tile, int last_pos,
-                                         int n_q, int sl0, SoftmaxState2 (&st)[2],
-                                         float (&bad)[2][2], float (&o)[D / 8][4], float& vmax) {
+                                         const CtaItem& item, int n_dis, int sl0,
+                                         SoftmaxState2 (&st)[2], float (&bad)[2][2],
+                                         float (&o)[D / 8][4], float& vmax) {
   float s[NS][2][4];
   mma_scores<T, D, NS>(w, qs, qf, k_at, tile.k, sl0, s);
   if constexpr (kTs) scale_scores_by_token<NS>(tile.scales, w, sl0, s);
   const int t0 = tile.t0 + sl0 * 16;  // the (first) slice's first token
   unsigned keep = 0xffu;
   const bool disagree =
-      NS == 1 && kMulti &&
-      rows_disagree(t0, t0 + 15, last_pos, n_q, p.plan.window_left, p.tree_mask != nullptr);
-  if (disagree) keep = mma_keep_bits(p, rows, w, t0, last_pos, n_q);
+      NS == 1 && kMulti && rows_disagree(t0, t0 + 15, last_pos, n_dis, p.plan.window_left);
+  if (disagree) keep = mma_keep_bits(p, rows, w, t0, last_pos, item);
 #pragma unroll
   for (int j = 0; j < NS; ++j) {
     mma_logits<kMulti>(var, w, rows, tile, last_pos, sl0 + j * w.WT, s[j], keep, bad);
@@ -105,7 +105,7 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const V& var, con
   MmaRows<V> rows;
 #pragma unroll
   for (int r = 0; r < 2; ++r) rows.qr[r] = query_row<kMulti>(p, item, w.wh * 16 + w.g + 8 * r);
-  rows.tree_at = kMulti ? tree_mask_at(p, item) : -1;
+  const int n_dis = disagree_tokens(p, item.n_q);  // rows_disagree's query tokens
   // Q of the rows (same dtype as the cache, so exact), rows past the CTA's zero.
   std::uint32_t qf[Cfg::kQK][4];
   rows.logit_fac[0] = rows.logit_fac[1] = p.scale_log2;
@@ -158,22 +158,22 @@ __device__ __forceinline__ void mma_item(const SplitParams& p, const V& var, con
     // (The wide build only: see split_kernel in split_kernel.cuh.)
     if constexpr (kMulti && kFold) {
       if (w.WT < kWarps && nrows == Cfg::TT &&
-          !rows_disagree(tile.t0, tile.t0 + Cfg::TT - 1, pipe.last_pos, item.n_q,
-                         p.plan.window_left, p.tree_mask != nullptr)) {
+          !rows_disagree(tile.t0, tile.t0 + Cfg::TT - 1, pipe.last_pos, n_dis,
+                         p.plan.window_left)) {
         if (w.WT == 1) {
           mma_fold<T, D, kMulti, 4, false>(p, var, w, qs, qf, k_at, v_at, rows, tile, pipe.last_pos,
-                                           item.n_q, 0, st, bad, o, vmax);
+                                           item, n_dis, 0, st, bad, o, vmax);
         } else {
           mma_fold<T, D, kMulti, 2, false>(p, var, w, qs, qf, k_at, v_at, rows, tile, pipe.last_pos,
-                                           item.n_q, w.wt, st, bad, o, vmax);
+                                           item, n_dis, w.wt, st, bad, o, vmax);
         }
         pipe.end(it, next_id);
         continue;
       }
     }
     for (int sl = w.wt; sl * 16 < nrows; sl += w.WT) {
-      mma_fold<T, D, kMulti, 1, kTs>(p, var, w, qs, qf, k_at, v_at, rows, tile, pipe.last_pos,
-                                     item.n_q, sl, st, bad, o, vmax);
+      mma_fold<T, D, kMulti, 1, kTs>(p, var, w, qs, qf, k_at, v_at, rows, tile, pipe.last_pos, item,
+                                     n_dis, sl, st, bad, o, vmax);
     }
     pipe.end(it, next_id);
   }

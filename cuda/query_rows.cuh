@@ -55,16 +55,18 @@ __device__ __forceinline__ bool row_attends(int t, int last_pos, int back, int w
   return t <= pos && (window_left < 0 || t >= pos - window_left);
 }
 
-// Whether the rows of a sequence with n_q query tokens may disagree on tokens [lo, hi]: only
-// then do the kernels test each row (the tile mask covers the rest: tokens from the earliest
-// query's window to L - 1). Causal rows agree up to the first query token's position; with a
-// tree mask (`tree`) a row may drop any new token, the first one and a single query's own
-// included.
-__device__ __forceinline__ bool rows_disagree(int lo, int hi, int last_pos, int n_q,
-                                              int window_left, bool tree) {
-  const int first_differing = last_pos - (n_q - 1) + (tree ? 0 : 1);
-  return (n_q > 1 || tree) &&
-         (hi >= first_differing || (window_left >= 0 && lo < last_pos - window_left));
+// Whether the rows of a sequence may disagree on tokens [lo, hi]: only then do the kernels test
+// each row (the tile mask covers the rest: tokens from the earliest query's window to L - 1).
+// n is disagree_tokens: causal rows agree up to the first query token's position.
+__device__ __forceinline__ bool rows_disagree(int lo, int hi, int last_pos, int n,
+                                              int window_left) {
+  return n > 1 && (hi > last_pos - (n - 1) || (window_left >= 0 && lo < last_pos - window_left));
+}
+
+// The query tokens rows_disagree weighs for a sequence of n_q: n_q, or with a tree mask one more,
+// since a tree row may drop any new token, the first one and a single query's own included.
+__device__ __forceinline__ int disagree_tokens(const SplitParams& p, int n_q) {
+  return n_q + (p.tree_mask != nullptr ? 1 : 0);
 }
 
 // The byte offset of the item's sequence's mask in tree_mask, or -1 where its rows keep every
@@ -82,12 +84,36 @@ __device__ __forceinline__ int tree_mask_at(const SplitParams& p, const CtaItem&
 
 // Whether the row `back` positions before the last of the sequence's n_q query tokens keeps new
 // token j under the mask at byte `at` (tree_mask_at; -1: every one); a token before the new ones
-// (j < 0) is always kept. Bit (i, j) is bit i * n_q + j, packed little-endian.
-__device__ __forceinline__ bool tree_keeps(const SplitParams& p, int at, int n_q, int back, int j) {
+// (j < 0) is always kept. Bit (i, j) is bit i * n_q + j, packed little-endian. Out of line: the
+// CUDA-core path tests every token, and inlined there its 64-bit arithmetic raised that build's
+// registers past three CTAs per SM.
+inline __device__ __noinline__ bool tree_keeps(const SplitParams& p, int at, int n_q, int back,
+                                               int j) {
   if (at < 0 || j < 0) return true;
   const long long bit =
       static_cast<long long>(at) * 8 + static_cast<long long>(n_q - 1 - back) * n_q + j;
   return (__ldg(p.tree_mask + (bit >> 3)) >> (bit & 7)) & 1u;
+}
+
+// tree_keeps for the 16 new tokens j0 .. j0 + 15 at once: bit k for token j0 + k (set for tokens
+// before the new ones), read a byte at a time (at most 3) and never past the mask's last byte.
+// Bits for tokens after the row's own position are whatever the mask holds there.
+__device__ __forceinline__ unsigned tree_keeps16(const SplitParams& p, int at, int n_q, int back,
+                                                 int j0) {
+  if (at < 0 || j0 <= -16) return 0xffffu;
+  const int lead = j0 < 0 ? -j0 : 0;  // tokens before the new ones
+  const long long row =
+      static_cast<long long>(at) * 8 + static_cast<long long>(n_q - 1 - back) * n_q;
+  const long long first = row + j0 + lead;  // bit of new token max(j0, 0)
+  const long long end = static_cast<long long>(at) * 8 + static_cast<long long>(n_q) * n_q;
+  unsigned bits = 0;
+#pragma unroll
+  for (int k = 0; k < 3; ++k) {
+    const long long byte = (first >> 3) + k;
+    if (byte * 8 < end) bits |= static_cast<unsigned>(__ldg(p.tree_mask + byte)) << (8 * k);
+  }
+  bits >>= first & 7;
+  return ((bits << lead) | ((1u << lead) - 1u)) & 0xffffu;
 }
 
 }  // namespace pagedattn::detail::cuda
