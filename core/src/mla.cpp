@@ -105,34 +105,10 @@ void validate_mla_shapes(const MlaDecodeArgs& a, bool require_out) {
   }
   require_width("kv_lora_rank", a.kv_lora_rank, 16, 1024);
   require_width("rope_dim", a.rope_dim, 0, 256);
-  require_block_size(a.block_size);
-  if (a.num_blocks < 0) {
-    fail(ErrorCode::kInvalidArgument, "num_blocks", a.num_blocks, "must not be negative");
-  }
-  if (a.max_blocks_per_seq < 0) {
-    fail(ErrorCode::kInvalidArgument, "max_blocks_per_seq", a.max_blocks_per_seq,
-         "must not be negative");
-  }
-  if (a.block_table_stride != 0 && a.block_table_stride < a.max_blocks_per_seq) {
-    fail(ErrorCode::kInvalidArgument, "block_table_stride", a.block_table_stride,
-         "must be 0 or at least max_blocks_per_seq = " + std::to_string(a.max_blocks_per_seq));
-  }
-  if (static_cast<std::int64_t>(a.max_blocks_per_seq) * a.block_size > INT32_MAX) {
-    fail(ErrorCode::kInvalidArgument, "max_blocks_per_seq", a.max_blocks_per_seq,
-         "times block_size exceeds the int32 context range");
-  }
-  if (a.q_indptr == nullptr) {
-    if (a.num_q_tokens != 0 || a.max_q_len != 0) {
-      fail(ErrorCode::kInvalidArgument, a.num_q_tokens != 0 ? "num_q_tokens" : "max_q_len",
-           a.num_q_tokens != 0 ? a.num_q_tokens : a.max_q_len,
-           "must be 0 without q_indptr (one query token per sequence)");
-    }
-  } else {
-    if (a.num_q_tokens < 0) {
-      fail(ErrorCode::kInvalidArgument, "num_q_tokens", a.num_q_tokens, "must not be negative");
-    }
-    require_positive("max_q_len", a.max_q_len);
-  }
+  // The table and query-token fields, checked as decode checks its own.
+  const DecodeArgs table = mla_table_view(a);
+  require_table_shape(table);
+  require_query_counts(table);
   const std::int64_t H = a.num_heads;
   if (a.q_nope_head_stride != 0 && a.q_nope_head_stride < a.kv_lora_rank) {
     fail(ErrorCode::kInvalidArgument, "q_nope_head_stride", a.q_nope_head_stride,

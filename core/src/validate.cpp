@@ -313,6 +313,48 @@ bool is_cuda_head_dim(int head_dim) {
   return false;
 }
 
+void require_table_shape(const DecodeArgs& a) {
+  require_block_size(a.block_size);
+  if (a.num_blocks < 0) {
+    fail(ErrorCode::kInvalidArgument, "num_blocks", a.num_blocks, "must not be negative");
+  }
+  if (a.max_blocks_per_seq < 0) {
+    fail(ErrorCode::kInvalidArgument, "max_blocks_per_seq", a.max_blocks_per_seq,
+         "must not be negative");
+  }
+  if (a.block_table_stride != 0 && a.block_table_stride < a.max_blocks_per_seq) {
+    std::ostringstream v;
+    v << a.block_table_stride << " (max_blocks_per_seq = " << a.max_blocks_per_seq << ")";
+    fail(ErrorCode::kInvalidArgument, "block_table_stride", v.str(),
+         "must be 0 or at least max_blocks_per_seq");
+  }
+  if (static_cast<std::int64_t>(a.max_blocks_per_seq) * a.block_size > INT32_MAX) {
+    fail(ErrorCode::kInvalidArgument, "max_blocks_per_seq", a.max_blocks_per_seq,
+         "times block_size exceeds the int32 context range");
+  }
+}
+
+void require_query_counts(const DecodeArgs& a) {
+  if (a.q_indptr == nullptr) {
+    if (a.num_q_tokens != 0) {
+      fail(ErrorCode::kInvalidArgument, "num_q_tokens", a.num_q_tokens,
+           "must be 0 without q_indptr (one query token per sequence)");
+    }
+    if (a.max_q_len != 0) {
+      fail(ErrorCode::kInvalidArgument, "max_q_len", a.max_q_len,
+           "must be 0 without q_indptr (one query token per sequence)");
+    }
+    return;
+  }
+  if (a.num_q_tokens < 0) {
+    fail(ErrorCode::kInvalidArgument, "num_q_tokens", a.num_q_tokens, "must not be negative");
+  }
+  require_positive("max_q_len", a.max_q_len);
+  if (a.batch == 0 && a.num_q_tokens != 0) {  // q_indptr[batch] = q_indptr[0] = 0
+    fail(ErrorCode::kInvalidArgument, "num_q_tokens", a.num_q_tokens, "must be 0 when batch is 0");
+  }
+}
+
 void validate_shapes(const DecodeArgs& a, bool require_out) {
   if (a.batch < 0) fail(ErrorCode::kInvalidArgument, "batch", a.batch, "must not be negative");
   require_positive("num_heads", a.num_heads);
@@ -330,39 +372,8 @@ void validate_shapes(const DecodeArgs& a, bool require_out) {
          "unsupported (at most " + std::to_string(kMaxGroupSize) + " query heads per kv head)");
   }
   require_head_dim(a.head_dim);
-  require_block_size(a.block_size);
-  if (a.num_blocks < 0) {
-    fail(ErrorCode::kInvalidArgument, "num_blocks", a.num_blocks, "must not be negative");
-  }
-  if (a.max_blocks_per_seq < 0) {
-    fail(ErrorCode::kInvalidArgument, "max_blocks_per_seq", a.max_blocks_per_seq,
-         "must not be negative");
-  }
-  if (a.block_table_stride != 0 && a.block_table_stride < a.max_blocks_per_seq) {
-    std::ostringstream v;
-    v << a.block_table_stride << " (max_blocks_per_seq = " << a.max_blocks_per_seq << ")";
-    fail(ErrorCode::kInvalidArgument, "block_table_stride", v.str(),
-         "must be 0 or at least max_blocks_per_seq");
-  }
-  if (a.q_indptr == nullptr) {
-    if (a.num_q_tokens != 0) {
-      fail(ErrorCode::kInvalidArgument, "num_q_tokens", a.num_q_tokens,
-           "must be 0 without q_indptr (one query token per sequence)");
-    }
-    if (a.max_q_len != 0) {
-      fail(ErrorCode::kInvalidArgument, "max_q_len", a.max_q_len,
-           "must be 0 without q_indptr (one query token per sequence)");
-    }
-  } else {
-    if (a.num_q_tokens < 0) {
-      fail(ErrorCode::kInvalidArgument, "num_q_tokens", a.num_q_tokens, "must not be negative");
-    }
-    require_positive("max_q_len", a.max_q_len);
-    if (a.batch == 0 && a.num_q_tokens != 0) {  // q_indptr[batch] = q_indptr[0] = 0
-      fail(ErrorCode::kInvalidArgument, "num_q_tokens", a.num_q_tokens,
-           "must be 0 when batch is 0");
-    }
-  }
+  require_table_shape(a);
+  require_query_counts(a);
   if ((a.tree_mask == nullptr) != (a.tree_mask_indptr == nullptr)) {
     fail(ErrorCode::kInvalidArgument, a.tree_mask ? "tree_mask_indptr" : "tree_mask", "null",
          "tree_mask and tree_mask_indptr are set together");
@@ -386,10 +397,6 @@ void validate_shapes(const DecodeArgs& a, bool require_out) {
       fail(ErrorCode::kInvalidArgument, name, v.str(),
            "must be 0 (dense) or at least num_heads * head_dim: rows must not overlap");
     }
-  }
-  if (static_cast<std::int64_t>(a.max_blocks_per_seq) * a.block_size > INT32_MAX) {
-    fail(ErrorCode::kInvalidArgument, "max_blocks_per_seq", a.max_blocks_per_seq,
-         "times block_size exceeds the int32 context range");
   }
   require_cache_strides(a.kv_strides, a.num_blocks, a.num_kv_heads, a.block_size, a.head_dim);
   require_value_dtype("q_dtype", a.q_dtype);

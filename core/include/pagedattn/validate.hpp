@@ -33,7 +33,12 @@ void require_token_scales(const char* dtype_field, DType cache, const float* k_t
 // check for other dtypes.
 void require_int4_cache(DType cache, int head_dim, const CacheStrides& kv_strides);
 void require_block_size(int block_size);  // in [1, kMaxBlockSize]
-void require_head_dim(int head_dim);      // one of kSupportedHeadDims
+// The block table's shape: block_size, num_blocks, max_blocks_per_seq and block_table_stride,
+// and a table row's capacity within int32 (decode and mla_decode share it).
+void require_table_shape(const DecodeArgs& args);
+// num_q_tokens and max_q_len against q_indptr's presence (decode and mla_decode share it).
+void require_query_counts(const DecodeArgs& args);
+void require_head_dim(int head_dim);  // one of kSupportedHeadDims
 // One of kCudaHeadDims: else Error(kUnsupported) naming head_dim, saying the CUDA backend has no
 // kernel for it yet. The CUDA entry points call it first, so no other CUDA check comes before it.
 void require_cuda_head_dim(int head_dim);
