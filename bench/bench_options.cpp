@@ -109,7 +109,8 @@ void print_help(const char* prog) {
       "                     for --q-len, so tree and causal rows compare by time (the CSV's tree\n"
       "                     column, 0 or 1, the last)\n"
       "MLA:\n"
-      "  --mla              cpu: MLA decode (mla_decode, docs/mla.md) instead: each --shape is\n"
+      "  --mla              cpu, cuda: MLA decode (mla_decode, docs/mla.md) instead: each --shape "
+      "is\n"
       "                     B,H,1,576,CTX[,BS] (H query heads on one latent row of 512 + 64\n"
       "                     values; default 1 and 8 sequences of 4096 tokens, 16 and 128 heads,\n"
       "                     block size 64), the cache one combined [blocks][BS][576] tensor of "
@@ -345,9 +346,6 @@ Options parse(int argc, char** argv) {
   }
   if (o.limits && o.backend != "cpu") {
     cli::bad_value("--backend", o.backend, "--limits bounds CPU rows only (--backend cpu)");
-  }
-  if (o.mla && o.backend != "cpu") {
-    cli::bad_value("--backend", o.backend, "--mla runs on the CPU backend (CUDA has no MLA yet)");
   }
   if (o.mla && (o.tree_mask || o.token_scales || o.limits || o.variants.any() ||
                 o.layout != testing::KvLayout::kHnd || o.long_first > 0)) {

@@ -1,18 +1,22 @@
 // pagedattn-bench --mla: each shape's latent cache as one combined [blocks][BS][576] tensor (vLLM's
 // layout) with fragmented tables, in enough copies that consecutive steps read memory the last
 // level cache does not hold; mla_decode timed over them, its error checked against the f64
-// reference on sequence 0. GB/s counts each attended latent row once.
+// reference on sequence 0. GB/s counts each attended latent row once. On the CUDA backend the
+// copies live on the device and a step's time is the mean over back-to-back launches, the median
+// of several such runs.
 #include "mla_rows.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <vector>
 
 #include "median.hpp"
 #include "pagedattn/mla.hpp"
 #include "pagedattn/reference.hpp"
+#include "pagedattn/testing/device_memory.hpp"
 #include "pagedattn/testing/tables.hpp"
 #include "pagedattn/testing/tolerance.hpp"
 
@@ -100,6 +104,51 @@ MlaRows make_rows(const Shape& s, DType q_dtype, DType kv_dtype, bool contiguous
   return m;
 }
 
+// The copies, tables, q, out and lse of a shape on the device; args(i) points step i at them.
+struct DeviceRows {
+  std::vector<testing::DeviceBuffer> pools, tables;
+  testing::DeviceBuffer lens, indptr, q, out, lse;
+  explicit DeviceRows(const MlaRows& m)
+      : lens(m.lens.data(), m.lens.size() * 4),
+        indptr(m.indptr.data(), m.indptr.size() * 4),
+        q(m.q.data(), m.q.size()),
+        out(m.out.size()),
+        lse(m.lse.size() * 4) {
+    for (const auto& p : m.pools) pools.emplace_back(p.data(), p.size());
+    for (const auto& t : m.tables) tables.emplace_back(t.data(), t.size() * 4);
+  }
+  MlaDecodeArgs args(MlaRows& m, int i) const {
+    const std::size_t c = static_cast<std::size_t>(i) % pools.size();
+    MlaDecodeArgs a = m.args(i);
+    a.q_nope = q.get();
+    a.q_pe = q.as<char>() + kRank * dtype_size(m.q_dtype);
+    a.c_cache = pools[c].get();
+    a.kpe_cache = pools[c].as<char>() + kRank * dtype_size(m.kv_dtype);
+    a.block_table = tables[c].as<std::int32_t>();
+    a.context_lens = lens.as<std::int32_t>();
+    if (a.q_indptr != nullptr) a.q_indptr = indptr.as<std::int32_t>();
+    a.out = out.get();
+    a.lse = lse.as<float>();
+    return a;
+  }
+};
+
+// The device's time of one step (ms): runs of `steps` back-to-back decodes over the copies, each
+// timed from the first launch to the device's idle; the median of the runs' means.
+double cuda_step_ms(const std::function<void(int)>& step, int copies, int min_iters) {
+  const int steps = std::max(20, copies);
+  for (int i = 0; i < copies; ++i) step(i);
+  testing::device_synchronize();
+  std::vector<double> means;
+  for (int run = 0; run < std::max(5, min_iters / steps); ++run) {
+    const double t0 = seconds_now(Clock::kWall);
+    for (int i = 0; i < steps; ++i) step(i);
+    testing::device_synchronize();
+    means.push_back(1e3 * (seconds_now(Clock::kWall) - t0) / steps);
+  }
+  return median(means);
+}
+
 // max |out - ref| / max |ref| over sequence 0's rows (of step 0's buffers).
 double rel_err_of_sequence_0(MlaRows& m) {
   MlaDecodeArgs a = m.args(0);
@@ -132,28 +181,39 @@ int run_mla_rows(const Options& o, double read_bw, std::FILE* info) {
     const DType kv = o.kv_dtype_for(dtype);
     for (const Shape& s : o.shapes) {
       MlaRows m = make_rows(s, dtype, kv, o.contiguous, o.q_len);
+      const bool cuda = o.backend == "cuda";
       DecodeOptions opt;
-      opt.backend = Backend::kCpu;
+      opt.backend = cuda ? Backend::kCuda : Backend::kCpu;
       opt.num_threads = o.threads;
       opt.batch_invariant = o.batch_invariant;
-      mla_decode(m.args(0), opt);
+      double ms = 0;
+      if (cuda) {
+        const DeviceRows d(m);
+        mla_decode(d.args(m, 0), opt);
+        testing::device_synchronize();
+        d.out.to_host(m.out);
+        d.lse.to_host(m.lse);
+        ms = cuda_step_ms([&](int i) { mla_decode(d.args(m, i), opt); },
+                          static_cast<int>(m.pools.size()), o.iters);
+      } else {
+        mla_decode(m.args(0), opt);
+        ms = median_ms([&](int i) { mla_decode(m.args(i), opt); }, static_cast<int>(m.pools.size()),
+                       o.iters, o.min_time, o.max_time, o.clock);
+      }
       const double err = rel_err_of_sequence_0(m);
-      const double ms =
-          median_ms([&](int i) { mla_decode(m.args(i), opt); }, static_cast<int>(m.pools.size()),
-                    o.iters, o.min_time, o.max_time, o.clock);
       const double bytes =
           static_cast<double>(s.batch) * s.context * kWidth * static_cast<double>(dtype_size(kv));
       const double gbps = bytes / (ms * 1e-3) / 1e9;
       const double tol = testing::out_tolerance(dtype);
       accurate = accurate && !(err > tol);
       if (o.csv) {
-        std::printf("cpu,%s,%s,%d,%d,%d,%d,%d,%.4f,%.2f,%.1f,%.3g,%d\n", dtype_name(dtype),
-                    dtype_name(kv), s.batch, s.heads, s.context, s.block_size, o.q_len, ms, gbps,
-                    100.0 * gbps / read_bw, err, o.batch_invariant ? 1 : 0);
-      } else {
-        std::printf("%-5s %-5s %-9s %5d %4d %7d %4d %5d %10.4f %8.2f %8.1f %10.3g\n", "cpu",
+        std::printf("%s,%s,%s,%d,%d,%d,%d,%d,%.4f,%.2f,%.1f,%.3g,%d\n", o.backend.c_str(),
                     dtype_name(dtype), dtype_name(kv), s.batch, s.heads, s.context, s.block_size,
-                    o.q_len, ms, gbps, 100.0 * gbps / read_bw, err);
+                    o.q_len, ms, gbps, 100.0 * gbps / read_bw, err, o.batch_invariant ? 1 : 0);
+      } else {
+        std::printf("%-5s %-5s %-9s %5d %4d %7d %4d %5d %10.4f %8.2f %8.1f %10.3g\n",
+                    o.backend.c_str(), dtype_name(dtype), dtype_name(kv), s.batch, s.heads,
+                    s.context, s.block_size, o.q_len, ms, gbps, 100.0 * gbps / read_bw, err);
       }
       std::fflush(stdout);
     }

@@ -1,8 +1,8 @@
 // The combine: merges the partial states of each (query row, query head) over its sequence's
 // splits, in split order, and writes out = acc / l and lse (natural log); an empty context gives
-// out = 0, lse = -inf, and a sequence of one split is skipped (its split CTA wrote out and lse).
-// It runs after the split kernel, as a programmatic dependent launch where the device supports
-// one (sm_90).
+// out = 0, lse = -inf, and a sequence of one split is skipped (its split CTA wrote out and lse)
+// unless merge_single_splits. It runs after the split kernel, as a programmatic dependent launch
+// where the device supports one (sm_90).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,6 +26,8 @@ struct CombineParams {
   long long out_stride;  // elements between consecutive sequences' rows of out
   float* lse;
   int batch, num_heads, head_dim;
+  // Merge the sequences of one split too (their split CTA wrote a partial state, not out).
+  bool merge_single_splits = false;
 };
 
 // Enqueues the combine on `stream`, finishing each row with the variant policy var (the same as

@@ -129,7 +129,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
     const int b = static_cast<int>(idx / rows);
     const int off = p.split_offset[b];
     const int ns = p.split_offset[b + 1] - off;
-    if (ns != 1) merge_slice<OutT>(p, var, idx, static_cast<int>(warp - idx * dchunks), b, off, ns);
+    if (ns != 1 || p.merge_single_splits)
+      merge_slice<OutT>(p, var, idx, static_cast<int>(warp - idx * dchunks), b, off, ns);
     return;
   }
   for (std::int64_t first = warp; first < units; first += 32 * stride) {
@@ -140,7 +141,8 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
       off = p.split_offset[b];
       ns = p.split_offset[b + 1] - off;
     }
-    for (unsigned todo = __ballot_sync(0xffffffffu, ns != 1); todo != 0; todo &= todo - 1) {
+    for (unsigned todo = __ballot_sync(0xffffffffu, ns != 1 || p.merge_single_splits); todo != 0;
+         todo &= todo - 1) {
       const int j = __ffs(todo) - 1;
       const std::int64_t widx = first + j * stride;
       const std::int64_t idx = widx / dchunks;  // the (sequence, query token, query head) row

@@ -49,18 +49,8 @@ void decode(const DecodeArgs& a, const DecodeOptions& options) {
   // needs fewer splits, so the same grid and workspace serve it.
   DecodePlan plan = plan_decode(a, options.batch_invariant);
   plan.options.single_split = options.single_split;
-  char* ws = nullptr;
   std::optional<StreamWorkspace> own;  // returned to the pool on this stream when decode ends
-  if (options.workspace != nullptr) {
-    if (options.workspace_bytes < plan.workspace.total) {
-      fail(ErrorCode::kInvalidArgument, "workspace_bytes", options.workspace_bytes,
-           "too small: cuda_workspace_size() = " + std::to_string(plan.workspace.total));
-    }
-    ws = static_cast<char*>(options.workspace);
-  } else {
-    own.emplace(plan.workspace.total, stream);
-    ws = own->get();
-  }
+  char* ws = call_workspace(options, plan.workspace.total, stream, &own, "cuda_workspace_size()");
   const SplitParams p = make_split_params(a, plan, units, ws);
   const GeneralVariant var = general_variant(a);
   launch_splits(a, plan, p, var, stream);
@@ -80,7 +70,7 @@ std::size_t cuda_workspace_size(const DecodeArgs& args) {
 
 std::size_t cuda_workspace_size(const DecodeArgs& args, const DecodeOptions& options) {
   validate_shapes(args);
-  require_cuda_head_dim(args.head_dim);  // before the device: no kernel to size for
+  require_cuda_head_dim(args.head_dim);               // before the device: no kernel to size for
   require_cuda_cache_dtype("k_dtype", args.k_dtype);  // int4: no kernel either
   std::string why;
   if (!detail::cuda::available(&why)) {

@@ -1,6 +1,7 @@
 // Stream-ordered workspace from a library-owned memory pool per device (workspace.hpp).
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "cuda_error.hpp"
@@ -45,6 +46,20 @@ StreamWorkspace::~StreamWorkspace() {
   // Ordered after every launch enqueued on the stream meanwhile; an error here (a broken
   // context) has already been reported by the launch that caused it.
   if (ptr_ != nullptr && cudaFreeAsync(ptr_, stream_) != cudaSuccess) cudaGetLastError();
+}
+
+char* call_workspace(const pagedattn::DecodeOptions& options, std::size_t bytes,
+                     cudaStream_t stream, std::optional<StreamWorkspace>* own,
+                     const char* size_fn) {
+  if (options.workspace == nullptr) {
+    own->emplace(bytes, stream);
+    return (*own)->get();
+  }
+  if (options.workspace_bytes < bytes) {
+    fail(ErrorCode::kInvalidArgument, "workspace_bytes", options.workspace_bytes,
+         std::string("too small: ") + size_fn + " = " + std::to_string(bytes));
+  }
+  return static_cast<char*>(options.workspace);
 }
 
 std::shared_ptr<void> stream_scratch(std::size_t bytes, void* stream) {

@@ -9,6 +9,9 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <optional>
+
+#include "pagedattn/pagedattn.hpp"
 
 namespace pagedattn::detail::cuda {
 
@@ -24,5 +27,11 @@ class StreamWorkspace {
   void* ptr_ = nullptr;
   cudaStream_t stream_ = nullptr;
 };
+
+// A call's workspace of `bytes`: the caller's (options.workspace; workspace_bytes below `bytes`
+// is an error naming it and the function `size_fn` that gives the size), or, without one, a
+// buffer from the pool held by `own` until the call ends.
+char* call_workspace(const pagedattn::DecodeOptions& options, std::size_t bytes,
+                     cudaStream_t stream, std::optional<StreamWorkspace>* own, const char* size_fn);
 
 }  // namespace pagedattn::detail::cuda

@@ -1,5 +1,5 @@
-// mla_decode(): validation, backend selection, then the backend. The CUDA backend has no MLA
-// kernel yet: it refuses MLA (kUnsupported) before anything is read, whatever the batch.
+// mla_decode(): validation, backend selection, then the backend. What the CUDA backend has no
+// kernel for is refused (kUnsupported) before anything is read, whatever the batch.
 #include "pagedattn/mla.hpp"
 
 #include "pagedattn/detail/backends.hpp"
@@ -15,8 +15,9 @@ void mla_decode(const MlaDecodeArgs& args, const DecodeOptions& options) {
   validate_mla_shapes(args);
   validate_options(options);
   if (resolve_backend(options.backend) == Backend::kCuda) {
-    fail(ErrorCode::kUnsupported, "kv_lora_rank", args.kv_lora_rank,
-         "the CUDA backend has no MLA kernel yet (the CPU backend runs MLA decode)");
+    cuda::check_mla_launch(args, options);
+    if (args.batch > 0) cuda::mla_decode(args, options);
+    return;
   }
   if (args.batch == 0) return;
   validate_mla_tables(args);

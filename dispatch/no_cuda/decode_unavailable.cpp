@@ -20,6 +20,10 @@ void decode(const DecodeArgs&, const DecodeOptions&) { unavailable(); }
 
 void check_launch(const DecodeArgs&, const pagedattn::DecodeOptions&) { unavailable(); }
 
+void mla_decode(const MlaDecodeArgs&, const DecodeOptions&) { unavailable(); }
+
+void check_mla_launch(const MlaDecodeArgs&, const pagedattn::DecodeOptions&) { unavailable(); }
+
 SplitChoice split_choice(const DecodeArgs&) { unavailable(); }
 
 std::shared_ptr<void> stream_scratch(std::size_t, void*) { unavailable(); }
@@ -32,5 +36,6 @@ namespace pagedattn {
 
 std::size_t cuda_workspace_size(const DecodeArgs&) { return 0; }
 std::size_t cuda_workspace_size(const DecodeArgs&, const DecodeOptions&) { return 0; }
+std::size_t cuda_mla_workspace_size(const MlaDecodeArgs&, const DecodeOptions&) { return 0; }
 
 }  // namespace pagedattn

@@ -112,7 +112,16 @@ struct MlaDecodeArgs {
 };
 
 // Runs MLA decode. Throws pagedattn::Error on bad input, before writing anything. The CPU backend
-// runs every shape; the CUDA backend has no MLA kernel yet (kUnsupported, naming kv_lora_rank).
+// runs every shape. The CUDA backend (device memory, on options.cuda_stream, with no host
+// synchronization unless cuda_checked) takes bf16 or f16 queries with a cache of q's dtype or
+// fp8, kv_lora_rank a multiple of 128 up to 512, rope_dim up to 64, and both latent parts at
+// 16-byte aligned addresses and strides; it refuses others with kUnsupported naming the argument.
 void mla_decode(const MlaDecodeArgs& args, const DecodeOptions& options = {});
+
+// Device workspace bytes a CUDA mla_decode with these shapes and options needs when the caller
+// passes one (DecodeOptions::workspace; 16-byte aligned). It depends on shapes only (the table's
+// capacity, not the context lengths), so one workspace serves every step of a captured graph. 0
+// in a build without the CUDA backend. Throws on shapes mla_decode refuses.
+std::size_t cuda_mla_workspace_size(const MlaDecodeArgs& args, const DecodeOptions& options = {});
 
 }  // namespace pagedattn

@@ -44,6 +44,13 @@ void decode(const DecodeArgs& args, const DecodeOptions& options);
 // aligned, a pool of more than 2^31 - 1 cache rows, a kernel that does not fit on the device, and
 // with cuda_checked the device tables (read back, waiting for the stream).
 void check_launch(const DecodeArgs& args, const pagedattn::DecodeOptions& options);
+// MLA decode on device memory (pagedattn/mla.hpp); arguments validated, check_mla_launch first.
+void mla_decode(const MlaDecodeArgs& args, const DecodeOptions& options);
+// What the CUDA MLA kernel refuses before any launch: dtypes, widths and cache layouts it has no
+// kernel for, and a kernel that does not fit on the device, each an error naming the argument.
+void check_mla_launch(const MlaDecodeArgs& args, const pagedattn::DecodeOptions& options);
+// Device workspace bytes mla_decode needs for these shapes (pagedattn::cuda_mla_workspace_size).
+std::size_t mla_workspace_size(const MlaDecodeArgs& args, const DecodeOptions& options);
 // Device workspace bytes decode needs for these shapes (see pagedattn::cuda_workspace_size).
 std::size_t workspace_size(const DecodeArgs& args, bool batch_invariant);
 // The split kernel's build decode runs for these shapes (dense: more CTAs per SM, fp8
