@@ -72,45 +72,56 @@ std::string to_mla_text(const MlaFuzzCase& c) {
 
 bool is_mla_text(const std::string& text) { return first_key(text) == "mla"; }
 
-MlaFuzzCase from_mla_text(const std::string& text) {
-  MlaFuzzCase c;
-  const auto ints = [](std::vector<int>& v) {
-    return [&v](std::istringstream& ls) {
-      v.clear();
-      for (int x; ls >> x;) v.push_back(x);
-      if (!ls.eof()) throw std::runtime_error("");
-    };
+namespace {
+
+// Reads one line's values into a field; throws std::runtime_error("") when they do not parse.
+using Reader = std::function<void(std::istringstream&)>;
+
+Reader ints(std::vector<int>& v) {
+  return [&v](std::istringstream& ls) {
+    v.clear();
+    for (int x; ls >> x;) v.push_back(x);
+    if (!ls.eof()) throw std::runtime_error("");
   };
-  const auto one = [](auto& v) {
-    return [&v](std::istringstream& ls) {
-      if (!(ls >> v)) throw std::runtime_error("");
-    };
+}
+
+template <typename T>
+Reader one(T& v) {
+  return [&v](std::istringstream& ls) {
+    if (!(ls >> v)) throw std::runtime_error("");
   };
-  const auto real = [](float& v) {
-    return [&v](std::istringstream& ls) {
-      std::string w;
-      char* end = nullptr;
-      if (!(ls >> w) || (v = std::strtof(w.c_str(), &end), end != w.c_str() + w.size())) {
-        throw std::runtime_error("");
-      }
-    };
+}
+
+// A float as to_mla_text writes it (hexadecimal), or any form strtof takes.
+Reader real(float& v) {
+  return [&v](std::istringstream& ls) {
+    std::string w;
+    char* end = nullptr;
+    if (!(ls >> w) || (v = std::strtof(w.c_str(), &end), end != w.c_str() + w.size())) {
+      throw std::runtime_error("");
+    }
   };
-  const auto flag = [](bool& v) {
-    return [&v](std::istringstream& ls) {
-      int i = 0;
-      if (!(ls >> i)) throw std::runtime_error("");
-      v = i != 0;
-    };
+}
+
+Reader flag(bool& v) {
+  return [&v](std::istringstream& ls) {
+    int i = 0;
+    if (!(ls >> i)) throw std::runtime_error("");
+    v = i != 0;
   };
-  const auto dtype = [](DType& v) {
-    return [&v](std::istringstream& ls) {
-      std::string w;
-      if (!(ls >> w)) throw std::runtime_error("");
-      v = parse_dtype(w);
-    };
+}
+
+Reader dtype(DType& v) {
+  return [&v](std::istringstream& ls) {
+    std::string w;
+    if (!(ls >> w)) throw std::runtime_error("");
+    v = parse_dtype(w);
   };
-  int mla = 0;
-  const std::map<std::string, std::function<void(std::istringstream&)>> keys = {
+}
+
+// Each key of an MLA case file and the field it reads into.
+std::map<std::string, Reader> readers(MlaFuzzCase& c, int& mla) {
+  return {
       {"mla", one(mla)},
       {"origin",
        [&c](std::istringstream& ls) {
@@ -148,6 +159,14 @@ MlaFuzzCase from_mla_text(const std::string& text) {
          c.bad = parse_malformation(name);
        }},
   };
+}
+
+}  // namespace
+
+MlaFuzzCase from_mla_text(const std::string& text) {
+  MlaFuzzCase c;
+  int mla = 0;
+  const std::map<std::string, Reader> keys = readers(c, mla);
   std::istringstream in(text);
   std::string line;
   for (int line_no = 1; std::getline(in, line); ++line_no) {
