@@ -1,6 +1,7 @@
 // pagedattn-fuzz: the differential fuzzer. Random shapes, block tables and cache contents through
-// every requested backend against the f64 reference; on a mismatch it prints a replay command,
-// shrinks the case, saves it as a case file and exits non-zero. See docs/fuzzing.md.
+// every requested backend against the f64 reference, GQA decodes and a share of MLA decodes; on a
+// mismatch it prints a replay command, shrinks the case (GQA cases), saves it as a case file and
+// exits non-zero. See docs/fuzzing.md.
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,8 +10,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <iterator>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -18,6 +21,8 @@
 #include "draw_case.hpp"
 #include "fault_injection.hpp"
 #include "fuzz_case.hpp"
+#include "mla_case.hpp"
+#include "mla_oracle.hpp"
 #include "oracle.hpp"
 #include "pagedattn/cli/args.hpp"
 #include "pagedattn/pagedattn.hpp"
@@ -46,6 +51,8 @@ struct Config {
   bool expect_failure = false;
   bool progress = true;
   bool print_case = false;
+  double mla_share = 0.2;  // the share of MLA cases (--mla)
+  std::string mla_text;    // --mla as given; empty: the default
 };
 
 constexpr long long kMaxCount = 1LL << 62;  // --iters, --index
@@ -65,6 +72,9 @@ void print_help() {
       "  --seconds T       run for T seconds, more than 0 and at most %g (with --iters:\n"
       "                    whichever ends first)\n"
       "  --threads N       CPU backend threads for every case, 1 to %d (default: drawn per case)\n"
+      "  --mla SHARE       the share of the cases that are MLA decodes (mla_decode), 0 to 1\n"
+      "                    (default 0.2; 0: none, 1: MLA only); case i's kind is a function of\n"
+      "                    (S, i, SHARE)\n"
       "  --index I         run only case I of the seed, 0 to %lld (a replay)\n"
       "  --replay FILE     run the case saved in FILE\n"
       "  --print-case      with --index or --replay: print the case file, do not run it\n"
@@ -99,6 +109,9 @@ Config parse(int argc, char** argv) {
       c.seconds = args.number(0, kMaxSeconds, /*lo_open=*/true);
     } else if (args.is("--threads")) {
       c.threads = static_cast<int>(args.integer(1, pagedattn::kMaxThreads));
+    } else if (args.is("--mla")) {
+      c.mla_text = args.value();
+      c.mla_share = cli::parse_number("--mla", c.mla_text, 0, 1);
     } else if (args.is("--index")) {
       c.index = args.integer(0, kMaxCount);
     } else if (args.is("--replay")) {
@@ -149,6 +162,7 @@ std::string common_flags(const Config& cfg) {
   std::string s = "--backend " + cfg.backend_text;
   if (cfg.threads > 0) s += " --threads " + std::to_string(cfg.threads);
   if (!cfg.fault.empty()) s += " --fault " + cfg.fault;
+  if (!cfg.mla_text.empty()) s += " --mla " + cfg.mla_text;
   return s;
 }
 
@@ -169,6 +183,10 @@ struct Counts {
   // Valid cases with per-token scales, and those of them in a layout other than the dense one.
   long long token_scales = 0, strided_token_scales = 0;
   long long invariance_checks = 0;  // batch-invariance checks that ran and held
+  // MLA cases (valid and malformed are the GQA cases'): valid ones with multi-token queries, an
+  // fp8 cache, the combined cache; malformed ones; backend runs refused as unsupported.
+  long long mla = 0, mla_multi_token = 0, mla_fp8 = 0, mla_combined = 0, mla_malformed = 0;
+  long long mla_unsupported = 0;
   long long failures = 0;
   double worst_ratio = 0;
 };
@@ -213,6 +231,21 @@ void count(Counts& n, const pf::FuzzCase& c, const pf::Outcome& o) {
   n.worst_ratio = std::max(n.worst_ratio, o.worst_ratio);
 }
 
+void count_mla(Counts& n, const pf::MlaFuzzCase& c, const pf::Outcome& o) {
+  ++n.cases;
+  ++n.mla;
+  if (c.malformed()) {
+    ++n.mla_malformed;
+  } else {
+    n.mla_multi_token += !c.q_lens.empty();
+    n.mla_fp8 += pagedattn::is_fp8(c.kv_dtype);
+    n.mla_combined += c.combined;
+  }
+  n.mla_unsupported += o.unsupported;
+  if (o.failed()) ++n.failures;
+  n.worst_ratio = std::max(n.worst_ratio, o.worst_ratio);
+}
+
 std::string counts_text(const Counts& n, double elapsed) {
   // Every layout but the default one, in kAllKvLayouts order.
   std::string layouts;
@@ -221,7 +254,7 @@ std::string counts_text(const Counts& n, double elapsed) {
     layouts += std::string(layouts.empty() ? "" : ", ") + pagedattn::testing::kv_layout_name(l) +
                " " + std::to_string(n.layouts[static_cast<std::size_t>(l)]);
   }
-  char buf[1024];
+  char buf[1280];
   std::snprintf(
       buf, sizeof buf,
       "%lld cases in %.1fs (%.0f/s): valid %lld (huge-logit %lld, split-length %lld, "
@@ -230,12 +263,14 @@ std::string counts_text(const Counts& n, double elapsed) {
       "q %lld, out %lld, misaligned for cuda %lld; "
       "layouts: %s, misaligned for cuda %lld; quantized: e4m3 %lld, e5m2 %lld, int8 "
       "%lld, int4 %lld, per-head scales %lld, token scales %lld (strided %lld)), malformed %lld; "
-      "batch-invariance checks %lld; failures %lld; worst err/tol %.3g",
+      "mla %lld (multi-token %lld, fp8 %lld, combined cache %lld, malformed %lld; runs refused "
+      "as unsupported %lld); batch-invariance checks %lld; failures %lld; worst err/tol %.3g",
       n.cases, elapsed, elapsed > 0 ? n.cases / elapsed : 0.0, n.valid, n.huge, n.long_ctx,
       n.empty_batch, n.window, n.soft_cap, n.alibi, n.sinks, n.multi_token, n.tree, n.no_cuda_dim,
       n.strided_q, n.strided_out, n.misaligned, layouts.c_str(), n.misaligned_kv, n.fp8_e4m3,
       n.fp8_e5m2, n.int8, n.int4, n.per_head_scales, n.token_scales, n.strided_token_scales,
-      n.malformed, n.invariance_checks, n.failures, n.worst_ratio);
+      n.malformed, n.mla, n.mla_multi_token, n.mla_fp8, n.mla_combined, n.mla_malformed,
+      n.mla_unsupported, n.invariance_checks, n.failures, n.worst_ratio);
   return buf;
 }
 
@@ -278,6 +313,92 @@ std::string handle_failure(const Config& cfg, const pf::CheckOptions& check, con
   return path;
 }
 
+// Reports a failing MLA case and saves it. MLA cases are not shrunk: the case file holds the case
+// as drawn. Returns the path of the case file.
+std::string handle_mla_failure(const Config& cfg, const pf::MlaFuzzCase& c, const pf::Outcome& o,
+                               const std::string& replay_line) {
+  std::printf("FAIL %s\n  case:   %s\n  replay: %s\n", outcome_text(o).c_str(),
+              pf::describe(c).c_str(), replay_line.c_str());
+  const std::string path = cfg.out_dir + "/fuzz-fail-" + std::to_string(c.origin_seed) + "-" +
+                           std::to_string(c.origin_index) + ".case";
+  try {
+    pf::save_mla_case(c, path);
+    std::printf("  saved (not shrunk): %s\n  replay: pagedattn-fuzz %s --replay %s\n", path.c_str(),
+                common_flags(cfg).c_str(), path.c_str());
+  } catch (const std::exception& e) {
+    std::printf("  could not save the case: %s\n%s", e.what(), pf::to_mla_text(c).c_str());
+  }
+  std::fflush(stdout);
+  return path;
+}
+
+// One case of either kind, as drawn or read from a case file.
+struct AnyCase {
+  bool mla = false;
+  pf::FuzzCase gqa;
+  pf::MlaFuzzCase mla_case;
+
+  std::string text() const { return mla ? pf::to_mla_text(mla_case) : pf::to_text(gqa); }
+  std::string describe() const { return mla ? pf::describe(mla_case) : pf::describe(gqa); }
+  pf::Outcome check(const pf::CheckOptions& options) const {
+    return mla ? pf::check_mla_case(mla_case, options) : pf::check_case(gqa, options);
+  }
+};
+
+AnyCase draw_any(const Config& cfg, const pf::DrawOptions& draw, std::uint64_t i) {
+  AnyCase c;
+  c.mla = pf::is_mla_index(cfg.seed, i, cfg.mla_share);
+  if (c.mla) {
+    c.mla_case = pf::draw_mla_case(cfg.seed, i);
+  } else {
+    c.gqa = pf::draw_case(cfg.seed, i, draw);
+  }
+  return c;
+}
+
+// A case file of either kind (an MLA one starts with the key "mla").
+AnyCase load_any(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("cannot read " + path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  AnyCase c;
+  c.mla = pf::is_mla_text(ss.str());
+  if (c.mla) {
+    c.mla_case = pf::from_mla_text(ss.str());
+  } else {
+    c.gqa = pf::from_text(ss.str());
+  }
+  return c;
+}
+
+// --index or --replay: one case, printed or checked.
+int run_one(const Config& cfg, const pf::CheckOptions& check, const pf::DrawOptions& draw) {
+  AnyCase c;
+  try {
+    c = cfg.replay.empty() ? draw_any(cfg, draw, static_cast<std::uint64_t>(cfg.index))
+                           : load_any(cfg.replay);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pagedattn-fuzz: %s\n", e.what());
+    return 2;
+  }
+  if (cfg.print_case) {
+    std::printf("%s", c.text().c_str());
+    return 0;
+  }
+  std::printf("case: %s\n", c.describe().c_str());
+  const pf::Outcome o = c.check(check);
+  if (o.verdict == pf::Verdict::kInapplicable) {
+    std::printf("inapplicable: %s\n", o.message.c_str());
+    return 2;
+  }
+  if (o.unsupported > 0 && !o.failed()) {
+    std::printf("(%d backend runs refused it as unsupported)\n", o.unsupported);
+  }
+  std::printf("%s\n", o.failed() ? ("FAIL " + outcome_text(o)).c_str() : "pass");
+  return o.failed() ? 1 : 0;
+}
+
 int run(int argc, char** argv) {
   const Config cfg = parse(argc, argv);
   if (cfg.help) {
@@ -301,28 +422,7 @@ int run(int argc, char** argv) {
     }
   }
 
-  if (!cfg.replay.empty() || cfg.index >= 0) {
-    pf::FuzzCase c;
-    try {
-      c = cfg.replay.empty() ? pf::draw_case(cfg.seed, static_cast<std::uint64_t>(cfg.index), draw)
-                             : pf::load_case(cfg.replay);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "pagedattn-fuzz: %s\n", e.what());
-      return 2;
-    }
-    if (cfg.print_case) {
-      std::printf("%s", pf::to_text(c).c_str());
-      return 0;
-    }
-    std::printf("case: %s\n", pf::describe(c).c_str());
-    const pf::Outcome o = pf::check_case(c, check);
-    if (o.verdict == pf::Verdict::kInapplicable) {
-      std::printf("inapplicable: %s\n", o.message.c_str());
-      return 2;
-    }
-    std::printf("%s\n", o.failed() ? ("FAIL " + outcome_text(o)).c_str() : "pass");
-    return o.failed() ? 1 : 0;
-  }
+  if (!cfg.replay.empty() || cfg.index >= 0) return run_one(cfg, check, draw);
 
   const bool live = cfg.progress && isatty(STDERR_FILENO);
   const double progress_every = live ? 1.0 : 10.0;
@@ -340,9 +440,13 @@ int run(int argc, char** argv) {
       std::fprintf(stderr, live ? "\r%s   " : "%s\n", counts_text(n, elapsed).c_str());
       next_report = elapsed + progress_every;
     }
-    const pf::FuzzCase c = pf::draw_case(cfg.seed, i, draw);
-    const pf::Outcome o = pf::check_case(c, check);
-    count(n, c, o);
+    const AnyCase c = draw_any(cfg, draw, i);
+    const pf::Outcome o = c.check(check);
+    if (c.mla) {
+      count_mla(n, c.mla_case, o);
+    } else {
+      count(n, c.gqa, o);
+    }
     if (o.verdict == pf::Verdict::kInapplicable) {
       std::fprintf(stderr, "\npagedattn-fuzz: generator bug: case %llu: %s\n",
                    static_cast<unsigned long long>(i), o.message.c_str());
@@ -352,7 +456,11 @@ int run(int argc, char** argv) {
       if (live) std::fprintf(stderr, "\n");
       const std::string replay_line = "pagedattn-fuzz " + common_flags(cfg) + " --seed " +
                                       std::to_string(cfg.seed) + " --index " + std::to_string(i);
-      handle_failure(cfg, check, c, o, replay_line);
+      if (c.mla) {
+        handle_mla_failure(cfg, c.mla_case, o, replay_line);
+      } else {
+        handle_failure(cfg, check, c.gqa, o, replay_line);
+      }
       std::printf("detected after %lld cases\n", n.cases);
       const double t = std::chrono::duration<double>(Clock::now() - start).count();
       std::printf("%s\n", counts_text(n, t).c_str());

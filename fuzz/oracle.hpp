@@ -31,6 +31,9 @@ struct Outcome {
   std::string message;     // what and where
   double worst_ratio = 0;  // largest error / tolerance seen over the numeric checks
   int invariance_checks = 0;  // backends whose batch-invariance check ran and held
+  // Backends that refused the case as unsupported (kUnsupported naming kv_lora_rank: no MLA
+  // kernel), which then count as neither passing nor failing it.
+  int unsupported = 0;
   bool failed() const { return verdict == Verdict::kFail; }
 };
 

@@ -7,6 +7,7 @@
 
 #include "build_case.hpp"
 #include "fuzz_case.hpp"
+#include "pagedattn/mla.hpp"
 #include "pagedattn/pagedattn.hpp"
 #include "pagedattn/reference.hpp"
 
@@ -23,5 +24,9 @@ struct Tolerance {
 // The bounds for `backend`'s outputs (the CUDA backend's are never tighter than the CPU's).
 Tolerance tolerance_for(const FuzzCase& c, const BuiltCase& bc, const ReferenceResult& ref,
                         Backend backend);
+
+// The bounds for an MLA decode's outputs (mla_tolerance.cpp), the same policy over its logits of
+// kv_lora_rank + rope_dim terms, for any backend.
+Tolerance mla_tolerance_for(const MlaDecodeArgs& a, const ReferenceResult& ref);
 
 }  // namespace pagedattn::fuzz

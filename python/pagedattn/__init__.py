@@ -18,8 +18,11 @@ views into one tensor work in place. They may hold f32, f16, bf16, or quantized 
 or e5m2) or int8, with per-tensor, per-kv-head and per-token scales, or int4 (two 4-bit codes a
 byte, marked with pagedattn.int4(), with a scale per group of 32 values of every row).
 
-Functions: decode, pack_tree_masks, write_cache, copy_blocks, merge_states, workspace_size, bf16,
-fp8_e4m3, fp8_e5m2, int4; class BlockManager.
+mla_decode runs multi-head latent attention (DeepSeek-V2/V3) over a latent cache given as one
+combined tensor or as its two parts.
+
+Functions: decode, mla_decode, pack_tree_masks, write_cache, copy_blocks, merge_states,
+workspace_size, bf16, fp8_e4m3, fp8_e5m2, int4; class BlockManager.
 See docs/python.md in the source tree for the whole story.
 """
 
@@ -36,6 +39,7 @@ from ._ext import (
     CUDA_HEAD_DIMS,
     MAX_BLOCK_SIZE,
     MAX_GROUP_SIZE,
+    MAX_MLA_HEADS,
     SUPPORTED_HEAD_DIMS,
     BlockManager,
     built_with_cuda,
@@ -52,6 +56,7 @@ __all__ = [
     "fp8_e5m2",
     "int4",
     "decode",
+    "mla_decode",
     "pack_tree_masks",
     "write_cache",
     "copy_blocks",
@@ -63,6 +68,7 @@ __all__ = [
     "CUDA_HEAD_DIMS",
     "MAX_BLOCK_SIZE",
     "MAX_GROUP_SIZE",
+    "MAX_MLA_HEADS",
 ]
 
 try:
@@ -1089,6 +1095,139 @@ def merge_states(
     _ext.merge_states(
         parts_in, _unwrap(part_lse, "part_lse", []), out_in, lse_in, backend,
         _stream(stream, parts_in), tags,
+    )
+    if return_lse:
+        return out_user, lse
+    return out_user
+
+
+def _latent_cache(kv_cache: Any, tags: List[str]) -> Tuple[Any, Any]:
+    """mla_decode's kv_cache as the module takes it: (combined tensor, None) or (c_cache,
+    kpe_cache), unwrapped and described."""
+    if isinstance(kv_cache, (tuple, list)):
+        if len(kv_cache) != 2:
+            raise Error(
+                f"pagedattn: kv_cache = a {type(kv_cache).__name__} of {len(kv_cache)} items: "
+                f"expected one tensor [num_blocks, block_size, kv_lora_rank + rope_dim] or the "
+                f"pair (c_cache, kpe_cache)",
+                "kv_cache",
+            )
+        c_cache, kpe_cache = kv_cache
+        _check_tensor(c_cache, "c_cache")
+        _check_tensor(kpe_cache, "kpe_cache")
+        return (_ref(_unwrap(c_cache, "c_cache", tags)),
+                _ref(_unwrap(kpe_cache, "kpe_cache", tags)))
+    _check_tensor(kv_cache, "kv_cache")
+    return _ref(_unwrap(kv_cache, "kv_cache", tags)), None
+
+
+def _kv_scale(kv_scale: Any) -> float:
+    """kv_scale as a float; its value (1 for an unquantized cache, else in [1e-30, 1e30]) is
+    checked by the library."""
+    if type(kv_scale) is float:
+        return kv_scale
+    if isinstance(kv_scale, bool) or not isinstance(kv_scale, numbers.Real):
+        raise Error(f"pagedattn: kv_scale = {kv_scale!r}: expected a number", "kv_scale")
+    try:
+        return float(kv_scale)
+    except OverflowError:
+        raise Error(f"pagedattn: kv_scale = {kv_scale!r}: outside the float range",
+                    "kv_scale") from None
+
+
+def mla_decode(
+    q_nope: Tensor,
+    q_pe: Tensor,
+    kv_cache: Union[Tensor, Tuple[Tensor, Tensor]],
+    block_table: Tensor,
+    context_lens: Tensor,
+    *,
+    scale: Optional[float] = None,
+    kv_scale: float = 1.0,
+    out: Optional[Tensor] = None,
+    lse: Optional[Tensor] = None,
+    return_lse: bool = False,
+    backend: str = "auto",
+    stream: Stream = None,
+    workspace: Optional[Tensor] = None,
+    checked: bool = False,
+    q_indptr: Optional[Tensor] = None,
+    max_q_len: Optional[int] = None,
+    batch_invariant: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """One decode step of multi-head latent attention (MLA, DeepSeek-V2/V3), absorbed form.
+
+    Every token has one latent cache row: kv_lora_rank values c and rope_dim values k_pe, shared
+    by all query heads. For query row r of sequence b and head h, over the tokens t the row
+    attends (t < context_lens[b]; token t in block block_table[b, t // block_size], slot
+    t % block_size)::
+
+        s_t        = scale * (q_nope[r,h,:] . c_t + q_pe[r,h,:] . k_pe_t)
+        out[r,h,:] = sum_t softmax(s)_t * c_t          (kv_lora_rank values)
+        lse[r,h]   = log(sum_t exp(s_t))
+
+    The caller folds W_UK into q_nope and applies W_UV to out. A context of 0 gives out = 0 and
+    lse = -inf. With ``q_indptr`` each sequence has several query tokens, each attending causally
+    up to its own position, as in decode(). See docs/mla.md.
+
+    Args:
+        q_nope: [batch, num_heads, kv_lora_rank] (with q_indptr: [num_q_tokens, ...]), float32,
+            float16 or bfloat16; the last dimension contiguous, heads and rows any distance
+            apart: FlashMLA's one q of [rows, num_heads, kv_lora_rank + rope_dim] goes as
+            ``q[..., :kv_lora_rank]`` and ``q[..., kv_lora_rank:]``.
+        q_pe: [batch, num_heads, rope_dim], q_nope's dtype, laid out likewise.
+        kv_cache: the latent cache, either one tensor [num_blocks, block_size,
+            kv_lora_rank + rope_dim] holding c then k_pe in each row (vLLM, FlashMLA, SGLang;
+            [num_blocks, block_size, 1, kv_lora_rank + rope_dim] too), or the pair
+            ``(c_cache, kpe_cache)`` of [num_blocks, block_size, kv_lora_rank] and
+            [num_blocks, block_size, rope_dim] (FlashInfer). float32, float16, bfloat16 or fp8
+            (PyTorch's float8_e4m3fn and float8_e5m2, ``ml_dtypes`` arrays of those, or uint8
+            codes marked with ``pagedattn.fp8_e4m3()`` or ``pagedattn.fp8_e5m2()``). Any
+            positive block and slot strides with each row contiguous: views and padded pools
+            are read in place.
+        block_table: int32 [batch, max_blocks_per_seq]; rows contiguous, any row stride.
+        context_lens: int32 [batch].
+        scale: softmax scale; default 1 / sqrt(kv_lora_rank + rope_dim).
+        kv_scale: an fp8 cache's dequantization scale (a value is code * kv_scale), in
+            [1e-30, 1e30]; other caches take 1 only.
+        out: [rows, num_heads, kv_lora_rank], float32, float16 or bfloat16, each row's heads
+            contiguous, rows any stride apart; allocated like q_nope (dense) when None.
+        lse: float32 [rows, num_heads], contiguous; written when given, allocated when None and
+            ``return_lse``.
+        return_lse: return (out, lse) instead of out.
+        backend, stream, workspace, checked, batch_invariant: as for decode().
+        q_indptr, max_q_len: multi-token queries, as for decode(): int32 [batch + 1] on
+            q_nope's device; max_q_len None computes it from q_indptr (for a CUDA q_indptr a
+            copy that waits for the stream: pass it under CUDA-graph capture).
+
+    Returns:
+        out, or (out, lse) when ``return_lse``.
+
+    Raises:
+        pagedattn.Error: naming the argument, before anything is written.
+    """
+    for name, x in (("q_nope", q_nope), ("q_pe", q_pe), ("block_table", block_table),
+                    ("context_lens", context_lens)):
+        _check_tensor(x, name)
+    for name, x in (("out", out), ("lse", lse), ("workspace", workspace)):
+        if x is not None:
+            _check_tensor(x, name)
+    backend = _check_backend(backend)
+    tags: List[str] = []
+    q_nope_in = _unwrap(q_nope, "q_nope", tags)
+    q_pe_in = _unwrap(q_pe, "q_pe", tags)
+    c_in, kpe_in = _latent_cache(kv_cache, tags)
+    out, lse, out_user, out_in, lse_in = _outputs(q_nope, out, lse, return_lse, q_nope_in.shape,
+                                                  tags)
+    ws_in = None if workspace is None else _unwrap(workspace, "workspace", [])
+    q_indptr_in, max_len = _query_token_args(q_indptr, max_q_len)
+    _ext.mla_decode(
+        _ref(q_nope_in), _ref(q_pe_in), c_in, kpe_in,
+        _ref(_unwrap(block_table, "block_table", [])),
+        _ref(_unwrap(context_lens, "context_lens", [])),
+        _ref(out_in), _ref(lse_in), None if scale is None else float(scale), _kv_scale(kv_scale),
+        backend, _stream(stream, q_nope_in), _ref(ws_in), bool(checked), tags, q_indptr_in,
+        max_len, bool(batch_invariant),
     )
     if return_lse:
         return out_user, lse

@@ -12,6 +12,7 @@ SUPPORTED_HEAD_DIMS: Tuple[int, ...]
 CUDA_HEAD_DIMS: Tuple[int, ...]
 MAX_BLOCK_SIZE: int
 MAX_GROUP_SIZE: int
+MAX_MLA_HEADS: int
 built_with_cuda: bool
 
 def cuda_available() -> Tuple[bool, str]: ...
@@ -46,6 +47,29 @@ def decode(
     k_token_scales: Optional[Any] = None,
     v_token_scales: Optional[Any] = None,
 ) -> None: ...
+def mla_decode(
+    q_nope: Any,
+    q_pe: Any,
+    c_cache: Any,
+    kpe_cache: Optional[Any],
+    block_table: Any,
+    context_lens: Any,
+    out: Any,
+    lse: Optional[Any],
+    scale: Optional[float],
+    kv_scale: float,
+    backend: str,
+    stream: int,
+    workspace: Optional[Any],
+    checked: bool,
+    tags: Sequence[str],
+    q_indptr: Optional[Any] = None,
+    max_q_len: Optional[int] = None,
+    batch_invariant: bool = False,
+) -> None:
+    """kpe_cache None: c_cache is the combined [num_blocks, block_size, kv_lora_rank + rope_dim]
+    latent cache, split here into its two parts."""
+
 def workspace_size(
     q: Any,
     k_cache: Any,

@@ -4,7 +4,6 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <algorithm>
 #include <cfloat>
 #include <climits>
 #include <cmath>
@@ -20,6 +19,7 @@
 #include "kv_scales.hpp"
 #include "pagedattn/pagedattn.hpp"
 #include "pagedattn/tree_mask.hpp"
+#include "sequence_tensors.hpp"
 #include "tensor_import.hpp"
 
 namespace pagedattn::py {
@@ -93,24 +93,13 @@ DecodeCall decode_inputs(nb::handle q_h, nb::handle k_h, nb::handle v_h, nb::han
   a.q_row_stride = q.sequence_stride();
   a.kv_strides = cache_strides(k, v, layout);
   lens.require_contiguous();
-  // An empty table's strides say nothing (NumPy 2 gives an empty array zero strides).
-  if (table.numel() > 0 && table.shape[1] > 1 && table.strides[1] != 1) {
-    reject(ErrorCode::kInvalidArgument, "block_table", ".strides", table.strides_str(),
-           "each row must be contiguous (rows may be any stride apart)");
-  }
+  a.block_table_stride = block_table_stride(table);
 
   c.device = q.device;
   for (const Tensor* t : {&k, &v, &table, &lens}) t->require_device(c.device, "q");
 
   a.batch = lens.dim_int(0);
   set_decode_shape(a, q, k, table, layout);
-  if (a.batch > 1 && table.shape[1] > 0) {
-    if (table.strides[0] < table.shape[1] || table.strides[0] > INT_MAX) {
-      reject(ErrorCode::kInvalidArgument, "block_table", ".strides", table.strides_str(),
-             "rows must not overlap and must lie within the int32 range");
-    }
-    a.block_table_stride = static_cast<int>(table.strides[0]);
-  }
 
   a.q = q.data;
   a.k_cache = k.data;
@@ -270,27 +259,6 @@ void read_workspace(DecodeCall& c, nb::handle workspace_h) {
     c.options.workspace = ws.data;
     c.options.workspace_bytes = ws.nbytes();
   }
-}
-
-// The largest query count of one sequence, max(q_indptr[b + 1] - q_indptr[b]), from q_indptr's
-// values: read in place from host memory, or copied from the device on the call's stream (after
-// the work queued before it, which may write q_indptr) and waited for. At least 1, as the
-// library requires; values the library would refuse (a decreasing q_indptr, a first entry other
-// than 0, a last one other than the token count) are left for its own checks to name.
-int max_q_len_of(const Tensor& q_indptr, int batch, std::uintptr_t stream) {
-  std::vector<std::int32_t> copy;
-  const std::int32_t* v = static_cast<const std::int32_t*>(q_indptr.data);
-  if (q_indptr.device.kind == DeviceKind::kCuda) {
-    copy.resize(static_cast<std::size_t>(batch) + 1);
-    copy_to_host(copy.data(), q_indptr.data, copy.size() * sizeof(std::int32_t), stream,
-                 "cudaMemcpyAsync(q_indptr)");
-    v = copy.data();
-  }
-  std::int64_t most = 1;
-  for (int b = 0; b < batch; ++b) {
-    most = std::max(most, static_cast<std::int64_t>(v[b + 1]) - v[b]);
-  }
-  return static_cast<int>(std::min<std::int64_t>(most, INT_MAX));
 }
 
 void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle block_table,

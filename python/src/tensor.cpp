@@ -77,6 +77,12 @@ DType Tensor::float_dtype() const {
   if (dt.bits == 8 && dt.lanes == 1 && dt.code == kDLFloat8E4M3Fn) return DType::kFP8E4M3;
   if (dt.bits == 8 && dt.lanes == 1 && dt.code == kDLFloat8E5M2) return DType::kFP8E5M2;
   if (has_dtype(dt, Code::Int, 8)) return DType::kInt8;
+  if (name == "kv_cache" || name == "c_cache" || name == "kpe_cache") {
+    reject(ErrorCode::kInvalidArgument, name, ".dtype", dtype_str(dt),
+           "expected float32, float16, bfloat16, float8_e4m3fn or float8_e5m2 (bf16 bits in a "
+           "uint16 tensor: wrap it with pagedattn.bf16(); fp8 codes in a uint8 tensor: with "
+           "pagedattn.fp8_e4m3() or pagedattn.fp8_e5m2())");
+  }
   if (name == "k_cache" || name == "v_cache") {
     reject(ErrorCode::kInvalidArgument, name, ".dtype", dtype_str(dt),
            "expected float32, float16, bfloat16, float8_e4m3fn, float8_e5m2 or int8 (bf16 bits "
@@ -169,6 +175,11 @@ int Tensor::dim_int(int i) const {
            "dimension " + std::to_string(i) + " exceeds the int32 range");
   }
   return static_cast<int>(shape[i]);
+}
+
+void* Tensor::data_or_placeholder() const {
+  static std::int32_t placeholder[4] = {};
+  return data ? data : placeholder;
 }
 
 void Tensor::require_device(const Device& d, const std::string& ref) const {

@@ -85,6 +85,10 @@ struct Tensor {
 
   // Dimension i as an int, refused beyond the int32 range.
   int dim_int(int i) const;
+
+  // The data pointer, or for an empty tensor without one a placeholder: none of its elements is
+  // read, but null would be a missing argument to the library.
+  void* data_or_placeholder() const;
 };
 
 // The storage dtype (float_dtype()) `first` and `second` share (key and value, k_cache and

@@ -1,0 +1,199 @@
+#include "mla_call.hpp"
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "argument_error.hpp"
+#include "device.hpp"
+#include "kv_scales.hpp"
+#include "latent_cache.hpp"
+#include "pagedattn/mla.hpp"
+#include "sequence_tensors.hpp"
+#include "tensor_import.hpp"
+
+namespace pagedattn::py {
+namespace {
+
+using namespace nb::literals;
+
+// One mla_decode call's arguments, with the imports that keep its tensors alive until it returns.
+struct MlaCall {
+  MlaDecodeArgs args;
+  DecodeOptions options;
+  Device device;  // q_nope's, which every tensor shares
+  Tensor q_nope, q_pe, table, lens, q_indptr, out, lse, workspace;
+  LatentCache cache;
+};
+
+const char* rows_ref(bool query_tokens) {
+  return query_tokens ? "num_q_tokens" : "batch, context_lens.shape[0]";
+}
+
+// q_nope [rows, num_heads, kv_lora_rank] and q_pe [rows, num_heads, rope_dim]: one float dtype,
+// the last dimension contiguous, heads and rows any (increasing) distance apart, so FlashMLA's
+// one q of [rows, num_heads, kv_lora_rank + rope_dim] goes as its two slices.
+void read_queries(MlaCall& c, nb::handle q_nope_h, nb::handle q_pe_h,
+                  const std::vector<std::string>& tags, bool query_tokens) {
+  auto& a = c.args;
+  const char* dims = query_tokens ? "[num_q_tokens, num_heads, " : "[batch, num_heads, ";
+  c.q_nope = input(q_nope_h, "q_nope", tags);
+  c.q_pe = input(q_pe_h, "q_pe", tags);
+  c.q_nope.require_ndim(3, (std::string(dims) + "kv_lora_rank]").c_str());
+  c.q_pe.require_ndim(3, (std::string(dims) + "rope_dim]").c_str());
+  c.q_pe.require_dim(0, c.q_nope.shape[0],
+                     std::string(rows_ref(query_tokens)) + ", q_nope.shape[0]");
+  c.q_pe.require_dim(1, c.q_nope.shape[1], "num_heads, q_nope.shape[1]");
+  a.q_dtype = shared_float_dtype(c.q_nope, c.q_pe);
+  c.device = c.q_nope.device;
+  c.q_pe.require_device(c.device, "q_nope");
+  a.num_heads = c.q_nope.dim_int(1);
+  a.kv_lora_rank = c.q_nope.dim_int(2);
+  a.rope_dim = c.q_pe.dim_int(2);
+  const RowStrides n = row_strides(c.q_nope), p = row_strides(c.q_pe);
+  a.q_nope_row_stride = n.row;
+  a.q_nope_head_stride = n.head;
+  a.q_pe_row_stride = p.row;
+  a.q_pe_head_stride = p.head;
+  a.q_nope = c.q_nope.data_or_placeholder();
+  a.q_pe = c.q_pe.data_or_placeholder();
+}
+
+// block_table int32 [batch, max_blocks_per_seq] (rows contiguous, any row stride) and
+// context_lens int32 [batch], on q_nope's device; the batch is context_lens' length.
+void read_tables(MlaCall& c, nb::handle table_h, nb::handle lens_h, bool query_tokens) {
+  auto& a = c.args;
+  Tensor& table = c.table = input(table_h, "block_table");
+  Tensor& lens = c.lens = input(lens_h, "context_lens");
+  table.require_ndim(2, "[batch, max_blocks_per_seq]");
+  lens.require_ndim(1, "[batch]");
+  table.require_int32();
+  lens.require_int32();
+  lens.require_contiguous();
+  if (!query_tokens) lens.require_dim(0, c.q_nope.shape[0], "batch, q_nope.shape[0]");
+  table.require_dim(0, lens.shape[0], "batch, context_lens.shape[0]");
+  table.require_device(c.device, "q_nope");
+  lens.require_device(c.device, "q_nope");
+  a.batch = lens.dim_int(0);
+  a.max_blocks_per_seq = table.dim_int(1);
+  a.block_table_stride = block_table_stride(table);
+  a.block_table = static_cast<const std::int32_t*>(table.data);
+  a.context_lens = static_cast<const std::int32_t*>(lens.data);
+}
+
+// q_indptr int32 [batch + 1], contiguous, on q_nope's device. Its values are checked by the
+// library; an empty batch has no query tokens whatever it holds, so q_nope must have no rows.
+void read_query_tokens(MlaCall& c, nb::handle q_indptr_h) {
+  auto& a = c.args;
+  Tensor& q_indptr = c.q_indptr = input(q_indptr_h, "q_indptr");
+  q_indptr.require_ndim(1, "[batch + 1]");
+  q_indptr.require_int32();
+  q_indptr.require_dim(0, static_cast<std::int64_t>(a.batch) + 1,
+                       "batch + 1, context_lens.shape[0] + 1");
+  q_indptr.require_contiguous();
+  q_indptr.require_device(c.device, "q_nope");
+  if (a.batch == 0 && c.q_nope.shape[0] != 0) {
+    reject(ErrorCode::kInvalidArgument, "q_nope", ".shape", c.q_nope.shape_str(),
+           "dimension 0 must be 0 (num_q_tokens: an empty batch has no query tokens)");
+  }
+  a.q_indptr = static_cast<const std::int32_t*>(q_indptr.data);
+  a.num_q_tokens = c.q_nope.dim_int(0);
+}
+
+// out [rows, num_heads, kv_lora_rank], each row's heads contiguous, rows any stride apart; lse
+// f32 [rows, num_heads], contiguous, when given.
+void read_outputs(MlaCall& c, nb::handle out_h, nb::handle lse_h,
+                  const std::vector<std::string>& tags, bool query_tokens) {
+  auto& a = c.args;
+  Tensor& out = c.out = output(out_h, "out", tags);
+  out.require_ndim(3, query_tokens ? "[num_q_tokens, num_heads, kv_lora_rank]"
+                                   : "[batch, num_heads, kv_lora_rank]");
+  out.require_shape_of(c.q_nope);
+  a.out_dtype = out.float_dtype();
+  out.require_device(c.device, "q_nope");
+  const RowStrides s = row_strides(out);
+  if (s.head != 0) {
+    reject(ErrorCode::kInvalidArgument, "out", ".strides", out.strides_str(),
+           "each row's [num_heads, kv_lora_rank] must be contiguous (only the stride between "
+           "rows may be larger)");
+  }
+  a.out_row_stride = s.row;
+  a.out = out.data_or_placeholder();
+  if (lse_h.is_none()) return;
+  Tensor& lse = c.lse = output(lse_h, "lse");
+  lse.require_ndim(2, query_tokens ? "[num_q_tokens, num_heads]" : "[batch, num_heads]");
+  lse.require_dim(0, c.q_nope.shape[0], std::string(rows_ref(query_tokens)) + ", q_nope.shape[0]");
+  lse.require_dim(1, c.q_nope.shape[1], "num_heads, q_nope.shape[1]");
+  lse.require_float32();
+  lse.require_contiguous();
+  lse.require_device(c.device, "q_nope");
+  a.lse = static_cast<float*>(lse.data);
+}
+
+// The caller's workspace: any writable contiguous tensor on q_nope's device; only CUDA uses it.
+void read_workspace(MlaCall& c, nb::handle workspace_h) {
+  if (workspace_h.is_none()) return;
+  Tensor& ws = c.workspace = output(workspace_h, "workspace");
+  ws.require_contiguous();
+  ws.require_device(c.device, "q_nope");
+  if (c.options.backend == Backend::kCuda) {
+    c.options.workspace = ws.data;
+    c.options.workspace_bytes = ws.nbytes();
+  }
+}
+
+void mla_decode(nb::handle q_nope, nb::handle q_pe, nb::handle c_cache, nb::handle kpe_cache,
+                nb::handle block_table, nb::handle context_lens, nb::handle out_h, nb::handle lse_h,
+                std::optional<double> scale, double kv_scale, const std::string& backend,
+                std::uintptr_t stream, nb::handle workspace_h, bool checked,
+                const std::vector<std::string>& tags, nb::handle q_indptr_h,
+                std::optional<int> max_q_len, bool batch_invariant) {
+  const bool query_tokens = !q_indptr_h.is_none();
+  if (!query_tokens && max_q_len) {
+    reject(ErrorCode::kInvalidArgument, "max_q_len", "", std::to_string(*max_q_len),
+           "given without q_indptr (max_q_len bounds the query tokens of multi-token queries)");
+  }
+  MlaCall c;
+  auto& a = c.args;
+  read_queries(c, q_nope, q_pe, tags, query_tokens);
+  read_tables(c, block_table, context_lens, query_tokens);
+  if (query_tokens) read_query_tokens(c, q_indptr_h);
+  c.cache.read(c_cache, kpe_cache, tags, a.kv_lora_rank, a.rope_dim, c.device);
+  c.cache.set(a);
+  a.kv_scale = KvScales::to_f32(kv_scale, "kv_scale");
+  read_outputs(c, out_h, lse_h, tags, query_tokens);
+  if (scale) a.scale = static_cast<float>(*scale);
+
+  c.options.backend = pick_backend(backend, c.device, "q_nope");
+  c.options.cuda_stream = reinterpret_cast<void*>(stream);
+  c.options.cuda_checked = checked;
+  c.options.batch_invariant = batch_invariant;
+  read_workspace(c, workspace_h);
+
+  DeviceGuard guard(c.device);
+  nb::gil_scoped_release release;
+  if (query_tokens) {
+    // A given max_q_len goes to the library as it is (it checks it); none is computed from
+    // q_indptr, which on CUDA costs a copy to the host and a wait for the stream.
+    a.max_q_len = max_q_len ? *max_q_len : max_q_len_of(c.q_indptr, a.batch, stream);
+  }
+  pagedattn::mla_decode(a, c.options);
+}
+
+}  // namespace
+
+void bind_mla_decode(nb::module_& m) {
+  m.def("mla_decode", &mla_decode, "q_nope"_a, "q_pe"_a, "c_cache"_a, "kpe_cache"_a.none(),
+        "block_table"_a, "context_lens"_a, "out"_a, "lse"_a.none(), "scale"_a.none(), "kv_scale"_a,
+        "backend"_a, "stream"_a, "workspace"_a.none(), "checked"_a, "tags"_a,
+        "q_indptr"_a.none() = nb::none(), "max_q_len"_a.none() = nb::none(),
+        "batch_invariant"_a = false);
+  m.attr("MAX_MLA_HEADS") = pagedattn::kMaxMlaHeads;
+}
+
+}  // namespace pagedattn::py
