@@ -1,40 +1,19 @@
 // Cache writes on the CPU: OpenMP over tokens (or block copies); each (token, kv head) row is one
 // contiguous run of head_dim elements in the source and in the cache, so a row is a memcpy when
 // the dtypes match and a converting loop (through f32, dtype.hpp) when they differ.
-#include <omp.h>
-
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
+#include "cache_rows.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/cache_ops.hpp"
 #include "pagedattn/detail/cache_backends.hpp"
 #include "pagedattn/detail/visit_dtype.hpp"
 #include "pagedattn/dtype.hpp"
-#include "work_threads.hpp"
 
 namespace pagedattn::detail::cpu {
 namespace {
-
-// Threads for a call that moves `bytes` (read and written): as for decode, one per
-// kMinBytesPerThread, so a small write runs on the calling thread without waking the team.
-int threads_for(const CacheOpOptions& o, std::int64_t bytes) {
-  return threads_for_work(o.num_threads > 0 ? o.num_threads : omp_get_max_threads(), bytes);
-}
-
-// dst = src in Dst, rounded to nearest even; a quantized Dst holds src / scale (quantize_scaled).
-template <typename Src, typename Dst>
-void convert_row(const Src* __restrict src, Dst* __restrict dst, int n, float scale) {
-  if constexpr (std::is_same_v<Src, Dst>) {
-    std::memcpy(dst, src, sizeof(Src) * n);
-  } else if constexpr (is_quantized_type<Dst>) {
-    for (int i = 0; i < n; ++i) dst[i] = quantize_scaled<Dst>(to_float(src[i]), scale);
-  } else {
-    for (int i = 0; i < n; ++i) dst[i] = from_float<Dst>(to_float(src[i]));
-  }
-}
 
 // The largest finite |x| of a row (0 when it has none).
 template <typename Src>
@@ -86,7 +65,7 @@ void write_typed(const CacheWriteArgs& a, const CacheOpOptions& o) {
   auto* v_cache = static_cast<Dst*>(a.v_cache);
   const std::int64_t elements =
       static_cast<std::int64_t>(a.num_tokens) * a.num_kv_heads * a.head_dim;
-  const int threads = threads_for(o, elements * 2 * (sizeof(Src) + sizeof(Dst)));
+  const int threads = cache_op_threads(o, elements * 2 * (sizeof(Src) + sizeof(Dst)));
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int t = 0; t < a.num_tokens; ++t) {
     const std::int32_t slot = a.slot_mapping[t];
@@ -149,37 +128,15 @@ void write_cache(const CacheWriteArgs& a, const CacheOpOptions& o) {
 
 void copy_blocks(const CopyBlocksArgs& a, const CacheOpOptions& o) {
   const CacheLayout layout = a.cache_layout();
-  // Bytes of n elements, and of an element offset (int4: half, the offsets validated even).
-  const auto bytes_of = [&](std::int64_t n) { return dtype_bytes(a.cache_dtype, n); };
-  const std::int64_t row_bytes = bytes_of(a.head_dim);
-  const int rows = a.num_kv_heads * a.block_size;
-  // A block whose rows fill one span (HND, NHD: the strides validated as non-overlapping and the
-  // span exactly rows x head_dim) is one copy; otherwise (a padded pool, K and V interleaved) a
-  // copy per row.
-  const std::int64_t span = bytes_of(
-      layout.elements() - static_cast<std::int64_t>(a.num_blocks - 1) * layout.block_stride);
-  const bool one_span = span == rows * row_bytes;
+  const std::int64_t block_bytes = dtype_bytes(
+      a.cache_dtype, static_cast<std::int64_t>(a.num_kv_heads) * a.block_size * a.head_dim);
   auto* k = static_cast<unsigned char*>(a.k_cache);
   auto* v = static_cast<unsigned char*>(a.v_cache);
-  const std::int64_t bytes = static_cast<std::int64_t>(a.num_pairs) * 4 * rows * row_bytes;
-  const int threads = threads_for(o, bytes);
+  const int threads = cache_op_threads(o, std::int64_t{a.num_pairs} * 4 * block_bytes);
   // 2 * num_pairs independent copies: K of each pair, then V of each pair.
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int i = 0; i < 2 * a.num_pairs; ++i) {
-    const BlockCopy& p = a.pairs[i / 2];
-    unsigned char* base = (i % 2 == 0) ? k : v;
-    if (one_span) {
-      std::memcpy(base + bytes_of(layout.offset(p.dst, 0, 0)),
-                  base + bytes_of(layout.offset(p.src, 0, 0)), static_cast<std::size_t>(span));
-      continue;
-    }
-    for (int h = 0; h < a.num_kv_heads; ++h) {
-      for (int t = 0; t < a.block_size; ++t) {
-        std::memcpy(base + bytes_of(layout.offset(p.dst, h, t)),
-                    base + bytes_of(layout.offset(p.src, h, t)),
-                    static_cast<std::size_t>(row_bytes));
-      }
-    }
+    copy_block(i % 2 == 0 ? k : v, layout, a.cache_dtype, a.pairs[i / 2]);
   }
   if (a.k_token_scales == nullptr) return;
   const CacheLayout scale_layout = a.token_scale_layout();

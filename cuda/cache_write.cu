@@ -1,9 +1,7 @@
-// Cache writes on the CUDA backend. write_cache: one thread block per token, its threads over the
-// token's num_kv_heads * head_dim elements (with per-token scales, one warp per row: the scale
-// needs the row's largest value); a slot outside the pool is skipped, so no input can make the
-// kernel write out of bounds. copy_blocks: one thread block per (pair, K or V), the pairs
-// passed by value in the kernel's parameters (no device allocation, stream-ordered). Both take
-// the caches' layout (kv_strides).
+// Cache writes on the CUDA backend (the kernels in cache_rows.cuh, shared with the MLA cache's).
+// write_cache: K and V as the two views of write_kernel (with per-token scales, one warp per row
+// instead: the scale needs the row's largest value); copy_blocks: K and V as the two views of
+// copy_kernel, then the per-token scales. Both take the caches' layout (kv_strides).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -11,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cache_rows.cuh"
 #include "cuda_error.hpp"
 #include "pagedattn/cache_layout.hpp"
 #include "pagedattn/cache_ops.hpp"
@@ -20,7 +19,7 @@
 namespace pagedattn::detail::cuda {
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = kCacheThreads;
 
 // The scales of a quantized cache (CacheWriteArgs::k_scale and the rest): the cache holds x /
 // scale.
@@ -29,35 +28,6 @@ struct WriteScales {
   const float* k_per_head;  // or null
   const float* v_per_head;
 };
-
-template <typename Src, typename Dst>
-__global__ void write_kernel(const Src* __restrict__ key, const Src* __restrict__ value,
-                             std::int64_t src_stride, const std::int32_t* __restrict__ slots,
-                             Dst* __restrict__ k_cache, Dst* __restrict__ v_cache,
-                             CacheLayout layout, WriteScales scales) {
-  const int t = blockIdx.x;
-  const std::int32_t slot = slots[t];
-  const std::int64_t num_slots = static_cast<std::int64_t>(layout.num_blocks) * layout.block_size;
-  if (slot < 0 || slot >= num_slots) return;  // -1 skips; anything else out of range too
-  const int block = slot / layout.block_size;
-  const int offset = slot % layout.block_size;
-  const int row = layout.num_kv_heads * layout.head_dim;
-  for (int i = threadIdx.x; i < row; i += blockDim.x) {
-    const int h = i / layout.head_dim;
-    const int d = i % layout.head_dim;
-    const std::int64_t src = t * src_stride + i;
-    const std::int64_t dst = layout.offset(block, h, offset) + d;
-    if constexpr (is_quantized_type<Dst>) {
-      const float ks = head_scale(scales.k, scales.k_per_head, h);
-      const float vs = head_scale(scales.v, scales.v_per_head, h);
-      k_cache[dst] = quantize_scaled<Dst>(to_float(key[src]), ks);
-      v_cache[dst] = quantize_scaled<Dst>(to_float(value[src]), vs);
-    } else {
-      k_cache[dst] = from_float<Dst>(to_float(key[src]));
-      v_cache[dst] = from_float<Dst>(to_float(value[src]));
-    }
-  }
-}
 
 // Where the caches take per-token scales.
 struct TokenScales {
@@ -133,9 +103,19 @@ void launch_write(const CacheWriteArgs& a, cudaStream_t stream) {
       return;
     }
   }
-  write_kernel<Src, Dst><<<a.num_tokens, kThreads, 0, stream>>>(
-      static_cast<const Src*>(a.key), static_cast<const Src*>(a.value), a.token_stride(),
-      a.slot_mapping, static_cast<Dst*>(a.k_cache), static_cast<Dst*>(a.v_cache), layout, scales);
+  const WriteView<Src, Dst> k{static_cast<const Src*>(a.key),
+                              a.token_stride(),
+                              static_cast<Dst*>(a.k_cache),
+                              layout,
+                              a.k_scale,
+                              a.k_scales};
+  const WriteView<Src, Dst> v{static_cast<const Src*>(a.value),
+                              a.token_stride(),
+                              static_cast<Dst*>(a.v_cache),
+                              layout,
+                              a.v_scale,
+                              a.v_scales};
+  write_kernel<Src, Dst><<<a.num_tokens, kThreads, 0, stream>>>(k, v, a.slot_mapping);
 }
 
 template <typename Src>
@@ -156,28 +136,6 @@ void launch_write_from(const CacheWriteArgs& a, cudaStream_t stream) {
   }
 }
 
-// Pairs per launch: 256 pairs of int32 are 2 KiB of kernel parameters, well under the 4 KiB limit.
-constexpr int kPairsPerLaunch = 256;
-struct PairChunk {
-  BlockCopy pairs[kPairsPerLaunch];
-};
-
-// grid.x = pairs in the chunk, grid.y = 0 for K, 1 for V. `words` is the cache layout counted
-// in Words (the widest unit every stride, the row and both cache pointers allow): head_dim is a
-// row's Words. A block's rows are copied one Word per thread at a time.
-template <typename Word>
-__global__ void copy_kernel(Word* k_cache, Word* v_cache, CacheLayout words, PairChunk chunk) {
-  const BlockCopy p = chunk.pairs[blockIdx.x];
-  Word* base = blockIdx.y == 0 ? k_cache : v_cache;
-  const int row = words.head_dim;
-  const int total = words.num_kv_heads * words.block_size * row;
-  for (int i = threadIdx.x; i < total; i += blockDim.x) {
-    const int r = i / row, w = i % row;
-    const int h = r / words.block_size, t = r % words.block_size;
-    base[words.offset(p.dst, h, t) + w] = base[words.offset(p.src, h, t) + w];
-  }
-}
-
 // The per-token scales of each pair's blocks, as copy_kernel copies the rows: grid.x = pairs in
 // the chunk, grid.y = 0 for K, 1 for V.
 __global__ void copy_scales_kernel(float* k_scales, float* v_scales, CacheLayout layout,
@@ -190,27 +148,15 @@ __global__ void copy_scales_kernel(float* k_scales, float* v_scales, CacheLayout
   }
 }
 
-template <typename Word>
-void launch_copies(const CopyBlocksArgs& a, cudaStream_t stream) {
-  CacheLayout words = a.cache_layout();
-  const std::int64_t per = static_cast<std::int64_t>(sizeof(Word)) /
-                           static_cast<std::int64_t>(dtype_size(a.cache_dtype));
-  words.block_stride /= per;
-  words.head_stride /= per;
-  words.token_stride /= per;
-  words.head_dim = static_cast<int>(words.head_dim / per);
+// The per-token scales of each pair's blocks, after their rows.
+void copy_token_scales(const CopyBlocksArgs& a, cudaStream_t stream) {
   for (int first = 0; first < a.num_pairs; first += kPairsPerLaunch) {
     const int n = a.num_pairs - first < kPairsPerLaunch ? a.num_pairs - first : kPairsPerLaunch;
     PairChunk chunk{};
     for (int i = 0; i < n; ++i) chunk.pairs[i] = a.pairs[first + i];
-    copy_kernel<Word><<<dim3(n, 2), kThreads, 0, stream>>>(
-        static_cast<Word*>(a.k_cache), static_cast<Word*>(a.v_cache), words, chunk);
-    check(cudaGetLastError(), "copy_blocks kernel launch");
-    if (a.k_token_scales != nullptr) {
-      copy_scales_kernel<<<dim3(n, 2), kThreads, 0, stream>>>(a.k_token_scales, a.v_token_scales,
-                                                              a.token_scale_layout(), chunk);
-      check(cudaGetLastError(), "copy_blocks kernel launch (token scales)");
-    }
+    copy_scales_kernel<<<dim3(n, 2), kThreads, 0, stream>>>(a.k_token_scales, a.v_token_scales,
+                                                            a.token_scale_layout(), chunk);
+    check(cudaGetLastError(), "copy_blocks kernel launch (token scales)");
   }
 }
 
@@ -220,8 +166,6 @@ void copy_back(std::vector<float>& dst, const float* src, cudaStream_t stream) {
       "scales copy to host");
   check(cudaStreamSynchronize(stream), "scales copy to host");
 }
-
-bool aligned(const void* p, std::size_t n) { return reinterpret_cast<std::uintptr_t>(p) % n == 0; }
 
 // Per-token scales are written a float at a time.
 void require_token_scales_aligned(const float* k, const float* v) {
@@ -270,21 +214,8 @@ void copy_blocks(const CopyBlocksArgs& a, const CacheOpOptions& o) {
   const auto stream = static_cast<cudaStream_t>(o.cuda_stream);
   require_token_scales_aligned(a.k_token_scales, a.v_token_scales);
   const CacheLayout l = a.cache_layout();
-  const std::int64_t elem = static_cast<std::int64_t>(dtype_size(a.cache_dtype));
-  const auto fits = [&](std::int64_t n) {
-    return l.block_stride * elem % n == 0 && l.head_stride * elem % n == 0 &&
-           l.token_stride * elem % n == 0 && l.head_dim * elem % n == 0 && aligned(a.k_cache, n) &&
-           aligned(a.v_cache, n);
-  };
-  if (fits(16)) {
-    launch_copies<uint4>(a, stream);
-  } else if (fits(4)) {
-    launch_copies<std::uint32_t>(a, stream);
-  } else if (fits(2)) {
-    launch_copies<std::uint16_t>(a, stream);
-  } else {
-    launch_copies<std::uint8_t>(a, stream);  // 8-bit codes with odd strides
-  }
+  copy_views(a.k_cache, l, a.v_cache, l, a.cache_dtype, a.pairs, a.num_pairs, stream);
+  if (a.k_token_scales != nullptr) copy_token_scales(a, stream);
 }
 
 }  // namespace pagedattn::detail::cuda

@@ -74,24 +74,28 @@ void validate_copy_args(const CopyBlocksArgs& a) {
   require_non_null("pairs", a.pairs);
   require_non_null("k_cache", a.k_cache);
   require_non_null("v_cache", a.v_cache);
+  validate_block_pairs(a.pairs, a.num_pairs, a.num_blocks);
+}
+
+void validate_block_pairs(const BlockCopy* pairs, int num_pairs, int num_blocks) {
   const auto check_id = [&](int i, const char* field, std::int32_t id) {
-    if (id < 0 || id >= a.num_blocks) {
+    if (id < 0 || id >= num_blocks) {
       std::ostringstream arg;
       arg << "pairs[" << i << "]." << field;
       fail(ErrorCode::kOutOfRange, arg.str(), id,
-           "block id out of range [0, " + std::to_string(a.num_blocks) + ") (num_blocks)");
+           "block id out of range [0, " + std::to_string(num_blocks) + ") (num_blocks)");
     }
   };
   std::unordered_set<std::int32_t> srcs, dsts;
-  for (int i = 0; i < a.num_pairs; ++i) {
-    check_id(i, "src", a.pairs[i].src);
-    check_id(i, "dst", a.pairs[i].dst);
-    srcs.insert(a.pairs[i].src);
+  for (int i = 0; i < num_pairs; ++i) {
+    check_id(i, "src", pairs[i].src);
+    check_id(i, "dst", pairs[i].dst);
+    srcs.insert(pairs[i].src);
   }
   // Pairs run in parallel: a block written twice, or written while another pair reads it, would
   // make the result depend on the order.
-  for (int i = 0; i < a.num_pairs; ++i) {
-    const std::int32_t dst = a.pairs[i].dst;
+  for (int i = 0; i < num_pairs; ++i) {
+    const std::int32_t dst = pairs[i].dst;
     if (!dsts.insert(dst).second || srcs.count(dst)) {
       std::ostringstream arg;
       arg << "pairs[" << i << "].dst";

@@ -1,5 +1,6 @@
-// MLA decode's shared parts: validation (the shapes, the latent cache's strides, and through the
-// GQA checks the tables and q_indptr) and the f64 reference.
+// MLA decode's shared parts: validation (the shapes, the latent cache's shape and strides, which
+// the latent cache writes check too, and through the GQA checks the tables and q_indptr) and the
+// f64 reference.
 #include "pagedattn/mla.hpp"
 
 #include <Eigen/Dense>
@@ -75,6 +76,33 @@ void require_row_stride(const char* name, std::int64_t stride, std::int64_t span
 
 }  // namespace
 
+void validate_mla_cache_shape(int kv_lora_rank, int rope_dim, int block_size, int num_blocks,
+                              const MlaPartStrides& c_strides, const MlaPartStrides& kpe_strides,
+                              DType kv_dtype) {
+  require_width("kv_lora_rank", kv_lora_rank, 16, 1024);
+  require_width("rope_dim", rope_dim, 0, 256);
+  require_block_size(block_size);
+  if (num_blocks < 0) {
+    fail(ErrorCode::kInvalidArgument, "num_blocks", num_blocks, "must not be negative");
+  }
+  require_part_strides("c_strides", c_strides, num_blocks, block_size, kv_lora_rank);
+  require_part_strides("kpe_strides", kpe_strides, num_blocks, block_size, rope_dim);
+  require_dtype("kv_dtype", kv_dtype);
+  if (kv_dtype == DType::kInt8 || kv_dtype == DType::kInt4) {
+    fail(ErrorCode::kUnsupported, "kv_dtype", dtype_name(kv_dtype),
+         "an MLA cache is f32, f16, bf16 or fp8");
+  }
+}
+
+void require_mla_kv_scale(DType kv_dtype, float kv_scale) {
+  if (is_fp8(kv_dtype)) {
+    require_kv_scale("kv_scale", kv_scale);
+  } else if (kv_scale != 1.f) {
+    fail(ErrorCode::kInvalidArgument, "kv_scale", kv_scale,
+         std::string("must be 1 for an unquantized cache (kv_dtype ") + dtype_name(kv_dtype) + ")");
+  }
+}
+
 float MlaDecodeArgs::effective_scale() const {
   return scale ? *scale : 1.f / std::sqrt(static_cast<float>(kv_lora_rank + rope_dim));
 }
@@ -103,8 +131,8 @@ void validate_mla_shapes(const MlaDecodeArgs& a, bool require_out) {
     fail(ErrorCode::kUnsupported, "num_heads", a.num_heads,
          "unsupported: at most " + std::to_string(kMaxMlaHeads) + " query heads per latent row");
   }
-  require_width("kv_lora_rank", a.kv_lora_rank, 16, 1024);
-  require_width("rope_dim", a.rope_dim, 0, 256);
+  validate_mla_cache_shape(a.kv_lora_rank, a.rope_dim, a.block_size, a.num_blocks, a.c_strides,
+                           a.kpe_strides, a.kv_dtype);
   // The table and query-token fields, checked as decode checks its own.
   const DecodeArgs table = mla_table_view(a);
   require_table_shape(table);
@@ -122,22 +150,9 @@ void validate_mla_shapes(const MlaDecodeArgs& a, bool require_out) {
                      (H - 1) * a.q_nope_head() + a.kv_lora_rank);
   require_row_stride("q_pe_row_stride", a.q_pe_row_stride, (H - 1) * a.q_pe_head() + a.rope_dim);
   require_row_stride("out_row_stride", a.out_row_stride, H * a.kv_lora_rank);
-  require_part_strides("c_strides", a.c_strides, a.num_blocks, a.block_size, a.kv_lora_rank);
-  require_part_strides("kpe_strides", a.kpe_strides, a.num_blocks, a.block_size, a.rope_dim);
   require_value_dtype("q_dtype", a.q_dtype);
   require_value_dtype("out_dtype", a.out_dtype);
-  require_dtype("kv_dtype", a.kv_dtype);
-  if (a.kv_dtype == DType::kInt8 || a.kv_dtype == DType::kInt4) {
-    fail(ErrorCode::kUnsupported, "kv_dtype", dtype_name(a.kv_dtype),
-         "an MLA cache is f32, f16, bf16 or fp8");
-  }
-  if (is_fp8(a.kv_dtype)) {
-    require_kv_scale("kv_scale", a.kv_scale);
-  } else if (a.kv_scale != 1.f) {
-    fail(ErrorCode::kInvalidArgument, "kv_scale", a.kv_scale,
-         std::string("must be 1 for an unquantized cache (kv_dtype ") + dtype_name(a.kv_dtype) +
-             ")");
-  }
+  require_mla_kv_scale(a.kv_dtype, a.kv_scale);
   if (a.scale && !std::isfinite(*a.scale)) {
     fail(ErrorCode::kInvalidArgument, "scale", *a.scale, "must be finite");
   }

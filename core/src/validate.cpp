@@ -262,18 +262,25 @@ void validate_merge_args(const MergeStatesArgs& a) {
 }
 
 void validate_slot_mapping(const CacheWriteArgs& a, const std::int32_t* slot_mapping) {
-  const std::int64_t slots = static_cast<std::int64_t>(a.num_blocks) * a.block_size;
+  validate_write_slots(slot_mapping, a.num_tokens,
+                       static_cast<std::int64_t>(a.num_blocks) * a.block_size, SlotSkip::kMinusOne);
+}
+
+void validate_write_slots(const std::int32_t* slot_mapping, int num_tokens, std::int64_t num_slots,
+                          SlotSkip skip) {
+  const bool negative_skips = skip == SlotSkip::kNegative;
+  const char* skips = negative_skips ? "negative slots" : "-1";
   std::vector<std::pair<std::int32_t, int>> used;  // (slot, token)
-  used.reserve(a.num_tokens);
-  for (int i = 0; i < a.num_tokens; ++i) {
+  used.reserve(num_tokens);
+  for (int i = 0; i < num_tokens; ++i) {
     const std::int32_t s = slot_mapping[i];
-    if (s == -1) continue;
-    if (s < 0 || s >= slots) {
+    if (s == -1 || (s < 0 && negative_skips)) continue;
+    if (s < 0 || s >= num_slots) {
       std::ostringstream arg;
       arg << "slot_mapping[" << i << "]";
       fail(ErrorCode::kOutOfRange, arg.str(), s,
-           "slot out of range [0, " + std::to_string(slots) +
-               ") (num_blocks * block_size), and not -1 (skip)");
+           "slot out of range [0, " + std::to_string(num_slots) + ") (num_blocks * block_size)" +
+               (negative_skips ? std::string() : std::string(", and not -1 (skip)")));
     }
     used.emplace_back(s, i);
   }
@@ -295,7 +302,7 @@ void validate_slot_mapping(const CacheWriteArgs& a, const std::int32_t* slot_map
     arg << "slot_mapping[" << repeat << "]";
     fail(ErrorCode::kInvalidArgument, arg.str(), slot_mapping[repeat],
          "the slot of slot_mapping[" + std::to_string(first) +
-             "] too: the slots of one write must be distinct (only -1 may repeat)");
+             "] too: the slots of one write must be distinct (only " + skips + " may repeat)");
   }
 }
 

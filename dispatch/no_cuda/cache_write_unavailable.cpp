@@ -13,4 +13,14 @@ void copy_blocks(const CopyBlocksArgs&, const CacheOpOptions&) {
        "unavailable: this build of pagedattn has no CUDA backend");
 }
 
+void write_mla_cache(const MlaCacheWriteArgs&, const CacheOpOptions&) {
+  fail(ErrorCode::kBackendUnavailable, "backend", "cuda",
+       "unavailable: this build of pagedattn has no CUDA backend");
+}
+
+void copy_blocks(const MlaCopyBlocksArgs&, const CacheOpOptions&) {
+  fail(ErrorCode::kBackendUnavailable, "backend", "cuda",
+       "unavailable: this build of pagedattn has no CUDA backend");
+}
+
 }  // namespace pagedattn::detail::cuda

@@ -336,6 +336,19 @@ PAGEDATTN_HOST_DEVICE Fp8 quantize_scaled(float x, float scale) {
   return from_float<Fp8>(q);
 }
 
+// The element a cache of storage type Dst holds for value x: a quantized Dst the code of x / scale
+// (quantize_scaled), any other Dst x itself rounded to nearest even (scale unused: unquantized
+// caches take none). Every cache write converts through it; int4, two codes to a byte, has its
+// own (quantize_int4).
+template <typename Dst>
+PAGEDATTN_HOST_DEVICE Dst cache_element(float x, float scale) {
+  if constexpr (is_quantized_type<Dst>) {
+    return quantize_scaled<Dst>(x, scale);
+  } else {
+    return from_float<Dst>(x);
+  }
+}
+
 // The dequantization scale of kv head h of a quantized cache: the per-tensor scale times the head's
 // own, when there are per-head scales (per_head may be null).
 PAGEDATTN_HOST_DEVICE float head_scale(float scale, const float* per_head, int h) {

@@ -27,6 +27,12 @@ inline constexpr int kMaxMlaHeads = 256;
 struct MlaPartStrides {
   std::int64_t block = 0;
   std::int64_t token = 0;
+
+  // These strides of a part `width` elements wide, the dense ones for {0, 0}.
+  MlaPartStrides or_dense(int block_size, int width) const {
+    if (block != 0 || token != 0) return *this;
+    return {static_cast<std::int64_t>(block_size) * width, width};
+  }
 };
 
 // One MLA decode step. Shapes (rows = batch, or num_q_tokens with q_indptr):
@@ -98,16 +104,8 @@ struct MlaDecodeArgs {
   std::int64_t out_row() const {
     return out_row_stride ? out_row_stride : static_cast<std::int64_t>(num_heads) * kv_lora_rank;
   }
-  MlaPartStrides c_layout() const {
-    return {
-        c_strides.block ? c_strides.block : static_cast<std::int64_t>(block_size) * kv_lora_rank,
-        c_strides.token ? c_strides.token : kv_lora_rank};
-  }
-  MlaPartStrides kpe_layout() const {
-    return {
-        kpe_strides.block ? kpe_strides.block : static_cast<std::int64_t>(block_size) * rope_dim,
-        kpe_strides.token ? kpe_strides.token : rope_dim};
-  }
+  MlaPartStrides c_layout() const { return c_strides.or_dense(block_size, kv_lora_rank); }
+  MlaPartStrides kpe_layout() const { return kpe_strides.or_dense(block_size, rope_dim); }
   float effective_scale() const;
 };
 

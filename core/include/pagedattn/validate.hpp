@@ -67,6 +67,15 @@ void validate_merge_args(const MergeStatesArgs& args);
 // [0, num_blocks * block_size), and no slot other than -1 twice.
 void validate_slot_mapping(const CacheWriteArgs& args, const std::int32_t* slot_mapping);
 
+// Which slots skip their token: -1 alone (write_cache), or every negative slot (write_mla_cache,
+// as vLLM's MLA cache write).
+enum class SlotSkip { kMinusOne, kNegative };
+// The num_tokens slots of a write's slot mapping, in host memory: each one that skips or in
+// [0, num_slots) (kOutOfRange naming slot_mapping[i]), and none but a skip twice
+// (kInvalidArgument naming the later token).
+void validate_write_slots(const std::int32_t* slot_mapping, int num_tokens, std::int64_t num_slots,
+                          SlotSkip skip);
+
 // Sizes, pointers and supported configurations. Reads no tensor. The reference, which writes no
 // `out`, passes require_out = false.
 void validate_shapes(const DecodeArgs& args, bool require_out = true);

@@ -1,0 +1,90 @@
+// The latent cache's writes and block copies on the CUDA backend: the GQA cache operations'
+// kernels (cache_rows.cuh) with c and k_pe as their two views, each a cache view of one kv head.
+// A negative slot is skipped by write_kernel as every slot outside the pool is.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "cache_rows.cuh"
+#include "cuda_error.hpp"
+#include "pagedattn/cache_layout.hpp"
+#include "pagedattn/detail/cache_backends.hpp"
+#include "pagedattn/dtype.hpp"
+#include "pagedattn/mla_cache.hpp"
+
+namespace pagedattn::detail::cuda {
+namespace {
+
+template <typename Src, typename Dst>
+void launch_write(const MlaCacheWriteArgs& a, cudaStream_t stream) {
+  const WriteView<Src, Dst> c{
+      static_cast<const Src*>(a.kv_c),
+      a.kv_c_row(),
+      static_cast<Dst*>(a.c_cache),
+      mla_part_view(a.c_strides, a.num_blocks, a.block_size, a.kv_lora_rank),
+      a.kv_scale,
+      nullptr};
+  const WriteView<Src, Dst> pe{static_cast<const Src*>(a.k_pe),
+                               a.k_pe_row(),
+                               static_cast<Dst*>(a.kpe_cache),
+                               mla_part_view(a.kpe_strides, a.num_blocks, a.block_size, a.rope_dim),
+                               a.kv_scale,
+                               nullptr};
+  write_kernel<Src, Dst><<<a.num_tokens, kCacheThreads, 0, stream>>>(c, pe, a.slot_mapping);
+}
+
+template <typename Src>
+void launch_write_from(const MlaCacheWriteArgs& a, cudaStream_t stream) {
+  switch (a.kv_dtype) {
+    case DType::kF32:
+      return launch_write<Src, float>(a, stream);
+    case DType::kF16:
+      return launch_write<Src, f16_t>(a, stream);
+    case DType::kBF16:
+      return launch_write<Src, bf16_t>(a, stream);
+    case DType::kFP8E4M3:
+      return launch_write<Src, fp8_e4m3_t>(a, stream);
+    case DType::kFP8E5M2:
+      return launch_write<Src, fp8_e5m2_t>(a, stream);
+    case DType::kInt8:
+    case DType::kInt4:
+      return;  // refused by validation: an MLA cache is f32, f16, bf16 or fp8
+  }
+}
+
+}  // namespace
+
+void write_mla_cache(const MlaCacheWriteArgs& a, const CacheOpOptions& o) {
+  const auto stream = static_cast<cudaStream_t>(o.cuda_stream);
+  if (o.cuda_checked) {
+    std::vector<std::int32_t> host(a.num_tokens);
+    check(cudaMemcpyAsync(host.data(), a.slot_mapping, sizeof(std::int32_t) * a.num_tokens,
+                          cudaMemcpyDeviceToHost, stream),
+          "slot_mapping copy to host");
+    check(cudaStreamSynchronize(stream), "slot_mapping copy to host");
+    validate_mla_slots(a, host.data());
+  }
+  switch (a.src_dtype) {
+    case DType::kF32:
+      launch_write_from<float>(a, stream);
+      break;
+    case DType::kF16:
+      launch_write_from<f16_t>(a, stream);
+      break;
+    case DType::kBF16:
+      launch_write_from<bf16_t>(a, stream);
+      break;
+    default:
+      return;  // refused by validation: quantized dtypes are cache dtypes only
+  }
+  check(cudaGetLastError(), "write_mla_cache kernel launch");
+}
+
+void copy_blocks(const MlaCopyBlocksArgs& a, const CacheOpOptions& o) {
+  copy_views(a.c_cache, mla_part_view(a.c_strides, a.num_blocks, a.block_size, a.kv_lora_rank),
+             a.kpe_cache, mla_part_view(a.kpe_strides, a.num_blocks, a.block_size, a.rope_dim),
+             a.kv_dtype, a.pairs, a.num_pairs, static_cast<cudaStream_t>(o.cuda_stream));
+}
+
+}  // namespace pagedattn::detail::cuda
