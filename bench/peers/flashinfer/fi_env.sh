@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by build.sh and build_mla.sh: finds nvcc, makes FlashInfer 0.7.2's headers available and
 # sets the nvcc flags FlashInfer's JIT builds its sm90a kernels with. Not run on its own.
 #
