@@ -186,21 +186,23 @@ int run_mla_rows(const Options& o, double read_bw, std::FILE* info) {
       opt.backend = cuda ? Backend::kCuda : Backend::kCpu;
       opt.num_threads = o.threads;
       opt.batch_invariant = o.batch_invariant;
-      double ms = 0;
+      // The error of step 0's outputs (in m.out, m.lse), before the timed steps overwrite them.
+      double ms = 0, err = 0;
       if (cuda) {
         const DeviceRows d(m);
         mla_decode(d.args(m, 0), opt);
         testing::device_synchronize();
         d.out.to_host(m.out);
         d.lse.to_host(m.lse);
+        err = rel_err_of_sequence_0(m);
         ms = cuda_step_ms([&](int i) { mla_decode(d.args(m, i), opt); },
                           static_cast<int>(m.pools.size()), o.iters);
       } else {
         mla_decode(m.args(0), opt);
+        err = rel_err_of_sequence_0(m);
         ms = median_ms([&](int i) { mla_decode(m.args(i), opt); }, static_cast<int>(m.pools.size()),
                        o.iters, o.min_time, o.max_time, o.clock);
       }
-      const double err = rel_err_of_sequence_0(m);
       const double bytes =
           static_cast<double>(s.batch) * s.context * kWidth * static_cast<double>(dtype_size(kv));
       const double gbps = bytes / (ms * 1e-3) / 1e9;

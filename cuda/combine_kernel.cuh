@@ -141,8 +141,9 @@ __global__ void __launch_bounds__(kCombineWarps * 32) combine_kernel(CombinePara
       off = p.split_offset[b];
       ns = p.split_offset[b + 1] - off;
     }
-    for (unsigned todo = __ballot_sync(0xffffffffu, ns != 1 || p.merge_single_splits); todo != 0;
-         todo &= todo - 1) {
+    for (unsigned todo =
+             __ballot_sync(0xffffffffu, mine < units && (ns != 1 || p.merge_single_splits));
+         todo != 0; todo &= todo - 1) {
       const int j = __ffs(todo) - 1;
       const std::int64_t widx = first + j * stride;
       const std::int64_t idx = widx / dchunks;  // the (sequence, query token, query head) row
