@@ -170,12 +170,7 @@ void write_cache(const CacheWriteArgs& a, const CacheOpOptions& o) {
   const auto stream = static_cast<cudaStream_t>(o.cuda_stream);
   require_token_scales_aligned(a.k_token_scales, a.v_token_scales);
   if (o.cuda_checked) {
-    std::vector<std::int32_t> host(a.num_tokens);
-    check(cudaMemcpyAsync(host.data(), a.slot_mapping, sizeof(std::int32_t) * a.num_tokens,
-                          cudaMemcpyDeviceToHost, stream),
-          "slot_mapping copy to host");
-    check(cudaStreamSynchronize(stream), "slot_mapping copy to host");
-    validate_slots(a, host.data());
+    validate_slots(a, slots_on_host(a.slot_mapping, a.num_tokens, stream).data());
     std::vector<float> ks(a.k_scales ? a.num_kv_heads : 0), vs(a.v_scales ? a.num_kv_heads : 0);
     if (a.k_scales != nullptr) copy_back(ks, a.k_scales, stream);
     if (a.v_scales != nullptr) copy_back(vs, a.v_scales, stream);

@@ -39,12 +39,7 @@ void launch_write(const MlaCacheWriteArgs& a, cudaStream_t stream) {
 void write_mla_cache(const MlaCacheWriteArgs& a, const CacheOpOptions& o) {
   const auto stream = static_cast<cudaStream_t>(o.cuda_stream);
   if (o.cuda_checked) {
-    std::vector<std::int32_t> host(a.num_tokens);
-    check(cudaMemcpyAsync(host.data(), a.slot_mapping, sizeof(std::int32_t) * a.num_tokens,
-                          cudaMemcpyDeviceToHost, stream),
-          "slot_mapping copy to host");
-    check(cudaStreamSynchronize(stream), "slot_mapping copy to host");
-    validate_mla_slots(a, host.data());
+    validate_mla_slots(a, slots_on_host(a.slot_mapping, a.num_tokens, stream).data());
   }
   visit_value_type(a.src_dtype, "src_dtype", [&](auto src) {
     visit_accepted_type(MlaCacheTypes{}, a.kv_dtype, "kv_dtype", [&](auto cache) {
