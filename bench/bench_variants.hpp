@@ -71,9 +71,10 @@ inline std::vector<std::int32_t> uniform_q_indptr(int batch, int q_len) {
   return p;
 }
 
-// Sets a's multi-token query fields for q_len query tokens per sequence, q_indptr (from
-// uniform_q_indptr) where a's other buffers are; nothing when q_len is 1.
-inline void apply_q_len(int q_len, const std::int32_t* q_indptr, DecodeArgs& a) {
+// Sets a's multi-token query fields (DecodeArgs or MlaDecodeArgs) for q_len query tokens per
+// sequence, q_indptr (from uniform_q_indptr) where a's other buffers are; nothing when q_len is 1.
+template <typename Args>
+void apply_q_len(int q_len, const std::int32_t* q_indptr, Args& a) {
   if (q_len <= 1) return;
   a.q_indptr = q_indptr;
   a.num_q_tokens = a.batch * q_len;

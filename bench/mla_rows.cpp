@@ -13,12 +13,14 @@
 #include <random>
 #include <vector>
 
+#include "bench_variants.hpp"
 #include "median.hpp"
 #include "pagedattn/mla.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/testing/device_memory.hpp"
 #include "pagedattn/testing/tables.hpp"
 #include "pagedattn/testing/tolerance.hpp"
+#include "rotation.hpp"
 
 namespace pagedattn::bench {
 namespace {
@@ -26,19 +28,24 @@ namespace {
 constexpr int kRank = 512, kRope = 64, kWidth = kRank + kRope;
 constexpr double kColdBytes = 512.0 * (1 << 20);  // copies until the caches span this much
 
-// One shape's buffers: `copies` latent pools, their tables, q and out.
+// One copy of a shape's cache: its latent pool and the table into it.
+struct MlaCopy {
+  std::vector<std::uint8_t> pool;
+  std::vector<std::int32_t> table;
+};
+
+// One shape's buffers: the copies the steps rotate over, q and out.
 struct MlaRows {
   int B = 0, H = 0, BS = 0, q_len = 1, max_blocks = 0, num_blocks = 0;
   DType q_dtype = DType::kBF16, kv_dtype = DType::kBF16;
   float kv_scale = 1.f;
-  std::vector<std::vector<std::uint8_t>> pools;
-  std::vector<std::vector<std::int32_t>> tables;
+  std::vector<MlaCopy> copies;
   std::vector<std::int32_t> lens, indptr;
   std::vector<std::uint8_t> q, out;
   std::vector<float> lse;
 
   MlaDecodeArgs args(int i) {
-    const std::size_t c = static_cast<std::size_t>(i) % pools.size();
+    const MlaCopy& c = copy_for_step(copies, i);
     MlaDecodeArgs a;
     a.batch = B;
     a.num_heads = H;
@@ -52,16 +59,12 @@ struct MlaRows {
     a.q_nope_head_stride = a.q_pe_head_stride = kWidth;  // FlashMLA's one q of 576 per head
     a.kv_dtype = kv_dtype;
     a.kv_scale = kv_scale;
-    a.c_cache = pools[c].data();
-    a.kpe_cache = pools[c].data() + kRank * dtype_size(kv_dtype);
+    a.c_cache = c.pool.data();
+    a.kpe_cache = c.pool.data() + kRank * dtype_size(kv_dtype);
     a.c_strides = a.kpe_strides = {static_cast<std::int64_t>(BS) * kWidth, kWidth};
-    a.block_table = tables[c].data();
+    a.block_table = c.table.data();
     a.context_lens = lens.data();
-    if (q_len > 1) {
-      a.q_indptr = indptr.data();
-      a.num_q_tokens = B * q_len;
-      a.max_q_len = q_len;
-    }
+    apply_q_len(q_len, indptr.data(), a);
     a.out = out.data();
     a.lse = lse.data();
     return a;
@@ -82,7 +85,7 @@ MlaRows make_rows(const Shape& s, DType q_dtype, DType kv_dtype, bool contiguous
   m.num_blocks = m.max_blocks * s.batch;
   const double pool_bytes =
       static_cast<double>(m.num_blocks) * s.block_size * kWidth * dtype_size(kv_dtype);
-  const int copies = static_cast<int>(std::clamp(std::ceil(kColdBytes / pool_bytes), 1.0, 8.0));
+  const int copies = rotation_copies(pool_bytes, kColdBytes, 8);
   std::mt19937_64 rng(20261207u + static_cast<std::uint64_t>(s.batch) * 131 + s.context);
   std::normal_distribution<float> normal(0.f, 1.f);
   const std::size_t elems = static_cast<std::size_t>(m.num_blocks) * s.block_size * kWidth;
@@ -91,11 +94,11 @@ MlaRows make_rows(const Shape& s, DType q_dtype, DType kv_dtype, bool contiguous
     for (std::size_t i = 0; i < elems; ++i) {
       store_from_float(pool.data(), kv_dtype, i, normal(rng) / m.kv_scale);
     }
-    m.pools.push_back(std::move(pool));
-    m.tables.push_back(testing::table_from_pool(testing::block_pool(m.num_blocks, !contiguous, rng),
-                                                m.lens, s.block_size, m.max_blocks));
+    m.copies.push_back({std::move(pool), testing::table_from_pool(
+                                             testing::block_pool(m.num_blocks, !contiguous, rng),
+                                             m.lens, s.block_size, m.max_blocks)});
   }
-  for (int b = 0; b <= s.batch; ++b) m.indptr.push_back(b * q_len);
+  m.indptr = uniform_q_indptr(s.batch, q_len);
   const std::size_t q_elems = static_cast<std::size_t>(s.batch) * q_len * s.heads * kWidth;
   m.q.resize(q_elems * dtype_size(q_dtype));
   for (std::size_t i = 0; i < q_elems; ++i) store_from_float(m.q.data(), q_dtype, i, normal(rng));
@@ -104,9 +107,16 @@ MlaRows make_rows(const Shape& s, DType q_dtype, DType kv_dtype, bool contiguous
   return m;
 }
 
-// The copies, tables, q, out and lse of a shape on the device; args(i) points step i at them.
+// A copy of a shape's cache on the device.
+struct DeviceCopy {
+  testing::DeviceBuffer pool, table;
+  explicit DeviceCopy(const MlaCopy& c)
+      : pool(c.pool.data(), c.pool.size()), table(c.table.data(), c.table.size() * 4) {}
+};
+
+// The copies, q, out and lse of a shape on the device; args(i) points step i at them.
 struct DeviceRows {
-  std::vector<testing::DeviceBuffer> pools, tables;
+  std::vector<DeviceCopy> copies;
   testing::DeviceBuffer lens, indptr, q, out, lse;
   explicit DeviceRows(const MlaRows& m)
       : lens(m.lens.data(), m.lens.size() * 4),
@@ -114,17 +124,16 @@ struct DeviceRows {
         q(m.q.data(), m.q.size()),
         out(m.out.size()),
         lse(m.lse.size() * 4) {
-    for (const auto& p : m.pools) pools.emplace_back(p.data(), p.size());
-    for (const auto& t : m.tables) tables.emplace_back(t.data(), t.size() * 4);
+    for (const MlaCopy& c : m.copies) copies.emplace_back(c);
   }
   MlaDecodeArgs args(MlaRows& m, int i) const {
-    const std::size_t c = static_cast<std::size_t>(i) % pools.size();
+    const DeviceCopy& c = copy_for_step(copies, i);
     MlaDecodeArgs a = m.args(i);
     a.q_nope = q.get();
     a.q_pe = q.as<char>() + kRank * dtype_size(m.q_dtype);
-    a.c_cache = pools[c].get();
-    a.kpe_cache = pools[c].as<char>() + kRank * dtype_size(m.kv_dtype);
-    a.block_table = tables[c].as<std::int32_t>();
+    a.c_cache = c.pool.get();
+    a.kpe_cache = c.pool.as<char>() + kRank * dtype_size(m.kv_dtype);
+    a.block_table = c.table.as<std::int32_t>();
     a.context_lens = lens.as<std::int32_t>();
     if (a.q_indptr != nullptr) a.q_indptr = indptr.as<std::int32_t>();
     a.out = out.get();
@@ -196,12 +205,12 @@ int run_mla_rows(const Options& o, double read_bw, std::FILE* info) {
         d.lse.to_host(m.lse);
         err = rel_err_of_sequence_0(m);
         ms = cuda_step_ms([&](int i) { mla_decode(d.args(m, i), opt); },
-                          static_cast<int>(m.pools.size()), o.iters);
+                          static_cast<int>(m.copies.size()), o.iters);
       } else {
         mla_decode(m.args(0), opt);
         err = rel_err_of_sequence_0(m);
-        ms = median_ms([&](int i) { mla_decode(m.args(i), opt); }, static_cast<int>(m.pools.size()),
-                       o.iters, o.min_time, o.max_time, o.clock);
+        ms = median_ms([&](int i) { mla_decode(m.args(i), opt); },
+                       static_cast<int>(m.copies.size()), o.iters, o.min_time, o.max_time, o.clock);
       }
       const double bytes =
           static_cast<double>(s.batch) * s.context * kWidth * static_cast<double>(dtype_size(kv));

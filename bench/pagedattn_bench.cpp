@@ -79,6 +79,7 @@
 #include "pagedattn/validate.hpp"
 #include "pagedattn/variants.hpp"
 #include "read_bandwidth.hpp"
+#include "rotation.hpp"
 
 using namespace pagedattn;
 using pagedattn::bench::median_ms;
@@ -289,7 +290,7 @@ struct RotatingCase {
         a.tree_mask_indptr = tree->indptr.data();
       }
     }
-    const KvPools& c = over[static_cast<std::size_t>(i) % over.size()];
+    const KvPools& c = bench::copy_for_step(over, i);
     if (laid) {
       laid->apply(a, c.k.data(), c.v.data());
     } else {
@@ -356,8 +357,7 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s, b
   std::vector<std::uint8_t>& v = rc.laid ? rc.laid->v : rc.base.v;
   const double cache_bytes = static_cast<double>(k.size() + v.size());
   const double want = rotate ? 4.0 * static_cast<double>(bench::last_level_cache_bytes()) : 0.0;
-  const int copies =
-      std::clamp(static_cast<int>(std::ceil(want / std::max(cache_bytes, 1.0))), 1, 64);
+  const int copies = bench::rotation_copies(cache_bytes, want, 64);
   for (int c = 0; c < copies; ++c) {
     rc.pools.push_back(
         {pool_copy(k.data(), k.size(), o.huge_pages), pool_copy(v.data(), v.size(), o.huge_pages)});
@@ -449,10 +449,7 @@ double pattern_read_gbps(const Options& o, RotatingCase& rc, const std::vector<K
     passes.push_back(std::move(tasks));
   }
   const double ms = median_ms(
-      [&](int i) {
-        bench::time_read_tasks(passes[static_cast<std::size_t>(i) % passes.size()], o.threads,
-                               o.clock);
-      },
+      [&](int i) { bench::time_read_tasks(bench::copy_for_step(passes, i), o.threads, o.clock); },
       std::max<int>(2, static_cast<int>(passes.size())), o.iters, o.min_time, o.max_time, o.clock);
   return kv_bytes(s, kv, o.variants.window_left) / (ms * 1e-3) / 1e9;
 }

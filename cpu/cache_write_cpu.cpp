@@ -101,29 +101,14 @@ void write_typed(const CacheWriteArgs& a, const CacheOpOptions& o) {
   }
 }
 
-template <typename Src>
-void write_from(const CacheWriteArgs& a, const CacheOpOptions& o) {
-  visit_storage_type(a.cache_dtype, [&](auto cache_type) {
-    write_typed<Src, typename decltype(cache_type)::type>(a, o);
-  });
-}
-
 }  // namespace
 
 void write_cache(const CacheWriteArgs& a, const CacheOpOptions& o) {
-  switch (a.src_dtype) {
-    case DType::kF32:
-      return write_from<float>(a, o);
-    case DType::kF16:
-      return write_from<f16_t>(a, o);
-    case DType::kBF16:
-      return write_from<bf16_t>(a, o);
-    case DType::kFP8E4M3:
-    case DType::kFP8E5M2:
-    case DType::kInt8:
-    case DType::kInt4:
-      return;  // refused by validation: quantized dtypes are cache dtypes only
-  }
+  visit_value_type(a.src_dtype, "src_dtype", [&](auto src) {
+    visit_storage_type(a.cache_dtype, [&](auto cache) {
+      write_typed<typename decltype(src)::type, typename decltype(cache)::type>(a, o);
+    });
+  });
 }
 
 void copy_blocks(const CopyBlocksArgs& a, const CacheOpOptions& o) {

@@ -39,30 +39,14 @@ void write_typed(const MlaCacheWriteArgs& a, const CacheOpOptions& o) {
   }
 }
 
-template <typename Src>
-void write_from(const MlaCacheWriteArgs& a, const CacheOpOptions& o) {
-  visit_storage_type(a.kv_dtype, [&](auto cache_type) {
-    using Dst = typename decltype(cache_type)::type;
-    if constexpr (!is_quantized_type<Dst> || is_fp8_type<Dst>) write_typed<Src, Dst>(a, o);
-  });  // int8 and int4 are refused by validation: an MLA cache is f32, f16, bf16 or fp8
-}
-
 }  // namespace
 
 void write_mla_cache(const MlaCacheWriteArgs& a, const CacheOpOptions& o) {
-  switch (a.src_dtype) {
-    case DType::kF32:
-      return write_from<float>(a, o);
-    case DType::kF16:
-      return write_from<f16_t>(a, o);
-    case DType::kBF16:
-      return write_from<bf16_t>(a, o);
-    case DType::kFP8E4M3:
-    case DType::kFP8E5M2:
-    case DType::kInt8:
-    case DType::kInt4:
-      return;  // refused by validation: quantized dtypes are cache dtypes only
-  }
+  visit_value_type(a.src_dtype, "src_dtype", [&](auto src) {
+    visit_accepted_type(MlaCacheTypes{}, a.kv_dtype, "kv_dtype", [&](auto cache) {
+      write_typed<typename decltype(src)::type, typename decltype(cache)::type>(a, o);
+    });
+  });
 }
 
 void copy_blocks(const MlaCopyBlocksArgs& a, const CacheOpOptions& o) {

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "cuda_error.hpp"
 #include "pagedattn/cache_layout.hpp"
@@ -86,6 +87,18 @@ __global__ void copy_kernel(CopyView<Word> a, CopyView<Word> b, PairChunk chunk)
     const int h = r / v.words.block_size, t = r % v.words.block_size;
     v.cache[v.words.offset(p.dst, h, t) + w] = v.cache[v.words.offset(p.src, h, t) + w];
   }
+}
+
+// A write's slot_mapping (device memory) on the host, for checked mode to validate; waits for
+// `stream`.
+inline std::vector<std::int32_t> slots_on_host(const std::int32_t* slot_mapping, int num_tokens,
+                                               cudaStream_t stream) {
+  std::vector<std::int32_t> host(num_tokens);
+  check(cudaMemcpyAsync(host.data(), slot_mapping, sizeof(std::int32_t) * num_tokens,
+                        cudaMemcpyDeviceToHost, stream),
+        "slot_mapping copy to host");
+  check(cudaStreamSynchronize(stream), "slot_mapping copy to host");
+  return host;
 }
 
 inline bool aligned(const void* p, std::size_t n) {

@@ -118,23 +118,8 @@ void launch_write(const CacheWriteArgs& a, cudaStream_t stream) {
   write_kernel<Src, Dst><<<a.num_tokens, kThreads, 0, stream>>>(k, v, a.slot_mapping);
 }
 
-template <typename Src>
-void launch_write_from(const CacheWriteArgs& a, cudaStream_t stream) {
-  switch (a.cache_dtype) {
-    case DType::kF32:
-      return launch_write<Src, float>(a, stream);
-    case DType::kF16:
-      return launch_write<Src, f16_t>(a, stream);
-    case DType::kBF16:
-      return launch_write<Src, bf16_t>(a, stream);
-    case DType::kFP8E4M3:
-      return launch_write<Src, fp8_e4m3_t>(a, stream);
-    case DType::kFP8E5M2:
-      return launch_write<Src, fp8_e5m2_t>(a, stream);
-    case DType::kInt8:
-      return launch_write<Src, int8_code_t>(a, stream);
-  }
-}
+// The cache dtypes with a CUDA kernel: all but int4 (require_cuda_cache_dtype).
+using CudaCacheTypes = TypeList<float, f16_t, bf16_t, fp8_e4m3_t, fp8_e5m2_t, int8_code_t>;
 
 // The per-token scales of each pair's blocks, as copy_kernel copies the rows: grid.x = pairs in
 // the chunk, grid.y = 0 for K, 1 for V.
@@ -185,28 +170,17 @@ void write_cache(const CacheWriteArgs& a, const CacheOpOptions& o) {
   const auto stream = static_cast<cudaStream_t>(o.cuda_stream);
   require_token_scales_aligned(a.k_token_scales, a.v_token_scales);
   if (o.cuda_checked) {
-    std::vector<std::int32_t> host(a.num_tokens);
-    check(cudaMemcpyAsync(host.data(), a.slot_mapping, sizeof(std::int32_t) * a.num_tokens,
-                          cudaMemcpyDeviceToHost, stream),
-          "slot_mapping copy to host");
-    check(cudaStreamSynchronize(stream), "slot_mapping copy to host");
-    validate_slots(a, host.data());
+    validate_slots(a, slots_on_host(a.slot_mapping, a.num_tokens, stream).data());
     std::vector<float> ks(a.k_scales ? a.num_kv_heads : 0), vs(a.v_scales ? a.num_kv_heads : 0);
     if (a.k_scales != nullptr) copy_back(ks, a.k_scales, stream);
     if (a.v_scales != nullptr) copy_back(vs, a.v_scales, stream);
     validate_write_scales(a, a.k_scales ? ks.data() : nullptr, a.v_scales ? vs.data() : nullptr);
   }
-  switch (a.src_dtype) {
-    case DType::kF32:
-      launch_write_from<float>(a, stream);
-      break;
-    case DType::kF16:
-      launch_write_from<f16_t>(a, stream);
-      break;
-    case DType::kBF16:
-      launch_write_from<bf16_t>(a, stream);
-      break;
-  }
+  visit_value_type(a.src_dtype, "src_dtype", [&](auto src) {
+    visit_accepted_type(CudaCacheTypes{}, a.cache_dtype, "cache_dtype", [&](auto cache) {
+      launch_write<typename decltype(src)::type, typename decltype(cache)::type>(a, stream);
+    });
+  });
   check(cudaGetLastError(), "write_cache kernel launch");
 }
 

@@ -34,50 +34,18 @@ void launch_write(const MlaCacheWriteArgs& a, cudaStream_t stream) {
   write_kernel<Src, Dst><<<a.num_tokens, kCacheThreads, 0, stream>>>(c, pe, a.slot_mapping);
 }
 
-template <typename Src>
-void launch_write_from(const MlaCacheWriteArgs& a, cudaStream_t stream) {
-  switch (a.kv_dtype) {
-    case DType::kF32:
-      return launch_write<Src, float>(a, stream);
-    case DType::kF16:
-      return launch_write<Src, f16_t>(a, stream);
-    case DType::kBF16:
-      return launch_write<Src, bf16_t>(a, stream);
-    case DType::kFP8E4M3:
-      return launch_write<Src, fp8_e4m3_t>(a, stream);
-    case DType::kFP8E5M2:
-      return launch_write<Src, fp8_e5m2_t>(a, stream);
-    case DType::kInt8:
-    case DType::kInt4:
-      return;  // refused by validation: an MLA cache is f32, f16, bf16 or fp8
-  }
-}
-
 }  // namespace
 
 void write_mla_cache(const MlaCacheWriteArgs& a, const CacheOpOptions& o) {
   const auto stream = static_cast<cudaStream_t>(o.cuda_stream);
   if (o.cuda_checked) {
-    std::vector<std::int32_t> host(a.num_tokens);
-    check(cudaMemcpyAsync(host.data(), a.slot_mapping, sizeof(std::int32_t) * a.num_tokens,
-                          cudaMemcpyDeviceToHost, stream),
-          "slot_mapping copy to host");
-    check(cudaStreamSynchronize(stream), "slot_mapping copy to host");
-    validate_mla_slots(a, host.data());
+    validate_mla_slots(a, slots_on_host(a.slot_mapping, a.num_tokens, stream).data());
   }
-  switch (a.src_dtype) {
-    case DType::kF32:
-      launch_write_from<float>(a, stream);
-      break;
-    case DType::kF16:
-      launch_write_from<f16_t>(a, stream);
-      break;
-    case DType::kBF16:
-      launch_write_from<bf16_t>(a, stream);
-      break;
-    default:
-      return;  // refused by validation: quantized dtypes are cache dtypes only
-  }
+  visit_value_type(a.src_dtype, "src_dtype", [&](auto src) {
+    visit_accepted_type(MlaCacheTypes{}, a.kv_dtype, "kv_dtype", [&](auto cache) {
+      launch_write<typename decltype(src)::type, typename decltype(cache)::type>(a, stream);
+    });
+  });
   check(cudaGetLastError(), "write_mla_cache kernel launch");
 }
 

@@ -11,20 +11,13 @@
 #include <vector>
 
 #include "build_mla.hpp"
+#include "oracle_parts.hpp"
 #include "pagedattn/reference.hpp"
 #include "run_mla.hpp"
 #include "tolerance.hpp"
 
 namespace pagedattn::fuzz {
 namespace {
-
-Outcome fail(const std::string& oracle, const std::string& message) {
-  Outcome o;
-  o.verdict = Verdict::kFail;
-  o.oracle = oracle;
-  o.message = message;
-  return o;
-}
 
 // The CUDA backend's refusal of an MLA shape its kernel does not take (check_mla_launch: the
 // dtypes, the widths, the latent parts' alignment), which names one of these arguments.
@@ -102,21 +95,21 @@ Outcome check_malformed(BuiltMla& m, const CheckOptions& options, int threads) {
     const std::vector<float> lse_before = m.lse;
     try {
       run_mla(backend, m, threads, false, /*checked=*/true);
-      return fail("error", tag(backend) + "accepted an invalid input, expected " + want);
+      return failure("error", tag(backend) + "accepted an invalid input, expected " + want);
     } catch (const Error& e) {
       if (no_mla_kernel(backend, e) && m.expected_argument != e.argument()) {
         ++outcome.unsupported;
       } else if (e.code() != m.expected_code || e.argument() != m.expected_argument) {
-        return fail("error", tag(backend) + "raised " + error_code_name(e.code()) + " on '" +
-                                 e.argument() + "' (" + e.what() + "), expected " + want);
+        return failure("error", tag(backend) + "raised " + error_code_name(e.code()) + " on '" +
+                                    e.argument() + "' (" + e.what() + "), expected " + want);
       }
     } catch (const std::exception& e) {
-      return fail("error", tag(backend) + "threw a non-pagedattn exception: " + e.what());
+      return failure("error", tag(backend) + "threw a non-pagedattn exception: " + e.what());
     }
     // Bytes, not values: the poison is NaN. An empty lse (none asked for) has no data pointer.
     if (m.out != out_before || (!m.lse.empty() && std::memcmp(m.lse.data(), lse_before.data(),
                                                               m.lse.size() * sizeof(float)) != 0)) {
-      return fail("untouched", tag(backend) + "wrote out or lse before rejecting the input");
+      return failure("untouched", tag(backend) + "wrote out or lse before rejecting the input");
     }
   }
   return outcome;
@@ -136,26 +129,26 @@ bool run_checked(Backend backend, BuiltMla& m, int threads, bool invariant, bool
       ++outcome->unsupported;
       return false;
     }
-    *outcome = fail("throw", what + "threw on a valid case: " + e.what());
+    *outcome = failure("throw", what + "threw on a valid case: " + e.what());
     return false;
   } catch (const std::exception& e) {
-    *outcome = fail("throw", what + "threw on a valid case: " + e.what());
+    *outcome = failure("throw", what + "threw on a valid case: " + e.what());
     return false;
   }
   if (std::string bad = m.check_gaps(); !bad.empty()) {
-    *outcome = fail("gap", what + bad);
+    *outcome = failure("gap", what + bad);
     return false;
   }
   *got = read_outputs(m);
   for (double x : got->out) {
     if (!std::isfinite(x)) {
-      *outcome = fail("finite", what + "a non-finite out on a case whose inputs are finite");
+      *outcome = failure("finite", what + "a non-finite out on a case whose inputs are finite");
       return false;
     }
   }
   if (std::string bad = compare(m, *got, ref.out, ref.lse, tol, &outcome->worst_ratio);
       !bad.empty()) {
-    *outcome = fail("reference", what + bad);
+    *outcome = failure("reference", what + bad);
     return false;
   }
   return true;
@@ -168,10 +161,7 @@ Outcome check_mla_case(const MlaFuzzCase& c, const CheckOptions& options) {
   try {
     m = build_mla_case(c);
   } catch (const std::invalid_argument& e) {
-    Outcome o;
-    o.verdict = Verdict::kInapplicable;
-    o.message = e.what();
-    return o;
+    return inapplicable(e.what());
   }
   const int threads = options.threads > 0 ? options.threads : c.threads;
   if (c.malformed()) return check_malformed(m, options, threads);
@@ -180,7 +170,7 @@ Outcome check_mla_case(const MlaFuzzCase& c, const CheckOptions& options) {
   try {
     ref = mla_reference_decode(m.args);
   } catch (const std::exception& e) {
-    return fail("reference", std::string("the reference rejected a valid case: ") + e.what());
+    return failure("reference", std::string("the reference rejected a valid case: ") + e.what());
   }
   const Tolerance tol = mla_tolerance_for(m.args, ref);
   // Checked and unchecked CUDA runs must agree on valid input: alternate per case.
@@ -199,20 +189,16 @@ Outcome check_mla_case(const MlaFuzzCase& c, const CheckOptions& options) {
     double ignored = 0;
     if (std::string bad = compare(m, runs[0], runs[1].out, runs[1].lse, tol, &ignored);
         !bad.empty()) {
-      return fail("plan", tag(backend) + "default vs batch-invariant plan: " + bad);
+      return failure("plan", tag(backend) + "default vs batch-invariant plan: " + bad);
     }
     planned.emplace_back(backend, std::move(runs[0]));
   }
-  for (std::size_t i = 1; i < planned.size(); ++i) {
-    double ignored = 0;
-    if (std::string bad = compare(m, planned[i].second, planned[0].second.out,
-                                  planned[0].second.lse, tol, &ignored);
-        !bad.empty()) {
-      return fail("cross", std::string(backend_name(planned[i].first)) + " vs " +
-                               backend_name(planned[0].first) + ": " + bad);
-    }
-  }
-  return outcome;
+  const Outcome cross =
+      compare_backends(planned, [&](const MlaOutputs& run, const MlaOutputs& base) {
+        double ignored = 0;
+        return compare(m, run, base.out, base.lse, tol, &ignored);
+      });
+  return cross.failed() ? cross : outcome;
 }
 
 }  // namespace pagedattn::fuzz

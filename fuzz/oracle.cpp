@@ -12,6 +12,7 @@
 #include "batch_invariance_check.hpp"
 #include "build_case.hpp"
 #include "context_parallel_check.hpp"
+#include "oracle_parts.hpp"
 #include "output_checks.hpp"
 #include "pagedattn/reference.hpp"
 #include "run_backend.hpp"
@@ -19,14 +20,6 @@
 
 namespace pagedattn::fuzz {
 namespace {
-
-Outcome fail(const std::string& oracle, const std::string& message) {
-  Outcome o;
-  o.verdict = Verdict::kFail;
-  o.oracle = oracle;
-  o.message = message;
-  return o;
-}
 
 // Expects `backend` to raise `code` on `argument`, leaving out (its gaps included) and lse as they
 // were: a passing outcome when it does, else the failing oracle's. `what` names the input.
@@ -40,18 +33,18 @@ Outcome expect_error(Backend backend, BuiltCase& bc, int threads, bool checked, 
   const std::vector<float> lse_before = h.lse;
   try {
     run_backend(backend, bc, threads, false, checked);
-    return fail("error", tag + "accepted " + what + ", expected " + want);
+    return failure("error", tag + "accepted " + what + ", expected " + want);
   } catch (const Error& e) {
     if (e.code() != code || e.argument() != argument) {
-      return fail("error", tag + "raised " + error_code_name(e.code()) + " on '" + e.argument() +
-                               "' (" + e.what() + "), expected " + want);
+      return failure("error", tag + "raised " + error_code_name(e.code()) + " on '" + e.argument() +
+                                  "' (" + e.what() + "), expected " + want);
     }
   } catch (const std::exception& e) {
-    return fail("error", tag + "threw a non-pagedattn exception: " + e.what());
+    return failure("error", tag + "threw a non-pagedattn exception: " + e.what());
   }
   if (bc.out_buffer() != out_before ||
       std::memcmp(h.lse.data(), lse_before.data(), h.lse.size() * sizeof(float)) != 0) {
-    return fail("untouched", tag + "wrote out or lse before rejecting the input");
+    return failure("untouched", tag + "wrote out or lse before rejecting the input");
   }
   return {};
 }
@@ -76,10 +69,7 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
   try {
     bc = build_case(c);
   } catch (const std::invalid_argument& e) {
-    Outcome o;
-    o.verdict = Verdict::kInapplicable;
-    o.message = e.what();
-    return o;
+    return inapplicable(e.what());
   }
   const int threads = options.threads > 0 ? options.threads : c.threads;
   if (c.malformed()) return check_malformed(bc, options, threads);
@@ -91,13 +81,13 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
   try {
     ref = reference_decode(bc.dense_args());
   } catch (const std::exception& e) {
-    return fail("reference", std::string("the reference rejected a valid case: ") + e.what());
+    return failure("reference", std::string("the reference rejected a valid case: ") + e.what());
   }
   if (bc.laid_out() || bc.token_scales_laid_out()) {
     // The reference reads kv_strides (and token_scale_strides) too: over the laid-out cache it
     // must give the same bits.
     if (std::string bad = check_layout_reference(bc, ref); !bad.empty()) {
-      return fail("layout", bad);
+      return failure("layout", bad);
     }
   }
   // The CPU's bounds, and the CUDA backend's where it runs (no tighter, see tolerance_for).
@@ -126,48 +116,43 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
       try {
         run_backend(backend, bc, threads, single == 1, checked);
       } catch (const std::exception& e) {
-        return fail("throw", tag + "threw on a valid case: " + e.what());
+        return failure("throw", tag + "threw on a valid case: " + e.what());
       }
       const std::string plan = single ? "single split: " : "";
-      if (std::string bad = check_gaps(bc); !bad.empty()) return fail("gap", tag + plan + bad);
+      if (std::string bad = check_gaps(bc); !bad.empty()) return failure("gap", tag + plan + bad);
       runs[single] = read_outputs(bc);
       if (std::string bad = check_finite(runs[single], bc, a.sinks); !bad.empty()) {
-        return fail("finite", tag + plan + bad);
+        return failure("finite", tag + plan + bad);
       }
       if (std::string bad = compare(bc, runs[single], ref.out, ref.lse, tol, &outcome.worst_ratio);
           !bad.empty()) {
-        return fail("reference", tag + plan + bad);
+        return failure("reference", tag + plan + bad);
       }
     }
     // Plan invariance: the split plan may only change the rounding.
     double ignored = 0;
     if (std::string bad = compare(bc, runs[0], runs[1].out, runs[1].lse, tol, &ignored);
         !bad.empty()) {
-      return fail("plan", tag + "planner vs single split: " + bad);
+      return failure("plan", tag + "planner vs single split: " + bad);
     }
     if (std::string bad = check_batch_invariance(backend, c, bc, ref, tol, threads, checked,
                                                  &outcome.worst_ratio);
         !bad.empty()) {
-      return fail("batch-invariant", bad);
+      return failure("batch-invariant", bad);
     }
     outcome.invariance_checks += a.batch > 0;
     planned.emplace_back(backend, std::move(runs[0]));
   }
   if (std::string bad = check_context_parallel(c, bc, ref, cpu_tol, &outcome.worst_ratio, options);
       !bad.empty()) {
-    return fail("context-parallel", bad);
+    return failure("context-parallel", bad);
   }
-  // Backends against each other (the first one that ran is the baseline), to the looser bounds.
-  for (std::size_t i = 1; i < planned.size(); ++i) {
+  // Backends against each other, to the looser bounds.
+  const Outcome cross = compare_backends(planned, [&](const Outputs& run, const Outputs& base) {
     double ignored = 0;
-    if (std::string bad = compare(bc, planned[i].second, planned[0].second.out,
-                                  planned[0].second.lse, cuda_tol, &ignored);
-        !bad.empty()) {
-      return fail("cross", std::string(backend_name(planned[i].first)) + " vs " +
-                               backend_name(planned[0].first) + ": " + bad);
-    }
-  }
-  return outcome;
+    return compare(bc, run, base.out, base.lse, cuda_tol, &ignored);
+  });
+  return cross.failed() ? cross : outcome;
 }
 
 }  // namespace pagedattn::fuzz

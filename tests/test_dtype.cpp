@@ -8,7 +8,10 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <type_traits>
 
+#include "bad_input.hpp"
+#include "pagedattn/detail/visit_dtype.hpp"
 #include "pagedattn/dtype.hpp"
 #include "test_seed.hpp"
 
@@ -139,6 +142,20 @@ TEST(Dtype, RuntimeTypedAccessAgreesWithTyped) {
   EXPECT_EQ(round_to(DType::kBF16, 1.00390625f), 1.f);  // 1 + 2^-8 ties to even
   EXPECT_STREQ(dtype_name(DType::kBF16), "bf16");
   EXPECT_EQ(dtype_size(DType::kF32), 4u);
+}
+
+TEST(Dtype, VisitValueTypeGivesTheStorageTypeOrNamesTheArgument) {
+  bool bf16 = false;
+  detail::visit_value_type(DType::kBF16, "src_dtype", [&](auto tag) {
+    bf16 = std::is_same_v<typename decltype(tag)::type, bf16_t>;
+  });
+  EXPECT_TRUE(bf16);
+  expect_error(
+      [] {
+        detail::visit_value_type(DType::kInt8, "src_dtype",
+                                 [](auto) { ADD_FAILURE() << "int8 visited"; });
+      },
+      ErrorCode::kUnsupported, "src_dtype", {"int8"}, "an int8 value type");
 }
 
 }  // namespace

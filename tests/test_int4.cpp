@@ -22,6 +22,7 @@
 #include "pagedattn/online_softmax.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/split_plan.hpp"
+#include "pagedattn/testing/cache_op_args.hpp"
 #include "pagedattn/testing/kv_layouts.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/testing/tolerance.hpp"
@@ -452,32 +453,18 @@ TEST(Int4Errors, CudaRefusesInt4) {
   std::vector<float> ks(4 * 2 * 8 * 2), vs(ks.size());
   std::vector<float> key(2 * 64), value(key.size());
   const std::int32_t slot = 3;
-  CacheWriteArgs w;
+  auto w = testing::pool_args<CacheWriteArgs>(2, 64, 8, 4, k.data(), v.data(), DType::kInt4);
   w.num_tokens = 1;
-  w.num_kv_heads = 2;
-  w.head_dim = 64;
-  w.block_size = 8;
-  w.num_blocks = 4;
   w.key = key.data();
   w.value = value.data();
   w.slot_mapping = &slot;
-  w.k_cache = k.data();
-  w.v_cache = v.data();
-  w.cache_dtype = DType::kInt4;
   w.k_token_scales = ks.data();
   w.v_token_scales = vs.data();
   CacheOpOptions o;
   o.backend = Backend::kCuda;
   expect_error([&] { write_cache(w, o); }, ErrorCode::kUnsupported, "cache_dtype", {"int4"},
                "an int4 write on CUDA");
-  CopyBlocksArgs cp;
-  cp.num_kv_heads = 2;
-  cp.head_dim = 64;
-  cp.block_size = 8;
-  cp.num_blocks = 4;
-  cp.k_cache = k.data();
-  cp.v_cache = v.data();
-  cp.cache_dtype = DType::kInt4;
+  auto cp = testing::pool_args<CopyBlocksArgs>(2, 64, 8, 4, k.data(), v.data(), DType::kInt4);
   cp.k_token_scales = ks.data();
   cp.v_token_scales = vs.data();
   const BlockCopy pair{0, 1};

@@ -129,8 +129,10 @@ struct Pool {
   double c_value(int slot, int d) { return load_as_float(c_ptr(), dtype, c_at(slot) + d); }
   double kpe_value(int slot, int d) { return load_as_float(kpe_ptr(), dtype, kpe_at(slot) + d); }
 
-  MlaCacheWriteArgs write_args() {
-    MlaCacheWriteArgs a;
+  // `a` over this pool: its shape, dtype, buffers and layout, the fields MlaCacheWriteArgs,
+  // MlaCopyBlocksArgs and MlaDecodeArgs share.
+  template <typename Args>
+  Args laid_out(Args a) {
     a.kv_lora_rank = rank;
     a.rope_dim = rope;
     a.block_size = block_size;
@@ -140,20 +142,15 @@ struct Pool {
     a.kv_dtype = dtype;
     a.c_strides = cs;
     a.kpe_strides = ps;
+    return a;
+  }
+  MlaCacheWriteArgs write_args() {
+    MlaCacheWriteArgs a = laid_out(MlaCacheWriteArgs{});
     a.kv_scale = kv_scale;
     return a;
   }
   MlaCopyBlocksArgs copy_args(const std::vector<BlockCopy>& pairs) {
-    MlaCopyBlocksArgs a;
-    a.kv_lora_rank = rank;
-    a.rope_dim = rope;
-    a.block_size = block_size;
-    a.num_blocks = num_blocks;
-    a.c_cache = c_ptr();
-    a.kpe_cache = kpe_ptr();
-    a.kv_dtype = dtype;
-    a.c_strides = cs;
-    a.kpe_strides = ps;
+    MlaCopyBlocksArgs a = laid_out(MlaCopyBlocksArgs{});
     a.pairs = pairs.data();
     a.num_pairs = static_cast<int>(pairs.size());
     return a;
@@ -201,9 +198,12 @@ struct Tokens {
   std::vector<std::int32_t> slots;
 
   const void* kv_c() const { return c.data(); }
-  const void* k_pe() const {
-    return one_tensor ? static_cast<const void*>(c.data() + rank * dtype_size(dtype)) : pe.data();
+  // Where k_pe starts with c's and pe's bytes at c_base and pe_base (host or device copies).
+  const void* k_pe_in(const void* c_base, const void* pe_base) const {
+    return one_tensor ? static_cast<const std::uint8_t*>(c_base) + rank * dtype_size(dtype)
+                      : pe_base;
   }
+  const void* k_pe() const { return k_pe_in(c.data(), pe.data()); }
   float c_value(int t, int d) const { return load_as_float(kv_c(), dtype, t * c_stride + d); }
   float pe_value(int t, int d) const { return load_as_float(k_pe(), dtype, t * pe_stride + d); }
   void fill(MlaCacheWriteArgs& a) const {
@@ -264,6 +264,19 @@ Tokens make_tokens(int n, const Pool& pool, DType src, bool one_tensor, std::uin
   for (int t = 0; t < n; ++t) {  // tokens 0 and 1, which hold the edges, written
     tk.slots.push_back(t > 1 && rng() % 5 == 0 ? skips[rng() % 4] : all[t % all.size()]);
   }
+  return tk;
+}
+
+// f32 tokens in one source tensor of rows of rank + rope: `values` row after row (c, then k_pe),
+// zero where it ends first; token t written to slots[t].
+Tokens f32_rows(int rank, int rope, const std::vector<float>& values,
+                const std::vector<std::int32_t>& slots) {
+  Tokens tk;
+  tk.n = static_cast<int>(slots.size()), tk.rank = rank, tk.rope = rope;
+  tk.one_tensor = true, tk.c_stride = tk.pe_stride = rank + rope;
+  tk.c.assign(static_cast<std::size_t>(tk.n) * (rank + rope) * sizeof(float), 0);
+  std::memcpy(tk.c.data(), values.data(), values.size() * sizeof(float));
+  tk.slots = slots;
   return tk;
 }
 
@@ -377,14 +390,11 @@ TEST(MlaCacheFp8, RoundsToNearestEvenAndSaturates) {
                             static_cast<int>((xs.size() + 31) / 32 / 64 + 1));
       pool.kv_scale = scale;
       const Pool before = pool;
-      Tokens tk;
-      tk.n = static_cast<int>((xs.size() + 31) / 32);
-      tk.rank = tk.rope = 16;
-      tk.c_stride = tk.pe_stride = 32;
-      tk.one_tensor = true;
-      tk.c.assign(static_cast<std::size_t>(tk.n) * 32 * sizeof(float), 0);
-      std::memcpy(tk.c.data(), xs.data(), xs.size() * sizeof(float));
-      for (int t = 0; t < tk.n; ++t) tk.slots.push_back(tk.n - 1 - t);
+      std::vector<std::int32_t> slots((xs.size() + 31) / 32);
+      for (std::size_t t = 0; t < slots.size(); ++t) {
+        slots[t] = static_cast<std::int32_t>(slots.size() - 1 - t);
+      }
+      const Tokens tk = f32_rows(16, 16, xs, slots);
       MlaCacheWriteArgs a = pool.write_args();
       tk.fill(a);
       write_cpu(a);
@@ -634,18 +644,14 @@ TEST_P(MlaCacheDecode, AForkCopiedOnWriteDecodesAsTheReference) {
   BlockManager bm(pool.num_blocks, kBs);
   std::map<BlockManager::SeqId, std::vector<std::vector<float>>> rows;  // per sequence, per token
   const auto write = [&](BlockManager::SeqId id, const std::vector<std::int32_t>& slots) {
-    Tokens tk;
-    tk.n = static_cast<int>(slots.size()), tk.rank = kRank, tk.rope = kRope;
-    tk.dtype = DType::kF32, tk.one_tensor = true, tk.c_stride = tk.pe_stride = kRank + kRope;
-    tk.c.resize(static_cast<std::size_t>(tk.n) * (kRank + kRope) * sizeof(float));
-    auto* x = reinterpret_cast<float*>(tk.c.data());
-    for (int t = 0; t < tk.n; ++t) {
+    std::vector<float> values;
+    for (std::size_t t = 0; t < slots.size(); ++t) {
       std::vector<float> row(kRank + kRope);
       for (float& v : row) v = normal(rng);
-      std::copy(row.begin(), row.end(), x + t * (kRank + kRope));
+      values.insert(values.end(), row.begin(), row.end());
       rows[id].push_back(row);
     }
-    tk.slots = slots;
+    const Tokens tk = f32_rows(kRank, kRope, values, slots);
     MlaCacheWriteArgs a = pool.write_args();
     tk.fill(a);
     write_cpu(a);
@@ -686,22 +692,13 @@ TEST_P(MlaCacheDecode, AForkCopiedOnWriteDecodesAsTheReference) {
       lse(static_cast<std::size_t>(B) * kHeads, kNaN);
   for (float& v : q_nope) v = normal(rng);
   for (float& v : q_pe) v = normal(rng);
-  MlaDecodeArgs d;
+  MlaDecodeArgs d = pool.laid_out(MlaDecodeArgs{});
   d.batch = B;
   d.num_heads = kHeads;
-  d.kv_lora_rank = kRank;
-  d.rope_dim = kRope;
-  d.block_size = kBs;
-  d.num_blocks = pool.num_blocks;
   d.max_blocks_per_seq = tables.max_blocks_per_seq;
   d.q_nope = q_nope.data();
   d.q_pe = q_pe.data();
   d.q_dtype = DType::kF32;
-  d.c_cache = pool.c_ptr();
-  d.kpe_cache = pool.kpe_ptr();
-  d.c_strides = pool.cs;
-  d.kpe_strides = pool.ps;
-  d.kv_dtype = dtype;
   d.kv_scale = pool.kv_scale;
   d.block_table = tables.block_table.data();
   d.context_lens = tables.context_lens.data();
@@ -773,6 +770,23 @@ struct DevicePool {
   }
 };
 
+// The tokens' sources and slots on the device.
+struct DeviceTokens {
+  DeviceBuffer c, pe, slots;
+  explicit DeviceTokens(const Tokens& tk)
+      : c(tk.c.data(), tk.c.size()),
+        pe(tk.pe.data(), tk.pe.size()),
+        slots(tk.slots.data(), tk.slots.size() * sizeof(std::int32_t)) {}
+  // `a` with tk's write fields (Tokens::fill), pointing here.
+  MlaCacheWriteArgs with_tokens(const Tokens& tk, MlaCacheWriteArgs a) const {
+    tk.fill(a);
+    a.kv_c = c.get();
+    a.k_pe = tk.k_pe_in(c.get(), pe.get());
+    a.slot_mapping = slots.as<const std::int32_t>();
+    return a;
+  }
+};
+
 TEST(MlaCacheCuda, WritesAndCopiesAsTheCpu) {
   if (!cuda_available() || !testing::device_memory_built()) GTEST_SKIP() << "no CUDA device";
   const std::vector<BlockCopy> pairs = {{0, 3}, {2, 1}, {4, 5}};
@@ -788,13 +802,8 @@ TEST(MlaCacheCuda, WritesAndCopiesAsTheCpu) {
         copy_blocks(want.copy_args(pairs), CacheOpOptions{Backend::kCpu});
 
         DevicePool dev(got);
-        DeviceBuffer c(tk.c.data(), tk.c.size()), pe(tk.pe.data(), tk.pe.size());
-        DeviceBuffer slots(tk.slots.data(), tk.slots.size() * sizeof(std::int32_t));
-        MlaCacheWriteArgs g = dev.on_device(got.write_args());
-        tk.fill(g);
-        g.kv_c = c.get();
-        g.k_pe = tk.one_tensor ? c.as<std::uint8_t>() + tk.rank * dtype_size(tk.dtype) : pe.get();
-        g.slot_mapping = slots.as<const std::int32_t>();
+        const DeviceTokens dev_tk(tk);
+        const MlaCacheWriteArgs g = dev_tk.with_tokens(tk, dev.on_device(got.write_args()));
         CacheOpOptions o;
         o.backend = Backend::kCuda;
         o.cuda_checked = checked;
@@ -817,13 +826,8 @@ TEST(MlaCacheCuda, CheckedSlotsPastThePoolAreErrorsUncheckedOnesAreSkipped) {
   Tokens tk = make_tokens(12, got, DType::kF32, false, 8);
   tk.slots[2] = got.num_blocks * got.block_size;
   DevicePool dev(got);
-  DeviceBuffer c(tk.c.data(), tk.c.size()), pe(tk.pe.data(), tk.pe.size());
-  DeviceBuffer slots(tk.slots.data(), tk.slots.size() * sizeof(std::int32_t));
-  MlaCacheWriteArgs g = dev.on_device(got.write_args());
-  tk.fill(g);
-  g.kv_c = c.get();
-  g.k_pe = pe.get();
-  g.slot_mapping = slots.as<const std::int32_t>();
+  const DeviceTokens dev_tk(tk);
+  const MlaCacheWriteArgs g = dev_tk.with_tokens(tk, dev.on_device(got.write_args()));
   CacheOpOptions o;
   o.backend = Backend::kCuda;
   o.cuda_checked = true;

@@ -224,6 +224,17 @@ void decode_on(Backend backend, const DecodeArgs& a, bool batch_invariant = fals
   }
 }
 
+// decode of t (with variants v) on every backend to test, each one's rows near ref; `what` names
+// the case in a failure, the backend's name following it.
+void expect_every_backend(TreeCase& t, const ReferenceResult& ref, const std::string& what,
+                          const Variants& v = {}) {
+  for (Backend b : backends()) {
+    t.qc.c.poison_outputs();
+    decode_on(b, t.args(v));
+    expect_rows_near(t.qc, ref, 0, t.qc.rows(), what + backend_name(b));
+  }
+}
+
 struct GridParam {
   DType dtype;
   GridShape shape;
@@ -302,12 +313,7 @@ TEST(TreeMaskBackends, AFullLowerTriangleIsTheCausalDecode) {
   const ReferenceResult tree_ref = reference_decode(t.args());
   EXPECT_EQ(causal_ref.out, tree_ref.out);
   EXPECT_EQ(causal_ref.lse, tree_ref.lse);
-  for (Backend b : backends()) {
-    t.qc.c.poison_outputs();
-    decode_on(b, t.args());
-    expect_rows_near(t.qc, causal_ref, 0, t.qc.rows(),
-                     std::string("full lower-triangular mask, ") + backend_name(b));
-  }
+  expect_every_backend(t, causal_ref, "full lower-triangular mask, ");
 }
 
 TEST(TreeMaskBackends, TokensNoRowAttendsAreNeverRead) {
@@ -327,13 +333,9 @@ TEST(TreeMaskBackends, TokensNoRowAttendsAreNeverRead) {
     }
     t.packed = pack(t.masks, rng);
     const ReferenceResult ref = reference_decode(t.args());
-    for (Backend b : backends()) {
-      t.qc.c.poison_outputs();
-      decode_on(b, t.args());
-      expect_rows_near(t.qc, ref, 0, t.qc.rows(),
-                       std::string("NaN in unattended new tokens, ") + dtype_name(d) + " D " +
-                           std::to_string(head_dim) + ", " + backend_name(b));
-    }
+    expect_every_backend(t, ref,
+                         std::string("NaN in unattended new tokens, ") + dtype_name(d) + " D " +
+                             std::to_string(head_dim) + ", ");
   }
 }
 
@@ -354,13 +356,7 @@ TEST(TreeMaskBackends, ARowThatAttendsNothingIsEmpty) {
     for (int h = 0; h < s.num_heads; ++h) {
       EXPECT_EQ(ref.lse[h], sinks ? v.sinks[h] : -std::numeric_limits<double>::infinity());
     }
-    for (Backend b : backends()) {
-      t.qc.c.poison_outputs();
-      decode_on(b, t.args(v));
-      expect_rows_near(
-          t.qc, ref, 0, t.qc.rows(),
-          std::string(sinks ? "empty rows, sinks, " : "empty rows, ") + backend_name(b));
-    }
+    expect_every_backend(t, ref, sinks ? "empty rows, sinks, " : "empty rows, ", v);
   }
 }
 
@@ -374,12 +370,7 @@ TEST(TreeMaskBackends, ASingleQueryTokenMayDropItsOwnPosition) {
     t.masks = {{{false}}, {{false}}, {{true}}, {{false}}};
     t.packed = pack(t.masks, rng);
     const ReferenceResult ref = reference_decode(t.args());
-    for (Backend b : backends()) {
-      t.qc.c.poison_outputs();
-      decode_on(b, t.args());
-      expect_rows_near(t.qc, ref, 0, t.qc.rows(),
-                       std::string("one query token, ") + dtype_name(d) + ", " + backend_name(b));
-    }
+    expect_every_backend(t, ref, std::string("one query token, ") + dtype_name(d) + ", ");
   }
 }
 
@@ -404,13 +395,8 @@ TEST(TreeMaskBackends, TheScalesOfTokensNoRowKeepsAreNeverUsed) {
       plant(t.qc.c, b, pos, pos + 1, std::numeric_limits<float>::quiet_NaN());
     }
     const ReferenceResult ref = reference_decode(t.args());
-    for (Backend b : backends()) {
-      t.qc.c.poison_outputs();
-      decode_on(b, t.args());
-      expect_rows_near(t.qc, ref, 0, t.qc.rows(),
-                       std::string("huge scales of dropped tokens, ") + dtype_name(cache) + ", " +
-                           backend_name(b));
-    }
+    expect_every_backend(t, ref,
+                         std::string("huge scales of dropped tokens, ") + dtype_name(cache) + ", ");
   }
 }
 
@@ -470,7 +456,10 @@ std::vector<BadMask> bad_masks() {
   };
 }
 
-TEST(TreeMaskValidation, BadMasksAreErrorsAndWriteNothing) {
+// Each of bad_masks() on a case of three sequences with 3, 0 and 2 query tokens, its outputs
+// poisoned: refuse(args, mask) checks the error a call raises; nothing may be written.
+void expect_bad_masks_refused(
+    const std::function<void(const DecodeArgs&, const BadMask&)>& refuse) {
   testing::CaseSpec s = bad_input_spec();
   TreeCase t = make_tree_case(s, {3, 0, 2}, true);
   for (const BadMask& k : bad_masks()) {
@@ -479,31 +468,29 @@ TEST(TreeMaskValidation, BadMasksAreErrorsAndWriteNothing) {
     k.apply(a, p);
     t.qc.c.poison_outputs();
     const Unwritten unwritten(t.qc.c);
+    refuse(a, k);
+    unwritten.check();
+  }
+}
+
+TEST(TreeMaskValidation, BadMasksAreErrorsAndWriteNothing) {
+  expect_bad_masks_refused([](const DecodeArgs& a, const BadMask& k) {
     detail::DecodeOptions o;
     o.backend = Backend::kCpu;
     const ErrorCode code = ErrorCode::kInvalidArgument;
     expect_error([&] { detail::decode(a, o); }, code, k.argument, k.parts, "decode: " + k.what);
     expect_error([&] { reference_decode(a); }, code, k.argument, k.parts, "reference: " + k.what);
-    unwritten.check();
-  }
+  });
 }
 
 // The same errors from the CUDA backend in checked mode, the masks in device memory; nothing
 // written.
 TEST(TreeMaskValidation, CudaCheckedModeRefusesBadMasks) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  testing::CaseSpec s = bad_input_spec();
-  TreeCase t = make_tree_case(s, {3, 0, 2}, true);
-  for (const BadMask& k : bad_masks()) {
-    PackedMasks p = t.packed;
-    DecodeArgs a = with_masks(t.qc.args(), p);
-    k.apply(a, p);
-    t.qc.c.poison_outputs();
-    const Unwritten unwritten(t.qc.c);
+  expect_bad_masks_refused([](const DecodeArgs& a, const BadMask& k) {
     expect_error([&] { decode_on(Backend::kCuda, a, false, /*checked=*/true); },
                  ErrorCode::kInvalidArgument, k.argument, k.parts, "cuda: " + k.what);
-    unwritten.check();
-  }
+  });
 }
 
 }  // namespace

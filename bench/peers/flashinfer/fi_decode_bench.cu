@@ -38,12 +38,7 @@
 #include <cstdint>
 #include <flashinfer/attention/scheduler.cuh>  // PrefillPlanSM90Info, PrefillSM90Plan (both TUs)
 
-// Workspaces as BatchDecodeWithPagedKVCacheWrapper allocates them (int: 8 MB device + 8 MB
-// pinned host) with the documented 128 MB float workspace.
-struct Workspace {
-  void *fbuf = nullptr, *ibuf = nullptr, *ibuf_h = nullptr;
-  size_t fbytes = 128u << 20, ibytes = 8u << 20;
-};
+#include "fi_bench_common.cuh"  // Workspace (both TUs), and what the main one shares with MLA's
 
 // What the fa3 plan and run (FI_BENCH_SM90_TU section) need of a case: the tensors
 // BatchPrefillWithKVCacheSM90Plan / BatchPrefillWithPagedKVCacheSM90Run receive from Python.
@@ -80,16 +75,6 @@ cudaError_t fa3_run(const Fa3Args& a, const flashinfer::PrefillPlanSM90Info& pla
 #include <type_traits>
 #include <vector>
 
-#define CK(call)                                                                               \
-  do {                                                                                         \
-    cudaError_t e_ = (call);                                                                   \
-    if (e_ != cudaSuccess) {                                                                   \
-      fprintf(stderr, "FATAL: CUDA error '%s' (%d) at %s:%d in: %s\n", cudaGetErrorString(e_), \
-              (int)e_, __FILE__, __LINE__, #call);                                             \
-      exit(2);                                                                                 \
-    }                                                                                          \
-  } while (0)
-
 #ifndef FI_BENCH_FP8_QLEN
 #define FI_BENCH_FP8_QLEN 0
 #endif
@@ -97,13 +82,6 @@ cudaError_t fa3_run(const Fa3Args& a, const flashinfer::PrefillPlanSM90Info& pla
 using namespace flashinfer;
 using IdType = int32_t;
 constexpr auto POS_ENCODING_MODE = PosEncodingMode::kNone;
-
-// K/V cache element type (--kv-dtype). q and out are always bf16.
-enum class KvDtype { BF16, E4M3, E5M2 };
-static const char* kv_dtype_name(KvDtype t) {
-  return t == KvDtype::E4M3 ? "fp8_e4m3" : t == KvDtype::E5M2 ? "fp8_e5m2" : "bf16";
-}
-static size_t kv_dtype_bytes(KvDtype t) { return t == KvDtype::BF16 ? 2 : 1; }
 
 // What the two modules' Params below have in common (the same names and types in both JIT
 // configs): bf16 q and output, int32 ids, the cache, the ADDITIONAL_PARAMS scalars and the plan's
@@ -211,12 +189,6 @@ static std::string mode_str(const Case& c) {
   return s;
 }
 
-__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 __global__ void fill_uniform_bf16(nv_bfloat16* x, size_t n, uint64_t seed) {  // U[-1, 1)
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
@@ -243,14 +215,6 @@ static void fill_kv(const Case& c, void* x, uint64_t seed) {
   else
     fill_fp8_codes<<<1024, 256>>>(static_cast<uint8_t*>(x), c.pool_elems(), seed, 2, 8);
 }
-template <typename T>
-static T* upload(const std::vector<T>& h) {
-  T* d;
-  CK(cudaMalloc(&d, h.size() * sizeof(T)));
-  CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-
 static void make_case(Case& c, uint64_t seed) {
   c.layout();
   const int needed = c.B * c.pages_per_seq;
@@ -720,12 +684,6 @@ struct Verdict {  // every output checked for one CSV row: each must pass on its
   }
 };
 
-static double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  const size_t n = x.size();
-  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
 struct Options {
   std::vector<Case> shapes;
   std::vector<Backend> backends{Backend::CudaCore, Backend::TensorCore};
@@ -735,16 +693,6 @@ struct Options {
   int q_len = 1;                     // --q-len
   KvDtype kv_dtype = KvDtype::BF16;  // --kv-dtype
 };
-
-// Rotation, as the library compared against does it: enough independent input sets that their K+V
-// arrays together span at least 4x a 60 MiB L2 (the H200's), at most 16; one with --no-rotate.
-// A graph of kGraphCalls calls runs set i % sets at call i, so one replay writes every set.
-constexpr int kMaxSets = 16, kGraphCalls = 20;
-static_assert(kMaxSets <= kGraphCalls, "one graph replay must run every set");
-static int num_sets(const Case& c, bool rotate) {
-  const double span = 4.0 * 60.0 * (1 << 20);
-  return rotate ? (int)std::clamp(std::ceil(span / c.kv_pool_bytes()), 1.0, (double)kMaxSets) : 1;
-}
 
 static void poison(const Case& c, cudaStream_t s) {  // NaN: a launch that skips o cannot pass
   CK(cudaMemsetAsync(c.o, 0xFF, c.q_elems() * sizeof(nv_bfloat16), s));
@@ -793,17 +741,6 @@ static bool selftest(Workspace& ws, const Options& opt, cudaStream_t s, bool& fi
   return ref_ok;
 }
 
-template <typename F>
-static double time_us(cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s, F&& enqueue) {
-  CK(cudaEventRecord(e0, s));
-  enqueue();
-  CK(cudaEventRecord(e1, s));
-  CK(cudaEventSynchronize(e1));
-  float ms;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  return ms * 1e3;
-}
-
 static std::vector<int64_t> plan_vec(const Planned& p) {
   if (p.be == Backend::Fa3) return p.f3pi.ToVector();
   return p.be == Backend::TensorCore ? p.ppi.ToVector() : p.dpi.ToVector();
@@ -840,15 +777,9 @@ static bool bench_backend(const std::vector<Case>& sets, Backend be,
   Verdict v;  // every set after a plain launch, then every set after one graph replay
   for (int i = 0; i < S; ++i)
     v.add(compare(checked_run(sets[i], s, [&] { return run(i); }), refs[i]));
-  int next = 0;  // warmup and plain timing continue one rotation: call n runs set n % S
-  for (int i = 0; i < std::max(10, S); ++i) CK(run(next++));
-  CK(cudaStreamSynchronize(s));
-
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<double> tp, tg;
-  for (int i = 0; i < opt.reps; ++i) tp.push_back(time_us(e0, e1, s, [&] { CK(run(next++)); }));
+  EventTimer timer;
+  std::vector<double> tp = time_plain_calls(timer, s, S, opt.reps, run), tg;
+  for (double& t : tp) t *= 1e3;  // microseconds
 
   cudaGraph_t g;
   cudaGraphExec_t ge;
@@ -868,11 +799,9 @@ static bool bench_backend(const std::vector<Case>& sets, Backend be,
   for (int i = 0; i < S; ++i) v.add(compare(to_host_f32(sets[i].o, sets[i].q_elems()), refs[i]));
   for (int i = 0; i < 5; ++i) CK(cudaGraphLaunch(ge, s));  // warmup
   for (int i = 0; i < opt.graph_reps; ++i)
-    tg.push_back(time_us(e0, e1, s, [&] { CK(cudaGraphLaunch(ge, s)); }) / kGraphCalls);
+    tg.push_back(timer.ms(s, [&] { CK(cudaGraphLaunch(ge, s)); }) * 1e3 / kGraphCalls);
   CK(cudaGraphExecDestroy(ge));
   CK(cudaGraphDestroy(g));
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
 
   const Case& c = sets[0];
   const double us_graph = median(tg), us_plain = median(tp);
@@ -891,7 +820,7 @@ static bool bench_shape(const Case& shape, Workspace& ws, const Options& opt, cu
                         size_t l2) {
   Case sized = shape;
   sized.layout();
-  const int S = num_sets(sized, opt.rotate);
+  const int S = rotation_sets(sized.kv_pool_bytes(), opt.rotate);
   std::vector<Case> sets(S, shape);
   for (int i = 0; i < S; ++i) make_case(sets[i], opt.seed + i);  // own data, own page order
   const Case& c = sets[0];
@@ -911,9 +840,7 @@ static bool bench_shape(const Case& shape, Workspace& ws, const Options& opt, cu
 }
 
 static bool parse_shape(const char* s, Case& c) {
-  std::vector<std::string> f;
-  std::stringstream ss(s);
-  for (std::string t; std::getline(ss, t, ',');) f.push_back(t);
+  const std::vector<std::string> f = split_commas(s);
   if (f.size() < 5 || f.size() > 6) return false;
   auto num = [&](size_t i, int def) {
     return i < f.size() && !f[i].empty() ? std::atoi(f[i].c_str()) : def;
@@ -927,47 +854,32 @@ static bool parse_shape(const char* s, Case& c) {
 
 int main(int argc, char** argv) {
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        fprintf(stderr, "missing value for %s\n", a.c_str());
-        exit(1);
-      }
-      return argv[++i];
-    };
+  FlagReader flags(argc, argv);
+  while (flags.next_flag()) {
+    const std::string& a = flags.flag();
     if (a == "--shape") {
       Case c{};
-      const char* v = next();
-      if (!parse_shape(v, c)) {
+      const std::string v = flags.value();
+      if (!parse_shape(v.c_str(), c)) {
         fprintf(stderr,
                 "bad --shape '%s': want B,H,KV,D,CTX[,BS], H%%KV==0, H/KV in {1,2,3,4,6,8,16}, D "
                 "in {64,128}\n",
-                v);
+                v.c_str());
         return 1;
       }
       opt.shapes.push_back(c);
     } else if (a == "--backend") {
-      const std::string b = next();
-      if (b == "cudacore")
-        opt.backends = {Backend::CudaCore};
-      else if (b == "tc")
-        opt.backends = {Backend::TensorCore};
-      else if (b == "fa3")
-        opt.backends = {Backend::Fa3};
-      else if (b == "both")
-        opt.backends = {Backend::CudaCore, Backend::TensorCore};
-      else if (b == "all")
-        opt.backends = {Backend::CudaCore, Backend::TensorCore, Backend::Fa3};
-      else {
-        fprintf(stderr, "bad --backend '%s': want cudacore, tc, fa3, both (cudacore + tc) or all\n",
-                b.c_str());
-        return 1;
-      }
+      opt.backends = flags.choice<std::vector<Backend>>(
+          {{"cudacore", {Backend::CudaCore}},
+           {"tc", {Backend::TensorCore}},
+           {"fa3", {Backend::Fa3}},
+           {"both", {Backend::CudaCore, Backend::TensorCore}},
+           {"all", {Backend::CudaCore, Backend::TensorCore, Backend::Fa3}}},
+          "want cudacore, tc, fa3, both (cudacore + tc) or all");
     } else if (a == "--reps")
-      opt.reps = std::max(1, std::atoi(next()));
+      opt.reps = std::max(1, std::atoi(flags.value().c_str()));
     else if (a == "--graph-reps")
-      opt.graph_reps = std::max(1, std::atoi(next()));
+      opt.graph_reps = std::max(1, std::atoi(flags.value().c_str()));
     else if (a == "--no-pdl")
       opt.pdl = false;
     else if (a == "--cuda-graph-plan")
@@ -975,28 +887,13 @@ int main(int argc, char** argv) {
     else if (a == "--no-rotate")
       opt.rotate = false;
     else if (a == "--seed")
-      opt.seed = std::strtoull(next(), nullptr, 10);
+      opt.seed = std::strtoull(flags.value().c_str(), nullptr, 10);
     else if (a == "--q-len") {
-      const char* v = next();
-      char* end = nullptr;
-      const long n = std::strtol(v, &end, 10);
-      if (end == v || *end != '\0' || n < 1 || n > (1 << 20)) {
-        fprintf(stderr, "bad --q-len '%s': want an integer N >= 1\n", v);
-        return 1;
-      }
-      opt.q_len = (int)n;
+      opt.q_len = flags.integer(1, 1 << 20);
     } else if (a == "--kv-dtype") {
-      const std::string t = next();
-      if (t == "bf16")
-        opt.kv_dtype = KvDtype::BF16;
-      else if (t == "fp8_e4m3")
-        opt.kv_dtype = KvDtype::E4M3;
-      else if (t == "fp8_e5m2")
-        opt.kv_dtype = KvDtype::E5M2;
-      else {
-        fprintf(stderr, "bad --kv-dtype '%s': want bf16, fp8_e4m3 or fp8_e5m2\n", t.c_str());
-        return 1;
-      }
+      opt.kv_dtype = flags.choice<KvDtype>(
+          {{"bf16", KvDtype::BF16}, {"fp8_e4m3", KvDtype::E4M3}, {"fp8_e5m2", KvDtype::E5M2}},
+          "want bf16, fp8_e4m3 or fp8_e5m2");
     } else {
       fprintf(stderr,
               "usage: %s [--shape B,H,KV,D,CTX[,BS]]... [--reps N] [--graph-reps N] "
@@ -1080,12 +977,7 @@ int main(int argc, char** argv) {
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     Workspace ws;
-    CK(cudaMalloc(&ws.fbuf, ws.fbytes));
-    CK(cudaMalloc(&ws.ibuf, ws.ibytes));
-    CK(cudaMallocHost(&ws.ibuf_h, ws.ibytes));
-    CK(cudaMemset(ws.fbuf, 0, ws.fbytes));
-    CK(cudaMemset(ws.ibuf, 0, ws.ibytes));
-    std::memset(ws.ibuf_h, 0, ws.ibytes);
+    alloc_workspace(ws);
 
     bool all_ok = true;
     if (!selftest(ws, opt, s, all_ok)) {
@@ -1098,9 +990,7 @@ int main(int argc, char** argv) {
         "max_abs_err,sets,q_len,kv_dtype\n");
     fflush(stdout);
     for (const Case& c : opt.shapes) all_ok &= bench_shape(c, ws, opt, s, prop.l2CacheSize);
-    CK(cudaFree(ws.fbuf));
-    CK(cudaFree(ws.ibuf));
-    CK(cudaFreeHost(ws.ibuf_h));
+    free_workspace(ws);
     CK(cudaStreamDestroy(s));
     if (!all_ok) fprintf(stderr, "# one or more checks FAILED\n");
     return all_ok ? 0 : 1;

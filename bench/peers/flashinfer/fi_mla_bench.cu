@@ -48,15 +48,7 @@
 #include <type_traits>
 #include <vector>
 
-#define CK(call)                                                                               \
-  do {                                                                                         \
-    cudaError_t e_ = (call);                                                                   \
-    if (e_ != cudaSuccess) {                                                                   \
-      fprintf(stderr, "FATAL: CUDA error '%s' (%d) at %s:%d in: %s\n", cudaGetErrorString(e_), \
-              (int)e_, __FILE__, __LINE__, #call);                                             \
-      exit(2);                                                                                 \
-    }                                                                                          \
-  } while (0)
+#include "fi_bench_common.cuh"
 
 using namespace flashinfer;
 
@@ -65,24 +57,10 @@ constexpr float kFp8Scale = 0.5f;    // ckv_scale = kpe_scale: a value is its e4
 constexpr int kMaxWorks = 16384;     // MLAPlan's work-list capacity (max_total_num_works)
 constexpr double kTolerance = 2e-2;  // max |out - ref| / max |ref| of a checked sequence
 
-// The cache element type (--kv-dtype). e5m2 is parsed only to be refused with a clear line.
-enum class KvDtype { BF16, E4M3, E5M2 };
-static const char* kv_dtype_name(KvDtype t) {
-  return t == KvDtype::E4M3 ? "fp8_e4m3" : t == KvDtype::E5M2 ? "fp8_e5m2" : "bf16";
-}
-static size_t kv_bytes(KvDtype t) { return t == KvDtype::BF16 ? 2 : 1; }
-
 enum class Backend { Fa2, Fa3 };
 static const char* backend_name(Backend b) {
   return b == Backend::Fa3 ? "flashinfer-mla-fa3" : "flashinfer-mla-fa2";
 }
-
-// Workspaces as the wrapper's docs size them: 128 MB float (the merge's partial outputs), 8 MB
-// int on the device and its 8 MB pinned host twin, where MLAPlan writes the work lists.
-struct Workspace {
-  void *fbuf = nullptr, *ibuf = nullptr, *ibuf_h = nullptr;
-  size_t fbytes = 128u << 20, ibytes = 8u << 20;
-};
 
 // One input set of a shape: its own cache, page order, q and output.
 struct Case {
@@ -101,19 +79,13 @@ struct Case {
   }
   size_t rows() const { return (size_t)B * QL; }
   size_t cache_elems() const { return (size_t)num_pages * BS * kWidth; }
-  double cache_bytes() const { return (double)cache_elems() * kv_bytes(kvt); }
+  double cache_bytes() const { return (double)cache_elems() * kv_dtype_bytes(kvt); }
   size_t q_elems() const { return rows() * H * kWidth; }
   size_t o_elems() const { return rows() * H * kRank; }
   // The latent bytes one call must read: each request's context once, whatever its q_len.
-  double read_bytes() const { return (double)B * CTX * kWidth * kv_bytes(kvt); }
+  double read_bytes() const { return (double)B * CTX * kWidth * kv_dtype_bytes(kvt); }
 };
 
-__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 // A standard normal value per index (Box-Muller over two 24-bit uniforms), so q and the cache
 // have the statistics pagedattn-bench --mla gives its own (normal, fp8 codes of normal / scale).
 __device__ __forceinline__ float normal_at(uint64_t seed, size_t i) {
@@ -133,14 +105,6 @@ __global__ void fill_normal_e4m3(__nv_fp8_e4m3* x, size_t n, uint64_t seed, floa
     x[i] = __nv_fp8_e4m3(normal_at(seed, i) * inv_scale);  // saturating, never NaN
 }
 
-template <typename T>
-static T* upload(const std::vector<T>& h) {
-  T* d;
-  CK(cudaMalloc(&d, h.size() * sizeof(T)));
-  CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
-
 static void make_case(Case& c, uint64_t seed) {
   c.layout();
   std::vector<int> perm(c.num_pages);
@@ -154,7 +118,7 @@ static void make_case(Case& c, uint64_t seed) {
     c.qo_indptr_h[b] = b * c.QL, c.kv_indptr_h[b] = b * c.pages_per_seq;
   c.kv_len_h.assign(c.B, c.CTX);
   c.kv_indices = upload(c.kv_indices_h);
-  CK(cudaMalloc(&c.cache, c.cache_elems() * kv_bytes(c.kvt)));
+  CK(cudaMalloc(&c.cache, c.cache_elems() * kv_dtype_bytes(c.kvt)));
   CK(cudaMalloc(&c.q, c.q_elems() * sizeof(nv_bfloat16)));
   CK(cudaMalloc(&c.o, c.o_elems() * sizeof(nv_bfloat16)));
   if (c.kvt == KvDtype::E4M3)
@@ -341,7 +305,7 @@ static cudaError_t mla_run(Backend be, const Case& c, const Plan& plan, const Wo
 // ---- Reference: sequence b of a set in double precision on the host. The combined row is
 // [c | k_pe] and the query row [q_nope | q_pe], so a logit is scale x one dot product over 576.
 static std::vector<double> ref_sequence(const Case& c, int b) {
-  const size_t row_elems = (size_t)c.BS * kWidth, eb = kv_bytes(c.kvt);
+  const size_t row_elems = (size_t)c.BS * kWidth, eb = kv_dtype_bytes(c.kvt);
   std::vector<uint8_t> raw((size_t)c.pages_per_seq * row_elems * eb);
   for (int j = 0; j < c.pages_per_seq; ++j) {
     const int page = c.kv_indices_h[(size_t)c.kv_indptr_h[b] + j];
@@ -423,22 +387,6 @@ static void poison(const Case& c, cudaStream_t s) {
   CK(cudaMemsetAsync(c.o, 0xFF, c.o_elems() * sizeof(nv_bfloat16), s));
 }
 
-static double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  const size_t n = x.size();
-  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-template <typename F>
-static double time_ms(cudaEvent_t e0, cudaEvent_t e1, cudaStream_t s, F&& enqueue) {
-  CK(cudaEventRecord(e0, s));
-  enqueue();
-  CK(cudaEventRecord(e1, s));
-  CK(cudaEventSynchronize(e1));
-  float ms;
-  CK(cudaEventElapsedTime(&ms, e0, e1));
-  return ms;
-}
-
 struct Options {
   std::vector<Case> shapes;
   std::vector<Backend> backends{Backend::Fa2, Backend::Fa3};
@@ -447,16 +395,6 @@ struct Options {
   bool csv = false, rotate = true;
   uint64_t seed = 1234;
 };
-
-// Rotation as fi_decode_bench: copies whose caches span at least 4x a 60 MiB L2, at most 16; a
-// graph of kGraphCalls calls runs set i % sets at call i, so one replay runs every set.
-constexpr int kMaxSets = 16, kGraphCalls = 20;
-static_assert(kMaxSets <= kGraphCalls, "one graph replay must run every set");
-static int num_sets(const Case& c, bool rotate) {
-  return rotate ? (int)std::clamp(std::ceil(4.0 * 60.0 * (1 << 20) / c.cache_bytes()), 1.0,
-                                  (double)kMaxSets)
-                : 1;
-}
 
 static void print_header(const Options& o) {
   if (o.csv)
@@ -512,14 +450,8 @@ static bool bench_backend(Backend be, std::vector<Case>& sets,
   CK(cudaStreamSynchronize(s));
   check_set0("a plain call");
 
-  int next = 0;  // warm-up and plain timing continue one rotation: call n runs set n % S
-  for (int i = 0; i < std::max(10, S); ++i) CK(run(next++));
-  CK(cudaStreamSynchronize(s));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<double> tp, tg;
-  for (int i = 0; i < opt.reps; ++i) tp.push_back(time_ms(e0, e1, s, [&] { CK(run(next++)); }));
+  EventTimer timer;
+  const std::vector<double> tp = time_plain_calls(timer, s, S, opt.reps, run);
 
   // A batch of kGraphCalls calls, one per set in turn: a CUDA graph of them, or, should this
   // driver refuse to capture the cooperative launches, the same calls launched back to back
@@ -557,11 +489,10 @@ static bool bench_backend(Backend be, std::vector<Case>& sets,
       fprintf(stderr, "#   %s: set %d's output has NaN/Inf after %s\n", name, i, batch_name);
     }
   for (int i = 0; i < 3; ++i) batch();  // warm-up
-  for (int i = 0; i < opt.iters; ++i) tg.push_back(time_ms(e0, e1, s, batch) / kGraphCalls);
+  std::vector<double> tg;
+  for (int i = 0; i < opt.iters; ++i) tg.push_back(timer.ms(s, batch) / kGraphCalls);
   if (ge) CK(cudaGraphExecDestroy(ge));
   if (g) CK(cudaGraphDestroy(g));
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
 
   const double ms = median(tg), ms_plain = median(tp), gbps = c.read_bytes() / (ms * 1e-3) / 1e9;
   char err_s[32];
@@ -580,7 +511,7 @@ static bool bench_shape(const Case& shape, Workspace& ws, const Options& opt, co
                         size_t l2, cudaStream_t s) {
   Case sized = shape;
   sized.layout();
-  const int S = num_sets(sized, opt.rotate);
+  const int S = rotation_sets(sized.cache_bytes(), opt.rotate);
   std::vector<Case> sets(S, shape);
   for (int i = 0; i < S; ++i) make_case(sets[i], opt.seed + i);
   const Case& c = sets[0];
@@ -602,11 +533,8 @@ static bool bench_shape(const Case& shape, Workspace& ws, const Options& opt, co
 
 // B,H,CTX[,PAGE], or pagedattn-bench --mla's B,H,1,576,CTX[,PAGE], so one shape list serves both.
 static bool parse_shape(const char* text, int page, Case& c) {
-  std::vector<std::string> f;
-  std::stringstream ss(text);
-  for (std::string t; std::getline(ss, t, ',');) f.push_back(t);
   std::vector<long> v;
-  for (const std::string& t : f) {
+  for (const std::string& t : split_commas(text)) {
     char* end = nullptr;
     const long x = std::strtol(t.c_str(), &end, 10);
     if (t.empty() || *end != '\0') return false;
@@ -647,65 +575,36 @@ static int usage(const char* argv0) {
 int main(int argc, char** argv) {
   Options opt;
   std::vector<std::string> shape_args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        fprintf(stderr, "missing value for %s\n", a.c_str());
-        exit(1);
-      }
-      return argv[++i];
-    };
-    auto count = [&](const std::string& v, long lo, long hi) {
-      char* end = nullptr;
-      const long n = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < lo || n > hi) {
-        fprintf(stderr, "bad %s '%s': want an integer in [%ld, %ld]\n", a.c_str(), v.c_str(), lo,
-                hi);
-        exit(1);
-      }
-      return (int)n;
-    };
+  FlagReader flags(argc, argv);
+  while (flags.next_flag()) {
+    const std::string& a = flags.flag();
     if (a == "--shape") {
-      shape_args.push_back(next());
+      shape_args.push_back(flags.value());
     } else if (a == "--page") {
-      opt.page = count(next(), 1, 1 << 16);
+      opt.page = flags.integer(1, 1 << 16);
     } else if (a == "--q-len") {
-      opt.q_len = count(next(), 1, 1 << 16);
-    } else if (a == "--kv-dtype") {
-      const std::string t = next();
-      if (t == "bf16")
-        opt.kvt = KvDtype::BF16;
-      else if (t == "fp8_e4m3" || t == "fp8")
-        opt.kvt = KvDtype::E4M3;
-      else if (t == "fp8_e5m2")
-        opt.kvt = KvDtype::E5M2;
-      else {
-        fprintf(stderr, "bad --kv-dtype '%s': want bf16 or fp8_e4m3\n", t.c_str());
-        return 1;
-      }
+      opt.q_len = flags.integer(1, 1 << 16);
+    } else if (a == "--kv-dtype") {  // e5m2 is taken only to be refused with a clear line
+      opt.kvt = flags.choice<KvDtype>({{"bf16", KvDtype::BF16},
+                                       {"fp8_e4m3", KvDtype::E4M3},
+                                       {"fp8", KvDtype::E4M3},
+                                       {"fp8_e5m2", KvDtype::E5M2}},
+                                      "want bf16 or fp8_e4m3");
     } else if (a == "--backend") {
-      const std::string b = next();
-      if (b == "fa2")
-        opt.backends = {Backend::Fa2};
-      else if (b == "fa3")
-        opt.backends = {Backend::Fa3};
-      else if (b == "both")
-        opt.backends = {Backend::Fa2, Backend::Fa3};
-      else {
-        fprintf(stderr, "bad --backend '%s': want fa2, fa3 or both\n", b.c_str());
-        return 1;
-      }
+      opt.backends = flags.choice<std::vector<Backend>>({{"fa2", {Backend::Fa2}},
+                                                         {"fa3", {Backend::Fa3}},
+                                                         {"both", {Backend::Fa2, Backend::Fa3}}},
+                                                        "want fa2, fa3 or both");
     } else if (a == "--csv") {
       opt.csv = true;
     } else if (a == "--iters") {
-      opt.iters = count(next(), 1, 1000000);
+      opt.iters = flags.integer(1, 1000000);
     } else if (a == "--reps") {
-      opt.reps = count(next(), 1, 1000000);
+      opt.reps = flags.integer(1, 1000000);
     } else if (a == "--no-rotate") {
       opt.rotate = false;
     } else if (a == "--seed") {
-      opt.seed = std::strtoull(next().c_str(), nullptr, 10);
+      opt.seed = std::strtoull(flags.value().c_str(), nullptr, 10);
     } else {
       return usage(argv[0]);
     }
@@ -773,17 +672,10 @@ int main(int argc, char** argv) {
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     Workspace ws;
-    CK(cudaMalloc(&ws.fbuf, ws.fbytes));
-    CK(cudaMalloc(&ws.ibuf, ws.ibytes));
-    CK(cudaMallocHost(&ws.ibuf_h, ws.ibytes));
-    CK(cudaMemset(ws.fbuf, 0, ws.fbytes));
-    CK(cudaMemset(ws.ibuf, 0, ws.ibytes));
-    std::memset(ws.ibuf_h, 0, ws.ibytes);
+    alloc_workspace(ws);
     bool all_ok = true;
     for (const Case& c : opt.shapes) all_ok &= bench_shape(c, ws, opt, dev, prop.l2CacheSize, s);
-    CK(cudaFree(ws.fbuf));
-    CK(cudaFree(ws.ibuf));
-    CK(cudaFreeHost(ws.ibuf_h));
+    free_workspace(ws);
     CK(cudaStreamDestroy(s));
     if (!all_ok) fprintf(stderr, "# one or more checks FAILED\n");
     return all_ok ? 0 : 1;

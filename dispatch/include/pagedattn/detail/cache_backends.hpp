@@ -6,6 +6,7 @@
 #include "pagedattn/cache_ops.hpp"
 #include "pagedattn/detail/cache_validate.hpp"
 #include "pagedattn/detail/mla_cache_validate.hpp"
+#include "pagedattn/detail/visit_dtype.hpp"
 #include "pagedattn/mla_cache.hpp"
 
 namespace pagedattn::detail {
@@ -21,6 +22,9 @@ inline CacheLayout mla_part_view(const MlaPartStrides& strides, int num_blocks, 
   l.token_stride = s.token;
   return l;
 }
+
+// The storage types of a latent cache (validate_mla_cache_shape): f32, f16, bf16 or fp8.
+using MlaCacheTypes = TypeList<float, f16_t, bf16_t, fp8_e4m3_t, fp8_e5m2_t>;
 
 namespace cpu {
 // Host memory; every slot already checked.
