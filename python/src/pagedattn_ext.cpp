@@ -13,7 +13,8 @@
 //   decode_call.hpp, cache_ops.hpp,    the module's functions, each file binding its own
 //   merge_states_call.hpp, mla_call.hpp
 //   latent_cache.hpp                   MLA's latent cache: one combined tensor or two parts
-//   sequence_tensors.hpp               the block table and q_indptr, as decodes read them
+//   sequence_tensors.hpp               the block table, q_indptr, lse and the options, as
+//                                      decodes read them
 //   block_manager_bindings.hpp         the BlockManager class
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
