@@ -154,6 +154,46 @@ void mla_decode(nb::handle q_nope, nb::handle q_pe, nb::handle c_cache, nb::hand
   pagedattn::mla_decode(a, c.options);
 }
 
+// With max_q_len (multi-token queries) q_nope is [num_q_tokens, num_heads, kv_lora_rank] and the
+// batch is the table's rows; the workspace is sized for at most max_q_len query tokens per
+// sequence. The size depends on shapes and dtypes only, but the cache is read as mla_decode reads
+// it, so that a cache the kernel refuses (its alignment, its dtype) is refused here too.
+std::size_t mla_workspace_size(nb::handle q_nope, nb::handle q_pe, nb::handle c_cache,
+                               nb::handle kpe_cache, nb::handle block_table,
+                               const std::string& backend, std::optional<int> max_q_len,
+                               const std::vector<std::string>& tags, bool batch_invariant) {
+  const bool query_tokens = max_q_len.has_value();
+  MlaCall c;
+  auto& a = c.args;
+  read_queries(c, q_nope, q_pe, tags, query_tokens);
+  Tensor& table = c.table = input(block_table, "block_table");
+  table.require_ndim(2, "[batch, max_blocks_per_seq]");
+  table.require_int32();
+  if (!query_tokens) table.require_dim(0, c.q_nope.shape[0], "batch, q_nope.shape[0]");
+  table.require_device(c.device, "q_nope");
+  read_cache(c, c_cache, kpe_cache, tags);
+  if (pick_backend(backend, c.device, "q_nope") != Backend::kCuda) return 0;
+
+  a.batch = table.dim_int(0);
+  a.max_blocks_per_seq = table.dim_int(1);
+  a.block_table_stride = block_table_stride(table);
+  a.out_dtype = a.q_dtype;  // the plan does not depend on out's dtype
+  // Only shapes matter for the size; the tables' and out's pointers just have to be non-null.
+  static const std::int32_t dummy[4] = {};
+  a.block_table = a.context_lens = dummy;
+  a.out = const_cast<std::int32_t*>(dummy);
+  if (query_tokens) {
+    a.q_indptr = dummy;
+    a.num_q_tokens = c.q_nope.dim_int(0);
+    a.max_q_len = *max_q_len;
+  }
+  DecodeOptions options;
+  options.backend = Backend::kCuda;
+  options.batch_invariant = batch_invariant;
+  DeviceGuard guard(c.device);
+  return pagedattn::cuda_mla_workspace_size(a, options);
+}
+
 }  // namespace
 
 void bind_mla_decode(nb::module_& m) {
@@ -162,6 +202,9 @@ void bind_mla_decode(nb::module_& m) {
         "backend"_a, "stream"_a, "workspace"_a.none(), "checked"_a, "tags"_a,
         "q_indptr"_a.none() = nb::none(), "max_q_len"_a.none() = nb::none(),
         "batch_invariant"_a = false);
+  m.def("mla_workspace_size", &mla_workspace_size, "q_nope"_a, "q_pe"_a, "c_cache"_a,
+        "kpe_cache"_a.none(), "block_table"_a, "backend"_a, "max_q_len"_a.none() = nb::none(),
+        "tags"_a = std::vector<std::string>{}, "batch_invariant"_a = false);
   m.attr("MAX_MLA_HEADS") = pagedattn::kMaxMlaHeads;
 }
 
