@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "pagedattn/block_manager.hpp"
-#include "pagedattn/cache_layout.hpp"
 #include "pagedattn/mla.hpp"
 #include "pagedattn/mla_cache.hpp"
 #include "pagedattn/reference.hpp"
@@ -204,7 +203,8 @@ void Simulator::start_system_prompts() {
   write(slots);
 }
 
-// Up to 64 MiB of rows (K and V together), at least 64 and at most 4096 tokens' worth.
+// Up to 32 MiB of K rows and as much of V (MLA: of latent rows alone), at least 64 and at most
+// 4096 tokens' worth.
 void Simulator::fill_token_rows() {
   const std::size_t row_bytes = row_ * sizeof(float);
   token_rows_ = static_cast<int>(std::clamp<std::size_t>((32u << 20) / row_bytes, 64, 4096));
