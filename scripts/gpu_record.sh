@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2054  # shapes are one word each: B,H,KV,D,CTX
 # Records pagedattn against its peers on one GPU, in one job, one measurement after the other:
-# the read ceiling, pagedattn-bench, FlashInfer's fi_decode_bench and the seed's Triton kernels,
-# then a combined markdown table (and a plot where matplotlib imports). Runs on the GPU machine
-# over binaries built elsewhere: it needs no network, builds nothing but the read-ceiling kernel
-# (only where no binary is given and nvcc is present) and installs nothing.
+# the read ceiling, pagedattn-bench, FlashInfer's fi_decode_bench and fi_mla_bench and the seed's
+# Triton kernels, then a combined markdown table (and a plot where matplotlib imports). Runs on
+# the GPU machine over binaries built elsewhere: it needs no network, builds nothing but the
+# read-ceiling kernel (only where no binary is given and nvcc is present) and installs nothing.
 #
-#   scripts/gpu_record.sh [--quick] [--build DIR] [--flashinfer BIN] [--readbw BIN] OUT_DIR
+#   scripts/gpu_record.sh [--quick] [--build DIR] [--flashinfer BIN] [--fi-mla BIN] [--readbw BIN] OUT_DIR
 #
 #   --build DIR       pagedattn's CMake build folder, with bench/pagedattn-bench (env BUILD;
 #                     default build-gpu)
 #   --flashinfer BIN  fi_decode_bench from bench/peers/flashinfer/build.sh (env FLASHINFER;
 #                     default build-peers/fi_decode_bench)
+#   --fi-mla BIN      fi_mla_bench from bench/peers/flashinfer/build_mla.sh (env FI_MLA;
+#                     default build-peers/fi_mla_bench)
 #   --readbw BIN      the read-ceiling kernel bench/peers/readbw.cu, built (env READBW; default
 #                     build-peers/readbw)
 #   --quick           a handful of shapes instead of the full set
@@ -22,11 +24,15 @@
 #   on the five large shapes, with an fp8 e4m3 cache on the anchor shapes; pagedattn with an int8
 #   cache on the anchor shapes, with per-token scales and without, and with an fp8 e4m3 cache and
 #   per-token scales (FlashInfer's decode has neither); pagedattn in batch-invariant mode on the
-#   anchor shapes; pagedattn with f32 at
-#   group sizes 1, 4, 8 and 16 (FlashInfer has no f32); the seed's kernels on the one-token bf16
-#   shapes when torch and triton import. A part that fails is reported and the rest still runs.
-# Writes into OUT_DIR: readbw.txt, pagedattn_*.csv, flashinfer_*.csv, gpu_anchors_graph.csv (the
-# seed's), a .log beside each, summary.txt, table.md (scripts/gpu_table.py) and perf_gpu.png.
+#   anchor shapes; pagedattn with f32 at group sizes 1, 4, 8 and 16 (FlashInfer has no f32); MLA
+#   decode, pagedattn-bench --mla beside fi_mla_bench (fa2 and fa3), on batch 1, 32, 128 x heads
+#   16, 64, 128 x context 1024, 4096, 32768, page 64, q_len 1 and 2, bf16 and fp8 e4m3 latent
+#   caches (bf16 q; pagedattn times back-to-back calls, FlashInfer graph replays and plain
+#   calls); the seed's kernels on the one-token bf16 shapes when torch and triton import. A part
+#   that fails is reported and the rest still runs.
+# Writes into OUT_DIR: readbw.txt, pagedattn_*.csv, flashinfer_*.csv (the MLA parts'
+# pagedattn_mla_*.csv and flashinfer_mla_*.csv), gpu_anchors_graph.csv (the seed's), a .log
+# beside each, summary.txt, table.md (scripts/gpu_table.py) and perf_gpu.png.
 # Exit status: 0 when every part succeeded, 1 when any failed, 2 on bad arguments.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -41,6 +47,7 @@ usage() {  # $1: the exit status; 0 prints the whole header
 
 BUILD=${BUILD:-build-gpu}
 FLASHINFER=${FLASHINFER:-build-peers/fi_decode_bench}
+FI_MLA=${FI_MLA:-build-peers/fi_mla_bench}
 READBW=${READBW:-build-peers/readbw}
 PYTHON=${PYTHON:-python3}
 quick=0 out=
@@ -49,6 +56,7 @@ while [ $# -gt 0 ]; do
     --quick) quick=1 ;;
     --build) BUILD=${2:?--build needs a folder}; shift ;;
     --flashinfer) FLASHINFER=${2:?--flashinfer needs a binary}; shift ;;
+    --fi-mla) FI_MLA=${2:?--fi-mla needs a binary}; shift ;;
     --readbw) READBW=${2:?--readbw needs a binary}; shift ;;
     -h | --help) usage 0 ;;
     -*) echo "gpu_record.sh: unknown flag $1" >&2; usage 2 ;;
@@ -68,15 +76,25 @@ ONE=(1,32,8,128,4096 1,32,8,128,32768 1,32,8,128,131072 8,32,8,128,4096 8,32,8,1
   64,64,8,128,4096 32,32,32,128,4096 32,32,4,64,4096)
 LARGE=(8,32,8,128,32768 32,32,8,128,16384 128,32,8,128,4096 64,64,8,128,4096 32,32,32,128,4096)
 F32=(32,32,32,128,4096 32,32,8,128,4096 32,64,8,128,4096 32,64,4,128,4096)
+# MLA shapes B,H,1,576,CTX,PAGE (one latent row of 512 + 64 per token), the form both
+# pagedattn-bench --mla and fi_mla_bench take.
+MLA=()
+for b in 1 32 128; do
+  for h in 16 64 128; do
+    for ctx in 1024 4096 32768; do MLA+=("$b,$h,1,576,$ctx,64"); done
+  done
+done
 if [ "$quick" = 1 ]; then
   ONE=(1,32,8,128,4096 1,32,8,128,131072 32,32,8,128,4096 32,32,32,128,4096)
   LARGE=(128,32,8,128,4096 32,32,32,128,4096)
   F32=(32,32,8,128,4096)
+  MLA=(1,16,1,576,32768,64 32,128,1,576,4096,64 128,16,1,576,4096,64)
 fi
 shape_args() { local s; for s in "$@"; do printf -- '--shape\n%s\n' "$s"; done; }
 mapfile -t one_args < <(shape_args "${ONE[@]}")
 mapfile -t large_args < <(shape_args "${LARGE[@]}")
 mapfile -t f32_args < <(shape_args "${F32[@]}")
+mapfile -t mla_args < <(shape_args "${MLA[@]}")
 
 SUMMARY=$out/summary.txt
 : > "$SUMMARY"
@@ -131,6 +149,14 @@ if [ -x "$BENCH" ]; then
     "${one_args[@]}"
   part pagedattn_bi 400 "${bench[@]}" --dtype bf16 --batch-invariant "${one_args[@]}"
   part pagedattn_f32 300 "${bench[@]}" --dtype f32 "${f32_args[@]}"
+  # MLA: each shape's latent pools are drawn on the host (up to 4.8 GB at 128 x 32768 in bf16),
+  # which takes most of these parts' time.
+  for kv in bf16 fp8_e4m3; do
+    for n in 1 2; do
+      part "pagedattn_mla_${kv}_q$n" 1500 "${bench[@]}" --mla --dtype bf16 --kv-dtype "$kv" \
+        --q-len "$n" "${mla_args[@]}"
+    done
+  done
 else
   missing pagedattn "no pagedattn-bench at $BENCH (--build)"
 fi
@@ -143,6 +169,17 @@ if [ -x "$FLASHINFER" ]; then
   part flashinfer_fp8 400 "$FLASHINFER" --backend both --kv-dtype fp8_e4m3 "${one_args[@]}"
 else
   missing flashinfer "no fi_decode_bench at $FLASHINFER (--flashinfer)"
+fi
+
+if [ -x "$FI_MLA" ]; then
+  for kv in bf16 fp8_e4m3; do
+    for n in 1 2; do
+      part "flashinfer_mla_${kv}_q$n" 900 "$FI_MLA" --csv --backend both --kv-dtype "$kv" \
+        --q-len "$n" "${mla_args[@]}"
+    done
+  done
+else
+  missing flashinfer_mla "no fi_mla_bench at $FI_MLA (--fi-mla)"
 fi
 
 # The seed's kernels, against the same ceiling (readbw's, else pagedattn-bench's).

@@ -5,10 +5,12 @@
 
 PATH: CSV files, or folders whose *.csv (and *.txt / *.log, for the read ceiling) are read.
 Recognized by their header: pagedattn-bench --csv, FlashInfer's fi_decode_bench (and its older
-column orders), the seed's gpu_anchors.py. Rows of pagedattn's format without a header (an A/B
-label in front, or in place of the backend) are read too. One table row per shape, q dtype,
-K/V dtype and q_len; ratio = pagedattn time / FlashInfer's fastest path on that row (below 1:
-pagedattn is faster); % = K/V bytes read / time / the read ceiling. Repeated rows of one
+column orders), the seed's gpu_anchors.py, and for MLA decode pagedattn-bench --mla --csv and
+FlashInfer's fi_mla_bench --csv. Rows of pagedattn's format without a header (an A/B label in
+front, or in place of the backend) are read too. One table row per shape, q dtype, K/V dtype
+and q_len; ratio = pagedattn time / FlashInfer's fastest path on that row (below 1: pagedattn is
+faster); % = K/V bytes read / time / the read ceiling. The MLA rows get sections of their own
+(B,H,ctx,BS; the latent bytes each request's context holds, read once). Repeated rows of one
 implementation give their median. Stdlib only; the plot needs matplotlib and is skipped without.
 """
 import argparse
@@ -42,7 +44,7 @@ def key_of(d, dtype, kv_dtype, q_len, bs):
 
 
 def ours_row(d, label):
-    """A pagedattn-bench row: ((name, variants), key, ms, gbps, the ceiling its pct implies)."""
+    """A pagedattn-bench row: ((name, variants), key, (ms, gbps), the ceiling its pct implies)."""
     dtype = SHORT.get(d["dtype"], d["dtype"])
     variants = []
     if d.get("window", "-1") not in ("", "-1"):
@@ -61,7 +63,7 @@ def ours_row(d, label):
     impl = (label or "pagedattn", ", ".join(variants))
     key = key_of(d, dtype, d.get("kv_dtype") or dtype, d.get("q_len") or 1, d["block_size"])
     gbps, pct = float(d["gbps"]), float(d["pct_read_bw"])
-    return impl, key, float(d["ms"]), gbps, 100 * gbps / pct if pct > 0 else None
+    return impl, key, (float(d["ms"]), gbps), 100 * gbps / pct if pct > 0 else None
 
 
 def fi_row(d):
@@ -69,7 +71,30 @@ def fi_row(d):
         return None
     impl = d["backend"].replace("flashinfer-", "").replace("prefill-", "")
     key = key_of(d, d["dtype"], d.get("kv_dtype") or "bf16", d.get("q_len") or 1, d["block_size"])
-    return impl, key, float(d["us_graph"]) / 1e3, float(d["gbps"]), None
+    return impl, key, (float(d["us_graph"]) / 1e3, float(d["gbps"])), None
+
+
+def mla_key(d):
+    """An MLA row's key: (q dtype, latent dtype, q_len, (batch, heads, context), block size)."""
+    shape = tuple(int(d[c]) for c in ("batch", "heads", "context"))
+    return (SHORT.get(d["dtype"], d["dtype"]), d["kv_dtype"], int(d["q_len"]), shape,
+            int(d["block_size"]))
+
+
+def mla_ours_row(d):
+    """A pagedattn-bench --mla row: (name, key, (ms, gbps), the ceiling its pct implies)."""
+    name = "pagedattn" + (" (batch-invariant)" if d.get("batch_invariant", "0") == "1" else "")
+    gbps, pct = float(d["gbps"]), float(d["pct_read_bw"])
+    return name, mla_key(d), (float(d["ms"]), gbps), 100 * gbps / pct if pct > 0 else None
+
+
+def mla_fi_row(d):
+    """A fi_mla_bench row: (path, key, (ms of a graph replay, gbps, ms of a plain call), None);
+    None for a row whose check failed."""
+    if d["rel_err"].startswith("FAIL"):
+        return None
+    impl = d["backend"].replace("flashinfer-mla-", "")
+    return impl, mla_key(d), (float(d["ms"]), float(d["gbps"]), float(d["ms_plain"])), None
 
 
 def seed_row(d):
@@ -80,7 +105,8 @@ def seed_row(d):
     named = {"batch": d["B"], "heads": d["H"], "kv_heads": d["KV"], "head_dim": d["D"],
              "context": d["ctx"]}
     dtype = SHORT.get(d["dtype"], d["dtype"])
-    return d["impl"], key_of(named, dtype, dtype, 1, 16), float(d["ms"]), float(d["kv_GBps"]), None
+    return (d["impl"], key_of(named, dtype, dtype, 1, 16), (float(d["ms"]), float(d["kv_GBps"])),
+            None)
 
 
 def kind_of(header):
@@ -88,6 +114,10 @@ def kind_of(header):
         return "fi"
     if "impl" in header and "kv_GBps" in header:
         return "seed"
+    if "backend" in header and "ms_plain" in header and "kv_heads" not in header:
+        return "mla_fi"
+    if "backend" in header and "pct_read_bw" in header and "kv_heads" not in header:
+        return "mla_ours"
     if "backend" in header and "ms" in header:
         return "ours"
     return None
@@ -108,12 +138,13 @@ def parse(fields, header, kind):
         hl = headerless(fields)
         return ours_row(hl[1], hl[0]) if hl else None
     d = dict(zip(header, fields))
-    if kind == "fi":
-        return fi_row(d)
-    if kind == "seed":
-        return seed_row(d)
+    if kind in ROW_READERS:
+        return ROW_READERS[kind](d)
     cut = header.index("backend")  # the columns before it hold an A/B label
     return ours_row(d, "/".join(fields[:cut] + [d["backend"]] * (d["backend"] != "cuda")))
+
+
+ROW_READERS = {"fi": fi_row, "seed": seed_row, "mla_ours": mla_ours_row, "mla_fi": mla_fi_row}
 
 
 def read_csv(path, rows, notes):
@@ -132,8 +163,8 @@ def read_csv(path, rows, notes):
             if not row:
                 skipped += row is None
                 continue
-            impl, key, ms, gbps, implied = row
-            rows[kind or "ours"][key][impl].append((ms, gbps))
+            impl, key, sample, implied = row
+            rows[kind or "ours"][key][impl].append(sample)
             if implied:
                 rows["implied"].append(implied)
     if skipped:
@@ -166,7 +197,8 @@ def expand(paths):
 
 
 def med(samples):
-    return statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
+    """The median of each position of the samples' tuples (ms, gbps, ...)."""
+    return tuple(statistics.median(s[i] for s in samples) for i in range(len(samples[0])))
 
 
 def fmt(x, spec, missing="-"):
@@ -198,6 +230,53 @@ def table_lines(rows, ceiling):
     return out, multi
 
 
+def section_order(section):
+    """Sections (q dtype, K/V dtype, q_len) by q dtype, K/V of q's dtype first, then q_len."""
+    dtype, kv, q_len = section
+    return DTYPE_ORDER.get(dtype, 9), kv != dtype, kv, q_len
+
+
+MLA_HEAD = ["B,H,ctx,BS", "impl", "pagedattn us", "%", "FlashInfer us", "plain us", "path", "%",
+            "ratio", "ratio plain"]
+
+
+def mla_sections(rows, ceiling):
+    """The MLA rows, one markdown section per (q dtype, latent dtype, q_len): pagedattn against
+    FlashInfer's fastest path by graph replay, whose plain-call time stands beside it."""
+    pct = lambda g: fmt(100 * g / ceiling if ceiling else None, ".1f")  # noqa: E731
+    sections = OrderedDict()
+    for key, impls in rows["mla_ours"].items():
+        fi = {impl: med(s) for impl, s in rows["mla_fi"].get(key, {}).items()}
+        best = min(fi.items(), key=lambda kv: kv[1][0]) if fi else None
+        for name, samples in impls.items():
+            ms, gbps = med(samples)
+            ratio = ms / best[1][0] if best else None
+            ratio_plain = ms / best[1][2] if best else None
+            cells = [",".join(map(str, key[3] + (key[4],))), name, fmt(ms * 1e3, ".1f"),
+                     pct(gbps), fmt(best and best[1][0] * 1e3, ".1f"),
+                     fmt(best and best[1][2] * 1e3, ".1f"), best[0] if best else "-",
+                     pct(best[1][1]) if best else "-", fmt(ratio, ".3f"),
+                     fmt(ratio_plain, ".3f")]
+            sections.setdefault(key[:3], []).append((cells, ratio))
+    lines = []
+    for (dtype, kv, q_len), group in sorted(sections.items(), key=lambda s: section_order(s[0])):
+        lines += [f"## MLA: q {dtype}, latent cache {kv}, q_len {q_len}", "",
+                  "| " + " | ".join(MLA_HEAD) + " |", "|" + "---|" * len(MLA_HEAD)]
+        lines += ["| " + " | ".join(cells) + " |" for cells, _ in group]
+        ratios = [r for _, r in group if r is not None]
+        if ratios:
+            lines += ["", f"Ratio {min(ratios):.3f} to {max(ratios):.3f}, median "
+                      f"{statistics.median(ratios):.3f}, over {len(ratios)} row(s)."]
+        lines.append("")
+    if lines:
+        lines = ["MLA decode (DeepSeek's absorbed form, kv_lora_rank 512 + rope 64): pagedattn's "
+                 "time is the mean of back-to-back calls (launches included); FlashInfer's is a "
+                 "CUDA-graph replay of its fastest path (fa2 or fa3), its plain calls beside it; "
+                 "ratio = pagedattn / FlashInfer's graph replay, ratio plain = pagedattn / its "
+                 "plain calls; % counts each request's latent rows once.", ""] + lines
+    return lines, sum(len(impls) for impls in rows["mla_ours"].values())
+
+
 def markdown(rows, ceiling, source, notes):
     lines_, multi = table_lines(rows, ceiling)
     head = ["B,H,KV,D,ctx,BS"] + (["impl"] if multi else []) + [
@@ -211,8 +290,7 @@ def markdown(rows, ceiling, source, notes):
     sections = OrderedDict()
     for line in lines_:
         sections.setdefault(line.section, []).append(line)
-    order = lambda s: (DTYPE_ORDER.get(s[0], 9), s[1] != s[0], s[1], s[2])  # noqa: E731
-    for (dtype, kv, q_len), group in sorted(sections.items(), key=lambda s: order(s[0])):
+    for (dtype, kv, q_len), group in sorted(sections.items(), key=lambda s: section_order(s[0])):
         lines += [f"## q {dtype}, K/V {kv}, q_len {q_len}", "",
                   "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(line.cells) + " |" for line in group]
@@ -221,10 +299,12 @@ def markdown(rows, ceiling, source, notes):
             lines += ["", f"Ratio {min(ratios):.3f} to {max(ratios):.3f}, median "
                       f"{statistics.median(ratios):.3f}, over {len(ratios)} row(s)."]
         lines.append("")
-    if not lines_:
+    mla, mla_rows = mla_sections(rows, ceiling)
+    lines += mla
+    if not lines_ and not mla_rows:
         lines += ["No pagedattn rows found.", ""]
     lines += [f"- {n}" for n in notes]
-    return "\n".join(lines) + "\n", lines_
+    return "\n".join(lines) + "\n", lines_, mla_rows
 
 
 def plot(table, png):
@@ -266,7 +346,8 @@ def main():
     ap.add_argument("--png", help="plot %% of the ceiling, one-token rows (needs matplotlib)")
     a = ap.parse_args()
     csvs, texts = expand(a.paths)
-    rows = {k: defaultdict(lambda: defaultdict(list)) for k in ("ours", "fi", "seed")}
+    rows = {k: defaultdict(lambda: defaultdict(list))
+            for k in ("ours", "fi", "seed", "mla_ours", "mla_fi")}
     rows["implied"] = []  # read ceilings implied by pagedattn rows (gbps / pct_read_bw)
     notes = []
     for p in csvs:
@@ -277,7 +358,7 @@ def main():
     ceiling, source = (a.ceiling, "given") if a.ceiling else find_ceiling(texts)
     if not ceiling and rows["implied"]:
         ceiling, source = statistics.median(rows["implied"]), "median of pagedattn-bench's rows"
-    text, table = markdown(rows, ceiling, source, notes)
+    text, table, mla_rows = markdown(rows, ceiling, source, notes)
     if a.md:
         with open(a.md, "w") as f:
             f.write(text)
@@ -285,7 +366,7 @@ def main():
         sys.stdout.write(text)
     if a.png:
         print(plot(table, a.png), file=sys.stderr)
-    return 0 if table else 1
+    return 0 if table or mla_rows else 1
 
 
 if __name__ == "__main__":

@@ -19,10 +19,12 @@ or e5m2) or int8, with per-tensor, per-kv-head and per-token scales, or int4 (tw
 byte, marked with pagedattn.int4(), with a scale per group of 32 values of every row).
 
 mla_decode runs multi-head latent attention (DeepSeek-V2/V3) over a latent cache given as one
-combined tensor or as its two parts.
+combined tensor or as its two parts; write_mla_cache and copy_mla_blocks write and copy that
+cache.
 
-Functions: decode, mla_decode, pack_tree_masks, write_cache, copy_blocks, merge_states,
-workspace_size, bf16, fp8_e4m3, fp8_e5m2, int4; class BlockManager.
+Functions: decode, mla_decode, pack_tree_masks, write_cache, copy_blocks, write_mla_cache,
+copy_mla_blocks, merge_states, workspace_size, mla_workspace_size, bf16, fp8_e4m3, fp8_e5m2,
+int4; class BlockManager.
 See docs/python.md in the source tree for the whole story.
 """
 
@@ -60,8 +62,11 @@ __all__ = [
     "pack_tree_masks",
     "write_cache",
     "copy_blocks",
+    "write_mla_cache",
+    "copy_mla_blocks",
     "merge_states",
     "workspace_size",
+    "mla_workspace_size",
     "cuda_available",
     "built_with_cuda",
     "SUPPORTED_HEAD_DIMS",
@@ -1101,9 +1106,10 @@ def merge_states(
     return out_user
 
 
-def _latent_cache(kv_cache: Any, tags: List[str]) -> Tuple[Any, Any]:
-    """mla_decode's kv_cache as the module takes it: (combined tensor, None) or (c_cache,
-    kpe_cache), unwrapped and described."""
+def _latent_cache(kv_cache: Any, tags: List[str]) -> Tuple[Any, Any, Any]:
+    """kv_cache (mla_decode's, write_mla_cache's, copy_mla_blocks') as the module takes it:
+    (combined tensor, None) or (c_cache, kpe_cache), unwrapped and described, and the (first)
+    tensor unwrapped, to pick the default stream from."""
     if isinstance(kv_cache, (tuple, list)):
         if len(kv_cache) != 2:
             raise Error(
@@ -1115,10 +1121,11 @@ def _latent_cache(kv_cache: Any, tags: List[str]) -> Tuple[Any, Any]:
         c_cache, kpe_cache = kv_cache
         _check_tensor(c_cache, "c_cache")
         _check_tensor(kpe_cache, "kpe_cache")
-        return (_ref(_unwrap(c_cache, "c_cache", tags)),
-                _ref(_unwrap(kpe_cache, "kpe_cache", tags)))
+        c_in = _unwrap(c_cache, "c_cache", tags)
+        return _ref(c_in), _ref(_unwrap(kpe_cache, "kpe_cache", tags)), c_in
     _check_tensor(kv_cache, "kv_cache")
-    return _ref(_unwrap(kv_cache, "kv_cache", tags)), None
+    kv_in = _unwrap(kv_cache, "kv_cache", tags)
+    return _ref(kv_in), None, kv_in
 
 
 def _kv_scale(kv_scale: Any) -> float:
@@ -1216,7 +1223,7 @@ def mla_decode(
     tags: List[str] = []
     q_nope_in = _unwrap(q_nope, "q_nope", tags)
     q_pe_in = _unwrap(q_pe, "q_pe", tags)
-    c_in, kpe_in = _latent_cache(kv_cache, tags)
+    c_in, kpe_in, _ = _latent_cache(kv_cache, tags)
     out, lse, out_user, out_in, lse_in = _outputs(q_nope, out, lse, return_lse, q_nope_in.shape,
                                                   tags)
     ws_in = None if workspace is None else _unwrap(workspace, "workspace", [])
@@ -1232,3 +1239,120 @@ def mla_decode(
     if return_lse:
         return out_user, lse
     return out_user
+
+
+def mla_workspace_size(q_nope: Tensor, q_pe: Tensor,
+                       kv_cache: Union[Tensor, Tuple[Tensor, Tensor]], block_table: Tensor, *,
+                       backend: str = "auto", max_q_len: Optional[int] = None,
+                       batch_invariant: bool = False) -> int:
+    """Bytes of CUDA workspace mla_decode needs for these shapes on the tensors' device.
+
+    Pass q_nope, q_pe, kv_cache and block_table as mla_decode gets them (an fp8 marking
+    included). Like workspace_size() for decode, the size depends on the shapes (batch,
+    num_heads, kv_lora_rank, rope_dim, block_size, the table's width) and the dtypes only, not
+    on the context lengths, so one workspace serves every later step of the same shapes,
+    CUDA-graph replays included; the cache is checked as mla_decode checks it, so a cache the
+    CUDA kernel refuses (its dtype, its alignment) raises here too. 0 for CPU tensors.
+
+    For multi-token queries (mla_decode's ``q_indptr``) pass the ``max_q_len`` the calls will
+    pass: q_nope is then [num_q_tokens, num_heads, kv_lora_rank] and the batch is
+    block_table.shape[0]. ``batch_invariant`` sizes it for mla_decode's batch-invariant mode.
+
+    Raises:
+        pagedattn.Error: naming the argument, as mla_decode would.
+    """
+    for name, x in (("q_nope", q_nope), ("q_pe", q_pe), ("block_table", block_table)):
+        _check_tensor(x, name)
+    backend = _check_backend(backend)
+    tags: List[str] = []
+    q_nope_in = _ref(_unwrap(q_nope, "q_nope", tags))
+    q_pe_in = _ref(_unwrap(q_pe, "q_pe", tags))
+    c_in, kpe_in, _ = _latent_cache(kv_cache, tags)
+    max_len = None if max_q_len is None else _query_token_args(None, max_q_len)[1]
+    return _ext.mla_workspace_size(
+        q_nope_in, q_pe_in, c_in, kpe_in, _ref(_unwrap(block_table, "block_table", [])), backend,
+        max_len, tags, bool(batch_invariant),
+    )
+
+
+def write_mla_cache(
+    kv_c: Tensor,
+    k_pe: Tensor,
+    slot_mapping: Tensor,
+    kv_cache: Union[Tensor, Tuple[Tensor, Tensor]],
+    *,
+    kv_scale: float = 1.0,
+    backend: str = "auto",
+    stream: Stream = None,
+    checked: bool = False,
+) -> None:
+    """Writes new tokens' latent rows into the MLA cache that mla_decode reads: token i's kv_c
+    and k_pe rows go to slot ``slot_mapping[i]`` (slot = block * block_size + offset; any
+    negative slot skips the token), as vLLM's ``concat_and_cache_mla`` does. See docs/mla.md.
+
+    Args:
+        kv_c: [num_tokens, kv_lora_rank], float32, float16 or bfloat16: the compressed latent
+            (c) of each new token.
+        k_pe: [num_tokens, rope_dim], kv_c's dtype: its rotary part. Each token's row
+            contiguous in both, rows any stride apart, each tensor its own: both may be slices
+            of one [num_tokens, kv_lora_rank + rope_dim] projection output.
+        slot_mapping: int32 [num_tokens], contiguous; slots of one call must be distinct.
+        kv_cache: the latent cache as mla_decode takes it, written in place: one tensor
+            [num_blocks, block_size, kv_lora_rank + rope_dim] (or [num_blocks, block_size, 1,
+            kv_lora_rank + rope_dim]) holding c then k_pe in each row, or the pair
+            ``(c_cache, kpe_cache)``; float32, float16, bfloat16 or fp8 (e4m3, e5m2), any
+            positive block and slot strides with each row contiguous.
+        kv_scale: an fp8 cache stores value / kv_scale (the quotient in float32), rounded to
+            the nearest code with ties to even; finite values beyond the format's range
+            saturate to its largest code (e4m3 +-448, e5m2 +-57344); NaN stays NaN, and Inf
+            stays Inf in e5m2 and becomes NaN in e4m3. Pass the kv_scale the decodes will
+            pass, in [1e-30, 1e30]. Other caches take 1 only and store each value rounded to
+            nearest even.
+        backend, stream: as for decode(); the cache's device decides.
+        checked: CUDA: copy slot_mapping to the host and check every slot first, as the CPU
+            backend always does (a synchronization; not under graph capture). Unchecked, the
+            default, slots past the pool are skipped and repeated slots are not looked for;
+            nothing is ever written outside the cache.
+
+    Raises:
+        pagedattn.Error: naming the argument (``slot_mapping[i]`` for a slot past the pool),
+            before anything is written.
+    """
+    for name, x in (("kv_c", kv_c), ("k_pe", k_pe), ("slot_mapping", slot_mapping)):
+        _check_tensor(x, name)
+    backend = _check_backend(backend)
+    tags: List[str] = []
+    kv_c_in = _unwrap(kv_c, "kv_c", tags)
+    k_pe_in = _unwrap(k_pe, "k_pe", tags)
+    c_in, kpe_in, _ = _latent_cache(kv_cache, tags)
+    _ext.write_mla_cache(
+        _ref(kv_c_in), _ref(k_pe_in), _ref(_unwrap(slot_mapping, "slot_mapping", [])), c_in,
+        kpe_in, _kv_scale(kv_scale), backend, _stream(stream, kv_c_in), bool(checked), tags,
+    )
+
+
+def copy_mla_blocks(
+    kv_cache: Union[Tensor, Tuple[Tensor, Tensor]],
+    pairs: Union[Sequence[Tuple[int, int]], Tensor],
+    *,
+    backend: str = "auto",
+    stream: Stream = None,
+) -> None:
+    """Copies whole blocks src -> dst of the MLA latent cache (every slot, both parts): the copy
+    half of copy-on-write, as BlockManager.append_token() asks for it.
+
+    Args:
+        kv_cache: the latent cache as mla_decode takes it (one tensor or the pair
+            ``(c_cache, kpe_cache)``), written in place, of any of its dtypes. Only the blocks'
+            rows are copied, bit for bit: padding between them is left as it is.
+        pairs: (src, dst) block ids: a sequence of pairs or an int32/int64 CPU tensor [n, 2]
+            (host memory for both backends). A dst may not appear twice nor be any pair's src.
+        backend, stream: as for decode(); the cache's device decides.
+
+    Raises:
+        pagedattn.Error: naming the argument, before anything is copied.
+    """
+    backend = _check_backend(backend)
+    tags: List[str] = []
+    c_in, kpe_in, like = _latent_cache(kv_cache, tags)
+    _ext.copy_mla_blocks(c_in, kpe_in, pairs, backend, _stream(stream, like), tags)

@@ -70,6 +70,17 @@ def mla_decode(
     """kpe_cache None: c_cache is the combined [num_blocks, block_size, kv_lora_rank + rope_dim]
     latent cache, split here into its two parts."""
 
+def mla_workspace_size(
+    q_nope: Any,
+    q_pe: Any,
+    c_cache: Any,
+    kpe_cache: Optional[Any],
+    block_table: Any,
+    backend: str,
+    max_q_len: Optional[int] = None,
+    tags: Sequence[str] = ...,
+    batch_invariant: bool = False,
+) -> int: ...
 def workspace_size(
     q: Any,
     k_cache: Any,
@@ -118,6 +129,30 @@ def copy_blocks(
     k_token_scales: Optional[Any] = None,
     v_token_scales: Optional[Any] = None,
 ) -> None: ...
+
+def write_mla_cache(
+    kv_c: Any,
+    k_pe: Any,
+    slot_mapping: Any,
+    c_cache: Any,
+    kpe_cache: Optional[Any],
+    kv_scale: float,
+    backend: str,
+    stream: int,
+    checked: bool,
+    tags: Sequence[str],
+) -> None:
+    """kpe_cache None: c_cache is the combined latent cache, as for mla_decode."""
+
+def copy_mla_blocks(
+    c_cache: Any,
+    kpe_cache: Optional[Any],
+    pairs: Any,
+    backend: str,
+    stream: int,
+    tags: Sequence[str],
+) -> None:
+    """kpe_cache None: c_cache is the combined latent cache, as for mla_decode."""
 
 class BlockManager:
     """Host-side block allocation for a paged cache of `num_blocks` blocks of `block_size`

@@ -102,13 +102,6 @@ std::vector<pagedattn::BlockCopy> pairs_from_sequence(nb::handle h) {
   return pairs;
 }
 
-std::vector<pagedattn::BlockCopy> read_pairs(nb::handle h) {
-  Tensor t;
-  t.name = "pairs";
-  if (import_array(h, t)) return pairs_from_tensor(t);
-  return pairs_from_sequence(h);
-}
-
 void write_cache(nb::handle key_h, nb::handle value_h, nb::handle slots_h, nb::handle k_cache,
                  nb::handle v_cache, const std::string& backend, std::uintptr_t stream,
                  bool checked, const std::vector<std::string>& tags, const std::string& kv_layout,
@@ -170,10 +163,6 @@ void copy_blocks(nb::handle k_cache, nb::handle v_cache, nb::handle pairs_h,
   TokenScales token_scales;
   token_scales.read(k_token_scales_h, v_token_scales_h, c.k, layout, /*writable=*/true);
   std::vector<pagedattn::BlockCopy> pairs = read_pairs(pairs_h);
-  if (pairs.size() > static_cast<std::size_t>(INT_MAX)) {
-    reject(ErrorCode::kInvalidArgument, "pairs", ".length", std::to_string(pairs.size()),
-           "too many pairs");
-  }
   pagedattn::CopyBlocksArgs a;
   c.fill(a);
   a.pairs = pairs.data();
@@ -190,6 +179,18 @@ void copy_blocks(nb::handle k_cache, nb::handle v_cache, nb::handle pairs_h,
 }
 
 }  // namespace
+
+std::vector<pagedattn::BlockCopy> read_pairs(nb::handle h) {
+  Tensor t;
+  t.name = "pairs";
+  std::vector<pagedattn::BlockCopy> pairs =
+      import_array(h, t) ? pairs_from_tensor(t) : pairs_from_sequence(h);
+  if (pairs.size() > static_cast<std::size_t>(INT_MAX)) {
+    reject(ErrorCode::kInvalidArgument, "pairs", ".length", std::to_string(pairs.size()),
+           "too many pairs");
+  }
+  return pairs;
+}
 
 void bind_cache_ops(nb::module_& m) {
   m.def("write_cache", &write_cache, "key"_a, "value"_a, "slot_mapping"_a, "k_cache"_a, "v_cache"_a,

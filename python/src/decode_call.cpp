@@ -109,31 +109,12 @@ DecodeCall decode_inputs(nb::handle q_h, nb::handle k_h, nb::handle v_h, nb::han
   return c;
 }
 
-// An offsets tensor per sequence (q_indptr, tree_mask_indptr): int32 [batch + 1], contiguous, on
-// q's device, kept in `slot`.
-const Tensor& read_offsets(DecodeCall& c, Tensor& slot, nb::handle h, const char* name) {
-  slot = input(h, name);
-  slot.require_ndim(1, "[batch + 1]");
-  slot.require_int32();
-  slot.require_dim(0, static_cast<std::int64_t>(c.args.batch) + 1,
-                   "batch + 1, context_lens.shape[0] + 1");
-  slot.require_contiguous();
-  slot.require_device(c.device, "q");
-  return slot;
-}
-
-// Multi-token queries: q_indptr int32 [batch + 1], contiguous, on q's device. Its values are
-// checked by the library (first 0, non-decreasing, last = q.shape[0], each count at most
-// max_q_len). An empty batch has no query tokens whatever q_indptr holds, so q must have no
-// rows: checked here, as the library returns before looking at an empty batch's arguments.
+// Multi-token queries: q_indptr int32 [batch + 1] (q_indptr_input). Its values are checked by
+// the library (first 0, non-decreasing, last = q.shape[0], each count at most max_q_len).
 void read_query_tokens(DecodeCall& c, nb::handle q_indptr_h) {
   auto& a = c.args;
-  const Tensor& q_indptr = read_offsets(c, c.q_indptr, q_indptr_h, "q_indptr");
-  if (a.batch == 0 && c.q.shape[0] != 0) {
-    reject(ErrorCode::kInvalidArgument, "q", ".shape", c.q.shape_str(),
-           "dimension 0 must be 0 (num_q_tokens: an empty batch has no query tokens)");
-  }
-  a.q_indptr = static_cast<const std::int32_t*>(q_indptr.data);
+  c.q_indptr = q_indptr_input(q_indptr_h, a.batch, c.q);
+  a.q_indptr = static_cast<const std::int32_t*>(c.q_indptr.data);
   a.num_q_tokens = c.q.dim_int(0);
 }
 
@@ -182,8 +163,8 @@ void read_tree_mask(DecodeCall& c, nb::handle mask_h, nb::handle indptr_h, bool 
   mask.require_uint8();
   mask.require_contiguous();
   mask.require_device(c.device, "q");
-  const Tensor& indptr = read_offsets(c, c.tree_mask_indptr, indptr_h, "tree_mask_indptr");
-  a.tree_mask_indptr = static_cast<const std::int32_t*>(indptr.data);
+  c.tree_mask_indptr = offsets_input(indptr_h, "tree_mask_indptr", a.batch, c.device, "q");
+  a.tree_mask_indptr = static_cast<const std::int32_t*>(c.tree_mask_indptr.data);
   if (c.device.kind == DeviceKind::kCpu) {
     check_tree_mask_length(mask, a.q_indptr, a.tree_mask_indptr, a.batch);
   }
@@ -205,15 +186,8 @@ void read_outputs(DecodeCall& c, nb::handle out_h, nb::handle lse_h,
   out.require_device(c.device, "q");
   a.out = out.data;
   if (lse_h.is_none()) return;
-
-  Tensor& lse = c.lse = output(lse_h, "lse");
-  lse.require_ndim(2, query_tokens ? "[num_q_tokens, num_heads]" : "[batch, num_heads]");
-  lse.require_dim(0, c.q.shape[0], query_tokens ? "num_q_tokens, q.shape[0]" : "batch, q.shape[0]");
-  lse.require_dim(1, c.q.shape[1], "num_heads, q.shape[1]");
-  lse.require_float32();
-  lse.require_contiguous();
-  lse.require_device(c.device, "q");
-  a.lse = static_cast<float*>(lse.data);
+  c.lse = lse_output(lse_h, c.q, query_tokens);
+  a.lse = static_cast<float*>(c.lse.data);
 }
 
 // A per-head input of the attention variants (alibi_slopes, sinks): f32 [num_heads], contiguous,
@@ -249,18 +223,6 @@ void read_variants(DecodeCall& c, int window_left, double logits_soft_cap, nb::h
   }
 }
 
-// The caller's workspace: any writable contiguous tensor on q's device; only CUDA uses it.
-void read_workspace(DecodeCall& c, nb::handle workspace_h) {
-  if (workspace_h.is_none()) return;
-  Tensor& ws = c.workspace = output(workspace_h, "workspace");
-  ws.require_contiguous();
-  ws.require_device(c.device, "q");
-  if (c.options.backend == Backend::kCuda) {
-    c.options.workspace = ws.data;
-    c.options.workspace_bytes = ws.nbytes();
-  }
-}
-
 void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle block_table,
             nb::handle context_lens, nb::handle out_h, nb::handle lse_h,
             std::optional<double> scale, const std::string& backend, std::uintptr_t stream,
@@ -271,10 +233,7 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
             double v_scale, nb::handle k_scales_h, nb::handle v_scales_h, bool batch_invariant,
             nb::handle k_token_scales_h, nb::handle v_token_scales_h) {
   const bool query_tokens = !q_indptr_h.is_none();
-  if (!query_tokens && max_q_len) {
-    reject(ErrorCode::kInvalidArgument, "max_q_len", "", std::to_string(*max_q_len),
-           "given without q_indptr (max_q_len bounds the query tokens of multi-token queries)");
-  }
+  require_q_indptr_for_max_q_len(query_tokens, max_q_len);
   const KvLayout layout = parse_kv_layout(kv_layout);
   DecodeCall c =
       decode_inputs(q, k_cache, v_cache, block_table, context_lens, tags, query_tokens, layout);
@@ -287,18 +246,13 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
   c.token_scales.read(k_token_scales_h, v_token_scales_h, c.k, layout, /*writable=*/false);
   c.token_scales.set(c.args);
 
-  c.options.backend = pick_backend(backend, c.device, "q");
-  c.options.cuda_stream = reinterpret_cast<void*>(stream);
-  c.options.cuda_checked = checked;
-  c.options.batch_invariant = batch_invariant;
-  read_workspace(c, workspace_h);
+  c.options = decode_options(backend, c.device, "q", stream, checked, batch_invariant, workspace_h,
+                             c.workspace);
 
   DeviceGuard guard(c.device);
   nb::gil_scoped_release release;
   if (query_tokens) {
-    // A given max_q_len goes to the library as it is (it checks it); none is computed from
-    // q_indptr, which on CUDA costs a copy to the host and a wait for the stream.
-    c.args.max_q_len = max_q_len ? *max_q_len : max_q_len_of(c.q_indptr, c.args.batch, stream);
+    c.args.max_q_len = resolve_max_q_len(max_q_len, c.q_indptr, c.args.batch, stream);
   }
   pagedattn::decode(c.args, c.options);
 }

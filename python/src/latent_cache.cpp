@@ -81,40 +81,54 @@ RowStrides row_strides(const Tensor& t) {
 }
 
 void LatentCache::read(nb::handle c_h, nb::handle kpe_h, const std::vector<std::string>& tags,
-                       int rank, int rope, const Device& device) {
-  if (kpe_h.is_none()) {
-    c = input(c_h, "kv_cache", tags);
+                       bool writable) {
+  const auto import = [&](nb::handle h, const char* name) {
+    return writable ? output(h, name, tags) : input(h, name, tags);
+  };
+  combined = kpe_h.is_none();
+  if (combined) {
+    c = import(c_h, "kv_cache");
     read_as_rows(c, "[num_blocks, block_size, kv_lora_rank + rope_dim]");
-    c.require_dim(2, static_cast<std::int64_t>(rank) + rope,
-                  "kv_lora_rank + rope_dim, q_nope.shape[2] + q_pe.shape[2]");
     dtype = c.float_dtype();
-    c.require_device(device, "q_nope");
+  } else {
+    c = import(c_h, "c_cache");
+    kpe = import(kpe_h, "kpe_cache");
+    read_as_rows(c, "[num_blocks, block_size, kv_lora_rank]");
+    read_as_rows(kpe, "[num_blocks, block_size, rope_dim]");
+    kpe.require_dim(0, c.shape[0], "num_blocks, c_cache.shape[0]");
+    kpe.require_dim(1, c.shape[1], "block_size, c_cache.shape[1]");
+    dtype = shared_float_dtype(c, kpe);
+  }
+  num_blocks = c.dim_int(0);
+  block_size = c.dim_int(1);
+}
+
+void LatentCache::split(int kv_lora_rank, int rope_dim, const LatentRefs& refs) {
+  rank = kv_lora_rank;
+  rope = rope_dim;
+  if (combined) {
+    c.require_dim(2, static_cast<std::int64_t>(rank) + rope,
+                  std::string("kv_lora_rank + rope_dim, ") + refs.rank + " + " + refs.rope);
     const MlaPartStrides s = strides_of(c);
     // c is each row's first kv_lora_rank elements, k_pe the rest: both step as the rows do
     // (dense only without k_pe).
     c_strides = rope == 0 ? as_given(s, c.shape[1], rank) : s;
     kpe_strides = rope == 0 ? MlaPartStrides{} : s;
     c_data = c.data_or_placeholder();
-    kpe_data = static_cast<const char*>(c_data) + static_cast<std::int64_t>(rank) * (c.dt.bits / 8);
+    kpe_data = static_cast<char*>(c_data) + static_cast<std::int64_t>(rank) * (c.dt.bits / 8);
   } else {
-    c = input(c_h, "c_cache", tags);
-    kpe = input(kpe_h, "kpe_cache", tags);
-    read_as_rows(c, "[num_blocks, block_size, kv_lora_rank]");
-    read_as_rows(kpe, "[num_blocks, block_size, rope_dim]");
-    c.require_dim(2, rank, "kv_lora_rank, q_nope.shape[2]");
-    kpe.require_dim(0, c.shape[0], "num_blocks, c_cache.shape[0]");
-    kpe.require_dim(1, c.shape[1], "block_size, c_cache.shape[1]");
-    kpe.require_dim(2, rope, "rope_dim, q_pe.shape[2]");
-    dtype = shared_float_dtype(c, kpe);
-    c.require_device(device, "q_nope");
-    kpe.require_device(device, "q_nope");
+    c.require_dim(2, rank, std::string("kv_lora_rank, ") + refs.rank);
+    kpe.require_dim(2, rope, std::string("rope_dim, ") + refs.rope);
     c_strides = as_given(strides_of(c), c.shape[1], rank);
     kpe_strides = rope == 0 ? MlaPartStrides{} : as_given(strides_of(kpe), kpe.shape[1], rope);
     c_data = c.data_or_placeholder();
     kpe_data = kpe.data_or_placeholder();
   }
-  num_blocks = c.dim_int(0);
-  block_size = c.dim_int(1);
+}
+
+void LatentCache::require_device(const Device& device, const char* ref) const {
+  c.require_device(device, ref);
+  if (!combined) kpe.require_device(device, ref);
 }
 
 }  // namespace pagedattn::py

@@ -86,23 +86,21 @@ void read_tables(MlaCall& c, nb::handle table_h, nb::handle lens_h, bool query_t
   a.context_lens = static_cast<const std::int32_t*>(lens.data);
 }
 
-// q_indptr int32 [batch + 1], contiguous, on q_nope's device. Its values are checked by the
-// library; an empty batch has no query tokens whatever it holds, so q_nope must have no rows.
+// q_indptr int32 [batch + 1] (q_indptr_input); its values are checked by the library.
 void read_query_tokens(MlaCall& c, nb::handle q_indptr_h) {
   auto& a = c.args;
-  Tensor& q_indptr = c.q_indptr = input(q_indptr_h, "q_indptr");
-  q_indptr.require_ndim(1, "[batch + 1]");
-  q_indptr.require_int32();
-  q_indptr.require_dim(0, static_cast<std::int64_t>(a.batch) + 1,
-                       "batch + 1, context_lens.shape[0] + 1");
-  q_indptr.require_contiguous();
-  q_indptr.require_device(c.device, "q_nope");
-  if (a.batch == 0 && c.q_nope.shape[0] != 0) {
-    reject(ErrorCode::kInvalidArgument, "q_nope", ".shape", c.q_nope.shape_str(),
-           "dimension 0 must be 0 (num_q_tokens: an empty batch has no query tokens)");
-  }
-  a.q_indptr = static_cast<const std::int32_t*>(q_indptr.data);
+  c.q_indptr = q_indptr_input(q_indptr_h, a.batch, c.q_nope);
+  a.q_indptr = static_cast<const std::int32_t*>(c.q_indptr.data);
   a.num_q_tokens = c.q_nope.dim_int(0);
+}
+
+// The latent cache, its widths q_nope's and q_pe's, on q_nope's device.
+void read_cache(MlaCall& c, nb::handle c_h, nb::handle kpe_h,
+                const std::vector<std::string>& tags) {
+  c.cache.read(c_h, kpe_h, tags, /*writable=*/false);
+  c.cache.split(c.args.kv_lora_rank, c.args.rope_dim, {"q_nope.shape[2]", "q_pe.shape[2]"});
+  c.cache.require_device(c.device, "q_nope");
+  c.cache.set(c.args);
 }
 
 // out [rows, num_heads, kv_lora_rank], each row's heads contiguous, rows any stride apart; lse
@@ -125,26 +123,8 @@ void read_outputs(MlaCall& c, nb::handle out_h, nb::handle lse_h,
   a.out_row_stride = s.row;
   a.out = out.data_or_placeholder();
   if (lse_h.is_none()) return;
-  Tensor& lse = c.lse = output(lse_h, "lse");
-  lse.require_ndim(2, query_tokens ? "[num_q_tokens, num_heads]" : "[batch, num_heads]");
-  lse.require_dim(0, c.q_nope.shape[0], std::string(rows_ref(query_tokens)) + ", q_nope.shape[0]");
-  lse.require_dim(1, c.q_nope.shape[1], "num_heads, q_nope.shape[1]");
-  lse.require_float32();
-  lse.require_contiguous();
-  lse.require_device(c.device, "q_nope");
-  a.lse = static_cast<float*>(lse.data);
-}
-
-// The caller's workspace: any writable contiguous tensor on q_nope's device; only CUDA uses it.
-void read_workspace(MlaCall& c, nb::handle workspace_h) {
-  if (workspace_h.is_none()) return;
-  Tensor& ws = c.workspace = output(workspace_h, "workspace");
-  ws.require_contiguous();
-  ws.require_device(c.device, "q_nope");
-  if (c.options.backend == Backend::kCuda) {
-    c.options.workspace = ws.data;
-    c.options.workspace_bytes = ws.nbytes();
-  }
+  c.lse = lse_output(lse_h, c.q_nope, query_tokens);
+  a.lse = static_cast<float*>(c.lse.data);
 }
 
 void mla_decode(nb::handle q_nope, nb::handle q_pe, nb::handle c_cache, nb::handle kpe_cache,
@@ -154,35 +134,64 @@ void mla_decode(nb::handle q_nope, nb::handle q_pe, nb::handle c_cache, nb::hand
                 const std::vector<std::string>& tags, nb::handle q_indptr_h,
                 std::optional<int> max_q_len, bool batch_invariant) {
   const bool query_tokens = !q_indptr_h.is_none();
-  if (!query_tokens && max_q_len) {
-    reject(ErrorCode::kInvalidArgument, "max_q_len", "", std::to_string(*max_q_len),
-           "given without q_indptr (max_q_len bounds the query tokens of multi-token queries)");
-  }
+  require_q_indptr_for_max_q_len(query_tokens, max_q_len);
   MlaCall c;
   auto& a = c.args;
   read_queries(c, q_nope, q_pe, tags, query_tokens);
   read_tables(c, block_table, context_lens, query_tokens);
   if (query_tokens) read_query_tokens(c, q_indptr_h);
-  c.cache.read(c_cache, kpe_cache, tags, a.kv_lora_rank, a.rope_dim, c.device);
-  c.cache.set(a);
+  read_cache(c, c_cache, kpe_cache, tags);
   a.kv_scale = KvScales::to_f32(kv_scale, "kv_scale");
   read_outputs(c, out_h, lse_h, tags, query_tokens);
   if (scale) a.scale = static_cast<float>(*scale);
 
-  c.options.backend = pick_backend(backend, c.device, "q_nope");
-  c.options.cuda_stream = reinterpret_cast<void*>(stream);
-  c.options.cuda_checked = checked;
-  c.options.batch_invariant = batch_invariant;
-  read_workspace(c, workspace_h);
+  c.options = decode_options(backend, c.device, "q_nope", stream, checked, batch_invariant,
+                             workspace_h, c.workspace);
 
   DeviceGuard guard(c.device);
   nb::gil_scoped_release release;
-  if (query_tokens) {
-    // A given max_q_len goes to the library as it is (it checks it); none is computed from
-    // q_indptr, which on CUDA costs a copy to the host and a wait for the stream.
-    a.max_q_len = max_q_len ? *max_q_len : max_q_len_of(c.q_indptr, a.batch, stream);
-  }
+  if (query_tokens) a.max_q_len = resolve_max_q_len(max_q_len, c.q_indptr, a.batch, stream);
   pagedattn::mla_decode(a, c.options);
+}
+
+// With max_q_len (multi-token queries) q_nope is [num_q_tokens, num_heads, kv_lora_rank] and the
+// batch is the table's rows; the workspace is sized for at most max_q_len query tokens per
+// sequence. The size depends on shapes and dtypes only, but the cache is read as mla_decode reads
+// it, so that a cache the kernel refuses (its alignment, its dtype) is refused here too.
+std::size_t mla_workspace_size(nb::handle q_nope, nb::handle q_pe, nb::handle c_cache,
+                               nb::handle kpe_cache, nb::handle block_table,
+                               const std::string& backend, std::optional<int> max_q_len,
+                               const std::vector<std::string>& tags, bool batch_invariant) {
+  const bool query_tokens = max_q_len.has_value();
+  MlaCall c;
+  auto& a = c.args;
+  read_queries(c, q_nope, q_pe, tags, query_tokens);
+  Tensor& table = c.table = input(block_table, "block_table");
+  table.require_ndim(2, "[batch, max_blocks_per_seq]");
+  table.require_int32();
+  if (!query_tokens) table.require_dim(0, c.q_nope.shape[0], "batch, q_nope.shape[0]");
+  table.require_device(c.device, "q_nope");
+  read_cache(c, c_cache, kpe_cache, tags);
+  if (pick_backend(backend, c.device, "q_nope") != Backend::kCuda) return 0;
+
+  a.batch = table.dim_int(0);
+  a.max_blocks_per_seq = table.dim_int(1);
+  a.block_table_stride = block_table_stride(table);
+  a.out_dtype = a.q_dtype;  // the plan does not depend on out's dtype
+  // Only shapes matter for the size; the tables' and out's pointers just have to be non-null.
+  static const std::int32_t dummy[4] = {};
+  a.block_table = a.context_lens = dummy;
+  a.out = const_cast<std::int32_t*>(dummy);
+  if (query_tokens) {
+    a.q_indptr = dummy;
+    a.num_q_tokens = c.q_nope.dim_int(0);
+    a.max_q_len = *max_q_len;
+  }
+  DecodeOptions options;
+  options.backend = Backend::kCuda;
+  options.batch_invariant = batch_invariant;
+  DeviceGuard guard(c.device);
+  return pagedattn::cuda_mla_workspace_size(a, options);
 }
 
 }  // namespace
@@ -193,6 +202,9 @@ void bind_mla_decode(nb::module_& m) {
         "backend"_a, "stream"_a, "workspace"_a.none(), "checked"_a, "tags"_a,
         "q_indptr"_a.none() = nb::none(), "max_q_len"_a.none() = nb::none(),
         "batch_invariant"_a = false);
+  m.def("mla_workspace_size", &mla_workspace_size, "q_nope"_a, "q_pe"_a, "c_cache"_a,
+        "kpe_cache"_a.none(), "block_table"_a, "backend"_a, "max_q_len"_a.none() = nb::none(),
+        "tags"_a = std::vector<std::string>{}, "batch_invariant"_a = false);
   m.attr("MAX_MLA_HEADS") = pagedattn::kMaxMlaHeads;
 }
 

@@ -11,9 +11,11 @@
 //   device.hpp                         devices, the backend they pick, the module's CUDA calls
 //   cache_tensors.hpp, kv_scales.hpp   the K/V caches' layout and strides, their scales
 //   decode_call.hpp, cache_ops.hpp,    the module's functions, each file binding its own
-//   merge_states_call.hpp, mla_call.hpp
+//   merge_states_call.hpp, mla_call.hpp,
+//   mla_cache_ops.hpp
 //   latent_cache.hpp                   MLA's latent cache: one combined tensor or two parts
-//   sequence_tensors.hpp               the block table and q_indptr, as decodes read them
+//   sequence_tensors.hpp               the block table, q_indptr, lse and the options, as
+//                                      decodes read them
 //   block_manager_bindings.hpp         the BlockManager class
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
@@ -27,6 +29,7 @@
 #include "cache_ops.hpp"
 #include "decode_call.hpp"
 #include "merge_states_call.hpp"
+#include "mla_cache_ops.hpp"
 #include "mla_call.hpp"
 #include "pagedattn/pagedattn.hpp"
 
@@ -61,6 +64,7 @@ NB_MODULE(_ext, m) {
   py::bind_cache_ops(m);
   py::bind_merge_states(m);
   py::bind_mla_decode(m);
+  py::bind_mla_cache_ops(m);
 
   m.def("cuda_available", []() {
     std::string why;

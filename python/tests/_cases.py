@@ -115,6 +115,36 @@ def fp8_quantize(y: np.ndarray, dtype: str) -> np.ndarray:
     return code.astype(np.uint8)
 
 
+def same_codes(got: np.ndarray, want: np.ndarray, fmt: str) -> None:
+    """Codes equal, except that any NaN code stands for NaN (the quantizer's is canonical)."""
+    table = fp8_values(fmt)
+    got_nan, want_nan = np.isnan(table[got]), np.isnan(table[want])
+    assert np.array_equal(got_nan, want_nan)
+    bad = (got != want) & ~want_nan
+    assert not bad.any(), (np.argwhere(bad)[:5], got[bad][:5], want[bad][:5])
+
+
+def special_values(fmt: str) -> np.ndarray:
+    """float32 values (in code units) that exercise the rounding: every finite code's value,
+    the midpoints between neighbouring codes (ties) and the floats either side of them, values
+    past the largest finite code (saturation), below the smallest subnormal, f32 subnormals,
+    signed zeros, Inf and NaN."""
+    table = fp8_values(fmt)
+    top = FP8_MAX_CODE[fmt]
+    pos = table[: top + 1]
+    mids = ((pos[:-1] + pos[1:]) / 2).astype(np.float32)
+    near = np.concatenate([np.nextafter(mids, np.float32(0)), np.nextafter(mids, np.float32(1e9))])
+    big = np.float32(pos[-1])
+    beyond = np.array([big * 1.0001, big * 1.06, big * 1.07, big * 1.5, big * 2, 1e10, 1e30,
+                       3e38], np.float32)
+    tiny = np.array([pos[1] / 2, np.nextafter(np.float32(pos[1] / 2), np.float32(1)),
+                     np.nextafter(np.float32(pos[1] / 2), np.float32(0)), pos[1] / 4, 1e-30,
+                     1e-45, 0.0], np.float32)
+    special = np.array([np.inf, np.nan], np.float32)
+    v = np.concatenate([pos.astype(np.float32), mids, near, beyond, tiny, special])
+    return np.concatenate([v, -v]).astype(np.float32)
+
+
 def int8_quantize(y: np.ndarray) -> np.ndarray:
     """float32 values -> int8 codes as the library stores them: the nearest integer, ties to
     even; beyond +-127 (Inf included) +-127; NaN, which no code holds, 0."""
@@ -459,12 +489,47 @@ def reference_decode(q, k, v, block_table, context_lens, scale: Optional[float] 
     return out, lse
 
 
-def check_out(got_raw: np.ndarray, out_dtype: str, want: np.ndarray) -> float:
+def mla_reference(q_nope, q_pe, c, kpe, block_table, context_lens, scale=None, q_indptr=None):
+    """out [rows, heads, rank] and lse [rows, heads] in float64 from the definition: query row r
+    of sequence b, its i-th of n_b, attends tokens t < context_lens[b] - n_b + i + 1 (all of them
+    without q_indptr); c and kpe are the cache values [num_blocks, block_size, width]."""
+    rows, heads, rank = q_nope.shape
+    block_size = c.shape[1]
+    if scale is None:
+        scale = 1.0 / math.sqrt(rank + q_pe.shape[2])
+    scale = float(np.float32(scale))
+    batch = len(context_lens)
+    starts = np.arange(batch + 1) if q_indptr is None else np.asarray(q_indptr)
+    out = np.zeros((rows, heads, rank))
+    lse = np.full((rows, heads), -np.inf)
+    for b in range(batch):
+        n = int(starts[b + 1] - starts[b])
+        for i in range(n):
+            r = int(starts[b]) + i
+            attended = int(context_lens[b]) - n + i + 1
+            if attended <= 0:
+                continue
+            t = np.arange(attended)
+            blocks = block_table[b, t // block_size]
+            ct, pt = c[blocks, t % block_size], kpe[blocks, t % block_size]  # [L, width]
+            s = scale * (q_nope[r] @ ct.T + q_pe[r] @ pt.T)  # [heads, L]
+            m = s.max(axis=1, keepdims=True)
+            p = np.exp(s - m)
+            out[r] = (p @ ct) / p.sum(axis=1, keepdims=True)
+            lse[r] = m[:, 0] + np.log(p.sum(axis=1))
+    return out, lse
+
+
+def check_out(got_raw: np.ndarray, out_dtype: str, want: np.ndarray,
+              tol: Optional[float] = None) -> float:
+    """max |got - want| within tol (the output dtype's OUT_TOL unless given) times max |want|,
+    or times 1 where the outputs are smaller than that."""
     got = load(got_raw, out_dtype)
     assert np.all(np.isfinite(got)), "non-finite output"
     scale = max(float(np.abs(want).max(initial=0.0)), 1e-30)
     err = float(np.abs(got - want).max(initial=0.0))
-    assert err <= OUT_TOL[out_dtype] * max(scale, 1.0), (err, scale, out_dtype)
+    tol = OUT_TOL[out_dtype] if tol is None else tol
+    assert err <= tol * max(scale, 1.0), (err, scale, out_dtype)
     return err
 
 

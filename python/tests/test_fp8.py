@@ -21,7 +21,7 @@ import pagedattn
 from pagedattn import _ext
 from _cases import (DTYPES, FP8_DTYPES, FP8_MAX_CODE, arg, check_lse, check_out, empty,
                     fp8_quantize, fp8_values, lens_for, load, make_case, per_head_scales,
-                    quantize_heads, store)
+                    quantize_heads, same_codes, special_values, store)
 
 try:
     import torch
@@ -62,15 +62,6 @@ def fp8_case(seed, fmt, q_dtype="f32", scales="both", **kw):
                                                                       lens_for(16)),
                      num_heads=8, num_kv_heads=2, head_dim=64, block_size=16, q_dtype=q_dtype,
                      kv_dtype=fmt, **SCALES[scales], **kw)
-
-
-def same_codes(got: np.ndarray, want: np.ndarray, fmt: str) -> None:
-    """Codes equal, except that any NaN code stands for NaN (the quantizer's is canonical)."""
-    table = fp8_values(fmt)
-    got_nan, want_nan = np.isnan(table[got]), np.isnan(table[want])
-    assert np.array_equal(got_nan, want_nan)
-    bad = (got != want) & ~want_nan
-    assert not bad.any(), (np.argwhere(bad)[:5], got[bad][:5], want[bad][:5])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -259,27 +250,6 @@ def test_workspace_size_takes_fp8_caches(fmt):
 
 # ----------------------------------------------------------------------------------------------
 # write_cache
-
-
-def special_values(fmt: str) -> np.ndarray:
-    """float32 values (in code units) that exercise the rounding: every finite code's value,
-    the midpoints between neighbouring codes (ties) and the floats either side of them, values
-    past the largest finite code (saturation), below the smallest subnormal, f32 subnormals,
-    signed zeros, Inf and NaN."""
-    table = fp8_values(fmt)
-    top = FP8_MAX_CODE[fmt]
-    pos = table[: top + 1]
-    mids = ((pos[:-1] + pos[1:]) / 2).astype(np.float32)
-    near = np.concatenate([np.nextafter(mids, np.float32(0)), np.nextafter(mids, np.float32(1e9))])
-    big = np.float32(pos[-1])
-    beyond = np.array([big * 1.0001, big * 1.06, big * 1.07, big * 1.5, big * 2, 1e10, 1e30,
-                       3e38], np.float32)
-    tiny = np.array([pos[1] / 2, np.nextafter(np.float32(pos[1] / 2), np.float32(1)),
-                     np.nextafter(np.float32(pos[1] / 2), np.float32(0)), pos[1] / 4, 1e-30,
-                     1e-45, 0.0], np.float32)
-    special = np.array([np.inf, np.nan], np.float32)
-    v = np.concatenate([pos.astype(np.float32), mids, near, beyond, tiny, special])
-    return np.concatenate([v, -v]).astype(np.float32)
 
 
 def tokens_of(values: np.ndarray, kv: int, d: int) -> np.ndarray:

@@ -11,43 +11,12 @@ import pytest
 
 import pagedattn
 from _cases import (FP8_DTYPES, OUT_TOL, arg, check_lse, check_out, empty, indptr, load,
-                    needs_cuda, needs_torch, store)
+                    mla_reference, needs_cuda, needs_torch, store)
 
 try:
     import torch
 except ImportError:
     torch = None
-
-
-def mla_reference(q_nope, q_pe, c, kpe, block_table, context_lens, scale=None, q_indptr=None):
-    """out [rows, heads, rank] and lse [rows, heads] in float64 from the definition: query row r
-    of sequence b, its i-th of n_b, attends tokens t < context_lens[b] - n_b + i + 1 (all of them
-    without q_indptr); c and kpe are the cache values [num_blocks, block_size, width]."""
-    rows, heads, rank = q_nope.shape
-    block_size = c.shape[1]
-    if scale is None:
-        scale = 1.0 / math.sqrt(rank + q_pe.shape[2])
-    scale = float(np.float32(scale))
-    batch = len(context_lens)
-    starts = np.arange(batch + 1) if q_indptr is None else np.asarray(q_indptr)
-    out = np.zeros((rows, heads, rank))
-    lse = np.full((rows, heads), -np.inf)
-    for b in range(batch):
-        n = int(starts[b + 1] - starts[b])
-        for i in range(n):
-            r = int(starts[b]) + i
-            attended = int(context_lens[b]) - n + i + 1
-            if attended <= 0:
-                continue
-            t = np.arange(attended)
-            blocks = block_table[b, t // block_size]
-            ct, pt = c[blocks, t % block_size], kpe[blocks, t % block_size]  # [L, width]
-            s = scale * (q_nope[r] @ ct.T + q_pe[r] @ pt.T)  # [heads, L]
-            m = s.max(axis=1, keepdims=True)
-            p = np.exp(s - m)
-            out[r] = (p @ ct) / p.sum(axis=1, keepdims=True)
-            lse[r] = m[:, 0] + np.log(p.sum(axis=1))
-    return out, lse
 
 
 @dataclass

@@ -69,8 +69,8 @@ CachePlan plan_cache(const Options& o, bool device) {
   }
   p.budget_source = why.str();
   const Model& m = o.model;
-  const double block_bytes = 2.0 * m.num_kv_heads * o.block_size * m.head_dim *
-                             static_cast<double>(dtype_size(o.dtype)) * m.layers;
+  const double block_bytes = static_cast<double>(m.rows_per_token()) * m.row_elements() *
+                             o.block_size * static_cast<double>(dtype_size(o.dtype)) * m.layers;
   const double fit = std::min(p.budget_bytes / block_bytes, 1e9);
   const long long per_request = (longest_request(o) + o.block_size - 1) / o.block_size;
   const long long floor = per_request + system_prompt_blocks(o);

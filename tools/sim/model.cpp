@@ -42,6 +42,19 @@ std::vector<Model> make_presets() {
   gemma.full_every = 6;                  // sliding_window_pattern: 5 local, then 1 global
   gemma.scale = 1.f / std::sqrt(168.f);  // query_pre_attn_scalar = 168, not head_dim
   p.push_back(gemma);                    // attn_logit_softcapping: null (no soft-cap)
+  // Tensor parallel 8 splits the 128 query heads; the latent row is every head's, so each GPU
+  // caches all of it.
+  Model deepseek = preset("deepseek-v3-tp8", 61, 128 / 8, 1, 0,
+                          "deepseek-ai/DeepSeek-V3 config.json: num_hidden_layers, "
+                          "num_attention_heads / tensor parallel 8, kv_lora_rank, "
+                          "qk_rope_head_dim, qk_nope_head_dim + qk_rope_head_dim, rope_scaling");
+  deepseek.kv_lora_rank = 512;
+  deepseek.rope_dim = 64;
+  // DeepSeek's softmax scale: qk_head_dim^-1/2 (128 + 64 = 192) times YaRN's mscale squared,
+  // mscale = 0.1 * mscale_all_dim * ln(factor) + 1 with factor 40 and mscale_all_dim 1.
+  const float mscale = 0.1f * std::log(40.f) + 1.f;
+  deepseek.scale = mscale * mscale / std::sqrt(192.f);
+  p.push_back(deepseek);
   return p;
 }
 
@@ -60,8 +73,13 @@ int Model::sliding_layers() const {
 
 std::string Model::describe() const {
   std::ostringstream os;
-  os << name << ": " << layers << " layers, H=" << num_heads << " KV=" << num_kv_heads
-     << " D=" << head_dim;
+  os << name << ": " << layers << " layers, H=" << num_heads;
+  if (mla()) {
+    os << ", MLA latent " << kv_lora_rank << " + " << rope_dim;
+    if (scale > 0) os << ", scale " << scale;
+    return os.str();
+  }
+  os << " KV=" << num_kv_heads << " D=" << head_dim;
   const int s = sliding_layers();
   if (s > 0) os << ", window " << sliding_window << " on " << s << " of " << layers << " layers";
   if (sinks) os << ", sinks";

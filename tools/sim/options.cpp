@@ -8,8 +8,10 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "pagedattn/cli/args.hpp"
+#include "pagedattn/mla_validate.hpp"
 #include "pagedattn/validate.hpp"
 
 namespace pagedattn::sim {
@@ -123,6 +125,10 @@ std::string usage(const char* argv0) {
      << "  --full-every N      with a window, every N-th layer attends to everything (1)\n"
      << "  --sinks             a sink logit per query head on every layer\n"
      << "  --soft-cap C        logits soft-cap, 0: none (0)\n"
+     << "  --kv-lora-rank N    MLA: a latent row of N + --rope-dim values per token shared by\n"
+     << "                      every query head, decoded by mla_decode (a multiple of 16, up to\n"
+     << "                      1024; replaces --kv-heads, --head-dim and the variants)\n"
+     << "  --rope-dim N        MLA: the latent row's rotary part, a multiple of 16 up to 256 (64)\n"
      << "  --sim-layers N      layers simulated, spread over the model (cpu 2, cuda 8)\n"
      << "workload:\n"
      << "  --workload W        the defaults of the five flags below: chat (the cpu backend's)\n"
@@ -192,11 +198,28 @@ struct ShapeFlags {
   int heads = 0, kv_heads = 0, head_dim = 0, layers = 0, sliding_window = -1, full_every = 0;
   bool sinks = false;
   double soft_cap = -1;
+  int kv_lora_rank = 0, rope_dim = -1;
+  std::vector<std::string> gqa_flags;  // given flags of a GQA model's shape and variants
 
   Model apply() const {
     const Model* base = find_model(model);
     if (!base) cli::bad_value("--model", model, "expected one of " + model_names());
     Model m = *base;
+    if (kv_lora_rank) {
+      if (!m.mla()) m.rope_dim = 64;  // DeepSeek's, unless --rope-dim says otherwise
+      m.kv_lora_rank = kv_lora_rank;
+    }
+    if (rope_dim >= 0) {
+      if (!m.mla()) {
+        throw cli::UsageError("--rope-dim", "applies to an MLA model (--kv-lora-rank N, or " +
+                                                std::string("--model deepseek-v3-tp8)"));
+      }
+      m.rope_dim = rope_dim;
+    }
+    if (m.mla() && !gqa_flags.empty()) {
+      throw cli::UsageError(gqa_flags.front(), "does not apply to an MLA model (" + m.name +
+                                                   "): its heads share one latent row");
+    }
     if (heads) m.num_heads = heads;
     if (kv_heads) m.num_kv_heads = kv_heads;
     if (head_dim) m.head_dim = head_dim;
@@ -233,9 +256,16 @@ bool parse_model_flag(cli::Args& args, ShapeFlags& f) {
     if (f.soft_cap > 0 && f.soft_cap < kMinSoftCap) {
       cli::bad_value(a, std::to_string(f.soft_cap), "below the smallest soft-cap");
     }
+  } else if (a == "--kv-lora-rank") {
+    f.kv_lora_rank = static_cast<int>(args.integer(1, kMaxCount));
+    return true;
+  } else if (a == "--rope-dim") {
+    f.rope_dim = static_cast<int>(args.integer(0, kMaxCount));
+    return true;
   } else {
     return false;
   }
+  if (a != "--model" && a != "--heads" && a != "--layers") f.gqa_flags.push_back(a);
   return true;
 }
 
@@ -305,23 +335,45 @@ bool parse_workload_flag(cli::Args& args, Options& o, WorkloadFlags& f) {
   return true;
 }
 
+// The shape checks of decode() (mla_decode() for MLA), without buffers.
+void validate_model_shape(const Options& o) {
+  const Model& m = o.model;
+  if (m.mla()) {
+    if (m.num_heads > kMaxMlaHeads) {
+      fail(ErrorCode::kUnsupported, "num_heads", m.num_heads,
+           "at most " + std::to_string(kMaxMlaHeads) + " query heads per latent row");
+    }
+    validate_mla_cache_shape(m.kv_lora_rank, m.rope_dim, o.block_size, 0, {}, {}, o.dtype);
+    return;
+  }
+  DecodeArgs shape;  // batch 0: the shape checks of decode(), without its buffers
+  shape.num_heads = m.num_heads;
+  shape.num_kv_heads = m.num_kv_heads;
+  shape.head_dim = m.head_dim;
+  shape.block_size = o.block_size;
+  validate_shapes(shape, false);
+}
+
 // The model shape must be one decode() runs; checked here so no request is simulated first.
 void check_shape(const Options& o) {
-  DecodeArgs shape;  // batch 0: the shape checks of decode(), without its buffers
-  shape.num_heads = o.model.num_heads;
-  shape.num_kv_heads = o.model.num_kv_heads;
-  shape.head_dim = o.model.head_dim;
-  shape.block_size = o.block_size;
   try {
-    validate_shapes(shape, false);
+    validate_model_shape(o);
   } catch (const Error& e) {
-    const std::map<std::string, std::string> flags = {{"num_heads", "--heads"},
-                                                      {"group_size", "--heads"},
-                                                      {"head_dim", "--head-dim"},
-                                                      {"block_size", "--block-size"}};
+    const std::map<std::string, std::string> flags = {
+        {"num_heads", "--heads"},           {"group_size", "--heads"},
+        {"head_dim", "--head-dim"},         {"block_size", "--block-size"},
+        {"kv_lora_rank", "--kv-lora-rank"}, {"rope_dim", "--rope-dim"}};
     const auto it = flags.find(e.argument());
     throw cli::UsageError(it == flags.end() ? e.argument() : it->second,
                           std::string(e.what()).substr(std::strlen("pagedattn: ")));
+  }
+  // The naive decode is GQA's: it has no latent form to compare with.
+  if (o.model.mla() && o.compare_naive) {
+    throw cli::UsageError("--compare", "naive", "the naive decode has no MLA form");
+  }
+  if (o.model.mla() && o.dtype == DType::kF32 && resolve_backend(o.backend) == Backend::kCuda) {
+    throw cli::UsageError("--dtype", "f32",
+                          "the CUDA backend's MLA kernel takes f16 or bf16 (the cpu backend f32)");
   }
 }
 

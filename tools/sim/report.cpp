@@ -95,13 +95,17 @@ void print_summary(const Options& o, const RunStats& s) {
       "(estimated)\n",
       1e3 * seconds / steps, s.layers.size(), 1e3 * model_seconds / steps, o.model.layers);
   const double gbps = seconds > 0 ? bytes / seconds / 1e9 : 0.0;
-  std::printf("attention: %.2f GB of K/V read in %.2f s: %.2f GB/s, %.0f%% of the read ceiling\n",
-              bytes / 1e9, seconds, gbps, s.ceiling_gbps > 0 ? 100 * gbps / s.ceiling_gbps : 0.0);
+  const char* kv = o.model.mla() ? "latent cache" : "K/V";  // what decode reads
+  std::printf(
+      "attention: %.2f GB of %s read (%.1f MB per step) in %.2f s: %.2f GB/s, %.0f%% of the read "
+      "ceiling\n",
+      bytes / 1e9, kv, bytes / steps / 1e6, seconds, gbps,
+      s.ceiling_gbps > 0 ? 100 * gbps / s.ceiling_gbps : 0.0);
   // Forked sequences hold the same blocks; decode reads them once per sequence.
   std::printf(
       "shared blocks: %.1f per step read by two or more sequences; with each block read once, "
-      "%.2f GB of K/V (%.1f%% less)\n",
-      s.shared_block_reads / steps, distinct_bytes / 1e9,
+      "%.2f GB of %s (%.1f%% less)\n",
+      s.shared_block_reads / steps, distinct_bytes / 1e9, kv,
       bytes > 0 ? 100.0 * (1.0 - distinct_bytes / bytes) : 0.0);
   if (s.naive_seconds > 0) {
     std::printf(
@@ -114,9 +118,9 @@ void print_summary(const Options& o, const RunStats& s) {
   // caches between steps is read faster than that.
   if (s.ceiling_gbps > 0 && gbps > s.ceiling_gbps) {
     std::printf(
-        "           (above the streaming read: the %.0f MiB of simulated K/V largely stay in the "
+        "           (above the streaming read: the %.0f MiB of simulated %s largely stay in the "
         "processor's caches between steps; --cache-mib sizes the cache)\n",
-        s.allocated_bytes / kMiB);
+        s.allocated_bytes / kMiB, kv);
   }
   std::printf(
       "sequences: peak batch %d, forks %lld (n-way %lld), copy-on-write block copies %lld, "

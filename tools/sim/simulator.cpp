@@ -14,7 +14,8 @@
 #include <vector>
 
 #include "pagedattn/block_manager.hpp"
-#include "pagedattn/cache_layout.hpp"
+#include "pagedattn/mla.hpp"
+#include "pagedattn/mla_cache.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/shared_blocks.hpp"
 #include "pagedattn/testing/naive_decode.hpp"
@@ -38,6 +39,23 @@ struct Running {
   Request req;
 };
 
+// An MLA model's latent cache: per simulated layer one [num_blocks][block_size][kv_lora_rank +
+// rope_dim] tensor, each row c then k_pe (vLLM's and FlashMLA's layout). Sets the cache fields of
+// MlaCacheWriteArgs, MlaCopyBlocksArgs and MlaDecodeArgs.
+template <typename Args>
+void set_latent_cache(Args& a, const Model& m, int block_size, int num_blocks, DType dtype,
+                      void* base) {
+  const std::int64_t width = m.row_elements();
+  a.kv_lora_rank = m.kv_lora_rank;
+  a.rope_dim = m.rope_dim;
+  a.block_size = block_size;
+  a.num_blocks = num_blocks;
+  a.kv_dtype = dtype;
+  a.c_cache = base;
+  a.kpe_cache = static_cast<std::uint8_t*>(base) + m.kv_lora_rank * dtype_size(dtype);
+  a.c_strides = a.kpe_strides = {block_size * width, width};
+}
+
 class Simulator {
  public:
   explicit Simulator(const Options& o);
@@ -52,10 +70,16 @@ class Simulator {
   void append_tokens();
   void fill_token_rows();
   void write(const std::vector<std::int32_t>& slots);
+  void write_rows(std::size_t layer, std::size_t offset, const std::int32_t* slots, int n);
   void copy(const std::vector<BlockCopy>& pairs);
   double decode_layers(bool verify, double* bytes, double* naive_seconds);
+  double decode_layer(const DecodeArgs& a);
+  MlaDecodeArgs latent_args(const DecodeArgs& args, const void* cache, int num_blocks) const;
   double time_naive(const DecodeArgs& args);
   void verify_layer(int sampled, const DecodeArgs& args, const BlockManager::Tables& t);
+  void compact_caches(int sampled, DecodeArgs& a, std::vector<std::int32_t>& table, int stride,
+                      std::vector<std::vector<std::uint8_t>>& host);
+  void record_check(int sampled, double rel, double lse_err, bool finite, std::size_t seqs);
   std::vector<int> verified_rows(int batch);
   void finish_some();
   void csv_row(std::FILE* f, double decode_s, double bytes, double naive_s);
@@ -68,14 +92,18 @@ class Simulator {
   FastRandom fast_;
   RunStats s_;
   BlockManager bm_;
-  const std::size_t row_;    // elements of one token's K (or V) over all kv heads
-  std::vector<int> layers_;  // the model layers simulated, ascending
+  // Elements of one token's K (or V) over all kv heads, or of its latent row (MLA).
+  const std::size_t row_;
+  const int q_width_, out_width_;  // elements of one query head's q and out
+  std::vector<int> layers_;        // the model layers simulated, ascending
 
-  std::vector<std::unique_ptr<Buffer>> k_, v_;  // per simulated layer, or one shared
+  // Per simulated layer, or one shared: the K and V caches, or in k_ the latent caches (MLA).
+  std::vector<std::unique_ptr<Buffer>> k_, v_;
   std::vector<std::unique_ptr<Buffer>> sinks_;  // per simulated layer, with sinks
   std::vector<std::vector<float>> sinks_host_;
-  // Random f32 K and V rows that new tokens are written from, a window at a random offset per
-  // write: generated once, so writing a long prompt costs the write and nothing on the host.
+  // Random f32 K and V rows (MLA: latent rows, in token_k_) that new tokens are written from, a
+  // window at a random offset per write: generated once, so writing a long prompt costs the
+  // write and nothing on the host.
   Buffer token_k_, token_v_;
   int token_rows_ = 0;
   Buffer slots_, q_, out_, lse_, table_, lens_, naive_out_, naive_lse_;
@@ -100,7 +128,9 @@ Simulator::Simulator(const Options& o)
       fast_{o.seed * 0x9E3779B97F4A7C15ULL + 1},
       s_{backend_, plan_cache(o, device_)},
       bm_(s_.plan.num_blocks, o.block_size),
-      row_(static_cast<std::size_t>(o.model.num_kv_heads) * o.model.head_dim),
+      row_(static_cast<std::size_t>(o.model.row_elements())),
+      q_width_(o.model.mla() ? o.model.row_elements() : o.model.head_dim),
+      out_width_(o.model.mla() ? o.model.kv_lora_rank : o.model.head_dim),
       token_k_(device_),
       token_v_(device_),
       slots_(device_),
@@ -126,21 +156,21 @@ void Simulator::allocate_layers() {
   const int count = o_.sim_layers ? o_.sim_layers : device_ ? kDeviceSimLayers : kCpuSimLayers;
   layers_ = sample_layers(m, count);
   const std::size_t cache_bytes =
-      CacheLayout::dense(num_blocks(), m.num_kv_heads, o_.block_size, m.head_dim).elements() *
-      dtype_size(o_.dtype);
+      static_cast<std::size_t>(num_blocks()) * o_.block_size * row_ * dtype_size(o_.dtype);
   const std::size_t caches = o_.shared_cache ? 1 : layers_.size();
   for (std::size_t l = 0; l < caches; ++l) {
     // 0xff bytes are NaN in every dtype: a slot no sequence owns must never be read.
     k_.push_back(std::make_unique<Buffer>(device_, true));
     k_.back()->resize(cache_bytes, 0xff);
+    if (m.mla()) continue;  // one latent cache per layer
     v_.push_back(std::make_unique<Buffer>(device_, true));
     v_.back()->resize(cache_bytes, 0xff);
   }
-  s_.allocated_bytes = 2.0 * cache_bytes * caches;
+  s_.allocated_bytes = static_cast<double>(m.rows_per_token()) * cache_bytes * caches;
   if (!device_ && s_.allocated_bytes > 0) {
     double huge = 0;
-    for (std::size_t l = 0; l < caches; ++l) {
-      huge += static_cast<double>(k_[l]->huge_page_bytes() + v_[l]->huge_page_bytes());
+    for (const auto* pools : {&k_, &v_}) {
+      for (const auto& b : *pools) huge += static_cast<double>(b->huge_page_bytes());
     }
     s_.huge_pct = 100.0 * huge / s_.allocated_bytes;
   }
@@ -173,49 +203,78 @@ void Simulator::start_system_prompts() {
   write(slots);
 }
 
-// Up to 64 MiB of rows (K and V together), at least 64 and at most 4096 tokens' worth.
+// Up to 32 MiB of K rows and as much of V (MLA: of latent rows alone), at least 64 and at most
+// 4096 tokens' worth.
 void Simulator::fill_token_rows() {
   const std::size_t row_bytes = row_ * sizeof(float);
   token_rows_ = static_cast<int>(std::clamp<std::size_t>((32u << 20) / row_bytes, 64, 4096));
   std::vector<float> rows;
   fast_.fill(rows, token_rows_ * row_, 2.0f);
   token_k_.upload(rows.data(), rows.size() * sizeof(float));
+  if (o_.model.mla()) return;
   fast_.fill(rows, token_rows_ * row_, 1.0f);
   token_v_.upload(rows.data(), rows.size() * sizeof(float));
 }
 
-// The K/V of new tokens, into every simulated layer's cache: each write_cache call takes up to
-// token_rows_ of them from a random offset into the random rows.
+// The K/V (or latent rows) of new tokens, into every simulated layer's cache: each call takes up
+// to token_rows_ of them from a random offset into the random rows.
 void Simulator::write(const std::vector<std::int32_t>& slots) {
   if (slots.empty()) return;
   slots_.upload(slots.data(), slots.size() * sizeof(std::int32_t));
-  const std::size_t row_bytes = row_ * sizeof(float);
   for (std::size_t l = 0; l < k_.size(); ++l) {
     for (std::size_t first = 0; first < slots.size(); first += token_rows_) {
       const int n = static_cast<int>(std::min<std::size_t>(token_rows_, slots.size() - first));
-      const std::size_t offset = (fast_.next_u64() % (token_rows_ - n + 1)) * row_bytes;
-      CacheWriteArgs a;
-      a.num_tokens = n;
-      a.num_kv_heads = o_.model.num_kv_heads;
-      a.head_dim = o_.model.head_dim;
-      a.block_size = o_.block_size;
-      a.num_blocks = num_blocks();
-      // New tokens arrive in f32 and are converted to the cache dtype by write_cache.
-      a.key = static_cast<const std::uint8_t*>(token_k_.data()) + offset;
-      a.value = static_cast<const std::uint8_t*>(token_v_.data()) + offset;
-      a.src_dtype = DType::kF32;
-      a.slot_mapping = static_cast<const std::int32_t*>(slots_.data()) + first;
-      a.k_cache = k_[l]->data();
-      a.v_cache = v_[l]->data();
-      a.cache_dtype = o_.dtype;
-      write_cache(a, cache_opts_);
+      const std::size_t offset = (fast_.next_u64() % (token_rows_ - n + 1)) * row_ * sizeof(float);
+      write_rows(l, offset, static_cast<const std::int32_t*>(slots_.data()) + first, n);
     }
   }
+}
+
+// n tokens' rows from `offset` bytes into the random rows, into the cache of layer `layer`. New
+// tokens arrive in f32 and are converted to the cache dtype by the write; an MLA token's kv_c
+// and k_pe are the two parts of one random row.
+void Simulator::write_rows(std::size_t layer, std::size_t offset, const std::int32_t* slots,
+                           int n) {
+  const auto* rows = static_cast<const std::uint8_t*>(token_k_.data()) + offset;
+  if (o_.model.mla()) {
+    MlaCacheWriteArgs a;
+    a.num_tokens = n;
+    set_latent_cache(a, o_.model, o_.block_size, num_blocks(), o_.dtype, k_[layer]->data());
+    a.kv_c = rows;
+    a.k_pe = rows + o_.model.kv_lora_rank * sizeof(float);
+    a.kv_c_row_stride = a.k_pe_row_stride = static_cast<std::int64_t>(row_);
+    a.src_dtype = DType::kF32;
+    a.slot_mapping = slots;
+    write_mla_cache(a, cache_opts_);
+    return;
+  }
+  CacheWriteArgs a;
+  a.num_tokens = n;
+  a.num_kv_heads = o_.model.num_kv_heads;
+  a.head_dim = o_.model.head_dim;
+  a.block_size = o_.block_size;
+  a.num_blocks = num_blocks();
+  a.key = rows;
+  a.value = static_cast<const std::uint8_t*>(token_v_.data()) + offset;
+  a.src_dtype = DType::kF32;
+  a.slot_mapping = slots;
+  a.k_cache = k_[layer]->data();
+  a.v_cache = v_[layer]->data();
+  a.cache_dtype = o_.dtype;
+  write_cache(a, cache_opts_);
 }
 
 void Simulator::copy(const std::vector<BlockCopy>& pairs) {
   if (pairs.empty()) return;
   for (std::size_t l = 0; l < k_.size(); ++l) {
+    if (o_.model.mla()) {
+      MlaCopyBlocksArgs a;
+      set_latent_cache(a, o_.model, o_.block_size, num_blocks(), o_.dtype, k_[l]->data());
+      a.pairs = pairs.data();
+      a.num_pairs = static_cast<int>(pairs.size());
+      copy_blocks(a, cache_opts_);
+      continue;
+    }
     CopyBlocksArgs a;
     a.num_kv_heads = o_.model.num_kv_heads;
     a.head_dim = o_.model.head_dim;
@@ -366,13 +425,13 @@ double Simulator::decode_layers(bool verify, double* bytes, double* naive_second
   table_.upload(t.block_table.data(), t.block_table.size() * sizeof(std::int32_t));
   lens_.upload(t.context_lens.data(), t.context_lens.size() * sizeof(std::int32_t));
   step_lens_ = t.context_lens;
-  const std::size_t q_elems = static_cast<std::size_t>(batch) * m.num_heads * m.head_dim;
+  const std::size_t q_elems = static_cast<std::size_t>(batch) * m.num_heads * q_width_;
   std::vector<float> q32;
   fast_.fill(q32, q_elems, 2.0f);
   q_host_.resize(q_elems * dtype_size(o_.dtype));
   for (std::size_t i = 0; i < q_elems; ++i) store_from_float(q_host_.data(), o_.dtype, i, q32[i]);
   q_.upload(q_host_.data(), q_host_.size());
-  out_.reserve(q_host_.size());
+  out_.reserve(static_cast<std::size_t>(batch) * m.num_heads * out_width_ * dtype_size(o_.dtype));
   lse_.reserve(static_cast<std::size_t>(batch) * m.num_heads * sizeof(float));
 
   DecodeArgs a;
@@ -392,7 +451,8 @@ double Simulator::decode_layers(bool verify, double* bytes, double* naive_second
   a.logits_soft_cap = m.logits_soft_cap;
   if (m.scale > 0) a.scale = m.scale;
 
-  const double token_bytes = static_cast<double>(row_ * dtype_size(o_.dtype) * 2);  // K and V
+  // K and V, or the latent row.
+  const double token_bytes = static_cast<double>(row_ * dtype_size(o_.dtype) * m.rows_per_token());
   // The step's reads for each window its layers use (the tables are the same in every layer).
   std::map<int, SharedBlockReads> reads_by_window;
   const auto reads_for = [&](int window_left) -> const SharedBlockReads& {
@@ -412,14 +472,11 @@ double Simulator::decode_layers(bool verify, double* bytes, double* naive_second
   double seconds = 0;
   for (int l = 0; l < n; ++l) {
     const std::size_t c = o_.shared_cache ? 0 : l;
-    a.k_cache = k_[c]->data();
-    a.v_cache = v_[c]->data();
+    a.k_cache = k_[c]->data();  // MLA: the latent cache
+    a.v_cache = m.mla() ? nullptr : v_[c]->data();
     a.window_left = s_.layers[l].window_left;
     a.sinks = m.sinks ? static_cast<const float*>(sinks_[l]->data()) : nullptr;
-    const Clock::time_point t0 = Clock::now();
-    decode(a, decode_opts_);
-    if (device_) testing::device_synchronize();
-    const double dt = seconds_since(t0);
+    const double dt = decode_layer(a);
     const SharedBlockReads& reads = reads_for(a.window_left);
     const double tokens = static_cast<double>(reads.per_sequence_tokens);
     s_.layers[l].seconds += dt;
@@ -431,6 +488,44 @@ double Simulator::decode_layers(bool verify, double* bytes, double* naive_second
     if (l == check) verify_layer(l, a, t);
   }
   return seconds;
+}
+
+// One layer's decode() (mla_decode() over the latent cache in a.k_cache for MLA); returns its
+// seconds, with a device synchronisation on CUDA.
+double Simulator::decode_layer(const DecodeArgs& a) {
+  const Clock::time_point t0 = Clock::now();
+  if (o_.model.mla()) {
+    mla_decode(latent_args(a, a.k_cache, num_blocks()), decode_opts_);
+  } else {
+    decode(a, decode_opts_);
+  }
+  if (device_) testing::device_synchronize();
+  return seconds_since(t0);
+}
+
+// The MLA decode of the step `args` describes (its batch, tables, q, out, lse and scale) over a
+// latent cache of `num_blocks` blocks at `cache`. q holds FlashMLA's one query row of
+// kv_lora_rank + rope_dim values per head: q_nope is each head's first kv_lora_rank, q_pe the
+// rest.
+MlaDecodeArgs Simulator::latent_args(const DecodeArgs& args, const void* cache,
+                                     int num_blocks) const {
+  const Model& m = o_.model;
+  MlaDecodeArgs a;
+  a.batch = args.batch;
+  a.num_heads = m.num_heads;
+  a.max_blocks_per_seq = args.max_blocks_per_seq;
+  set_latent_cache(a, m, o_.block_size, num_blocks, o_.dtype, const_cast<void*>(cache));
+  a.q_dtype = a.out_dtype = o_.dtype;
+  a.q_nope = args.q;
+  a.q_pe = static_cast<const std::uint8_t*>(args.q) + m.kv_lora_rank * dtype_size(o_.dtype);
+  a.q_nope_head_stride = a.q_pe_head_stride = q_width_;
+  a.q_nope_row_stride = a.q_pe_row_stride = static_cast<std::int64_t>(m.num_heads) * q_width_;
+  a.block_table = args.block_table;
+  a.context_lens = args.context_lens;
+  a.out = args.out;
+  a.lse = args.lse;
+  a.scale = args.scale;
+  return a;
 }
 
 // The batch rows a checked step recomputes: --verify-seqs of them (all with 0), spread evenly
@@ -446,14 +541,49 @@ std::vector<int> Simulator::verified_rows(int batch) {
   return rows;
 }
 
-// Compares this layer's output for some of the batch's sequences with reference_decode over
-// host copies of their inputs: their queries and table rows, and on the device the cache blocks
-// their tables name, copied into a compact host cache.
+// Copies the blocks the verified rows' tables name from the layer's device caches (K and V, or
+// the latent cache) into compact host caches, renumbering the tables' entries to match; points
+// `a` at them.
+void Simulator::compact_caches(int sampled, DecodeArgs& a, std::vector<std::int32_t>& table,
+                               int stride, std::vector<std::vector<std::uint8_t>>& host) {
+  const std::size_t cache = o_.shared_cache ? 0 : sampled;
+  std::vector<Buffer*> device{k_[cache].get()};
+  if (!o_.model.mla()) device.push_back(v_[cache].get());
+  const std::size_t block_bytes =
+      static_cast<std::size_t>(o_.block_size) * row_ * dtype_size(o_.dtype);
+  std::vector<std::int32_t> compact(num_blocks(), -1);
+  host.assign(device.size(), {});
+  int used = 0;
+  for (int i = 0; i < a.batch; ++i) {
+    const int blocks = (a.context_lens[i] + o_.block_size - 1) / o_.block_size;
+    for (int j = 0; j < blocks; ++j) {
+      std::int32_t& entry = table[static_cast<std::size_t>(i) * stride + j];
+      if (compact[entry] < 0) {
+        compact[entry] = used++;
+        for (std::size_t p = 0; p < device.size(); ++p) {
+          host[p].resize(used * block_bytes);
+          device[p]->download(host[p].data() + (used - 1) * block_bytes, block_bytes,
+                              entry * block_bytes);
+        }
+      }
+      entry = compact[entry];
+    }
+  }
+  a.num_blocks = std::max(1, used);
+  for (auto& h : host) h.resize(a.num_blocks * block_bytes);
+  a.k_cache = host[0].data();
+  a.v_cache = o_.model.mla() ? nullptr : host[1].data();
+}
+
+// Compares this layer's output for some of the batch's sequences with reference_decode (or
+// mla_reference_decode) over host copies of their inputs: their queries and table rows, and on
+// the device the cache blocks their tables name, copied into a compact host cache.
 void Simulator::verify_layer(int sampled, const DecodeArgs& run, const BlockManager::Tables& t) {
   const std::vector<int> rows = verified_rows(run.batch);
   const std::size_t esize = dtype_size(o_.dtype);
-  const std::size_t q_row = static_cast<std::size_t>(run.num_heads) * run.head_dim;
-  std::vector<std::uint8_t> out_all(static_cast<std::size_t>(run.batch) * q_row * esize);
+  const std::size_t q_row = static_cast<std::size_t>(run.num_heads) * q_width_;
+  const std::size_t out_row = static_cast<std::size_t>(run.num_heads) * out_width_;
+  std::vector<std::uint8_t> out_all(static_cast<std::size_t>(run.batch) * out_row * esize);
   std::vector<float> lse_all(static_cast<std::size_t>(run.batch) * run.num_heads);
   out_.download(out_all.data(), out_all.size());
   lse_.download(lse_all.data(), lse_all.size() * sizeof(float));
@@ -473,42 +603,17 @@ void Simulator::verify_layer(int sampled, const DecodeArgs& run, const BlockMana
   a.block_table = table.data();
   a.context_lens = lens.data();
   a.sinks = a.sinks ? sinks_host_[sampled].data() : nullptr;
-  std::vector<std::uint8_t> k, v;
-  if (device_) {  // the blocks the rows' tables name, renumbered in a compact cache
-    const int cache = o_.shared_cache ? 0 : sampled;
-    const std::size_t block_bytes =
-        static_cast<std::size_t>(run.num_kv_heads) * o_.block_size * run.head_dim * esize;
-    std::vector<std::int32_t> compact(num_blocks(), -1);
-    int used = 0;
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const int blocks = (lens[i] + o_.block_size - 1) / o_.block_size;
-      for (int j = 0; j < blocks; ++j) {
-        std::int32_t& entry = table[i * t.max_blocks_per_seq + j];
-        if (compact[entry] < 0) {
-          compact[entry] = used++;
-          k.resize(used * block_bytes);
-          v.resize(used * block_bytes);
-          k_[cache]->download(k.data() + (used - 1) * block_bytes, block_bytes,
-                              entry * block_bytes);
-          v_[cache]->download(v.data() + (used - 1) * block_bytes, block_bytes,
-                              entry * block_bytes);
-        }
-        entry = compact[entry];
-      }
-    }
-    a.num_blocks = std::max(1, used);
-    k.resize(a.num_blocks * block_bytes);
-    v.resize(a.num_blocks * block_bytes);
-    a.k_cache = k.data();
-    a.v_cache = v.data();
-  }
-  const ReferenceResult ref = reference_decode(a);
+  std::vector<std::vector<std::uint8_t>> host;
+  if (device_) compact_caches(sampled, a, table, t.max_blocks_per_seq, host);
+  const ReferenceResult ref = o_.model.mla()
+                                  ? mla_reference_decode(latent_args(a, a.k_cache, a.num_blocks))
+                                  : reference_decode(a);
   double err = 0, scale = 1e-30, lse_err = 0;
   bool finite = true;
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    for (std::size_t e = 0; e < q_row; ++e) {
-      const double got = load_as_float(out_all.data(), o_.dtype, rows[i] * q_row + e);
-      const double want = ref.out[i * q_row + e];
+    for (std::size_t e = 0; e < out_row; ++e) {
+      const double got = load_as_float(out_all.data(), o_.dtype, rows[i] * out_row + e);
+      const double want = ref.out[i * out_row + e];
       finite = finite && std::isfinite(got);
       err = std::max(err, std::fabs(got - want));
       scale = std::max(scale, std::fabs(want));
@@ -522,11 +627,16 @@ void Simulator::verify_layer(int sampled, const DecodeArgs& run, const BlockMana
         lse_err = INFINITY;
     }
   }
-  const double rel = err / scale;
+  record_check(sampled, err / scale, lse_err, finite, rows.size());
+}
+
+// Adds one checked layer's errors to the run's and reports a mismatch.
+void Simulator::record_check(int sampled, double rel, double lse_err, bool finite,
+                             std::size_t seqs) {
   s_.worst_rel = std::max(s_.worst_rel, rel);
   s_.worst_lse = std::max(s_.worst_lse, lse_err);
   ++s_.verified;
-  s_.verified_seqs += static_cast<long long>(rows.size());
+  s_.verified_seqs += static_cast<long long>(seqs);
   if (!finite || rel > testing::out_tolerance(o_.dtype) || lse_err > testing::lse_tolerance()) {
     ++s_.mismatches;
     std::fprintf(stderr,
