@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -167,6 +168,50 @@ double cuda_read_ceiling_gbps() {
     }
   }
   return best;
+}
+
+double cuda_time_steps(const std::function<void(int, void*)>& step, int reps, void* stream,
+                       bool graph, int min_iterations) {
+  cudaStream_t own = nullptr;
+  if (stream == nullptr) {
+    check_cuda(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  const cudaStream_t s = own != nullptr ? own : static_cast<cudaStream_t>(stream);
+  auto enqueue = [&] {
+    for (int r = 0; r < reps; ++r) step(r, s);
+  };
+  Events ev;
+  std::vector<double> samples;
+  cudaGraphExec_t exec = nullptr;
+  cudaGraph_t g = nullptr;
+  if (graph) {
+    check_cuda(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "BeginCapture");
+    enqueue();
+    check_cuda(cudaStreamEndCapture(s, &g), "EndCapture");
+    check_cuda(cudaGraphInstantiate(&exec, g, 0), "cudaGraphInstantiate");
+    check_cuda(cudaGraphLaunch(exec, s), "cudaGraphLaunch");  // warm-up
+  } else {
+    enqueue();
+  }
+  check_cuda(cudaStreamSynchronize(s), "warm-up");
+  const int repeats = std::max(5, min_iterations / 4);
+  for (int it = 0; it < repeats; ++it) {
+    check_cuda(cudaEventRecord(ev.a, s), "cudaEventRecord");
+    if (graph) {
+      check_cuda(cudaGraphLaunch(exec, s), "cudaGraphLaunch");
+    } else {
+      enqueue();
+    }
+    check_cuda(cudaEventRecord(ev.b, s), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(ev.b), "cudaEventSynchronize");
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, ev.a, ev.b), "cudaEventElapsedTime");
+    samples.push_back(ms / reps);
+  }
+  if (exec) cudaGraphExecDestroy(exec);
+  if (g) cudaGraphDestroy(g);
+  if (own) cudaStreamDestroy(own);
+  return median(samples);
 }
 
 Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& options) {
@@ -366,44 +411,15 @@ Timing cuda_time_shape(const Shape& s, DType dtype, const CudaTimingOptions& opt
     rel_err = err / scale;
   }
 
-  // Timing: a batch of `reps` decode steps rotating over the sets, as one CUDA graph (default)
-  // or as plain launches; median over repeats of the batch time / reps.
-  const int reps = std::max(sets, 20);
-  auto enqueue = [&] {
-    for (int r = 0; r < reps; ++r) decode(in[r % sets].args, opt);
-  };
-  Events ev;
-  std::vector<double> samples;
-  cudaGraphExec_t exec = nullptr;
-  cudaGraph_t graph = nullptr;
-  if (options.graph) {
-    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "BeginCapture");
-    enqueue();
-    check_cuda(cudaStreamEndCapture(stream, &graph), "EndCapture");
-    check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-    check_cuda(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");  // warm-up
-  } else {
-    enqueue();
-  }
-  check_cuda(cudaStreamSynchronize(stream), "warm-up");
-  const int repeats = std::max(5, options.min_iterations / 4);
-  for (int it = 0; it < repeats; ++it) {
-    check_cuda(cudaEventRecord(ev.a, stream), "cudaEventRecord");
-    if (options.graph) {
-      check_cuda(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
-    } else {
-      enqueue();
-    }
-    check_cuda(cudaEventRecord(ev.b, stream), "cudaEventRecord");
-    check_cuda(cudaEventSynchronize(ev.b), "cudaEventSynchronize");
-    float ms = 0;
-    check_cuda(cudaEventElapsedTime(&ms, ev.a, ev.b), "cudaEventElapsedTime");
-    samples.push_back(ms / reps);
-  }
-  if (exec) cudaGraphExecDestroy(exec);
-  if (graph) cudaGraphDestroy(graph);
+  const double ms = cuda_time_steps(
+      [&](int r, void* step_stream) {
+        DecodeOptions o = opt;
+        o.cuda_stream = step_stream;
+        decode(in[r % sets].args, o);
+      },
+      std::max(sets, 20), stream, options.graph, options.min_iterations);
   cudaStreamDestroy(stream);
-  return Timing{median(samples), rel_err};
+  return Timing{ms, rel_err};
 }
 
 }  // namespace pagedattn::bench

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 
 #include "bench_variants.hpp"
@@ -63,6 +64,12 @@ struct Timing {
 // Streaming-read ceiling of the current GPU in GB/s (16-byte loads, several in flight, a buffer
 // far larger than L2, best grid).
 double cuda_read_ceiling_gbps();
+
+// The median time (ms) of one of `reps` steps enqueued back to back on `stream` (a
+// cudaStream_t; null: a stream of its own): step(r, stream) enqueues step r. The steps run as one
+// CUDA graph (graph) or as plain launches, timed with CUDA events after a warm-up run.
+double cuda_time_steps(const std::function<void(int, void*)>& step, int reps, void* stream,
+                       bool graph, int min_iterations);
 
 // Times decode on the CUDA backend for one shape (every sequence at `context` tokens, sequence 0
 // at long_first when set, each with q_len query tokens), with inputs rotated across more than the

@@ -2,18 +2,20 @@
 // layout) with fragmented tables, in enough copies that consecutive steps read memory the last
 // level cache does not hold; mla_decode timed over them, its error checked against the f64
 // reference on sequence 0. GB/s counts each attended latent row once. On the CUDA backend the
-// copies live on the device and a step's time is the mean over back-to-back launches, the median
-// of several such runs.
+// copies live on the device and steps are timed as the GQA rows are (cuda_time_steps: CUDA-graph
+// replays, or plain launches with --plain).
 #include "mla_rows.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <vector>
 
 #include "bench_variants.hpp"
+#include "cuda_timing.hpp"
 #include "median.hpp"
 #include "pagedattn/mla.hpp"
 #include "pagedattn/reference.hpp"
@@ -88,11 +90,20 @@ MlaRows make_rows(const Shape& s, DType q_dtype, DType kv_dtype, bool contiguous
   const int copies = rotation_copies(pool_bytes, kColdBytes, 8);
   std::mt19937_64 rng(20261207u + static_cast<std::uint64_t>(s.batch) * 131 + s.context);
   std::normal_distribution<float> normal(0.f, 1.f);
-  const std::size_t elems = static_cast<std::size_t>(m.num_blocks) * s.block_size * kWidth;
+  // Each latent row is a random window of a table of encoded N(0, 1) values: pools of several
+  // GB fill at copy speed, and no two rows of a tile are alike.
+  constexpr std::size_t kTable = std::size_t{1} << 16;
+  const std::size_t esz = dtype_size(kv_dtype), row_bytes = kWidth * esz;
+  std::vector<std::uint8_t> values(kTable * esz);
+  for (std::size_t i = 0; i < kTable; ++i) {
+    store_from_float(values.data(), kv_dtype, i, normal(rng) / m.kv_scale);
+  }
+  const std::size_t rows = static_cast<std::size_t>(m.num_blocks) * s.block_size;
   for (int c = 0; c < copies; ++c) {
-    std::vector<std::uint8_t> pool(elems * dtype_size(kv_dtype));
-    for (std::size_t i = 0; i < elems; ++i) {
-      store_from_float(pool.data(), kv_dtype, i, normal(rng) / m.kv_scale);
+    std::vector<std::uint8_t> pool(rows * row_bytes);
+    for (std::size_t r = 0; r < rows; ++r) {
+      const std::size_t at = rng() % (kTable - kWidth);
+      std::memcpy(pool.data() + r * row_bytes, values.data() + at * esz, row_bytes);
     }
     m.copies.push_back({std::move(pool), testing::table_from_pool(
                                              testing::block_pool(m.num_blocks, !contiguous, rng),
@@ -142,22 +153,6 @@ struct DeviceRows {
   }
 };
 
-// The device's time of one step (ms): runs of `steps` back-to-back decodes over the copies, each
-// timed from the first launch to the device's idle; the median of the runs' means.
-double cuda_step_ms(const std::function<void(int)>& step, int copies, int min_iters) {
-  const int steps = std::max(20, copies);
-  for (int i = 0; i < copies; ++i) step(i);
-  testing::device_synchronize();
-  std::vector<double> means;
-  for (int run = 0; run < std::max(5, min_iters / steps); ++run) {
-    const double t0 = seconds_now(Clock::kWall);
-    for (int i = 0; i < steps; ++i) step(i);
-    testing::device_synchronize();
-    means.push_back(1e3 * (seconds_now(Clock::kWall) - t0) / steps);
-  }
-  return median(means);
-}
-
 // max |out - ref| / max |ref| over sequence 0's rows (of step 0's buffers).
 double rel_err_of_sequence_0(MlaRows& m) {
   MlaDecodeArgs a = m.args(0);
@@ -204,8 +199,13 @@ int run_mla_rows(const Options& o, double read_bw, std::FILE* info) {
         d.out.to_host(m.out);
         d.lse.to_host(m.lse);
         err = rel_err_of_sequence_0(m);
-        ms = cuda_step_ms([&](int i) { mla_decode(d.args(m, i), opt); },
-                          static_cast<int>(m.copies.size()), o.iters);
+        ms = cuda_time_steps(
+            [&](int i, void* stream) {
+              DecodeOptions step = opt;
+              step.cuda_stream = stream;
+              mla_decode(d.args(m, i), step);
+            },
+            std::max(20, static_cast<int>(m.copies.size())), nullptr, !o.plain, o.iters);
       } else {
         mla_decode(m.args(0), opt);
         err = rel_err_of_sequence_0(m);

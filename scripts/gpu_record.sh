@@ -27,8 +27,7 @@
 #   anchor shapes; pagedattn with f32 at group sizes 1, 4, 8 and 16 (FlashInfer has no f32); MLA
 #   decode, pagedattn-bench --mla beside fi_mla_bench (fa2 and fa3), on batch 1, 32, 128 x heads
 #   16, 64, 128 x context 1024, 4096, 32768, page 64, q_len 1 and 2, bf16 and fp8 e4m3 latent
-#   caches (bf16 q; pagedattn times back-to-back calls, FlashInfer graph replays and plain
-#   calls); the seed's kernels on the one-token bf16 shapes when torch and triton import. A part
+#   caches (bf16 q; both time CUDA-graph replays, FlashInfer its plain calls too); the seed's kernels on the one-token bf16 shapes when torch and triton import. A part
 #   that fails is reported and the rest still runs.
 # Writes into OUT_DIR: readbw.txt, pagedattn_*.csv, flashinfer_*.csv (the MLA parts'
 # pagedattn_mla_*.csv and flashinfer_mla_*.csv), gpu_anchors_graph.csv (the seed's), a .log

@@ -270,8 +270,8 @@ def mla_sections(rows, ceiling):
         lines.append("")
     if lines:
         lines = ["MLA decode (DeepSeek's absorbed form, kv_lora_rank 512 + rope 64): pagedattn's "
-                 "time is the mean of back-to-back calls (launches included); FlashInfer's is a "
-                 "CUDA-graph replay of its fastest path (fa2 or fa3), its plain calls beside it; "
+                 "time and FlashInfer's are CUDA-graph replays (FlashInfer's fastest path, fa2 or "
+                 "fa3, its plain calls beside it); "
                  "ratio = pagedattn / FlashInfer's graph replay, ratio plain = pagedattn / its "
                  "plain calls; % counts each request's latent rows once.", ""] + lines
     return lines, sum(len(impls) for impls in rows["mla_ours"].values())
