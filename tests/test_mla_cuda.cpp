@@ -269,7 +269,8 @@ TEST(MlaCuda, CheckedModeRefusesABlockIdOutsideThePool) {
   detail::DecodeOptions o;
   o.backend = Backend::kCuda;
   o.cuda_checked = true;
-  expect_error([&] { detail::mla_decode(d.args(m), o); }, ErrorCode::kOutOfRange, "block_table", {},
+  expect_error([&] { detail::mla_decode(d.args(m), o); }, ErrorCode::kOutOfRange,
+               "block_table[0][1]", {"= " + std::to_string(m.num_blocks), "num_blocks"},
                "a block id past the pool");
   const std::vector<std::uint8_t> before = m.out;
   d.fetch(m);
