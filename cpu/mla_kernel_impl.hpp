@@ -64,26 +64,65 @@ struct MlaKernel {
     return alpha;
   }
 
-  // acc[r] = acc[r] * alpha[r] + sum_t p[r][t] c_t over the rank values, for R rows.
-  template <int R>
-  static void weigh(const float* p, int p_stride, const float* alpha, const float* rows, int n,
-                    int width, int rank, float* acc) {
+  // acc[r] = acc[r] * alpha[r] + sum_t p[r][t] c_t over the rank values, for R rows. The
+  // columns go kWeighCols at a time, whose R partial sums stay in registers over the block's
+  // latent rows: each value of c is loaded once for the R rows.
+  static constexpr int kWeighCols = 32;
+  template <int R, int Cols>
+  static void weigh_cols(const float* p, int p_stride, const float* alpha, const float* v0, int n,
+                         int width, int rank, float* acc, int cols) {
+    float a[R][Cols];
     for (int r = 0; r < R; ++r) {
-      float* a = acc + static_cast<std::int64_t>(r) * rank;
-      const float f = alpha[r];
-      if (f != 1.f) {
 #pragma omp simd
-        for (int x = 0; x < rank; ++x) a[x] *= f;
+      for (int x = 0; x < Cols; ++x) {
+        a[r][x] = x < cols ? acc[static_cast<std::int64_t>(r) * rank + x] * alpha[r] : 0.f;
       }
     }
     for (int t = 0; t < n; ++t) {
-      const float* v = rows + static_cast<std::int64_t>(t) * width;
+      const float* v = v0 + static_cast<std::int64_t>(t) * width;
       for (int r = 0; r < R; ++r) {
         const float w = p[r * p_stride + t];
-        float* a = acc + static_cast<std::int64_t>(r) * rank;
 #pragma omp simd
-        for (int x = 0; x < rank; ++x) a[x] += w * v[x];
+        for (int x = 0; x < Cols; ++x) a[r][x] += w * (x < cols ? v[x] : 0.f);
       }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int x = 0; x < cols; ++x) acc[static_cast<std::int64_t>(r) * rank + x] = a[r][x];
+    }
+  }
+  template <int R>
+  static void weigh(const float* p, int p_stride, const float* alpha, const float* rows, int n,
+                    int width, int rank, float* acc) {
+    int x0 = 0;
+    for (; x0 + kWeighCols <= rank; x0 += kWeighCols) {
+      weigh_full<R>(p, p_stride, alpha, rows + x0, n, width, rank, acc + x0);
+    }
+    if (x0 < rank) {
+      weigh_cols<R, kWeighCols>(p, p_stride, alpha, rows + x0, n, width, rank, acc + x0, rank - x0);
+    }
+  }
+  // weigh_cols for a whole run of kWeighCols columns: no bounds inside the loops.
+  template <int R>
+  static void weigh_full(const float* p, int p_stride, const float* alpha, const float* v0, int n,
+                         int width, int rank, float* acc) {
+    float a[R][kWeighCols];
+    for (int r = 0; r < R; ++r) {
+      const float* src = acc + static_cast<std::int64_t>(r) * rank;
+#pragma omp simd
+      for (int x = 0; x < kWeighCols; ++x) a[r][x] = src[x] * alpha[r];
+    }
+    for (int t = 0; t < n; ++t) {
+      const float* v = v0 + static_cast<std::int64_t>(t) * width;
+      for (int r = 0; r < R; ++r) {
+        const float w = p[r * p_stride + t];
+#pragma omp simd
+        for (int x = 0; x < kWeighCols; ++x) a[r][x] += w * v[x];
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      float* dst = acc + static_cast<std::int64_t>(r) * rank;
+#pragma omp simd
+      for (int x = 0; x < kWeighCols; ++x) dst[x] = a[r][x];
     }
   }
 
