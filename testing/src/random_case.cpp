@@ -25,6 +25,18 @@ void fill_random(std::vector<std::uint8_t>& buf, DType t, std::size_t n, float s
   for (std::size_t i = 0; i < n; ++i) store_from_float(buf.data(), t, i, dist(rng));
 }
 
+// Whether sequence b's block i is its fork group's first member's (CaseSpec::fork_members).
+bool forked_block(const CaseSpec& spec, const std::vector<std::int32_t>& lens, int b, int i) {
+  if (spec.fork_members < 2 || b % spec.fork_members == 0) return false;
+  const std::size_t g = static_cast<std::size_t>(b / spec.fork_members);
+  if (g >= spec.fork_prefix.size()) return false;
+  const int leader = b - b % spec.fork_members, BS = spec.block_size;
+  const int fork = std::min({spec.fork_prefix[g], lens[b], lens[leader]});
+  if (i < fork / BS) return true;  // wholly before the fork
+  // The block the fork falls inside: shared while this member has written nothing after it.
+  return i == fork / BS && fork % BS != 0 && lens[b] == fork;
+}
+
 }  // namespace
 
 void size_case(HostCase& c) {
@@ -74,6 +86,9 @@ HostCase make_case(const CaseSpec& spec) {
       // Prefix sharing: reuse sequence 0's block at the same position.
       if (spec.share_prefix && b > 0 && i < blocks_for(c.context_lens[0], BS) - 1 && (rng() & 1)) {
         id = c.block_table[i];
+      }
+      if (forked_block(spec, c.context_lens, b, i)) {
+        id = c.block_table[static_cast<std::size_t>(b - b % spec.fork_members) * c.table_stride + i];
       }
       c.block_table[static_cast<std::size_t>(b) * c.table_stride + i] = id;
     }
@@ -256,6 +271,13 @@ std::string describe(const CaseSpec& s) {
   os << "]";
   if (s.per_head_scales) os << " per-head-scales";
   if (s.token_scales) os << " token-scales";
+  if (s.fork_members >= 2) {
+    os << " forks of " << s.fork_members << " after [";
+    for (std::size_t g = 0; g < s.fork_prefix.size() && g < 8; ++g) {
+      os << (g ? "," : "") << s.fork_prefix[g];
+    }
+    os << (s.fork_prefix.size() > 8 ? ",...]" : "]");
+  }
   return os.str();
 }
 

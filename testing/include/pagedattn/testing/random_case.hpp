@@ -42,6 +42,15 @@ struct CaseSpec {
   int table_stride_extra = 0;  // row stride - max_blocks_per_seq
   bool fragmented = true;      // random permutation of the pool; else blocks in order
   bool share_prefix = false;   // sequences may share their first blocks (prefix caching)
+  // Forked groups (BlockManager::fork: n-way sampling, beam search, a shared system prompt):
+  // with fork_members >= 2, each run of fork_members consecutive sequences is a group g that was
+  // forked after fork_prefix[g] tokens (at most each member's context; missing entries: no fork).
+  // Its members hold the first member's block ids for the blocks wholly before that token; the
+  // block it falls inside (a fork mid-block) stays shared with a member that wrote nothing after
+  // the fork (its context is fork_prefix[g]) and is a copy of its own (copy-on-write) for one
+  // that did.
+  int fork_members = 0;
+  std::vector<int> fork_prefix;
   bool poison = true;          // NaN in unreadable slots, -1 / garbage past each context
   float magnitude = 1.f;       // q and k scale: logits grow with magnitude^2
   std::uint64_t seed = 1;
