@@ -44,9 +44,10 @@ void size_case(HostCase& c) {
   c.context_lens.assign(spec.context_lens.begin(), spec.context_lens.end());
   c.context_lens.resize(spec.batch, 0);
   int max_used = 0, total_used = 0;
-  for (int L : c.context_lens) {
-    max_used = std::max(max_used, blocks_for(L, spec.block_size));
-    total_used += blocks_for(L, spec.block_size);
+  for (int b = 0; b < spec.batch; ++b) {
+    const int used = blocks_for(c.context_lens[b], spec.block_size);
+    max_used = std::max(max_used, used);
+    for (int i = 0; i < used; ++i) total_used += !forked_block(spec, c.context_lens, b, i);
   }
   c.max_blocks_per_seq = max_used + spec.table_padding;
   c.table_stride = c.max_blocks_per_seq + spec.table_stride_extra;
@@ -82,13 +83,15 @@ HostCase make_case(const CaseSpec& spec) {
   for (int b = 0; b < B; ++b) {
     const int used = blocks_for(c.context_lens[b], BS);
     for (int i = 0; i < used; ++i) {
+      if (forked_block(spec, c.context_lens, b, i)) {  // the group's first member's
+        c.block_table[static_cast<std::size_t>(b) * c.table_stride + i] =
+            c.block_table[static_cast<std::size_t>(b - b % spec.fork_members) * c.table_stride + i];
+        continue;
+      }
       std::int32_t id = pool[next++];
       // Prefix sharing: reuse sequence 0's block at the same position.
       if (spec.share_prefix && b > 0 && i < blocks_for(c.context_lens[0], BS) - 1 && (rng() & 1)) {
         id = c.block_table[i];
-      }
-      if (forked_block(spec, c.context_lens, b, i)) {
-        id = c.block_table[static_cast<std::size_t>(b - b % spec.fork_members) * c.table_stride + i];
       }
       c.block_table[static_cast<std::size_t>(b) * c.table_stride + i] = id;
     }
