@@ -421,8 +421,10 @@ const SplitPlan& own_plan(const DecodeArgs& k, const PlanOptions& po, const Shar
   return st.own_plan;
 }
 
-// One pass of the call's tasks: its items' context, plan and partial states, and query heads.
+// One pass of the call's tasks: its kernel, its items' context, plan and partial states, and
+// query heads.
 struct PassRun {
+  KernelFn fn;
   ItemContext ctx;
   const SplitPlan* plan;
   Partials part;
@@ -438,6 +440,7 @@ int plan_passes(const SplitPlan& plan, int heads, PrefixPasses* shared,
                 std::vector<PassRun>& runs) {
   const int num_passes = 1 + (shared != nullptr ? static_cast<int>(shared->passes.size()) : 0);
   runs.resize(static_cast<std::size_t>(num_passes));
+  runs[0].fn = isa().fn;
   runs[0].plan = &plan;
   runs[0].heads = heads;
   int max_heads = heads;
@@ -446,6 +449,7 @@ int plan_passes(const SplitPlan& plan, int heads, PrefixPasses* shared,
     const DecodeArgs& v = pass.view;
     pass.plan = make_split_plan(pass.lens.data(), v.batch, v.num_kv_heads, v.block_size,
                                 plan_options(v, options, threads));
+    runs[p].fn = prefix_kernel();
     runs[p].plan = &pass.plan;
     runs[p].heads = v.num_heads;
     runs[p].ctx = item_context(v, pass.q.data(), pass.rows.data());
@@ -484,7 +488,6 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
                       const std::int32_t* seq_rows, const TokenRows& tr,
                       const TreeMaskRow* tree_rows = nullptr, PrefixPasses* shared = nullptr,
                       const std::int32_t* call_q_indptr = nullptr) {
-  const IsaChoice& kernel = isa();
   const int D = a.head_dim, BS = a.block_size;
   // The kernel's view: tr.tokens x the heads per sequence, in groups of tr.tokens x G.
   DecodeArgs k = a;
@@ -546,8 +549,8 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
       // The heads of consecutive kv heads of one (sequence, split) are consecutive partials.
       const std::int64_t p0 =
           r.plan->partial_index(it.seq, it.split, it.kv_head * r.ctx.group_size, r.heads);
-      kernel.fn(r.ctx, it, tasks[i].kv_count, &r.part.m[p0], &r.part.l[p0], &r.part.acc[p0 * D],
-                scratch);
+      r.fn(r.ctx, it, tasks[i].kv_count, &r.part.m[p0], &r.part.l[p0], &r.part.acc[p0 * D],
+           scratch);
     }
 
 #pragma omp for schedule(dynamic, 8)
