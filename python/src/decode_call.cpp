@@ -269,7 +269,7 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
             nb::handle q_indptr_h, std::optional<int> max_q_len, nb::handle tree_mask_h,
             nb::handle tree_mask_indptr_h, const std::string& kv_layout, double k_scale,
             double v_scale, nb::handle k_scales_h, nb::handle v_scales_h, bool batch_invariant,
-            nb::handle k_token_scales_h, nb::handle v_token_scales_h) {
+            nb::handle k_token_scales_h, nb::handle v_token_scales_h, bool share_prefixes) {
   const bool query_tokens = !q_indptr_h.is_none();
   if (!query_tokens && max_q_len) {
     reject(ErrorCode::kInvalidArgument, "max_q_len", "", std::to_string(*max_q_len),
@@ -291,6 +291,7 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
   c.options.cuda_stream = reinterpret_cast<void*>(stream);
   c.options.cuda_checked = checked;
   c.options.batch_invariant = batch_invariant;
+  c.options.share_prefixes = share_prefixes;
   read_workspace(c, workspace_h);
 
   DeviceGuard guard(c.device);
@@ -360,7 +361,7 @@ void bind_decode(nb::module_& m) {
         "kv_layout"_a = "HND", "k_scale"_a = 1.0, "v_scale"_a = 1.0,
         "k_scales"_a.none() = nb::none(), "v_scales"_a.none() = nb::none(),
         "batch_invariant"_a = false, "k_token_scales"_a.none() = nb::none(),
-        "v_token_scales"_a.none() = nb::none());
+        "v_token_scales"_a.none() = nb::none(), "share_prefixes"_a = true);
   m.def("workspace_size", &workspace_size, "q"_a, "k_cache"_a, "block_table"_a, "backend"_a,
         "max_q_len"_a.none() = nb::none(), "kv_layout"_a = "HND",
         "tags"_a = std::vector<std::string>{}, "batch_invariant"_a = false);
