@@ -15,6 +15,7 @@
 #include "output_checks.hpp"
 #include "pagedattn/reference.hpp"
 #include "run_backend.hpp"
+#include "shared_prefix_check.hpp"
 #include "tolerance.hpp"
 
 namespace pagedattn::fuzz {
@@ -145,6 +146,12 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
         !bad.empty()) {
       return fail("plan", tag + "planner vs single split: " + bad);
     }
+    bool shared = false;
+    if (std::string bad = check_shared_prefixes(backend, bc, runs[0], tol, threads, &shared);
+        !bad.empty()) {
+      return fail("shared-prefix", bad);
+    }
+    outcome.shared_prefix_checks += shared;
     if (std::string bad = check_batch_invariance(backend, c, bc, ref, tol, threads, checked,
                                                  &outcome.worst_ratio);
         !bad.empty()) {

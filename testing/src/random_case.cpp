@@ -25,7 +25,8 @@ void fill_random(std::vector<std::uint8_t>& buf, DType t, std::size_t n, float s
   for (std::size_t i = 0; i < n; ++i) store_from_float(buf.data(), t, i, dist(rng));
 }
 
-// Whether sequence b's block i is its fork group's first member's (CaseSpec::fork_members).
+}  // namespace
+
 bool forked_block(const CaseSpec& spec, const std::vector<std::int32_t>& lens, int b, int i) {
   if (spec.fork_members < 2 || b % spec.fork_members == 0) return false;
   const std::size_t g = static_cast<std::size_t>(b / spec.fork_members);
@@ -36,8 +37,6 @@ bool forked_block(const CaseSpec& spec, const std::vector<std::int32_t>& lens, i
   // The block the fork falls inside: shared while this member has written nothing after it.
   return i == fork / BS && fork % BS != 0 && lens[b] == fork;
 }
-
-}  // namespace
 
 void size_case(HostCase& c) {
   const CaseSpec& spec = c.spec;

@@ -51,8 +51,8 @@ struct CaseSpec {
   // that did.
   int fork_members = 0;
   std::vector<int> fork_prefix;
-  bool poison = true;          // NaN in unreadable slots, -1 / garbage past each context
-  float magnitude = 1.f;       // q and k scale: logits grow with magnitude^2
+  bool poison = true;     // NaN in unreadable slots, -1 / garbage past each context
+  float magnitude = 1.f;  // q and k scale: logits grow with magnitude^2
   std::uint64_t seed = 1;
 };
 
@@ -74,6 +74,12 @@ struct HostCase {
 };
 
 HostCase make_case(const CaseSpec& spec);
+
+// Whether sequence b's table entry i is its fork group's first member's (CaseSpec::fork_members,
+// fork_prefix) given the contexts `lens`: the blocks wholly before the fork, and the block it
+// falls inside while b wrote nothing after it. The case builders (make_case, the fuzzer's) share
+// those entries with the group's first sequence.
+bool forked_block(const CaseSpec& spec, const std::vector<std::int32_t>& lens, int b, int i);
 
 // A spec of one shape, one sequence per length, every storage in `dtype`; the rest as above.
 CaseSpec shaped_spec(DType dtype, int num_heads, int num_kv_heads, int head_dim, int block_size,
