@@ -87,9 +87,28 @@ void finish_pass(const DecodeArgs& a, PrefixPass& pass) {
   }
 }
 
+// Whether two sequences that may share anything begin with the same block id: a group needs it.
+// Sorts the first ids in a grow-only buffer of the calling thread, so a call without any pair
+// allocates nothing.
+bool any_common_first_block(const DecodeArgs& a) {
+  thread_local std::vector<std::int32_t> first;
+  first.clear();
+  for (int b = 0; b < a.batch; ++b) {
+    if (common_prefix_tokens(a, b) > 0) {
+      first.push_back(a.block_table[static_cast<std::int64_t>(b) * a.table_stride()]);
+    }
+  }
+  std::sort(first.begin(), first.end());
+  return std::adjacent_find(first.begin(), first.end()) != first.end();
+}
+
 }  // namespace
 
 void build_prefix_passes(const DecodeArgs& a, PrefixPasses& out) {
+  if (!any_common_first_block(a)) {
+    out.passes.clear();
+    return;
+  }
   const SharedPrefixes found = find_shared_prefixes(a);
   out.links.assign(static_cast<std::size_t>(a.batch), PrefixLink{});
   std::size_t used = 0;

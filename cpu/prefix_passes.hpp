@@ -54,7 +54,8 @@ struct PrefixPasses {
 };
 
 // The passes of a validated host call's groups (none: an empty result); kept in `out`, whose
-// buffers are reused call after call.
+// buffers are reused call after call. A call in which no two sequences that may share begin with
+// the same block id returns at once, allocating nothing.
 void build_prefix_passes(const DecodeArgs& a, PrefixPasses& out);
 
 // What the merge adds to the max of a shared state of query head h for a row at position
