@@ -102,6 +102,43 @@ bool any_common_first_block(const DecodeArgs& a) {
   return std::adjacent_find(first.begin(), first.end()) != first.end();
 }
 
+// A chunk of a group: members [first, first + count) of SharedPrefixes::members, sequence `index`
+// of pass `pass`.
+struct Chunk {
+  int first, count, pass, index;
+};
+
+// Chunks group g is cut into: enough for at most kMaxPrefixRows rows per kv head each, each of two
+// members at least.
+int chunks_of(const DecodeArgs& a, const SharedPrefixes& found, const SharedPrefixGroup& g) {
+  std::int64_t rows = 0;
+  for (int j = 0; j < g.count; ++j) {
+    rows += static_cast<std::int64_t>(query_tokens(a, found.members[g.first + j])) * a.group_size();
+  }
+  return static_cast<int>(std::clamp<std::int64_t>((rows + kMaxPrefixRows - 1) / kMaxPrefixRows, 1,
+                                                   std::max(1, g.count / 2)));
+}
+
+// Members [begin, end) of `found.members`, sharing `tokens`, as one more sequence of the pass of
+// their query-token count (its lens and rows), each member linked to its rows there.
+Chunk add_chunk(const DecodeArgs& a, const SharedPrefixes& found, int tokens, int begin, int end,
+                PrefixPasses& out, std::size_t& used) {
+  int Q = 0;
+  for (int j = begin; j < end; ++j) Q += query_tokens(a, found.members[j]);
+  PrefixPass& pass = pass_for(out, Q, used);
+  const Chunk chunk{begin, end - begin, static_cast<int>(&pass - out.passes.data()),
+                    static_cast<int>(pass.lens.size())};
+  pass.lens.push_back(tokens);
+  pass.rows.push_back(found.members[begin]);
+  int row0 = 0;
+  for (int j = begin; j < end; ++j) {
+    const int b = found.members[j];
+    out.links[b] = PrefixLink{chunk.pass, chunk.index, row0, tokens};
+    row0 += query_tokens(a, b);
+  }
+  return chunk;
+}
+
 }  // namespace
 
 void build_prefix_passes(const DecodeArgs& a, PrefixPasses& out) {
@@ -112,42 +149,19 @@ void build_prefix_passes(const DecodeArgs& a, PrefixPasses& out) {
   const SharedPrefixes found = find_shared_prefixes(a);
   out.links.assign(static_cast<std::size_t>(a.batch), PrefixLink{});
   std::size_t used = 0;
-  const int G = a.group_size();
-  // Chunks: (group, first member index, count), in group order.
-  struct Chunk {
-    int tokens, first, count, pass, index;
-  };
   std::vector<Chunk> chunks;
   for (const SharedPrefixGroup& g : found.groups) {
-    std::int64_t rows = 0;
-    for (int j = 0; j < g.count; ++j)
-      rows += static_cast<std::int64_t>(query_tokens(a, found.members[g.first + j])) * G;
-    const int n = static_cast<int>(std::clamp<std::int64_t>(
-        (rows + kMaxPrefixRows - 1) / kMaxPrefixRows, 1, std::max(1, g.count / 2)));
+    const int n = chunks_of(a, found, g);
     for (int c = 0; c < n; ++c) {  // balanced by members
       const int begin = g.first + static_cast<int>(static_cast<std::int64_t>(c) * g.count / n);
       const int end = g.first + static_cast<int>(static_cast<std::int64_t>(c + 1) * g.count / n);
-      int Q = 0;
-      for (int j = begin; j < end; ++j) Q += query_tokens(a, found.members[j]);
-      PrefixPass& pass = pass_for(out, Q, used);
-      const int pass_index = static_cast<int>(&pass - out.passes.data());
-      const int index = static_cast<int>(pass.lens.size());
-      pass.lens.push_back(g.tokens);
-      pass.rows.push_back(found.members[begin]);
-      chunks.push_back(Chunk{g.tokens, begin, end - begin, pass_index, index});
-      int row0 = 0;
-      for (int j = begin; j < end; ++j) {
-        const int b = found.members[j];
-        out.links[b] = PrefixLink{pass_index, index, row0, g.tokens};
-        row0 += query_tokens(a, b);
-      }
+      chunks.push_back(add_chunk(a, found, g.tokens, begin, end, out, used));
     }
   }
   out.passes.resize(used);
-  const std::int64_t D = a.head_dim;
+  const std::size_t row = static_cast<std::size_t>(a.num_kv_heads) * a.group_size() * a.head_dim;
   for (PrefixPass& pass : out.passes) {
-    const std::size_t elems = pass.lens.size() * static_cast<std::size_t>(a.num_kv_heads) *
-                              static_cast<std::size_t>(pass.query_tokens) * G * D;
+    const std::size_t elems = pass.lens.size() * static_cast<std::size_t>(pass.query_tokens) * row;
     pass.q.resize(elems);
     pass.words.resize(a.q_dtype == DType::kBF16 ? elems : 0);
   }

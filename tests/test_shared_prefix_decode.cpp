@@ -225,6 +225,41 @@ INSTANTIATE_TEST_SUITE_P(Grid, SharedPrefixDecode, ::testing::ValuesIn(share_gri
                            return os.str() + "_" + std::to_string(info.index);
                          });
 
+// A group too large for one prefix sequence (more than kMaxPrefixRows rows per kv head) is cut
+// into chunks, and chunks of different query-token counts run in passes of their own: 20 samples
+// of group 8 with 1 to 3 query tokens each (160 to 480 rows per kv head), beside a pair.
+TEST(SharedPrefixChunks, LargeGroupsRunAsSeveralChunksAndPasses) {
+  const std::uint64_t seed = testing::seed_for(97);
+  std::mt19937_64 rng(seed);
+  std::vector<int> lens, q_lens;
+  for (int b = 0; b < 22; ++b) {
+    lens.push_back(300 + static_cast<int>(rng() % 40));
+    q_lens.push_back(1 + static_cast<int>(rng() % 3));
+  }
+  testing::CaseSpec spec = testing::shaped_spec(DType::kBF16, 16, 2, 64, 16, lens);
+  spec.seed = seed;
+  spec.fork_members = 20;
+  spec.fork_prefix = {250, 200};
+  QueryCase qc = make_query_case(spec, q_lens);
+  const Variants v = variants_for(VariantKind::kAll, spec.num_heads, {1000});  // no window
+  DecodeArgs a = with_variants(qc.args(), v);
+  a.window_left = -1;
+  SCOPED_TRACE(qc.describe());
+  DecodeOptions o;
+  o.backend = Backend::kCpu;
+  const SharedPrefixes groups = detail::cpu::shared_prefixes(a, o);
+  ASSERT_EQ(groups.groups.size(), 2u);
+  EXPECT_EQ(groups.groups[0].count, 20);
+  EXPECT_EQ(groups.groups[0].tokens, 240);  // the fork's block is each sample's own copy
+
+  const ReferenceResult ref = reference_decode(a);
+  decode(a, o);
+  const testing::Comparison shared = testing::compare_outputs(qc.c, ref);
+  EXPECT_TRUE(shared.all_finite) << shared.first_bad;
+  EXPECT_LE(shared.rel_err(), testing::out_tolerance(spec.out_dtype));
+  EXPECT_LE(shared.max_abs_err_lse, testing::lse_tolerance());
+}
+
 // N-way sampling through the block manager: a prompt (ending mid-block), forked N - 1 times, each
 // sample appending tokens of its own (the partial block copied on its first write, one sample
 // writing nothing), then the step's decode over its tables.
