@@ -225,8 +225,8 @@ struct DecodeOptions {
   bool batch_invariant = false;
   // Sequences whose block tables begin with the same block ids (BlockManager::fork: n-way
   // sampling, beam search, a shared system prompt) read those shared blocks once for all their
-  // query rows: the CPU backend finds the groups from the tables itself (find_shared_prefixes,
-  // pagedattn/shared_prefix.hpp), decodes each group's shared tokens together and each member's
+  // query rows: the CPU backend finds the groups from the tables itself (the core's
+  // find_shared_prefixes), decodes each group's shared tokens together and each member's
   // own tokens apart, and merges the two partial states. Results equal the plain decode's within
   // the dtypes' tolerances, never bitwise: a sequence's bits then depend on the batch, so
   // batch_invariant turns sharing off. A call without groups that pay runs as without it. The
