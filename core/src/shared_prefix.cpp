@@ -50,38 +50,30 @@ class GroupSearch {
     for (std::size_t i = 0; i + 1 < c_.size(); ++i) lcp_[i] = common_blocks(c_[i], c_[i + 1]);
   }
 
-  // The best cut of all candidates: groups as [begin, end) ranges of the sorted order.
+  // The best cut of all candidates. Each group's members ascending and the groups in the order
+  // of their first members, so the result does not depend on the block ids.
   SharedPrefixes run() {
     std::vector<Range> chosen;
     best(0, static_cast<int>(c_.size()), chosen);
+    std::vector<std::vector<std::int32_t>> members(chosen.size());
+    for (std::size_t k = 0; k < chosen.size(); ++k) {
+      for (int i = chosen[k].begin; i < chosen[k].end; ++i) members[k].push_back(c_[i].seq);
+      std::sort(members[k].begin(), members[k].end());
+    }
+    std::vector<std::size_t> order(chosen.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t x, std::size_t y) { return members[x][0] < members[y][0]; });
     SharedPrefixes r;
     r.shared_tokens.assign(static_cast<std::size_t>(a_.batch), 0);
-    for (const Range& g : chosen) {
-      SharedPrefixGroup group;
-      group.first = static_cast<int>(r.members.size());
-      group.count = g.end - g.begin;
-      group.tokens = g.tokens;
-      for (int i = g.begin; i < g.end; ++i) r.members.push_back(c_[i].seq);
-      std::sort(r.members.begin() + group.first, r.members.end());
-      for (int i = g.begin; i < g.end; ++i) r.shared_tokens[c_[i].seq] = g.tokens;
-      r.groups.push_back(group);
-    }
-    // Groups in the order of their first member, so the result does not depend on block ids.
-    std::vector<std::size_t> order(r.groups.size());
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    std::sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
-      return r.members[r.groups[x].first] < r.members[r.groups[y].first];
-    });
-    SharedPrefixes sorted;
-    sorted.shared_tokens = std::move(r.shared_tokens);
     for (std::size_t k : order) {
-      SharedPrefixGroup g = r.groups[k];
-      const auto from = r.members.begin() + g.first;
-      g.first = static_cast<int>(sorted.members.size());
-      sorted.members.insert(sorted.members.end(), from, from + g.count);
-      sorted.groups.push_back(g);
+      const SharedPrefixGroup g{static_cast<int>(r.members.size()),
+                                static_cast<int>(members[k].size()), chosen[k].tokens};
+      r.groups.push_back(g);
+      r.members.insert(r.members.end(), members[k].begin(), members[k].end());
+      for (std::int32_t b : members[k]) r.shared_tokens[b] = g.tokens;
     }
-    return sorted;
+    return r;
   }
 
  private:
