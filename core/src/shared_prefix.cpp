@@ -36,6 +36,17 @@ int common_blocks(const Candidate& x, const Candidate& y) {
   return i;
 }
 
+// Bytes a group of `members` with `rows` query rows per kv head saves by reading `tokens` shared
+// tokens once, net of the partial states it adds (shared_prefix.hpp, shared_prefix_pays).
+double net_bytes(const DecodeArgs& a, int members, std::int64_t rows, std::int64_t tokens) {
+  const double scales =
+      a.has_token_scales() ? 8.0 * token_scales_per_row(a.k_dtype, a.head_dim) : 0.0;
+  const double token_bytes = 2.0 * static_cast<double>(dtype_bytes(a.k_dtype, a.head_dim)) + scales;
+  const double state_bytes = 8.0 * (a.head_dim + 2);
+  return (members - 1) * static_cast<double>(tokens) * token_bytes -
+         static_cast<double>(rows) * state_bytes;
+}
+
 class GroupSearch {
  public:
   GroupSearch(const DecodeArgs& a, std::vector<Candidate> c) : a_(a), c_(std::move(c)) {
@@ -122,19 +133,6 @@ class GroupSearch {
     return kids_value;
   }
 
- public:
-  static double net_bytes(const DecodeArgs& a, int members, std::int64_t rows,
-                          std::int64_t tokens) {
-    const double scales =
-        a.has_token_scales() ? 8.0 * token_scales_per_row(a.k_dtype, a.head_dim) : 0.0;
-    const double token_bytes =
-        2.0 * static_cast<double>(dtype_bytes(a.k_dtype, a.head_dim)) + scales;
-    const double state_bytes = 8.0 * (a.head_dim + 2);
-    return (members - 1) * static_cast<double>(tokens) * token_bytes -
-           static_cast<double>(rows) * state_bytes;
-  }
-
- private:
   const DecodeArgs& a_;
   std::vector<Candidate> c_;
   std::vector<int> lcp_;  // lcp_[i]: common blocks of sorted candidates i and i + 1
@@ -167,7 +165,7 @@ int common_prefix_tokens(const DecodeArgs& a, int b) {
 
 bool shared_prefix_pays(const DecodeArgs& a, int members, std::int64_t query_rows,
                         std::int64_t tokens) {
-  return members >= 2 && tokens >= 1 && GroupSearch::net_bytes(a, members, query_rows, tokens) >= 0;
+  return members >= 2 && tokens >= 1 && net_bytes(a, members, query_rows, tokens) >= 0;
 }
 
 SharedPrefixes find_shared_prefixes(const DecodeArgs& a) {
