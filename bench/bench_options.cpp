@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <utility>
 
 #include "pagedattn/cli/args.hpp"
@@ -108,6 +109,14 @@ void print_help(const char* prog) {
       "                     and %%readBW still count each sequence's K/V once, as\n"
       "                     for --q-len, so tree and causal rows compare by time (the CSV's tree\n"
       "                     column, 0 or 1, the last)\n"
+      "shared prefixes:\n"
+      "  --share N,PREFIX   cpu: each run of N sequences (N >= 2) is one prompt's samples, forked\n"
+      "                     after PREFIX tokens (1 to CTX): their tables begin with the same\n"
+      "                     blocks (the block PREFIX falls inside is a copy of each sample's).\n"
+      "                     Each shape is timed twice, DecodeOptions::share_prefixes off (row\n"
+      "                     cpu) and on (row shared), with the speed-up and the K/V bytes\n"
+      "                     each reads per step; GB/s counts every sequence's attended K/V in\n"
+      "                     both rows, so they compare by time (docs/shared_prefix.md)\n"
       "MLA:\n"
       "  --mla              cpu, cuda: MLA decode (mla_decode, docs/mla.md) instead: each --shape "
       "is\n"
@@ -144,6 +153,16 @@ void print_help(const char* prog) {
 }
 
 namespace {
+
+// --share N,PREFIX: two integers, N at least 2, PREFIX at least 1 (checked against each shape's
+// batch and context in validate_shape).
+std::pair<int, int> parse_share(const std::string& text) {
+  const std::vector<std::string> items = cli::split_list("--share", text);
+  if (items.size() != 2) cli::bad_value("--share", text, "expected N,PREFIX: 2 integers");
+  const int n = static_cast<int>(cli::parse_int("--share", items[0], 2, kMaxTokens));
+  const int prefix = static_cast<int>(cli::parse_int("--share", items[1], 1, kMaxTokens));
+  return {n, prefix};
+}
 
 Shape parse_shape(const std::string& text) {
   std::vector<int> v;
@@ -215,11 +234,19 @@ void validate_shape(const Shape& s, const std::string& text, const Options& o) {
       cli::bad_value("--q-len", std::to_string(o.q_len), why);
     }
   }
+  if (o.share_members > 0 && (o.share_prefix > s.context || o.share_prefix > s.context_of(0))) {
+    cli::bad_value("--share",
+                   std::to_string(o.share_members) + "," + std::to_string(o.share_prefix),
+                   "PREFIX is longer than the contexts of --shape " + text);
+  }
   for (DType q_dtype : o.dtypes) {
     const DType t = o.kv_dtype_for(q_dtype);
-    const double blocks =
-        (s.batch - 1.0) * std::ceil(static_cast<double>(s.context) / s.block_size) +
-        std::ceil(static_cast<double>(s.context_of(0)) / s.block_size);
+    double blocks = (s.batch - 1.0) * std::ceil(static_cast<double>(s.context) / s.block_size) +
+                    std::ceil(static_cast<double>(s.context_of(0)) / s.block_size);
+    if (o.share_members > 0) {  // every sample but each prompt's first reuses its full blocks
+      const int samples = s.batch - (s.batch + o.share_members - 1) / o.share_members;
+      blocks -= static_cast<double>(samples) * (o.share_prefix / s.block_size);
+    }
     const double bytes = 2.0 * dtype_bytes(t, static_cast<std::int64_t>(blocks * s.block_size) *
                                                   s.kv_heads * s.head_dim);
     // --limits reads the pattern on the other kind of pages too, from a second copy of the pools.
@@ -300,6 +327,8 @@ Options parse(int argc, char** argv) {
       o.q_len = static_cast<int>(args.integer(1, kMaxQLen));
     } else if (args.is("--tree-mask")) {
       o.tree_mask = true;
+    } else if (args.is("--share")) {
+      std::tie(o.share_members, o.share_prefix) = parse_share(args.value());
     } else if (args.is("--mla")) {
       o.mla = true;
     } else if (args.is("--kv-dtype")) {
@@ -351,6 +380,11 @@ Options parse(int argc, char** argv) {
                 o.layout != testing::KvLayout::kHnd || o.long_first > 0)) {
     cli::bad_value("--mla", "set",
                    "takes --q-len, --kv-dtype, --dtype, --threads and --batch-invariant only");
+  }
+  if (o.share_members > 0 && (o.backend != "cpu" || o.mla)) {
+    cli::bad_value("--share",
+                   std::to_string(o.share_members) + "," + std::to_string(o.share_prefix),
+                   "shared prefixes run on the CPU backend only (--backend cpu, no --mla)");
   }
   // A tree mask orders a sequence's new tokens, so it needs two of them at least.
   if (o.tree_mask && o.q_len < 2) {

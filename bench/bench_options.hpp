@@ -33,10 +33,13 @@ struct Options {
   Variants variants;             // --window, --soft-cap, --alibi, --sinks: on every row
   int q_len = 1;                 // --q-len: query tokens per sequence
   bool tree_mask = false;        // --tree-mask: a random token tree per sequence (q_len >= 2)
-  bool mla = false;              // --mla: MLA decode (mla_decode); shapes B,H,1,576,CTX
-  int iters = 20;                // timed runs at least
-  double min_time = 0.5;         // seconds of timed runs at least
-  double max_time = 10.0;        // stop after this many seconds (at least 3 runs)
+  // --share N,PREFIX: runs of N sequences forked after PREFIX tokens (0: none)
+  int share_members = 0;
+  int share_prefix = 0;
+  bool mla = false;        // --mla: MLA decode (mla_decode); shapes B,H,1,576,CTX
+  int iters = 20;          // timed runs at least
+  double min_time = 0.5;   // seconds of timed runs at least
+  double max_time = 10.0;  // stop after this many seconds (at least 3 runs)
   std::size_t bw_mib = 2048;
   Clock clock = Clock::kWall;  // --clock: what the CPU rows and bandwidth time
   bool limits = false;         // --limits: each CPU row's compute bound beside the read bandwidth

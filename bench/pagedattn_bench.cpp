@@ -7,7 +7,7 @@
 //                   [--long-first TOKENS] [--window N] [--soft-cap X] [--alibi] [--sinks]
 //                   [--q-len N [--tree-mask]] [--layout hnd|nhd|combined_nhd]
 //                   [--kv-dtype f32|f16|bf16|fp8_e4m3|fp8_e5m2|int8|int4] [--limits] [--huge-pages
-//                   on|off]
+//                   on|off] [--share N,PREFIX]
 //
 // Every flag is parsed strictly (bench_options.cpp) and every shape checked before anything is
 // measured; a bad one is a message naming the flag and the value, and exit status 2.
@@ -44,6 +44,11 @@
 // them (scaled by kFp8KvScale, cuda_timing.hpp). GB/s and %readBW count the bytes of the caches'
 // own dtype: an fp8 step must read half the bytes of a bf16 one.
 //
+// --share N,PREFIX makes each run of N sequences the samples of one prompt, forked after PREFIX
+// tokens (testing::CaseSpec::fork_members), and times each shape with shared prefixes off (row
+// cpu) and on (row shared); GB/s counts every sequence's attended K/V in both, so the rows
+// compare by time, and a line gives the speed-up and the bytes each reads.
+//
 // The CPU rows' caches live in 2 MiB-aligned pools (testing::HostPool) with transparent huge
 // pages asked for, or refused with --huge-pages off; the huge_pct column says how much of them
 // the kernel backed with huge pages. --limits reads each shape's blocks in decode's order once on
@@ -72,6 +77,7 @@
 #include "mla_rows.hpp"
 #include "pagedattn/cli/args.hpp"
 #include "pagedattn/reference.hpp"
+#include "pagedattn/shared_blocks.hpp"
 #include "pagedattn/testing/host_pool.hpp"
 #include "pagedattn/testing/kv_layouts.hpp"
 #include "pagedattn/testing/naive_decode.hpp"
@@ -336,6 +342,12 @@ RotatingCase make_rotating_case(const Options& o, DType dtype, const Shape& s, b
   spec.token_scales = o.token_scales;
   spec.fragmented = !o.contiguous;
   spec.seed = 20261129u + static_cast<std::uint64_t>(s.batch) * 131 + s.context;
+  if (o.share_members > 0) {  // --share: each run of N sequences forked after PREFIX tokens
+    spec.fork_members = o.share_members;
+    spec.fork_prefix.assign(
+        static_cast<std::size_t>((s.batch + o.share_members - 1) / o.share_members),
+        o.share_prefix);
+  }
   RotatingCase rc{testing::make_case(spec), {}, {}, o.variants, {o.variants, s.heads}};
   if (s.q_len > 1) {
     // The query rows, drawn like the case's own q (normal, unit variance).
@@ -463,6 +475,47 @@ double pattern_read_on(const Options& o, RotatingCase& rc, HugePages pages, DTyp
   return pattern_read_gbps(o, rc, twin, dtype, s);
 }
 
+// --share: the shape timed with DecodeOptions::share_prefixes off (row cpu) and on (row
+// shared), both checked against the reference, then the speed-up and the K/V bytes a step
+// reads each way (count_shared_reads: every sequence's attended tokens, and each distinct
+// (block, slot) once, what sharing reads; the block a fork falls inside is each sample's own).
+// Returns the time with sharing.
+template <class RowFor>
+double time_sharing(const Options& o, DType dtype, RotatingCase& rc, RowFor row_for, FILE* info,
+                    bool& accurate) {
+  double ms[2] = {0, 0};
+  for (int share = 0; share < 2; ++share) {
+    DecodeOptions opt;
+    opt.backend = Backend::kCpu;
+    opt.num_threads = o.threads;
+    opt.batch_invariant = o.batch_invariant;
+    opt.share_prefixes = share == 1;
+    decode(rc.args(0), opt);
+    const double err = rel_err_vs_reference(rc.args(0));
+    ms[share] = median_ms([&](int i) { decode(rc.args(i), opt); }, std::max(2, rc.copies()),
+                          o.iters, o.min_time, o.max_time, o.clock);
+    Row r = row_for(share ? "shared" : "cpu", ms[share], err);
+    r.huge_pct = rc.huge_pct();
+    accurate = accurate && !(r.rel_err > testing::out_tolerance(dtype));
+    print_row(o, dtype, r);
+  }
+  const DecodeArgs a = rc.args(0);
+  const SharedBlockReads reads = count_shared_reads(a.block_table, a.table_stride(), a.context_lens,
+                                                    a.batch, a.block_size, a.window_left);
+  const double token_bytes =
+      2.0 * static_cast<double>(dtype_bytes(a.k_dtype, a.head_dim)) * a.num_kv_heads;
+  std::fprintf(info,
+               "  sharing %d-sample prefixes of %d tokens: %.2fx faster; K/V read per step "
+               "%.1f MB without, %.1f MB with (%.2fx fewer bytes)\n",
+               o.share_members, o.share_prefix, ms[0] / ms[1],
+               static_cast<double>(reads.per_sequence_tokens) * token_bytes / 1e6,
+               static_cast<double>(reads.distinct_tokens) * token_bytes / 1e6,
+               static_cast<double>(reads.per_sequence_tokens) /
+                   static_cast<double>(std::max<std::int64_t>(reads.distinct_tokens, 1)));
+  std::fflush(info);
+  return ms[1];
+}
+
 int run(int argc, char** argv) {
   const Options o = bench::parse(argc, argv);
   if (o.help) {
@@ -527,7 +580,9 @@ int run(int argc, char** argv) {
       RotatingCase rc = make_rotating_case(o, dtype, s);
       const double huge_pct = rc.huge_pct();
       double ours_ms = 0;
-      if (o.backend == "cpu") {
+      if (o.backend == "cpu" && o.share_members > 0) {
+        ours_ms = time_sharing(o, dtype, rc, row_for, info, accurate);
+      } else if (o.backend == "cpu") {
         DecodeOptions opt;
         opt.backend = Backend::kCpu;
         opt.num_threads = o.threads;

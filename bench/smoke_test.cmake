@@ -243,3 +243,21 @@ foreach(extra "" "--q-len 3" "--kv-dtype fp8_e4m3 --dtype f32")
     message(FATAL_ERROR "unexpected --mla ${extra} output:\n${out}")
   endif()
 endforeach()
+
+# --share: every shape timed without sharing (cpu) and with it (shared), both within tolerance,
+# then the naive row, and a line with the speed-up and the bytes each reads; with query tokens and
+# a window too. PREFIX past a context is refused naming the flag.
+run_bench("--share 4,60" --dtype bf16 --shape 8,8,2,64,100,16 --share 4,60)
+check_rows("--share 4,60" 3 "^(cpu|shared|naive),bf16,8,8,2,64,100,16,")
+if(NOT err MATCHES "sharing 4-sample prefixes of 60 tokens: [0-9.]+x faster; K/V read per step")
+  message(FATAL_ERROR "--share: no sharing line in:\n${err}")
+endif()
+run_bench("--share 3,50 --q-len 3 --window 80" --dtype f32 --shape 6,8,2,64,90,8 --share 3,50
+          --q-len 3 --window 80 --no-naive)
+check_rows("--share 3,50 --q-len 3 --window 80" 2 "^(cpu|shared),f32,6,8,2,64,90,8,")
+execute_process(COMMAND ${BENCH} ${quick} --shape 4,8,2,64,40 --share 2,41
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "--share = '2,41'")
+  message(FATAL_ERROR "--share past the context: exit status ${rc}, expected 2 and a message "
+                      "naming the flag:\n${err}")
+endif()

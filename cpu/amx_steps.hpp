@@ -410,7 +410,7 @@ inline void run_item_amx_steps(const ItemContext& c, const WorkItem& it, int kv_
   const int pairs_of_tiles = (G / kAmxWideHeads + 1) / 2;
   const int pieces = std::max(1, (4 + (3 * (D / kAmxDims) + 2 * 8) * pairs_of_tiles) / SB);
 
-  const int first_tok = window_first_token(L, c.window_left);
+  const int first_tok = first_computed_token(c, it.seq, L);
   const QueryBounds qb = query_bounds(c, it.seq, L);  // query tokens together
 
   AmxStepBuffers b;

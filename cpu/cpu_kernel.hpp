@@ -11,6 +11,7 @@
 #include "pagedattn/pagedattn.hpp"
 #include "pagedattn/split_plan.hpp"
 #include "pagedattn/tree_mask.hpp"
+#include "pagedattn/variants.hpp"
 
 // The processors with kernels: x86-64 (SSE2, AVX2, AVX-512; isa_sse2/avx2/avx512.cpp) and
 // AArch64 (NEON, its baseline; isa_neon.cpp). cpu/CMakeLists.txt refuses any other.
@@ -75,6 +76,10 @@ struct ItemContext {
   int window_left = -1;
   float soft_cap = 0.f;                 // 0: none
   const float* alibi_slopes = nullptr;  // [num_heads], or null
+  // Shared prefixes (DecodeOptions::share_prefixes): sequence s's tokens before first_tokens[s]
+  // were decoded with its group (decode_cpu.cpp), so its items start there; the plan's items begin
+  // at that token's block. Null: none.
+  const std::int32_t* first_tokens = nullptr;
 
   // Whether the kernel reads the cache as dequantized f32 rows (dequantize_rows.hpp) rather than
   // widening its codes in registers: int8 and int4 caches, and caches with per-token scales.
@@ -120,6 +125,13 @@ struct QueryBounds {
     return false;
   }
 };
+// The first token sequence seq of context L computes: its window's first, or later where its
+// shared prefix ends (ItemContext::first_tokens).
+inline int first_computed_token(const ItemContext& c, int seq, int L) {
+  const int first = window_first_token(L, c.window_left);
+  return c.first_tokens != nullptr ? std::max(first, c.first_tokens[seq]) : first;
+}
+
 inline QueryBounds query_bounds(const ItemContext& c, int seq, int context) {
   QueryBounds b;
   b.n = c.token_group > 0 ? c.q_indptr[seq + 1] - c.q_indptr[seq] : 1;

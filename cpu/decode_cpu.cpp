@@ -13,8 +13,10 @@
 #include "isa_choice.hpp"
 #include "pagedattn/detail/backends.hpp"
 #include "pagedattn/online_softmax.hpp"
+#include "pagedattn/shared_prefix.hpp"
 #include "pagedattn/split_plan.hpp"
 #include "pagedattn/variants.hpp"
+#include "prefix_passes.hpp"
 #include "work_threads.hpp"
 
 namespace pagedattn::detail::cpu {
@@ -56,10 +58,12 @@ struct WorkerScratch {
 };
 
 // One unit of scheduling: the plan's items `item`, item + 1, ... for kv_count consecutive kv
-// heads of one (sequence, split), which share one block range.
+// heads of one (sequence, split), which share one block range, of pass `pass` (0: the call's
+// sequences; 1 on: the shared prefixes' passes).
 struct Task {
   std::int64_t item;
   int kv_count;
+  int pass = 0;
 };
 
 // State of one calling thread: the scaled queries, the partials and the last plan. A plan is
@@ -71,6 +75,10 @@ struct CallerState {
   SplitPlan plan;
   std::vector<std::int32_t> plan_lens;
   std::vector<Task> tasks;  // built from the plan on every call (grow-only)
+  // Shared prefixes: the passes, and the plan of the sequences' own tokens (own_plan).
+  PrefixPasses prefix;
+  SplitPlan own_plan;
+  std::vector<std::int32_t> own_lens, own_first, own_shift;
   int plan_kv_heads = -1, plan_block_size = -1, plan_parallelism = -1, plan_window = -1,
       plan_fixed_chunk = -1;
   bool plan_single = false;
@@ -167,20 +175,20 @@ PlanOptions plan_options(const DecodeArgs& a, const DecodeOptions& options, int 
   return po;
 }
 
-// The plan's tasks. When the splits alone are too few to keep every thread busy (a short batch,
-// min_chunk_tokens or single_split), a task takes fewer kv heads: halve until there are 4 tasks
-// per thread.
-void make_tasks(const SplitPlan& plan, int num_kv_heads, int threads, std::vector<Task>& tasks) {
+// The plan's tasks (of pass `pass`), appended to `tasks`. When the splits alone are too few to
+// keep every thread busy (a short batch, min_chunk_tokens or single_split), a task takes fewer kv
+// heads: halve until there are 4 tasks per thread.
+void add_tasks(const SplitPlan& plan, int num_kv_heads, int threads, int pass,
+               std::vector<Task>& tasks) {
   const int KV = num_kv_heads;
   int kv_per_task = KV;
   const std::int64_t splits = plan.total_splits();
   while (kv_per_task > 1 && splits * ((KV + kv_per_task - 1) / kv_per_task) < 4 * threads) {
     kv_per_task = (kv_per_task + 1) / 2;
   }
-  tasks.clear();
   for (std::int64_t i = 0; i < static_cast<std::int64_t>(plan.items.size()); ++i) {
     const int kv = plan.items[i].kv_head;
-    if (kv % kv_per_task == 0) tasks.push_back(Task{i, std::min(kv_per_task, KV - kv)});
+    if (kv % kv_per_task == 0) tasks.push_back(Task{i, std::min(kv_per_task, KV - kv), pass});
   }
 }
 
@@ -292,20 +300,64 @@ void finish_row(const DecodeArgs& a, SoftmaxState state, const float* acc, std::
   if (a.lse) a.lse[q_row * a.num_heads + h] = nan ? NAN : state.lse();
 }
 
+// The shared prefixes of a call as decode_sequences sees its sequences: sequence s is the call's
+// seq_of[s] (null: s) and, with seq_of, its query token s - call_q_indptr[seq_of[s]] (the call's
+// query tokens run as sequences of their own); `parts` are the passes' partial states.
+struct SharedRows {
+  const PrefixPasses* passes = nullptr;
+  const std::int32_t* seq_of = nullptr;
+  const std::int32_t* call_q_indptr = nullptr;
+  const Partials* parts = nullptr;  // per prefix pass
+};
+
+// The shared state of the kernel's row (sequence s, query token i, query head h of its kv head's
+// group) into `merged`, or false when its sequence shares nothing. With ALiBi the state's max
+// moves from the pass's bias to the row's own (prefix_alibi_shift; position: the row's).
+bool shared_state(const DecodeArgs& a, const SharedRows& sr, int s, int i, int h, int position,
+                  float* merged, SoftmaxState* state) {
+  const int b = sr.seq_of != nullptr ? sr.seq_of[s] : s;
+  const PrefixLink& link = sr.passes->links[b];
+  if (link.pass < 0) return false;
+  if (sr.seq_of != nullptr) i = s - sr.call_q_indptr[b];
+  const PrefixPass& pass = sr.passes->passes[link.pass];
+  const int G = a.group_size(), D = a.head_dim, QG = pass.query_tokens * G;
+  const int kv = h / G, head = kv * QG + (link.row0 + i) * G + h % G;
+  const float* acc = nullptr;
+  *state = merge_splits(pass.plan, sr.parts[link.pass], link.chunk, head, pass.view.num_heads, D,
+                        merged, &acc);
+  if (acc != merged) std::copy(acc, acc + D, merged);
+  if (state->m != -INFINITY) state->m += prefix_alibi_shift(a, h, link.tokens, position);
+  return true;
+}
+
 // Combine of the kernel's row `row` (sequence row / Hk, head row % Hk of Hk = tokens x H): its
-// splits merged, then written as the call's (query token, head) it stands for.
+// splits merged (after its shared state, where it has one), then written as the call's (query
+// token, head) it stands for.
 void combine_row(const DecodeArgs& a, const SplitPlan& plan, const Partials& part,
-                 const TokenRows& tr, std::int64_t row, float* merged) {
+                 const TokenRows& tr, const SharedRows& sr, std::int64_t row, float* merged) {
   const int H = a.num_heads, G = a.group_size(), Hk = tr.tokens * H, Gk = tr.tokens * G;
   const int b = static_cast<int>(row / Hk), hk = static_cast<int>(row % Hk);
   const int kv = hk / Gk, i = hk % Gk / G, h = kv * G + hk % G;
   std::int64_t q_row = b;
+  int position = a.context_lens[b] - 1;  // the query token's
   if (tr.q_indptr != nullptr) {
-    if (i >= tr.q_indptr[b + 1] - tr.q_indptr[b]) return;  // padding
+    const int n = tr.q_indptr[b + 1] - tr.q_indptr[b];
+    if (i >= n) return;  // padding
     q_row = tr.q_indptr[b] + i;
+    position = a.context_lens[b] - n + i;
   }
   const float* acc = nullptr;
-  const SoftmaxState state = merge_splits(plan, part, b, hk, Hk, a.head_dim, merged, &acc);
+  SoftmaxState state;
+  if (sr.passes != nullptr && shared_state(a, sr, b, i, h, position, merged, &state)) {
+    for (int s = 0; s < plan.num_splits[b]; ++s) {
+      const std::int64_t p = plan.partial_index(b, s, hk, Hk);
+      softmax_merge(state, merged, SoftmaxState{part.m[p], part.l[p]}, &part.acc[p * a.head_dim],
+                    a.head_dim);
+    }
+    acc = merged;
+  } else {
+    state = merge_splits(plan, part, b, hk, Hk, a.head_dim, merged, &acc);
+  }
   finish_row(a, state, acc, q_row, h);
 }
 
@@ -341,31 +393,124 @@ const float* gather_queries(const DecodeArgs& a, const TokenRows& tr, FloatBuffe
   return q;
 }
 
+// The plan of the sequences' own tokens when some share a prefix: sequence s computes from its
+// shared tokens' end on (ItemContext::first_tokens, st.own_first). Planned as contexts that start
+// at the block holding that token, so splits divide only what is left, then moved back to the
+// sequences' own block numbers. A sequence whose context is all shared has no items.
+const SplitPlan& own_plan(const DecodeArgs& k, const PlanOptions& po, const SharedRows& sr,
+                          CallerState& st) {
+  const int B = k.batch, BS = k.block_size;
+  st.own_lens.resize(static_cast<std::size_t>(B));
+  st.own_first.resize(static_cast<std::size_t>(B));
+  st.own_shift.resize(static_cast<std::size_t>(B));
+  for (int s = 0; s < B; ++s) {
+    const int b = sr.seq_of != nullptr ? sr.seq_of[s] : s;
+    const PrefixLink& link = sr.passes->links[b];
+    const int L = k.context_lens[s], shared = link.pass >= 0 ? link.tokens : 0;
+    st.own_first[s] = shared;
+    st.own_shift[s] = shared < L ? shared / BS : 0;
+    st.own_lens[s] = shared < L ? L - st.own_shift[s] * BS : 0;
+  }
+  DecodeArgs shifted = k;
+  shifted.context_lens = st.own_lens.data();
+  st.own_plan = st.plan_for(shifted, po);
+  for (WorkItem& it : st.own_plan.items) {
+    it.block_begin += st.own_shift[it.seq];
+    it.block_end += st.own_shift[it.seq];
+  }
+  return st.own_plan;
+}
+
+// One pass of the call's tasks: its kernel, its items' context, plan and partial states, and
+// query heads.
+struct PassRun {
+  KernelFn fn;
+  ItemContext ctx;
+  const SplitPlan* plan;
+  Partials part;
+  int heads;
+};
+
+// The passes of a call: runs[0] over `plan` with `heads` query heads (its context left to the
+// caller), then each shared prefix pass with its plan and context; the tasks of all of them, the
+// shared passes' first (each reads many rows' worth per block: the longest tasks start first);
+// and every pass's partial states in one buffer. Returns the most query heads of a pass.
+int plan_passes(const SplitPlan& plan, int heads, PrefixPasses* shared,
+                const DecodeOptions& options, int threads, CallerState& st,
+                std::vector<PassRun>& runs) {
+  const int num_passes = 1 + (shared != nullptr ? static_cast<int>(shared->passes.size()) : 0);
+  runs.resize(static_cast<std::size_t>(num_passes));
+  runs[0].fn = isa().fn;
+  runs[0].plan = &plan;
+  runs[0].heads = heads;
+  int max_heads = heads;
+  for (int p = 1; p < num_passes; ++p) {
+    PrefixPass& pass = shared->passes[p - 1];
+    const DecodeArgs& v = pass.view;
+    pass.plan = make_split_plan(pass.lens.data(), v.batch, v.num_kv_heads, v.block_size,
+                                plan_options(v, options, threads));
+    runs[p].fn = prefix_kernel();
+    runs[p].plan = &pass.plan;
+    runs[p].heads = v.num_heads;
+    runs[p].ctx = item_context(v, pass.q.data(), pass.rows.data());
+    runs[p].ctx.q_bf16 = pass.words.empty() ? nullptr : pass.words.data();
+    runs[p].ctx.q_bf16_stride = static_cast<std::int64_t>(v.num_heads) * v.head_dim;
+    max_heads = std::max(max_heads, v.num_heads);
+  }
+  st.tasks.clear();
+  for (int p = 1; p < num_passes; ++p) {
+    add_tasks(*runs[p].plan, plan.num_kv_heads, threads, p, st.tasks);
+  }
+  add_tasks(plan, plan.num_kv_heads, threads, 0, st.tasks);
+  return max_heads;
+}
+
+// Every pass's partial states (m[P], l[P], acc[P][D] of each in turn) in the caller's buffer.
+void place_partials(std::vector<PassRun>& runs, int D, FloatBuffer& buffer) {
+  std::int64_t total = 0;
+  for (const PassRun& r : runs) total += r.plan->num_partials(r.heads);
+  float* at = buffer.get(static_cast<std::size_t>(total) * (D + 2));
+  for (PassRun& r : runs) {
+    const std::int64_t n = r.plan->num_partials(r.heads);
+    r.part = Partials{at, at + n, at + 2 * n};
+    at += n * (D + 2);
+  }
+}
+
 // Runs the call: one query token per sequence (sequence b reads table row seq_rows[b]; null: row
 // b), or with tr.tokens > 1 the sequences' query tokens together, each K/V row read once for all
-// of a sequence's tokens.
+// of a sequence's tokens. With shared prefixes (`shared`), the passes of the groups' shared
+// tokens run beside the sequences' own tokens, in one parallel region, and the combine merges
+// each row's shared state before its own splits; when the call's query tokens run as sequences
+// of their own, sequence s is query token s - call_q_indptr[seq_rows[s]] of the call's sequence
+// seq_rows[s].
 void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
                       const std::int32_t* seq_rows, const TokenRows& tr,
-                      const TreeMaskRow* tree_rows = nullptr) {
-  const IsaChoice& kernel = isa();
+                      const TreeMaskRow* tree_rows = nullptr, PrefixPasses* shared = nullptr,
+                      const std::int32_t* call_q_indptr = nullptr) {
   const int D = a.head_dim, BS = a.block_size;
   // The kernel's view: tr.tokens x the heads per sequence, in groups of tr.tokens x G.
   DecodeArgs k = a;
   k.num_heads = a.num_heads * tr.tokens;
   k.q_indptr = nullptr;
   k.num_q_tokens = k.max_q_len = 0;
-  const int H = k.num_heads, G = k.group_size();
+  const int H = k.num_heads;
+  // Threads for the work of the plain decode: sharing reads fewer bytes but computes as much.
   const int threads = threads_for_call(k, options);
   CallerState& st = caller_state();
-  const SplitPlan& plan = st.plan_for(k, plan_options(k, options, threads));
-  make_tasks(plan, k.num_kv_heads, threads, st.tasks);
+  SharedRows sr;
+  sr.passes = shared;
+  sr.seq_of = seq_rows;
+  sr.call_q_indptr = call_q_indptr;
+  const PlanOptions po = plan_options(k, options, threads);
+  const SplitPlan& plan = shared != nullptr ? own_plan(k, po, sr, st) : st.plan_for(k, po);
 
-  const std::int64_t P = plan.num_partials(H);
-  Partials part;
-  part.m = st.partials.get(static_cast<std::size_t>(P) * (D + 2));
-  part.l = part.m + P;
-  part.acc = part.l + P;
-  ItemContext ctx;
+  // Pass 0: the sequences' own tokens; then the shared passes.
+  thread_local std::vector<PassRun> runs;
+  thread_local std::vector<Partials> shared_parts;
+  const int max_heads = plan_passes(plan, H, shared, options, threads, st, runs);
+  place_partials(runs, D, st.partials);
+  ItemContext& ctx = runs[0].ctx;
   if (tr.q_indptr == nullptr) {
     ctx = item_context(k, scale_queries(k, st.q_scaled), seq_rows);
   } else {
@@ -378,9 +523,14 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
     ctx.tree_mask_indptr = a.tree_mask_indptr;
   }
   ctx.tree_rows = tree_rows;
+  if (shared != nullptr) ctx.first_tokens = st.own_first.data();
+  shared_parts.clear();
+  for (std::size_t p = 1; p < runs.size(); ++p) shared_parts.push_back(runs[p].part);
+  sr.parts = shared_parts.data();
 
   const std::int64_t num_tasks = static_cast<std::int64_t>(st.tasks.size());
   const Task* tasks = st.tasks.data();
+  const PassRun* run = runs.data();
   const std::int64_t num_rows = static_cast<std::int64_t>(a.batch) * H;
   const std::size_t scores_floats = static_cast<std::size_t>(kHeadTile) * scores_stride(BS);
   // The tasks, then the combine; orphaned worksharing loops, so the same body runs inside a
@@ -388,20 +538,25 @@ void decode_sequences(const DecodeArgs& a, const DecodeOptions& options,
   const auto body = [&] {
     WorkerScratch& ws = worker_scratch();
     const ItemScratch scratch{
-        ws.scores.get(scores_floats), ws.q.get(static_cast<std::size_t>(H) * D),
+        ws.scores.get(scores_floats), ws.q.get(static_cast<std::size_t>(max_heads) * D),
         ctx.dequantizes() ? ws.rows.get(static_cast<std::size_t>(2) * BS * D) : nullptr};
     float* merged = ws.merged.get(D);
 
 #pragma omp for schedule(dynamic, 1)
     for (std::int64_t i = 0; i < num_tasks; ++i) {
-      const WorkItem& it = plan.items[tasks[i].item];
+      const PassRun& r = run[tasks[i].pass];
+      const WorkItem& it = r.plan->items[tasks[i].item];
       // The heads of consecutive kv heads of one (sequence, split) are consecutive partials.
-      const std::int64_t p0 = plan.partial_index(it.seq, it.split, it.kv_head * G, H);
-      kernel.fn(ctx, it, tasks[i].kv_count, &part.m[p0], &part.l[p0], &part.acc[p0 * D], scratch);
+      const std::int64_t p0 =
+          r.plan->partial_index(it.seq, it.split, it.kv_head * r.ctx.group_size, r.heads);
+      r.fn(r.ctx, it, tasks[i].kv_count, &r.part.m[p0], &r.part.l[p0], &r.part.acc[p0 * D],
+           scratch);
     }
 
 #pragma omp for schedule(dynamic, 8)
-    for (std::int64_t row = 0; row < num_rows; ++row) combine_row(a, plan, part, tr, row, merged);
+    for (std::int64_t row = 0; row < num_rows; ++row) {
+      combine_row(a, plan, run[0].part, tr, sr, row, merged);
+    }
   };
   if (threads > 1) {
 #pragma omp parallel num_threads(threads)
@@ -473,24 +628,46 @@ TokenRows tokens_together(const DecodeArgs& a, const DecodeOptions& options) {
   return tr;
 }
 
+// Whether the call may share prefixes: asked for, and not batch-invariant (a sequence's bits
+// would depend on the other sequences of its batch).
+bool may_share(const DecodeArgs& a, const DecodeOptions& options) {
+  return options.share_prefixes && !options.batch_invariant && a.batch >= 2;
+}
+
+// The call's shared prefixes' passes, or null: sharing off or no group that pays.
+PrefixPasses* prefix_passes(const DecodeArgs& a, const DecodeOptions& options) {
+  if (!may_share(a, options)) return nullptr;
+  PrefixPasses& passes = caller_state().prefix;
+  build_prefix_passes(a, passes);
+  return passes.empty() ? nullptr : &passes;
+}
+
 }  // namespace
 
 void decode(const DecodeArgs& a, const DecodeOptions& options) {
+  PrefixPasses* shared = prefix_passes(a, options);
   if (a.q_indptr == nullptr) {
-    decode_sequences(a, options, nullptr, TokenRows{});
+    decode_sequences(a, options, nullptr, TokenRows{}, nullptr, shared);
     return;
   }
   thread_local std::vector<std::int32_t> lens, rows;
   thread_local std::vector<TreeMaskRow> tree;
   const TokenRows tr = tokens_together(a, options);
   if (tr.q_indptr != nullptr) {
-    if (tr.tokens > 0) decode_sequences(with_read_lengths(a, lens), options, nullptr, tr);
+    if (tr.tokens > 0) {
+      decode_sequences(with_read_lengths(a, lens), options, nullptr, tr, nullptr, shared);
+    }
     return;
   }
   const DecodeArgs v = as_sequences(a, lens, rows, tree);
   if (v.batch > 0) {
-    decode_sequences(v, options, rows.data(), TokenRows{}, tree.empty() ? nullptr : tree.data());
+    decode_sequences(v, options, rows.data(), TokenRows{}, tree.empty() ? nullptr : tree.data(),
+                     shared, a.q_indptr);
   }
+}
+
+SharedPrefixes shared_prefixes(const DecodeArgs& a, const DecodeOptions& options) {
+  return may_share(a, options) ? find_shared_prefixes(a) : SharedPrefixes{};
 }
 
 SplitPlan split_plan(const DecodeArgs& a, const DecodeOptions& options) {

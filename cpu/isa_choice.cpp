@@ -149,6 +149,18 @@ const IsaChoice& isa() {
   return choice;
 }
 
+KernelFn prefix_kernel() {
+  static const KernelFn fn = [] {
+    const char* env = std::getenv("PAGEDATTN_CPU_ISA");
+    const bool automatic = env == nullptr || *env == 0 || std::strcmp(env, "auto") == 0;
+    if (automatic && std::strcmp(isa().name, "avx512") == 0) {
+      if (const KernelFn bf16 = kernel_for_isa("avx512bf16")) return bf16;
+    }
+    return isa().fn;
+  }();
+  return fn;
+}
+
 const char* active_isa_name() { return isa().name; }
 
 KernelFn kernel_for_isa(const char* name) {

@@ -17,4 +17,10 @@ struct IsaChoice {
 // run, throws naming the variable and the accepted names.
 const IsaChoice& isa();
 
+// The kernel of the shared prefix passes (prefix_passes.hpp), whose many rows per K/V row make
+// them bound by arithmetic, not reads: isa()'s, except where auto picked avx512 on a CPU with
+// AVX-512 BF16, which takes avx512bf16 there (vdpbf16ps: half the Q.K instructions, and half
+// the P.V ones with a bf16 out). A PAGEDATTN_CPU_ISA that names a set is kept for every pass.
+KernelFn prefix_kernel();
+
 }  // namespace pagedattn::detail::cpu

@@ -236,8 +236,9 @@ void run_item(const ItemContext& c, const WorkItem& it, int kv_count, const QT* 
     start_unit(pf, u, 1);
     pf.rest();
   }
-  // With a window, the tokens of the first block before it are skipped (never computed).
-  const int first_tok = window_first_token(L, c.window_left);
+  // With a window or a shared prefix, the tokens of the first block before the first computed one
+  // are skipped (never computed).
+  const int first_tok = first_computed_token(c, it.seq, L);
   const QueryBounds qb = query_bounds(c, it.seq, L);  // query tokens together
   int rows_n[kHeadTile];  // the tile's rows' token counts in a block past a causal bound
   // One stretch of n attended tokens of block `id`, the first at position pos, for kv head

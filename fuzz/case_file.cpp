@@ -61,6 +61,10 @@ std::string to_text(const FuzzCase& c) {
      << "table_stride_extra " << s.table_stride_extra << '\n'
      << "fragmented " << s.fragmented << '\n'
      << "share_prefix " << s.share_prefix << '\n'
+     << "fork_members " << s.fork_members << '\n'
+     << "fork_prefix";
+  for (int n : s.fork_prefix) os << ' ' << n;
+  os << '\n'
      << "poison " << s.poison << '\n'
      << "magnitude " << s.magnitude << '\n'
      << "data_seed " << s.seed << '\n'
@@ -231,6 +235,11 @@ bool read_shape_key(LineReader& in, FuzzCase& c) {
     in.read_bool(s.fragmented);
   } else if (key == "share_prefix") {
     in.read_bool(s.share_prefix);
+  } else if (key == "fork_members") {
+    in.read(s.fork_members);
+  } else if (key == "fork_prefix") {
+    int n;
+    while (in.values() >> n) s.fork_prefix.push_back(n);
   } else {
     return false;
   }

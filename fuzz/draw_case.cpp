@@ -295,6 +295,9 @@ FuzzCase draw_case(std::uint64_t seed, std::uint64_t index, const DrawOptions& o
                                                s.block_size * s.head_dim)};
   draw_query_lens(c, streams.queries, streams.work_budget);
   draw_tree_masks(c, streams.trees);
+  // Forked tables from a stream of their own, over the final contexts.
+  Rng forks = stream_rng(seed, index, 0x9b05688c2b3e6c1full, 19);
+  draw_forks(c, forks);
   draw_variants(c, streams.variants);
   // The strides too come from a stream of their own: every other draw stays as it was.
   Rng strides = stream_rng(seed, index, 0xbb67ae8584caa73bull, 5);

@@ -20,6 +20,11 @@ void draw_query_lens(FuzzCase& c, Rng& r, std::int64_t work_budget, bool force =
 // one when `force`); none for a case without multi-token queries.
 void draw_tree_masks(FuzzCase& c, Rng& r, bool force = false);
 
+// Forked groups (draw_forks.cpp): for a quarter of the cases of two sequences or more, runs of
+// 2 to 8 consecutive sequences (or the whole batch) forked from their first one after a prefix
+// on a block boundary, inside a block, as long as the contexts or anywhere (CaseSpec::fork_prefix).
+void draw_forks(FuzzCase& c, Rng& r);
+
 // The attention variants (draw_variants.cpp): a window, a soft-cap, ALiBi slopes and sinks.
 void draw_variants(FuzzCase& c, Rng& r);
 std::vector<float> draw_slopes(Rng& r, int H);

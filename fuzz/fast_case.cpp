@@ -287,7 +287,12 @@ testing::HostCase make_fast_case(const testing::CaseSpec& spec, int window_left,
       const int full = c.context_lens[donor] / BS;
       shared = std::min(used, static_cast<int>(rng.below(full + 1)));
     }
-    for (int i = 0; i < used; ++i) entry(b, i) = i < shared ? entry(donor, i) : pool[next++];
+    for (int i = 0; i < used; ++i) {
+      const bool forked = testing::forked_block(spec, c.context_lens, b, i);  // draw_forks
+      entry(b, i) = forked       ? entry(b - b % spec.fork_members, i)
+                    : i < shared ? entry(donor, i)
+                                 : pool[next++];
+    }
     // Past the context: -1, garbage, or a stale id that is in range; none may be read.
     for (int i = used; i < c.table_stride && spec.poison; ++i) {
       entry(b, i) = trap_entry(rng, c.num_blocks);

@@ -183,6 +183,8 @@ struct Counts {
   // Valid cases with per-token scales, and those of them in a layout other than the dense one.
   long long token_scales = 0, strided_token_scales = 0;
   long long invariance_checks = 0;  // batch-invariance checks that ran and held
+  long long forked = 0;             // valid cases with forked tables (draw_forks)
+  long long shared_checks = 0;      // shared-prefix checks that ran and held
   // MLA cases (valid and malformed are the GQA cases'): valid ones with multi-token queries, an
   // fp8 cache, the combined cache; malformed ones; backend runs refused as unsupported.
   long long mla = 0, mla_multi_token = 0, mla_fp8 = 0, mla_combined = 0, mla_malformed = 0;
@@ -217,6 +219,7 @@ void count(Counts& n, const pf::FuzzCase& c, const pf::Outcome& o) {
     n.int4 += c.spec.kv_dtype == pagedattn::DType::kInt4;
     n.per_head_scales += c.quantized() && c.per_head_scales();
     n.token_scales += c.token_scales();
+    n.forked += c.spec.fork_members >= 2;
     n.strided_token_scales +=
         c.token_scales() && c.token_scale_layout != pf::TokenScaleLayout::kDense;
     for (int L : c.spec.context_lens) {
@@ -228,6 +231,7 @@ void count(Counts& n, const pf::FuzzCase& c, const pf::Outcome& o) {
   }
   if (o.failed()) ++n.failures;
   n.invariance_checks += o.invariance_checks;
+  n.shared_checks += o.shared_prefix_checks;
   n.worst_ratio = std::max(n.worst_ratio, o.worst_ratio);
 }
 
@@ -264,13 +268,14 @@ std::string counts_text(const Counts& n, double elapsed) {
       "layouts: %s, misaligned for cuda %lld; quantized: e4m3 %lld, e5m2 %lld, int8 "
       "%lld, int4 %lld, per-head scales %lld, token scales %lld (strided %lld)), malformed %lld; "
       "mla %lld (multi-token %lld, fp8 %lld, combined cache %lld, malformed %lld; runs refused "
-      "as unsupported %lld); batch-invariance checks %lld; failures %lld; worst err/tol %.3g",
+      "as unsupported %lld); batch-invariance checks %lld; forked %lld, shared-prefix checks "
+      "%lld; failures %lld; worst err/tol %.3g",
       n.cases, elapsed, elapsed > 0 ? n.cases / elapsed : 0.0, n.valid, n.huge, n.long_ctx,
       n.empty_batch, n.window, n.soft_cap, n.alibi, n.sinks, n.multi_token, n.tree, n.no_cuda_dim,
       n.strided_q, n.strided_out, n.misaligned, layouts.c_str(), n.misaligned_kv, n.fp8_e4m3,
       n.fp8_e5m2, n.int8, n.int4, n.per_head_scales, n.token_scales, n.strided_token_scales,
       n.malformed, n.mla, n.mla_multi_token, n.mla_fp8, n.mla_combined, n.mla_malformed,
-      n.mla_unsupported, n.invariance_checks, n.failures, n.worst_ratio);
+      n.mla_unsupported, n.invariance_checks, n.forked, n.shared_checks, n.failures, n.worst_ratio);
   return buf;
 }
 

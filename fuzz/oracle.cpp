@@ -16,6 +16,7 @@
 #include "output_checks.hpp"
 #include "pagedattn/reference.hpp"
 #include "run_backend.hpp"
+#include "shared_prefix_check.hpp"
 #include "tolerance.hpp"
 
 namespace pagedattn::fuzz {
@@ -135,6 +136,12 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
         !bad.empty()) {
       return failure("plan", tag + "planner vs single split: " + bad);
     }
+    bool shared = false;
+    if (std::string bad = check_shared_prefixes(backend, bc, runs[0], tol, threads, &shared);
+        !bad.empty()) {
+      return fail("shared-prefix", bad);
+    }
+    outcome.shared_prefix_checks += shared;
     if (std::string bad = check_batch_invariance(backend, c, bc, ref, tol, threads, checked,
                                                  &outcome.worst_ratio);
         !bad.empty()) {

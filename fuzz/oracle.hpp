@@ -30,7 +30,8 @@ struct Outcome {
   std::string oracle;      // which check failed: "reference", "finite", "gap", "plan", "cross", ...
   std::string message;     // what and where
   double worst_ratio = 0;  // largest error / tolerance seen over the numeric checks
-  int invariance_checks = 0;  // backends whose batch-invariance check ran and held
+  int invariance_checks = 0;     // backends whose batch-invariance check ran and held
+  int shared_prefix_checks = 0;  // backends whose shared-prefix check ran and held
   // Backends that refused the case as unsupported (kUnsupported naming kv_lora_rank: no MLA
   // kernel), which then count as neither passing nor failing it.
   int unsupported = 0;

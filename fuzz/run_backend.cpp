@@ -159,13 +159,14 @@ void run_cuda(const BuiltCase& bc, const DecodeArgs& host, const detail::DecodeO
 }  // namespace
 
 void run_backend(Backend backend, const BuiltCase& bc, int threads, bool single_split, bool checked,
-                 bool batch_invariant) {
+                 bool batch_invariant, bool share_prefixes) {
   detail::DecodeOptions o;
   o.backend = backend;
   o.num_threads = threads;
   o.single_split = single_split;
   o.cuda_checked = checked;
   o.batch_invariant = batch_invariant;
+  o.share_prefixes = share_prefixes;
   if (backend == Backend::kCuda) {
     run_cuda(bc, bc.args, o);
   } else {

@@ -10,8 +10,8 @@ namespace pagedattn::fuzz {
 
 // `single_split`: one split per sequence instead of the planner's plan. `checked`: the CUDA
 // backend validates its device-resident tables and variant values (the CPU path always does).
-// `batch_invariant`: DecodeOptions::batch_invariant.
+// `batch_invariant`, `share_prefixes`: those DecodeOptions.
 void run_backend(Backend backend, const BuiltCase& bc, int threads, bool single_split, bool checked,
-                 bool batch_invariant = false);
+                 bool batch_invariant = false, bool share_prefixes = true);
 
 }  // namespace pagedattn::fuzz

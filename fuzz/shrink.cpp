@@ -206,6 +206,7 @@ void simpler_tables(const FuzzCase& c, Candidates& add) {
   const testing::CaseSpec& s = c.spec;
   if (s.fragmented) add([](testing::CaseSpec& t, FuzzCase&) { t.fragmented = false; });
   if (s.share_prefix) add([](testing::CaseSpec& t, FuzzCase&) { t.share_prefix = false; });
+  if (s.fork_members > 0) add([](testing::CaseSpec& t, FuzzCase&) { t.fork_members = 0; });
   if (s.spare_blocks > 0) add([](testing::CaseSpec& t, FuzzCase&) { t.spare_blocks = 0; });
   if (s.table_padding > 0) add([](testing::CaseSpec& t, FuzzCase&) { t.table_padding = 0; });
   if (s.table_stride_extra > 0) {

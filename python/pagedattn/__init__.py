@@ -649,6 +649,7 @@ def decode(
     k_token_scales: Optional[Tensor] = None,
     v_token_scales: Optional[Tensor] = None,
     batch_invariant: bool = False,
+    share_prefixes: bool = True,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """One decode step of attention over a paged KV cache.
 
@@ -787,6 +788,11 @@ def decode(
             alone, not on the rest of the batch: splits of a fixed token count and a fixed
             merge order (docs/batch_invariance.md, which gives its cost). On CUDA a caller's
             workspace must then be sized with ``workspace_size(..., batch_invariant=True)``.
+        share_prefixes: sequences whose block tables begin with the same block ids (forks:
+            parallel sampling, beam search, a shared system prompt) read those blocks once for
+            all of them, found from the tables (the default; docs/shared_prefix.md). The results
+            equal the plain decode's within the dtype's tolerance, not bitwise;
+            ``batch_invariant`` turns it off. The CPU backend shares; CUDA decodes plainly.
 
     All tensors must be on one device. The input tensors are read in place and ``out``/``lse``
     written in place: nothing is copied.
@@ -809,7 +815,7 @@ def decode(
                                  logits_soft_cap, alibi_slopes, sinks, q_indptr, max_q_len,
                                  tree_mask, tree_mask_indptr, kv_layout, k_scale, v_scale,
                                  k_scales, v_scales, k_token_scales, v_token_scales,
-                                 batch_invariant)
+                                 batch_invariant, share_prefixes)
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("block_table", block_table), ("context_lens", context_lens)):
         _check_tensor(x, name)
@@ -837,6 +843,8 @@ def decode(
         keywords["kv_layout"] = layout
     if batch_invariant:
         keywords["batch_invariant"] = True
+    if not share_prefixes:
+        keywords["share_prefixes"] = False
     _ext.decode(
         _ref(q_in), _ref(k_in), _ref(v_in),
         _ref(_unwrap(block_table, "block_table", [])),
@@ -853,7 +861,7 @@ def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, 
                   return_lse, backend, stream, workspace, checked, window_left, logits_soft_cap,
                   alibi_slopes, sinks, q_indptr, max_q_len, tree_mask, tree_mask_indptr, kv_layout,
                   k_scale, v_scale, k_scales, v_scales, k_token_scales, v_token_scales,
-                  batch_invariant):
+                  batch_invariant, share_prefixes):
     """decode() when every tensor is a plain PyTorch tensor, the serving loop's case: the same
     checks (in the module) and results, with the least Python work per call. A call without
     attention variants, multi-token queries, an NHD cache or cache scales passes the module none
@@ -881,6 +889,8 @@ def _decode_torch(torch, q, k_cache, v_cache, block_table, context_lens, scale, 
     _tree_mask_kwargs(tree_mask, tree_mask_indptr, keywords)
     if batch_invariant:
         keywords["batch_invariant"] = True
+    if not share_prefixes:
+        keywords["share_prefixes"] = False
     if plain and q_indptr is None and max_q_len is None and layout == "HND" and not keywords:
         _ext.decode(q_d, k_d, v_d, table_d, lens_d, out_d, lse_d, scale, backend, stream, ws_d,
                     bool(checked), [])

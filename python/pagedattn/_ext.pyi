@@ -46,6 +46,7 @@ def decode(
     batch_invariant: bool = False,
     k_token_scales: Optional[Any] = None,
     v_token_scales: Optional[Any] = None,
+    share_prefixes: bool = True,
 ) -> None: ...
 def mla_decode(
     q_nope: Any,

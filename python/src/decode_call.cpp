@@ -231,7 +231,7 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
             nb::handle q_indptr_h, std::optional<int> max_q_len, nb::handle tree_mask_h,
             nb::handle tree_mask_indptr_h, const std::string& kv_layout, double k_scale,
             double v_scale, nb::handle k_scales_h, nb::handle v_scales_h, bool batch_invariant,
-            nb::handle k_token_scales_h, nb::handle v_token_scales_h) {
+            nb::handle k_token_scales_h, nb::handle v_token_scales_h, bool share_prefixes) {
   const bool query_tokens = !q_indptr_h.is_none();
   require_q_indptr_for_max_q_len(query_tokens, max_q_len);
   const KvLayout layout = parse_kv_layout(kv_layout);
@@ -248,6 +248,7 @@ void decode(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle blo
 
   c.options = decode_options(backend, c.device, "q", stream, checked, batch_invariant, workspace_h,
                              c.workspace);
+  c.options.share_prefixes = share_prefixes;
 
   DeviceGuard guard(c.device);
   nb::gil_scoped_release release;
@@ -314,7 +315,7 @@ void bind_decode(nb::module_& m) {
         "kv_layout"_a = "HND", "k_scale"_a = 1.0, "v_scale"_a = 1.0,
         "k_scales"_a.none() = nb::none(), "v_scales"_a.none() = nb::none(),
         "batch_invariant"_a = false, "k_token_scales"_a.none() = nb::none(),
-        "v_token_scales"_a.none() = nb::none());
+        "v_token_scales"_a.none() = nb::none(), "share_prefixes"_a = true);
   m.def("workspace_size", &workspace_size, "q"_a, "k_cache"_a, "block_table"_a, "backend"_a,
         "max_q_len"_a.none() = nb::none(), "kv_layout"_a = "HND",
         "tags"_a = std::vector<std::string>{}, "batch_invariant"_a = false);

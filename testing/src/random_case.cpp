@@ -27,14 +27,26 @@ void fill_random(std::vector<std::uint8_t>& buf, DType t, std::size_t n, float s
 
 }  // namespace
 
+bool forked_block(const CaseSpec& spec, const std::vector<std::int32_t>& lens, int b, int i) {
+  if (spec.fork_members < 2 || b % spec.fork_members == 0) return false;
+  const std::size_t g = static_cast<std::size_t>(b / spec.fork_members);
+  if (g >= spec.fork_prefix.size()) return false;
+  const int leader = b - b % spec.fork_members, BS = spec.block_size;
+  const int fork = std::min({spec.fork_prefix[g], lens[b], lens[leader]});
+  if (i < fork / BS) return true;  // wholly before the fork
+  // The block the fork falls inside: shared while this member has written nothing after it.
+  return i == fork / BS && fork % BS != 0 && lens[b] == fork;
+}
+
 void size_case(HostCase& c) {
   const CaseSpec& spec = c.spec;
   c.context_lens.assign(spec.context_lens.begin(), spec.context_lens.end());
   c.context_lens.resize(spec.batch, 0);
   int max_used = 0, total_used = 0;
-  for (int L : c.context_lens) {
-    max_used = std::max(max_used, blocks_for(L, spec.block_size));
-    total_used += blocks_for(L, spec.block_size);
+  for (int b = 0; b < spec.batch; ++b) {
+    const int used = blocks_for(c.context_lens[b], spec.block_size);
+    max_used = std::max(max_used, used);
+    for (int i = 0; i < used; ++i) total_used += !forked_block(spec, c.context_lens, b, i);
   }
   c.max_blocks_per_seq = max_used + spec.table_padding;
   c.table_stride = c.max_blocks_per_seq + spec.table_stride_extra;
@@ -70,6 +82,11 @@ HostCase make_case(const CaseSpec& spec) {
   for (int b = 0; b < B; ++b) {
     const int used = blocks_for(c.context_lens[b], BS);
     for (int i = 0; i < used; ++i) {
+      if (forked_block(spec, c.context_lens, b, i)) {  // the group's first member's
+        c.block_table[static_cast<std::size_t>(b) * c.table_stride + i] =
+            c.block_table[static_cast<std::size_t>(b - b % spec.fork_members) * c.table_stride + i];
+        continue;
+      }
       std::int32_t id = pool[next++];
       // Prefix sharing: reuse sequence 0's block at the same position.
       if (spec.share_prefix && b > 0 && i < blocks_for(c.context_lens[0], BS) - 1 && (rng() & 1)) {
@@ -256,6 +273,13 @@ std::string describe(const CaseSpec& s) {
   os << "]";
   if (s.per_head_scales) os << " per-head-scales";
   if (s.token_scales) os << " token-scales";
+  if (s.fork_members >= 2) {
+    os << " forks of " << s.fork_members << " after [";
+    for (std::size_t g = 0; g < s.fork_prefix.size() && g < 8; ++g) {
+      os << (g ? "," : "") << s.fork_prefix[g];
+    }
+    os << (s.fork_prefix.size() > 8 ? ",...]" : "]");
+  }
   return os.str();
 }
 

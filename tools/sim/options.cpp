@@ -131,8 +131,16 @@ std::string usage(const char* argv0) {
      << "  --rope-dim N        MLA: the latent row's rotary part, a multiple of 16 up to 256 (64)\n"
      << "  --sim-layers N      layers simulated, spread over the model (cpu 2, cuda 8)\n"
      << "workload:\n"
-     << "  --workload W        the defaults of the five flags below: chat (the cpu backend's)\n"
-     << "                      or long (the cuda backend's); values are chat's, then long's\n"
+     << "  --workload W        the defaults of the ten flags below: chat (the cpu backend's),\n"
+     << "                      long (the cuda backend's) or sampling (n-way sampling behind a\n"
+     << "                      shared system prompt: " << kSamplingWorkload.requests
+     << " requests, " << kSamplingWorkload.rate << " a step, prompts "
+     << kSamplingWorkload.prompt_len << ",\n"
+     << "                      outputs " << kSamplingWorkload.output_len << ", batch "
+     << kSamplingWorkload.max_batch << ", " << kSamplingWorkload.system_prompts
+     << " system prompts of " << kSamplingWorkload.system_len << " tokens, "
+     << kSamplingWorkload.n_way << " samples each);\n"
+     << "                      values below are chat's, then long's\n"
      << "  --requests N        requests in the run (" << kChatWorkload.requests << ", "
      << kLongWorkload.requests << ")\n"
      << "  --rate R            mean new requests per step, Poisson, > 0 (" << kChatWorkload.rate
@@ -160,6 +168,9 @@ std::string usage(const char* argv0) {
      << "  --dtype T           f32, f16 or bf16: cache, query and output (" << dtype_name(d.dtype)
      << ")\n"
      << "  --shared-cache      all simulated layers read one cache (less memory)\n"
+     << "  --share-prefixes on|off\n"
+     << "                      DecodeOptions::share_prefixes: forked sequences read their shared\n"
+     << "                      blocks once (on; the cpu backend; docs/shared_prefix.md)\n"
      << "run:\n"
      << "  --backend B         auto, cpu or cuda (auto)\n"
      << "  --threads N         CPU threads (OpenMP default)\n"
@@ -276,7 +287,7 @@ struct WorkloadFlags {
 };
 
 const WorkloadPreset* find_workload(const std::string& name) {
-  for (const WorkloadPreset* w : {&kChatWorkload, &kLongWorkload}) {
+  for (const WorkloadPreset* w : {&kChatWorkload, &kLongWorkload, &kSamplingWorkload}) {
     if (name == w->name) return w;
   }
   return nullptr;
@@ -295,6 +306,11 @@ void apply_workload(Options& o, const WorkloadFlags& f) {
   if (unset("--prompt-len")) o.prompt_len = LengthDist::parse(w.prompt_len, "--prompt-len");
   if (unset("--output-len")) o.output_len = LengthDist::parse(w.output_len, "--output-len");
   if (unset("--max-batch")) o.max_batch = w.max_batch;
+  if (unset("--system-prompts")) o.system_prompts = w.system_prompts;
+  if (unset("--system-len")) o.system_len = w.system_len;
+  if (unset("--system-prob")) o.system_prob = w.system_prob;
+  if (unset("--n-way")) o.n_way = w.n_way;
+  if (unset("--n-way-prob")) o.n_way_prob = w.n_way_prob;
 }
 
 // Flags of the workload; false when `a` is not one.
@@ -303,7 +319,7 @@ bool parse_workload_flag(cli::Args& args, Options& o, WorkloadFlags& f) {
   f.given.insert(a);
   if (a == "--workload") {
     f.preset = args.value();
-    if (!find_workload(f.preset)) cli::bad_value(a, f.preset, "expected chat or long");
+    if (!find_workload(f.preset)) cli::bad_value(a, f.preset, "expected chat, long or sampling");
   } else if (a == "--requests") {
     o.requests = static_cast<int>(args.integer(1, kMaxCount));
   } else if (a == "--rate") {
@@ -409,6 +425,8 @@ Options parse_options(int argc, char** argv) {
     } else if (parse_model_flag(args, shape) || parse_workload_flag(args, o, workload)) {
     } else if (a == "--shared-cache") {
       o.shared_cache = true;
+    } else if (a == "--share-prefixes") {
+      o.share_prefixes = args.choice<bool>({{"on", true}, {"off", false}});
     } else if (a == "--progress" || a == "--no-progress") {
       o.progress = a == "--progress";
     } else if (a == "--sim-layers") {

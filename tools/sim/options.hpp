@@ -28,9 +28,13 @@ struct LengthDist {
   static LengthDist parse_parts(const std::string& text, const std::string& option);
 };
 
-// The defaults of the arrival, length and batch flags (docs/simulator.md, "The workload"): `chat`
-// is short chat traffic, the CPU backend's default; `long` is long prompts at a large batch,
-// the CUDA backend's, where a device's cache holds hundreds of thousands of tokens per layer.
+// The defaults of the arrival, length, batch, system-prompt and n-way flags (docs/simulator.md,
+// "The workload"): `chat` is short chat traffic, the CPU backend's default; `long` is long
+// prompts at a large batch, the CUDA backend's, where a device's cache holds hundreds of
+// thousands of tokens per layer; `sampling` is n-way sampling behind a shared system prompt:
+// every request starts with one of two system prompts of 2048 tokens and samples 8 sequences,
+// whose tables share the system prompt's and the request's prompt's blocks (shared prefixes,
+// docs/shared_prefix.md).
 struct WorkloadPreset {
   const char* name;
   int requests;
@@ -38,11 +42,18 @@ struct WorkloadPreset {
   const char* prompt_len;
   const char* output_len;
   int max_batch;
+  int system_prompts = 4;
+  int system_len = 256;
+  double system_prob = 0.5;
+  int n_way = 2;
+  double n_way_prob = 0.1;
 };
 inline constexpr WorkloadPreset kChatWorkload = {
     "chat", 48, 0.5, "lognormal:300:0.9", "lognormal:120:0.7", 32};
 inline constexpr WorkloadPreset kLongWorkload = {
     "long", 384, 16, "lognormal:3000:0.6", "lognormal:200:0.5", 128};
+inline constexpr WorkloadPreset kSamplingWorkload = {
+    "sampling", 12, 0.25, "lognormal:400:0.5", "lognormal:150:0.4", 64, 2, 2048, 1.0, 8, 1.0};
 
 struct Options {
   bool help = false;                          // --help: print usage() and run nothing
@@ -69,6 +80,7 @@ struct Options {
   int block_size = 16;
   DType dtype = DType::kBF16;  // cache, query and output dtype
   bool shared_cache = false;   // every layer reads one K/V cache (less memory)
+  bool share_prefixes = true;  // DecodeOptions::share_prefixes (--share-prefixes on|off)
   Backend backend = Backend::kAuto;
   int verify_every = 25;       // check every N-th step against the f64 reference
   int verify_seqs = 8;         // sequences of a checked step recomputed (0: every one)

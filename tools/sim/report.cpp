@@ -83,11 +83,12 @@ void print_summary(const Options& o, const RunStats& s) {
       "shared) in %.2f s: %.0f tokens/s\n",
       s.steps, s.generated, s.prompt_tokens, s.system_tokens, s.wall_seconds,
       s.generated / s.wall_seconds);
-  double seconds = 0, bytes = 0, model_seconds = 0, distinct_bytes = 0;
+  double seconds = 0, bytes = 0, model_seconds = 0, distinct_bytes = 0, shared_bytes = 0;
   for (const LayerTiming& l : s.layers) {
     seconds += l.seconds;
     bytes += l.bytes;
     distinct_bytes += l.distinct_bytes;
+    shared_bytes += l.shared_bytes;
     model_seconds += l.weight * l.seconds;
   }
   std::printf(
@@ -107,6 +108,14 @@ void print_summary(const Options& o, const RunStats& s) {
       "%.2f GB of %s (%.1f%% less)\n",
       s.shared_block_reads / steps, distinct_bytes / 1e9, kv,
       bytes > 0 ? 100.0 * (1.0 - distinct_bytes / bytes) : 0.0);
+  // What a decode with shared prefixes reads: each group's shared tokens once (the decode above
+  // ran with --share-prefixes as given; bytes above count every sequence's tokens either way).
+  std::printf(
+      "K/V per step over the simulated layers: %.2f MB without sharing, %.2f MB with shared "
+      "prefixes (%.2fx fewer; share_prefixes %s, %s backend)\n",
+      bytes / steps / 1e6, shared_bytes / steps / 1e6,
+      shared_bytes > 0 ? bytes / shared_bytes : 1.0, o.share_prefixes ? "on" : "off",
+      backend_name(s.backend));
   if (s.naive_seconds > 0) {
     std::printf(
         "naive decode (--compare naive): %.3f ms per step over the simulated layers, %.2f GB/s; "

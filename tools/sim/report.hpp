@@ -19,6 +19,9 @@ struct LayerTiming {
   double seconds = 0, bytes = 0;
   double distinct_bytes =
       0;  // of `bytes`, those of distinct (block, slot) pairs (shared_blocks.hpp)
+  // of `bytes`, those a decode reads that reads each group's shared prefix once
+  // (find_shared_prefixes, shared_prefix.hpp)
+  double shared_bytes = 0;
   double weight = 1;
 };
 

@@ -18,6 +18,7 @@
 #include "pagedattn/mla_cache.hpp"
 #include "pagedattn/reference.hpp"
 #include "pagedattn/shared_blocks.hpp"
+#include "pagedattn/shared_prefix.hpp"
 #include "pagedattn/testing/naive_decode.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/testing/tolerance.hpp"
@@ -148,6 +149,7 @@ Simulator::Simulator(const Options& o)
   cache_opts_.num_threads = o.threads;
   decode_opts_.backend = backend_;
   decode_opts_.num_threads = o.threads;
+  decode_opts_.share_prefixes = o.share_prefixes;
 }
 
 // The simulated layers' caches and sinks; their timings weighted for the model's other layers.
@@ -467,6 +469,20 @@ double Simulator::decode_layers(bool verify, double* bytes, double* naive_second
     return it->second;
   };
   s_.shared_block_reads += reads_for(-1).shared_blocks;
+  // The tokens shared prefixes save for each window: what find_shared_prefixes groups (the CPU
+  // backend's groups with share_prefixes on) reads once per group, over the host tables.
+  std::map<int, std::int64_t> saved_by_window;
+  const auto saved_for = [&](int window_left) {
+    auto it = saved_by_window.find(window_left);
+    if (it == saved_by_window.end()) {
+      DecodeArgs host = a;
+      host.block_table = t.block_table.data();
+      host.context_lens = t.context_lens.data();
+      host.window_left = window_left;
+      it = saved_by_window.emplace(window_left, find_shared_prefixes(host).saved_tokens()).first;
+    }
+    return it->second;
+  };
   const int n = static_cast<int>(layers_.size());
   const int check = verify ? static_cast<int>((s_.steps / std::max(1, o_.verify_every)) % n) : -1;
   double seconds = 0;
@@ -482,6 +498,8 @@ double Simulator::decode_layers(bool verify, double* bytes, double* naive_second
     s_.layers[l].seconds += dt;
     s_.layers[l].bytes += tokens * token_bytes;
     s_.layers[l].distinct_bytes += static_cast<double>(reads.distinct_tokens) * token_bytes;
+    s_.layers[l].shared_bytes +=
+        (tokens - static_cast<double>(saved_for(a.window_left))) * token_bytes;
     *bytes += tokens * token_bytes;
     seconds += dt;
     if (o_.compare_naive) *naive_seconds += time_naive(a);

@@ -223,6 +223,15 @@ struct DecodeOptions {
   // Costs speed where the default plan would split less (large batches) and, on CUDA, workspace
   // (cuda_workspace_size(args, options)); docs/batch_invariance.md.
   bool batch_invariant = false;
+  // Sequences whose block tables begin with the same block ids (BlockManager::fork: n-way
+  // sampling, beam search, a shared system prompt) read those shared blocks once for all their
+  // query rows: the CPU backend finds the groups from the tables itself (the core's
+  // find_shared_prefixes), decodes each group's shared tokens together and each member's
+  // own tokens apart, and merges the two partial states. Results equal the plain decode's within
+  // the dtypes' tolerances, never bitwise: a sequence's bits then depend on the batch, so
+  // batch_invariant turns sharing off. A call without groups that pay runs as without it. The
+  // CUDA backend runs the plain decode for now. docs/shared_prefix.md.
+  bool share_prefixes = true;
 };
 
 // Device workspace bytes the CUDA backend needs for these shapes on the current device. Depends

@@ -8,6 +8,7 @@
 
 #include "pagedattn/mla.hpp"
 #include "pagedattn/pagedattn.hpp"
+#include "pagedattn/shared_prefix.hpp"
 #include "pagedattn/split_plan.hpp"
 
 namespace pagedattn::detail {
@@ -31,6 +32,9 @@ void decode(const DecodeArgs& args, const DecodeOptions& options);
 // q_indptr, over the query tokens in row order, each a sequence of its own (its context ending
 // at its position). So tests can check the plan, or act on it.
 SplitPlan split_plan(const DecodeArgs& args, const DecodeOptions& options);
+// The shared prefixes decode reads once per group for these (validated) arguments: none when
+// share_prefixes is off or the call is batch-invariant. So tests can check that sharing ran.
+SharedPrefixes shared_prefixes(const DecodeArgs& args, const DecodeOptions& options);
 // MLA decode on host memory (pagedattn/mla.hpp); arguments, tables and q_indptr validated.
 void mla_decode(const MlaDecodeArgs& args, const DecodeOptions& options);
 }  // namespace cpu

@@ -42,8 +42,17 @@ struct CaseSpec {
   int table_stride_extra = 0;  // row stride - max_blocks_per_seq
   bool fragmented = true;      // random permutation of the pool; else blocks in order
   bool share_prefix = false;   // sequences may share their first blocks (prefix caching)
-  bool poison = true;          // NaN in unreadable slots, -1 / garbage past each context
-  float magnitude = 1.f;       // q and k scale: logits grow with magnitude^2
+  // Forked groups (BlockManager::fork: n-way sampling, beam search, a shared system prompt):
+  // with fork_members >= 2, each run of fork_members consecutive sequences is a group g that was
+  // forked after fork_prefix[g] tokens (at most each member's context; missing entries: no fork).
+  // Its members hold the first member's block ids for the blocks wholly before that token; the
+  // block it falls inside (a fork mid-block) stays shared with a member that wrote nothing after
+  // the fork (its context is fork_prefix[g]) and is a copy of its own (copy-on-write) for one
+  // that did.
+  int fork_members = 0;
+  std::vector<int> fork_prefix;
+  bool poison = true;     // NaN in unreadable slots, -1 / garbage past each context
+  float magnitude = 1.f;  // q and k scale: logits grow with magnitude^2
   std::uint64_t seed = 1;
 };
 
@@ -65,6 +74,12 @@ struct HostCase {
 };
 
 HostCase make_case(const CaseSpec& spec);
+
+// Whether sequence b's table entry i is its fork group's first member's (CaseSpec::fork_members,
+// fork_prefix) given the contexts `lens`: the blocks wholly before the fork, and the block it
+// falls inside while b wrote nothing after it. The case builders (make_case, the fuzzer's) share
+// those entries with the group's first sequence.
+bool forked_block(const CaseSpec& spec, const std::vector<std::int32_t>& lens, int b, int i);
 
 // A spec of one shape, one sequence per length, every storage in `dtype`; the rest as above.
 CaseSpec shaped_spec(DType dtype, int num_heads, int num_kv_heads, int head_dim, int block_size,
