@@ -139,7 +139,7 @@ Outcome check_case(const FuzzCase& c, const CheckOptions& options) {
     bool shared = false;
     if (std::string bad = check_shared_prefixes(backend, bc, runs[0], tol, threads, &shared);
         !bad.empty()) {
-      return fail("shared-prefix", bad);
+      return failure("shared-prefix", bad);
     }
     outcome.shared_prefix_checks += shared;
     if (std::string bad = check_batch_invariance(backend, c, bc, ref, tol, threads, checked,
