@@ -30,7 +30,7 @@ endif()
 # validate, detail/) stay inside the build.
 set(PAGEDATTN_PUBLIC_HEADERS block_manager.hpp cache_layout.hpp cache_ops.hpp context_parallel.hpp
                              dtype.hpp error.hpp host_device.hpp merge_states.hpp mla.hpp mla_cache.hpp
-                             pagedattn.hpp reference.hpp shared_blocks.hpp)
+                             pagedattn.hpp reference.hpp)
 list(TRANSFORM PAGEDATTN_PUBLIC_HEADERS PREPEND ${PROJECT_SOURCE_DIR}/core/include/pagedattn/)
 install(FILES ${PAGEDATTN_PUBLIC_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pagedattn)
 install(EXPORT pagedattnTargets NAMESPACE pagedattn::
