@@ -588,3 +588,13 @@ def check_rejected(call, out, bad_calls) -> None:
     for bad, argument in bad_calls:
         e = rejection(call, out, **bad)
         assert e.argument == argument, str(e)
+
+
+def torch_of(raw: np.ndarray, dtype: str, device="cpu"):
+    """A torch tensor of `raw`'s values (bf16 and fp8 raw codes viewed as torch's dtypes)."""
+    if dtype == "bf16":
+        return torch.from_numpy(raw.view(np.int16).copy()).view(torch.bfloat16).to(device)
+    if dtype in FP8_DTYPES:
+        fmt = torch.float8_e4m3fn if dtype == "fp8_e4m3" else torch.float8_e5m2
+        return torch.from_numpy(raw.copy()).view(fmt).to(device)
+    return torch.from_numpy(raw.copy()).to(device)

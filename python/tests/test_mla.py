@@ -11,7 +11,7 @@ import pytest
 
 import pagedattn
 from _cases import (FP8_DTYPES, OUT_TOL, arg, check_lse, check_out, empty, indptr, load,
-                    mla_reference, needs_cuda, needs_torch, store)
+                    mla_reference, needs_cuda, needs_torch, store, torch_of)
 
 try:
     import torch
@@ -287,15 +287,6 @@ def test_fp8_q_and_out_are_unsupported():
 
 
 TORCH_DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
-
-
-def torch_of(raw: np.ndarray, dtype: str, device="cpu"):
-    if dtype == "bf16":
-        return torch.from_numpy(raw.view(np.int16).copy()).view(torch.bfloat16).to(device)
-    if dtype in FP8_DTYPES:
-        fmt = torch.float8_e4m3fn if dtype == "fp8_e4m3" else torch.float8_e5m2
-        return torch.from_numpy(raw.copy()).view(fmt).to(device)
-    return torch.from_numpy(raw.copy()).to(device)
 
 
 def numpy_of(t, dtype: str) -> np.ndarray:

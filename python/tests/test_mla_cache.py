@@ -13,7 +13,7 @@ import pytest
 import pagedattn
 from _cases import (DTYPES, FP8_DTYPES, FP8_MAX_CODE, OUT_TOL, arg, check_lse, check_out,
                     fp8_values, load, mla_reference, needs_cuda, needs_torch, quantize_scaled,
-                    same_codes, special_values, store)
+                    same_codes, special_values, store, torch_of)
 
 try:
     import torch
@@ -421,15 +421,6 @@ def test_copy_errors_name_the_argument_and_copy_nothing():
 
 # ----------------------------------------------------------------------------------------------
 # PyTorch and CUDA
-
-
-def torch_of(raw, dtype, device="cpu"):
-    if dtype == "bf16":
-        return torch.from_numpy(raw.view(np.int16).copy()).view(torch.bfloat16).to(device)
-    if dtype in FP8_DTYPES:
-        fmt = torch.float8_e4m3fn if dtype == "fp8_e4m3" else torch.float8_e5m2
-        return torch.from_numpy(raw.copy()).view(fmt).to(device)
-    return torch.from_numpy(raw.copy()).to(device)
 
 
 def codes_of(t):
