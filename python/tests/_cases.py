@@ -598,3 +598,33 @@ def torch_of(raw: np.ndarray, dtype: str, device="cpu"):
         fmt = torch.float8_e4m3fn if dtype == "fp8_e4m3" else torch.float8_e5m2
         return torch.from_numpy(raw.copy()).view(fmt).to(device)
     return torch.from_numpy(raw.copy()).to(device)
+
+
+def serve_steps(bm, history: dict, empty, write, copy_blocks, steps: int = 6):
+    """A serving loop through BlockManager bm, shared by the cache tests: prompts of 5, 0 and 13
+    tokens for sequences 10, 11 and 12 (history[seq] = empty, then write(pending)), sequence 13
+    forked from 12 (history[13] = history[12]), then `steps` decode steps. Each step appends one
+    token to every sequence, copies the blocks copy-on-write asks for (copy_blocks(copies),
+    where any), writes the new tokens (write(pending), pending [(seq, slot)]) and yields
+    (step, seqs, table, lens, copies) for the caller to decode and check; sequence 10 is freed
+    after step 2's."""
+    for seq, n in [(10, 5), (11, 0), (12, 13)]:
+        history[seq] = empty
+        write([(seq, s) for s in bm.add_sequence(seq, n)])
+    bm.fork(12, 13)
+    history[13] = history[12]
+    for step in range(steps):
+        seqs = bm.sequences()
+        pending, copies = [], []
+        for seq in seqs:
+            slot, copy = bm.append_token(seq)
+            if copy is not None:
+                copies.append(copy)
+            pending.append((seq, slot))
+        if copies:
+            copy_blocks(copies)
+        write(pending)
+        table, lens = bm.tables(seqs)
+        yield step, seqs, table, lens, copies
+        if step == 2:
+            bm.free_sequence(10)

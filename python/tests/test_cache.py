@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import pagedattn
-from _cases import DTYPES, arg, check_out, load, reference_decode, store
+from _cases import DTYPES, arg, check_out, load, reference_decode, serve_steps, store
 
 
 def new_cache(dtype, num_blocks=6, kv=2, bs=8, d=64, fill=0.0):
@@ -112,24 +112,11 @@ def test_serving_loop_against_reference(dtype):
             history[seq] = (np.concatenate([ks, load(store(key[i:i + 1], dtype), dtype)]),
                             np.concatenate([vs, load(store(value[i:i + 1], dtype), dtype)]))
 
-    for seq, n in [(10, 5), (11, 0), (12, 13)]:
-        history[seq] = (np.zeros((0, kv, d)), np.zeros((0, kv, d)))
-        write([(seq, s) for s in bm.add_sequence(seq, n)])
-    bm.fork(12, 13)
-    history[13] = history[12]
+    def copy_blocks(copies):
+        pagedattn.copy_blocks(arg(k_cache, dtype), arg(v_cache, dtype), copies)
 
-    for step in range(6):
-        seqs = bm.sequences()
-        pending, copies = [], []
-        for seq in seqs:
-            slot, copy = bm.append_token(seq)
-            if copy is not None:
-                copies.append(copy)
-            pending.append((seq, slot))
-        if copies:
-            pagedattn.copy_blocks(arg(k_cache, dtype), arg(v_cache, dtype), copies)
-        write(pending)
-        table, lens = bm.tables(seqs)
+    empty = (np.zeros((0, kv, d)), np.zeros((0, kv, d)))
+    for _, seqs, table, lens, _ in serve_steps(bm, history, empty, write, copy_blocks):
         q = store(rng.standard_normal((len(seqs), heads, d), dtype=np.float32), dtype)
         out = pagedattn.decode(arg(q, dtype), arg(k_cache, dtype), arg(v_cache, dtype), table,
                                lens)
@@ -140,6 +127,4 @@ def test_serving_loop_against_reference(dtype):
             want, _ = reference_decode(load(q[b:b + 1], dtype), ks[:, :, None, :],
                                        vs[:, :, None, :], np.arange(len(ks))[None], [len(ks)])
             check_out(out[b:b + 1], dtype, want)
-        if step == 2:
-            bm.free_sequence(10)
     bm.check_invariants()

@@ -13,7 +13,7 @@ import pytest
 import pagedattn
 from _cases import (DTYPES, FP8_DTYPES, FP8_MAX_CODE, OUT_TOL, arg, check_lse, check_out,
                     fp8_values, load, mla_reference, needs_cuda, needs_torch, quantize_scaled,
-                    same_codes, special_values, store, torch_of)
+                    same_codes, serve_steps, special_values, store, torch_of)
 
 try:
     import torch
@@ -267,24 +267,12 @@ def test_serving_loop_with_forks():
         for i, (seq, _) in enumerate(seq_slots):
             history[seq] = np.concatenate([history[seq], load(store(rows[i:i + 1], dtype), dtype)])
 
-    for seq, n in [(10, 5), (11, 0), (12, 13)]:
-        history[seq] = np.zeros((0, rank + rope))
-        write([(seq, s) for s in bm.add_sequence(seq, n)])
-    bm.fork(12, 13)
-    history[13] = history[12]
-    for step in range(6):
-        seqs = bm.sequences()
-        pending, copies = [], []
-        for seq in seqs:
-            slot, copy = bm.append_token(seq)
-            if copy is not None:
-                copies.append(copy)
-            pending.append((seq, slot))
+    def copy_blocks(copies):
+        pagedattn.copy_mla_blocks(pool.kv_cache(), copies)
+
+    steps = serve_steps(bm, history, np.zeros((0, rank + rope)), write, copy_blocks)
+    for step, seqs, table, lens, copies in steps:
         assert step > 0 or copies  # the fork's shared partial block is copied on its first token
-        if copies:
-            pagedattn.copy_mla_blocks(pool.kv_cache(), copies)
-        write(pending)
-        table, lens = bm.tables(seqs)
         q = store(rng.standard_normal((len(seqs), heads, rank + rope), dtype=np.float32), dtype)
         out = pagedattn.mla_decode(pagedattn.bf16(q[..., :rank]), pagedattn.bf16(q[..., rank:]),
                                    pool.kv_cache(), table, lens)
@@ -296,8 +284,6 @@ def test_serving_loop_with_forks():
             want, _ = mla_reference(qb[..., :rank], qb[..., rank:], rows[:, None, :rank],
                                     rows[:, None, rank:], np.arange(len(rows))[None], [len(rows)])
             check_out(out[b:b + 1], dtype, want)
-        if step == 2:
-            bm.free_sequence(10)
     bm.check_invariants()
 
 
