@@ -120,6 +120,18 @@ Trees random_trees(const std::vector<std::int32_t>& q_indptr, std::mt19937_64& r
   return t;
 }
 
+// Decodes a (over qc's buffers) with o and expects the outputs to match ref, a's f64 reference,
+// within the output dtype's tolerances; returns the comparison for the caller's own checks.
+testing::Comparison expect_matches_reference(const QueryCase& qc, const DecodeArgs& a,
+                                             const DecodeOptions& o, const ReferenceResult& ref) {
+  decode(a, o);
+  const testing::Comparison c = testing::compare_outputs(qc.c, ref);
+  EXPECT_TRUE(c.all_finite) << c.first_bad;
+  EXPECT_LE(c.rel_err(), testing::out_tolerance(qc.c.spec.out_dtype));
+  EXPECT_LE(c.max_abs_err_lse, testing::lse_tolerance());
+  return c;
+}
+
 class SharedPrefixDecode : public ::testing::TestWithParam<ShareParam> {};
 
 TEST_P(SharedPrefixDecode, MatchesTheReferenceAndThePlainDecode) {
@@ -156,11 +168,7 @@ TEST_P(SharedPrefixDecode, MatchesTheReferenceAndThePlainDecode) {
   }
 
   const ReferenceResult ref = reference_decode(a);
-  decode(a, o);
-  const testing::Comparison shared = testing::compare_outputs(qc.c, ref);
-  EXPECT_TRUE(shared.all_finite) << shared.first_bad;
-  EXPECT_LE(shared.rel_err(), testing::out_tolerance(spec.out_dtype));
-  EXPECT_LE(shared.max_abs_err_lse, testing::lse_tolerance());
+  const testing::Comparison shared = expect_matches_reference(qc, a, o, ref);
   const std::vector<std::uint8_t> out_shared = qc.c.out;
   const std::vector<float> lse_shared = qc.c.lse;
 
@@ -252,12 +260,7 @@ TEST(SharedPrefixChunks, LargeGroupsRunAsSeveralChunksAndPasses) {
   EXPECT_EQ(groups.groups[0].count, 20);
   EXPECT_EQ(groups.groups[0].tokens, 240);  // the fork's block is each sample's own copy
 
-  const ReferenceResult ref = reference_decode(a);
-  decode(a, o);
-  const testing::Comparison shared = testing::compare_outputs(qc.c, ref);
-  EXPECT_TRUE(shared.all_finite) << shared.first_bad;
-  EXPECT_LE(shared.rel_err(), testing::out_tolerance(spec.out_dtype));
-  EXPECT_LE(shared.max_abs_err_lse, testing::lse_tolerance());
+  expect_matches_reference(qc, a, o, reference_decode(a));
 }
 
 // N-way sampling through the block manager: a prompt (ending mid-block), forked N - 1 times, each
