@@ -110,6 +110,17 @@ part() {
   note "$name: rc=$rc $( [ "$rc" -eq 0 ] || tail -n 2 "$out/$name.log" | tr '\n' ' ')"
   return "$rc"
 }
+# mla_parts NAME SECONDS CMD...: a part NAME_mla_KV_qN for each latent cache dtype KV and q_len N,
+# CMD given --kv-dtype KV --q-len N and the MLA shapes.
+mla_parts() {
+  local name=$1 secs=$2 kv n
+  shift 2
+  for kv in bf16 fp8_e4m3; do
+    for n in 1 2; do
+      part "${name}_mla_${kv}_q$n" "$secs" "$@" --kv-dtype "$kv" --q-len "$n" "${mla_args[@]}"
+    done
+  done
+}
 missing() { note "$1: skipped, $2"; failed=1; }
 
 note "# gpu_record $(date -u +%FT%TZ) commit $(git -C "$root" rev-parse --short HEAD 2> /dev/null ||
@@ -150,12 +161,7 @@ if [ -x "$BENCH" ]; then
   part pagedattn_f32 300 "${bench[@]}" --dtype f32 "${f32_args[@]}"
   # MLA: each shape's latent pools are drawn on the host (up to 4.8 GB at 128 x 32768 in bf16),
   # which takes most of these parts' time.
-  for kv in bf16 fp8_e4m3; do
-    for n in 1 2; do
-      part "pagedattn_mla_${kv}_q$n" 1500 "${bench[@]}" --mla --dtype bf16 --kv-dtype "$kv" \
-        --q-len "$n" "${mla_args[@]}"
-    done
-  done
+  mla_parts pagedattn 1500 "${bench[@]}" --mla --dtype bf16
 else
   missing pagedattn "no pagedattn-bench at $BENCH (--build)"
 fi
@@ -171,12 +177,7 @@ else
 fi
 
 if [ -x "$FI_MLA" ]; then
-  for kv in bf16 fp8_e4m3; do
-    for n in 1 2; do
-      part "flashinfer_mla_${kv}_q$n" 900 "$FI_MLA" --csv --backend both --kv-dtype "$kv" \
-        --q-len "$n" "${mla_args[@]}"
-    done
-  done
+  mla_parts flashinfer 900 "$FI_MLA" --csv --backend both
 else
   missing flashinfer_mla "no fi_mla_bench at $FI_MLA (--fi-mla)"
 fi
