@@ -26,11 +26,11 @@ if(PAGEDATTN_WITH_CUDA AND _pagedattn_type STREQUAL "STATIC_LIBRARY")
     include(\"${PROJECT_SOURCE_DIR}/cmake/PagedattnBundleCudart.cmake\")")
 endif()
 # Exactly the public headers: the API, what it includes (cache_layout.hpp: the cache strides),
-# the block manager and the reference. The backends' math and seams (split_plan, online_softmax,
-# validate, detail/) stay inside the build.
+# the block manager with its count of shared reads (shared_blocks.hpp) and the reference. The
+# backends' math and seams (split_plan, online_softmax, validate, detail/) stay inside the build.
 set(PAGEDATTN_PUBLIC_HEADERS block_manager.hpp cache_layout.hpp cache_ops.hpp context_parallel.hpp
                              dtype.hpp error.hpp host_device.hpp merge_states.hpp mla.hpp mla_cache.hpp
-                             pagedattn.hpp reference.hpp)
+                             pagedattn.hpp reference.hpp shared_blocks.hpp)
 list(TRANSFORM PAGEDATTN_PUBLIC_HEADERS PREPEND ${PROJECT_SOURCE_DIR}/core/include/pagedattn/)
 install(FILES ${PAGEDATTN_PUBLIC_HEADERS} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/pagedattn)
 install(EXPORT pagedattnTargets NAMESPACE pagedattn::

@@ -17,7 +17,7 @@ set(public pagedattn/block_manager.hpp pagedattn/cache_layout.hpp pagedattn/cach
            pagedattn/context_parallel.hpp pagedattn/dtype.hpp
            pagedattn/error.hpp pagedattn/host_device.hpp pagedattn/merge_states.hpp
            pagedattn/mla.hpp pagedattn/mla_cache.hpp pagedattn/pagedattn.hpp
-           pagedattn/reference.hpp)
+           pagedattn/reference.hpp pagedattn/shared_blocks.hpp)
 if(WITH_NCCL)
   list(APPEND public pagedattn/nccl_communicator.hpp)
   list(SORT public)
