@@ -236,7 +236,12 @@ elseif(CLI STREQUAL "pagedattn-sim")
   expect_bad("--kv-lora-rank 0" "--kv-lora-rank = '0'")
   expect_bad("--rope-dim 64" "--rope-dim" "MLA model")
   expect_bad("--kv-lora-rank 128 --rope-dim 8" "--rope-dim" "rope_dim = 8")
-  expect_bad("--model deepseek-v3-tp8 --kv-heads 2" "--kv-heads" "MLA model")
+  expect_bad("--model deepseek-v3-tp8 --kv-heads 2" "--kv-heads = '2'" "GQA models only"
+             "deepseek-v3-tp8 is an MLA model")
+  expect_bad("--kv-lora-rank 128 --kv-heads 4" "--kv-heads = '4'" "GQA models only"
+             "--kv-lora-rank 128 makes this model an MLA model")
+  expect_bad("--kv-lora-rank 128 --soft-cap 30" "--soft-cap = '30'" "GQA models only")
+  expect_bad("--kv-lora-rank 128 --sinks" "--sinks = 'set'" "GQA models only")
   expect_bad("--model deepseek-v3-tp8 --heads 300" "--heads" "num_heads = 300")
   expect_bad("--model deepseek-v3-tp8 --compare naive" "--compare = 'naive'" "MLA")
 else()

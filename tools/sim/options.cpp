@@ -8,6 +8,8 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "pagedattn/cli/args.hpp"
@@ -210,7 +212,9 @@ struct ShapeFlags {
   bool sinks = false;
   double soft_cap = -1;
   int kv_lora_rank = 0, rope_dim = -1;
-  std::vector<std::string> gqa_flags;  // given flags of a GQA model's shape and variants
+  // Given flags of a GQA model's shape and variants, each with its value as given ("set" for
+  // --sinks, which takes none).
+  std::vector<std::pair<std::string, std::string>> gqa_flags;
 
   Model apply() const {
     const Model* base = find_model(model);
@@ -228,8 +232,12 @@ struct ShapeFlags {
       m.rope_dim = rope_dim;
     }
     if (m.mla() && !gqa_flags.empty()) {
-      throw cli::UsageError(gqa_flags.front(), "does not apply to an MLA model (" + m.name +
-                                                   "): its heads share one latent row");
+      const std::string why = base->mla() ? m.name + " is an MLA model"
+                                          : "--kv-lora-rank " + std::to_string(kv_lora_rank) +
+                                                " makes this model an MLA model";
+      throw cli::UsageError(
+          gqa_flags.front().first, gqa_flags.front().second,
+          "applies to GQA models only; " + why + ", whose heads share one latent row");
     }
     if (heads) m.num_heads = heads;
     if (kv_heads) m.num_kv_heads = kv_heads;
@@ -246,24 +254,30 @@ struct ShapeFlags {
 // Flags of the model; false when `a` is not one.
 bool parse_model_flag(cli::Args& args, ShapeFlags& f) {
   const std::string& a = args.flag();
+  std::string value = "set";  // the flag's value as given, for the GQA flags' error
+  const auto integer = [&](long long lo, long long hi) {
+    value = args.value();
+    return static_cast<int>(cli::parse_int(a, value, lo, hi));
+  };
   if (a == "--model") {
     f.model = args.value();
   } else if (a == "--heads") {
-    f.heads = static_cast<int>(args.integer(1, kMaxCount));
+    f.heads = integer(1, kMaxCount);
   } else if (a == "--kv-heads") {
-    f.kv_heads = static_cast<int>(args.integer(1, kMaxCount));
+    f.kv_heads = integer(1, kMaxCount);
   } else if (a == "--head-dim") {
-    f.head_dim = static_cast<int>(args.integer(1, kMaxCount));
+    f.head_dim = integer(1, kMaxCount);
   } else if (a == "--layers") {
-    f.layers = static_cast<int>(args.integer(1, 4096));
+    f.layers = integer(1, 4096);
   } else if (a == "--sliding-window") {
-    f.sliding_window = static_cast<int>(args.integer(0, kMaxCount));
+    f.sliding_window = integer(0, kMaxCount);
   } else if (a == "--full-every") {
-    f.full_every = static_cast<int>(args.integer(1, 4096));
+    f.full_every = integer(1, 4096);
   } else if (a == "--sinks") {
     f.sinks = true;
   } else if (a == "--soft-cap") {
-    f.soft_cap = args.number(0, kMaxVariantMagnitude);
+    value = args.value();
+    f.soft_cap = cli::parse_number(a, value, 0, kMaxVariantMagnitude);
     if (f.soft_cap > 0 && f.soft_cap < kMinSoftCap) {
       cli::bad_value(a, std::to_string(f.soft_cap), "below the smallest soft-cap");
     }
@@ -276,7 +290,7 @@ bool parse_model_flag(cli::Args& args, ShapeFlags& f) {
   } else {
     return false;
   }
-  if (a != "--model" && a != "--heads" && a != "--layers") f.gqa_flags.push_back(a);
+  if (a != "--model" && a != "--heads" && a != "--layers") f.gqa_flags.emplace_back(a, value);
   return true;
 }
 
