@@ -279,7 +279,7 @@ bool parse_model_flag(cli::Args& args, ShapeFlags& f) {
     value = args.value();
     f.soft_cap = cli::parse_number(a, value, 0, kMaxVariantMagnitude);
     if (f.soft_cap > 0 && f.soft_cap < kMinSoftCap) {
-      cli::bad_value(a, std::to_string(f.soft_cap), "below the smallest soft-cap");
+      cli::bad_value(a, value, "below the smallest soft-cap");
     }
   } else if (a == "--kv-lora-rank") {
     f.kv_lora_rank = static_cast<int>(args.integer(1, kMaxCount));
