@@ -1,6 +1,6 @@
-// Thin wrappers over the sm_90a PTX of the many-row kernel: mbarriers, TMA (bulk tensor) copies,
-// proxy fences and warpgroup MMA (wgmma) for f16 and bf16 operands with f32 accumulators. Only
-// meaningful in sm_90a code (many_rows.cu is compiled for that target alone).
+// Thin wrappers over sm_90 PTX: mbarriers, bulk and TMA (bulk tensor) copies and proxy fences
+// (sm_90 and newer), and warpgroup MMA (wgmma) for f16 and bf16 operands with f32 accumulators
+// (sm_90a only: many_rows.cu is compiled for that target alone).
 #pragma once
 
 #include <cuda.h>
@@ -42,6 +42,17 @@ __device__ __forceinline__ void fence_barrier_init() {
 // Generic-proxy shared-memory writes become visible to the async proxy (wgmma, TMA).
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// A copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global into shared
+// memory, completing its bytes on `bar`.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, std::uint32_t bytes,
+                                          std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
 }
 
 // A 4-d tile copy of `map` at coordinates {c0, c1, c2, c3} into shared memory, completing

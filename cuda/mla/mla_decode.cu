@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -41,7 +42,8 @@ std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
 int ceil_div(std::int64_t a, std::int64_t b) { return static_cast<int>((a + b - 1) / b); }
 
 // Every sequence gets the same splits of `chunk` tokens over the table row's capacity. The
-// default spreads batch x row chunks over about two CTAs per SM (one is resident per SM).
+// default fills one wave: one CTA is resident per SM, and a second, partial wave would leave
+// most SMs idle while it runs.
 MlaPlan plan_mla(const MlaDecodeArgs& a, const DecodeOptions& o) {
   MlaPlan plan;
   plan.max_q = a.q_indptr != nullptr ? std::max(1, a.max_q_len) : 1;
@@ -55,7 +57,7 @@ MlaPlan plan_mla(const MlaDecodeArgs& a, const DecodeOptions& o) {
     chunk = kInvariantChunk;
   } else {
     const std::int64_t units = std::max<std::int64_t>(1, std::int64_t{a.batch} * plan.row_chunks);
-    const std::int64_t want = std::max<std::int64_t>(1, 2 * current_device().sms / units);
+    const std::int64_t want = std::max<std::int64_t>(1, current_device().sms / units);
     const std::int64_t most = std::max<std::int64_t>(1, capacity / kMinChunk);
     chunk = (capacity + std::min(want, most) - 1) / std::min(want, most);
   }
@@ -83,11 +85,24 @@ void require_aligned(const char* name, const void* ptr, std::int64_t block, std:
   }
 }
 
+// Allows the kernel the shared memory of the widest latent row the device can hold, once per
+// device and instantiation: every call's own need was checked against that limit already.
+template <typename T, typename KV>
+void allow_kernel_smem() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> done[kMaxDevices] = {};
+  const DeviceInfo& d = current_device();
+  if (d.device < kMaxDevices && done[d.device].load(std::memory_order_acquire)) return;
+  const int widest = mla::smem_layout(mla::kMaxRank + mla::kMaxRope, sizeof(KV) == 1).total;
+  check(cudaFuncSetAttribute(mla::mla_kernel<T, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             std::min(widest, d.smem.optin_per_cta)),
+        "cudaFuncSetAttribute(mla_kernel)");
+  if (d.device < kMaxDevices) done[d.device].store(true, std::memory_order_release);
+}
+
 template <typename T, typename KV>
 void launch_typed(const MlaParams& p, int grid, int smem, cudaStream_t stream) {
-  check(cudaFuncSetAttribute(mla::mla_kernel<T, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             smem),
-        "cudaFuncSetAttribute(mla_kernel)");
+  allow_kernel_smem<T, KV>();
   check(launch_kernel(mla::mla_kernel<T, KV>, grid, mla::kThreads, smem, false, stream, p),
         "mla_kernel launch");
 }

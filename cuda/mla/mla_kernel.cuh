@@ -34,6 +34,8 @@ __device__ inline void tile_scores(const SmemLayout& L, const char* smem, int ti
   const char* q = smem + L.q + ((lane % 16) * L.ld + (lane / 16) * 8) * 2;
   const char* k = smem + tile + ((8 * warp + lane % 8) * L.ld + (lane / 8) * 8) * 2;
   const char* k2 = smem + tile + ((8 * warp + lane % 8) * L.ld + ((lane / 8) & 1) * 8) * 2;
+  // Even and odd 16-dim steps accumulate apart: two MMA chains in flight instead of one.
+  float odd[4] = {0.f, 0.f, 0.f, 0.f};
   c[0] = c[1] = c[2] = c[3] = 0.f;
   const int steps = width / 16;
   int kk = 0;
@@ -44,7 +46,7 @@ __device__ inline void tile_scores(const SmemLayout& L, const char* smem, int ti
     ldmatrix_x4(a0, q + kk * 32);
     ldmatrix_x4(a1, q + kk * 32 + 32);
     MmaOp<T>::mma(c, a0, b[0], b[1]);
-    MmaOp<T>::mma(c, a1, b[2], b[3]);
+    MmaOp<T>::mma(odd, a1, b[2], b[3]);
   }
   if (kk < steps) {  // an odd number of 16-dim steps (rope_dim 16 or 48)
     std::uint32_t b[2], a[4];
@@ -52,6 +54,8 @@ __device__ inline void tile_scores(const SmemLayout& L, const char* smem, int ti
     ldmatrix_x4(a, q + kk * 32);
     MmaOp<T>::mma(c, a, b[0], b[1]);
   }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) c[e] += odd[e];
 }
 
 // A softmax thread's row (16 threads per row, each 4 keys of the tile) and its running state.
@@ -201,6 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(const MlaParams p) {
     p.split_offset[w.b + 1] = (w.b + 1) * p.splits;
   }
   if (w.row0 >= w.n_rows) return;  // no query row of the sequence in this chunk (uniform)
+  init_tile_barriers(L, smem);
   load_q<T>(p, L, smem, w);
   SoftmaxRow r;
   r.lr = threadIdx.x / 16;
@@ -216,18 +221,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(const MlaParams p) {
       w.tok_end > w.tok_begin ? (w.tok_end - w.tok_begin + kTileKeys - 1) / kTileKeys : 0;
   // Keys from here on are attended by some of the sequence's query tokens and not others.
   const int first_disagree = w.sq.n > 1 ? w.len - w.sq.n + 1 : INT_MAX;
+  __syncthreads();  // Q and the copy barriers are ready
   if (tiles > 0) issue_tile<KV>(p, L, smem, w, w.tok_begin, 0);
-  cp_async_commit();
   for (int it = 0; it < tiles; ++it) {
     const int key0 = w.tok_begin + it * kTileKeys;
-    if (it + 1 < tiles) {
-      issue_tile<KV>(p, L, smem, w, key0 + kTileKeys, (it + 1) & 1);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // the tile (and, the first time, Q) is in shared memory for every thread
+    const bool next = it + 1 < tiles;
+    if (next) issue_tile<KV>(p, L, smem, w, key0 + kTileKeys, (it + 1) & 1);
+    wait_tile(L, smem, it, next);
+#if __CUDA_ARCH__ < 900
+    __syncthreads();  // every thread's copies of the tile have landed
+#endif
     const int tile = k8 || (it & 1) == 0 ? L.tile0 : L.tile1;
     const bool guarded = key0 + kTileKeys > first_disagree;
     if (k8) widen_tile<T, KV>(p, L, smem, it & 1);

@@ -41,10 +41,10 @@ struct MlaParams {
 
 // The shared memory of a CTA for a latent row of `width` = rank + rope elements, in bytes from
 // the (16-byte aligned) dynamic base: Q, the 16-bit tiles (two stages, or one tile for 8-bit
-// caches, whose two raw stages follow), the scores and P.
+// caches, whose two raw stages follow), the scores, P, and the stages' barriers.
 struct SmemLayout {
   int ld;  // elements between the rows of Q and of a tile
-  int q, tile0, tile1, raw0, raw1, scores, p_hi, p_lo, alpha, bad_keys, total;
+  int q, tile0, tile1, raw0, raw1, scores, p_hi, p_lo, alpha, bad_keys, full, total;
 };
 __host__ __device__ inline SmemLayout smem_layout(int width, bool eight_bit) {
   SmemLayout s;
@@ -61,7 +61,8 @@ __host__ __device__ inline SmemLayout smem_layout(int width, bool eight_bit) {
   s.p_lo = s.p_hi + kRows * kPRow * 2;
   s.alpha = s.p_lo + kRows * kPRow * 2;
   s.bad_keys = s.alpha + kRows * 4;
-  s.total = s.bad_keys + kTileKeys * 4;
+  s.full = s.bad_keys + kTileKeys * 4;  // two 8-byte barriers: a stage's copies (sm_90)
+  s.total = s.full + 16;
   return s;
 }
 

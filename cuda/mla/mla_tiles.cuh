@@ -13,6 +13,9 @@
 #include "../ptx.cuh"
 #include "../query_rows.cuh"
 #include "mla_params.cuh"
+#if __CUDA_ARCH__ >= 900
+#include "../hopper/sm90_ptx.cuh"
+#endif
 #include "pagedattn/dtype.hpp"
 #include "pagedattn/online_softmax.hpp"
 
@@ -69,17 +72,16 @@ __device__ inline MlaWork mla_work(const MlaParams& p) {
   return w;
 }
 
-// Issues the copies of the tile of keys from key0 into stage `stage`: thread t copies key t % 64,
-// chunks t / 64, + 4, ... of its row. Keys past tok_end and block ids outside the pool read
-// nothing and land as zeros.
+// Where key `key` of the tile from key0 lives: its c and k_pe rows, and id < 0 for keys past
+// tok_end or block ids outside the pool, which are read as zeros.
 template <typename KV>
-__device__ inline void issue_tile(const MlaParams& p, const SmemLayout& L, char* smem,
-                                  const MlaWork& w, int key0, int stage) {
-  constexpr bool k8 = sizeof(KV) == 1;
-  constexpr int per = 16 / static_cast<int>(sizeof(KV));  // elements per 16-byte chunk
-  const int width = p.rank + p.rope;
-  const int key = threadIdx.x % kTileKeys;
-  const int t = key0 + key;
+struct KeyRow {
+  const KV* c;
+  const KV* kpe;
+  int id;
+};
+template <typename KV>
+__device__ inline KeyRow<KV> key_row(const MlaParams& p, const MlaWork& w, int t) {
   int id = -1, slot = 0;
   if (t < w.tok_end) {
     const int blk = t / p.block_size;
@@ -88,17 +90,96 @@ __device__ inline void issue_tile(const MlaParams& p, const SmemLayout& L, char*
     if (id >= p.num_blocks) id = -1;
   }
   const long long at = id < 0 ? 0 : id;
-  const KV* c_row = static_cast<const KV*>(p.c) + at * p.c_block + slot * p.c_token;
-  const KV* kpe_row = static_cast<const KV*>(p.kpe) + at * p.kpe_block + slot * p.kpe_token;
-  const int row_bytes = k8 ? width : L.ld * 2;
-  char* dst =
-      smem + (k8 ? (stage ? L.raw1 : L.raw0) : (stage ? L.tile1 : L.tile0)) + key * row_bytes;
-  const int rank_chunks = p.rank / per, chunks = width / per;
-  for (int ch = threadIdx.x / kTileKeys; ch < chunks; ch += kThreads / kTileKeys) {
-    const KV* src = ch < rank_chunks ? c_row + ch * per : kpe_row + (ch - rank_chunks) * per;
-    cp_async16_row(dst + ch * 16, src, id);
+  return {static_cast<const KV*>(p.c) + at * p.c_block + slot * p.c_token,
+          static_cast<const KV*>(p.kpe) + at * p.kpe_block + slot * p.kpe_token, id};
+}
+
+// The byte offset of stage `stage`'s rows and the bytes between them: 16-bit caches land in the
+// padded tile itself, 8-bit caches in a raw stage of unpadded rows.
+template <typename KV>
+__device__ inline int stage_base(const SmemLayout& L, int stage) {
+  return sizeof(KV) == 1 ? (stage ? L.raw1 : L.raw0) : (stage ? L.tile1 : L.tile0);
+}
+template <typename KV>
+__device__ inline int stage_row_bytes(const MlaParams& p, const SmemLayout& L) {
+  return sizeof(KV) == 1 ? p.rank + p.rope : L.ld * 2;
+}
+
+#if __CUDA_ARCH__ >= 900
+// sm_90: lanes 0 .. 7 of warp w copy keys 8w .. 8w + 7, each its key's row with one bulk copy
+// (two where c and k_pe are apart) that completes on the stage's barrier. A bulk copy takes
+// uniform operands, so a warp issues its lanes' copies one after another: eight lanes per warp
+// spread that over all warps. A key that reads nothing is zeroed by its lane, which the
+// barrier's arrival publishes. Every generic write into a stage (these zeros,
+// guard_nonfinite's) is followed by a proxy fence of the writing thread, so that a later tile's
+// bulk copies into the same bytes land after it. Waited on with wait_tile.
+template <typename KV>
+__device__ inline void issue_tile(const MlaParams& p, const SmemLayout& L, char* smem,
+                                  const MlaWork& w, int key0, int stage) {
+  constexpr int kLanes = kTileKeys / kWarps;
+  const int lane = threadIdx.x % 32;
+  if (lane >= kLanes) return;
+  const int key = (threadIdx.x / 32) * kLanes + lane;
+  std::uint64_t* bar = reinterpret_cast<std::uint64_t*>(smem + L.full) + stage;
+  const KeyRow<KV> r = key_row<KV>(p, w, key0 + key);
+  const int c_bytes = p.rank * static_cast<int>(sizeof(KV));
+  const int kpe_bytes = p.rope * static_cast<int>(sizeof(KV));
+  char* dst = smem + stage_base<KV>(L, stage) + key * stage_row_bytes<KV>(p, L);
+  if (r.id < 0) {
+    for (int b = 0; b < c_bytes + kpe_bytes; b += 16) {
+      *reinterpret_cast<uint4*>(dst + b) = make_uint4(0, 0, 0, 0);
+    }
+    sm90::fence_proxy_async();
+    sm90::mbar_arrive(bar);
+    return;
+  }
+  sm90::mbar_arrive_expect_tx(bar, c_bytes + kpe_bytes);
+  if (r.kpe == r.c + p.rank) {  // one combined row
+    sm90::bulk_copy(dst, r.c, c_bytes + kpe_bytes, bar);
+    return;
+  }
+  sm90::bulk_copy(dst, r.c, c_bytes, bar);
+  if (kpe_bytes > 0) sm90::bulk_copy(dst + c_bytes, r.kpe, kpe_bytes, bar);
+}
+__device__ inline void wait_tile(const SmemLayout& L, char* smem, int it, bool /*next_issued*/) {
+  sm90::mbar_wait(reinterpret_cast<std::uint64_t*>(smem + L.full) + (it & 1), (it >> 1) & 1);
+}
+__device__ inline void init_tile_barriers(const SmemLayout& L, char* smem) {
+  if (threadIdx.x == 0) {
+    sm90::mbar_init(reinterpret_cast<std::uint64_t*>(smem + L.full), kTileKeys);
+    sm90::mbar_init(reinterpret_cast<std::uint64_t*>(smem + L.full) + 1, kTileKeys);
+    sm90::fence_barrier_init();
   }
 }
+#else
+// Before sm_90: every warp copies keys warp, warp + 8, ..., a row by the whole warp in
+// consecutive 16-byte cp.async chunks, one group per tile. Keys that read nothing land as zeros.
+template <typename KV>
+__device__ inline void issue_tile(const MlaParams& p, const SmemLayout& L, char* smem,
+                                  const MlaWork& w, int key0, int stage) {
+  constexpr int per = 16 / static_cast<int>(sizeof(KV));  // elements per 16-byte chunk
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rank_chunks = p.rank / per, chunks = (p.rank + p.rope) / per;
+  for (int key = warp; key < kTileKeys; key += kWarps) {
+    const KeyRow<KV> r = key_row<KV>(p, w, key0 + key);
+    char* dst = smem + stage_base<KV>(L, stage) + key * stage_row_bytes<KV>(p, L);
+    for (int ch = lane; ch < chunks; ch += 32) {
+      const KV* src = ch < rank_chunks ? r.c + ch * per : r.kpe + (ch - rank_chunks) * per;
+      cp_async16_row(dst + ch * 16, src, r.id);
+    }
+  }
+  cp_async_commit();
+}
+// Waits for this thread's copies of tile `it`, the group before the next tile's if issued.
+__device__ inline void wait_tile(const SmemLayout&, char*, int, bool next_issued) {
+  if (next_issued) {
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+}
+__device__ inline void init_tile_barriers(const SmemLayout&, char*) {}
+#endif
 
 // 8-bit caches: widens the raw stage into the 16-bit tile; after the barrier that follows the
 // copies' wait, so every thread's copies have landed.
@@ -149,6 +230,9 @@ __device__ inline void guard_nonfinite(const MlaParams& p, const SmemLayout& L, 
     any = __any_sync(0xffffffffu, any);
     if (lane == 0) bad[key] = any ? 1 : 0;
   }
+#if __CUDA_ARCH__ >= 900
+  sm90::fence_proxy_async();  // the zeros land before a later tile's bulk copies (issue_tile)
+#endif
 }
 
 }  // namespace pagedattn::detail::cuda::mla
