@@ -1,4 +1,6 @@
-// MLA decode on the CUDA backend (pagedattn/mla.hpp, cuda/mla/): the kernel against the f64
+// MLA decode on the CUDA backend (pagedattn/mla.hpp, cuda/mla/, and on sm_90 the 64-row kernel of
+// cuda/hopper/mla_many_rows.cu where it serves; PAGEDATTN_MLA_KERNEL=mma runs the 16-row one
+// there): the kernels against the f64
 // reference over heads (one to several 16-row chunks, and a partial one), query tokens, block
 // sizes (1 to 256, dividing 64 or not), cache dtypes (bf16, f16, fp8 e4m3 and e5m2 with a scale),
 // output dtypes, latent widths, the two-part and the combined cache with padded rows, and long
@@ -128,6 +130,8 @@ std::vector<CudaParam> cuda_grid() {
   }
   // Rows that end mid-chunk, block sizes that do not divide a tile, other widths and dtypes.
   g.push_back({bf16, bf16, bf16, 20, 3, 16, 512, 64, false});
+  g.push_back({bf16, bf16, bf16, 16, 2, 32, 512, 64, true});
+  g.push_back({bf16, bf16, bf16, 128, 2, 8, 512, 64, false});
   g.push_back({bf16, bf16, bf16, 1, 1, 100, 512, 64, true});
   g.push_back({bf16, bf16, bf16, 64, 4, 256, 512, 64, false});
   g.push_back({bf16, bf16, f32, 16, 2, 32, 512, 64, false});

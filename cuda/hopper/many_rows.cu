@@ -17,6 +17,7 @@
 #include "many_rows_epilogue.cuh"
 #include "many_rows_producer.cuh"
 #include "pagedattn/error.hpp"
+#include "tensor_map.hpp"
 
 namespace pagedattn::detail::cuda {
 namespace sm90 {
@@ -67,12 +68,6 @@ __global__ void __launch_bounds__(kCtaThreads, 2)
 #endif
 }
 
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// The driver's tensor-map encoder, found through the runtime (no link to libcuda).
 EncodeTiled encode_tiled() {
   static const EncodeTiled fn = [] {
     void* f = nullptr;

@@ -55,6 +55,17 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, std::uint3
       : "memory");
 }
 
+// A 3-d tile copy of `map` at coordinates {c0, c1, c2} into shared memory, completing its bytes
+// on `bar`.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1,
+                                            int c2, std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+      : "memory");
+}
+
 // A 4-d tile copy of `map` at coordinates {c0, c1, c2, c3} into shared memory, completing
 // its bytes on `bar`.
 __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1,
@@ -65,6 +76,16 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, i
       "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
       "r"(smem_u32(bar))
       : "memory");
+}
+
+// Lowers or raises the registers of every thread of the calling warpgroup to N.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
 }
 
 __device__ __forceinline__ void wgmma_fence() {
@@ -123,6 +144,33 @@ struct WgmmaType<__half> {
       "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), \
       "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), \
       "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define PAGEDATTN_WGMMA_D16                                                                       \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15])
+#define PAGEDATTN_WGMMA_D128                                                                     \
+  PAGEDATTN_WGMMA_D64, "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]),          \
+      "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), \
+      "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), \
+      "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), \
+      "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), \
+      "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]),           \
+      "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]),        \
+      "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]),        \
+      "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]),        \
+      "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]),        \
+      "+f"(d[127])
+#define PAGEDATTN_WGMMA_REGS16 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define PAGEDATTN_WGMMA_REGS128                                                           \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "     \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, " \
+  "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, " \
+  "%52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, " \
+  "%69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, " \
+  "%86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, "    \
+  "%102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, "  \
+  "%116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 #define PAGEDATTN_WGMMA_REGS32                                                                  \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -176,9 +224,55 @@ __device__ __forceinline__ void wgmma_rs_n128(float (&d)[64], const std::uint32_
   }
 }
 
+// D[64x32] (+)= A[64x16] B[16x32]: A and B K-major in shared memory; D is zeroed first when
+// accumulate is 0.
+template <typename T>
+__device__ __forceinline__ void wgmma_ss_n32(float (&d)[16], std::uint64_t a, std::uint64_t b,
+                                             int accumulate) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " PAGEDATTN_WGMMA_REGS16
+        ", %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : PAGEDATTN_WGMMA_D16
+        : "l"(a), "l"(b), "r"(accumulate));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " PAGEDATTN_WGMMA_REGS16
+        ", %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : PAGEDATTN_WGMMA_D16
+        : "l"(a), "l"(b), "r"(accumulate));
+  }
+}
+
+// D[64x256] += A[64x16] B[16x256]: A K-major and B MN-major, both in shared memory.
+template <typename T>
+__device__ __forceinline__ void wgmma_ss_n256(float (&d)[128], std::uint64_t a, std::uint64_t b) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " PAGEDATTN_WGMMA_REGS128
+        ", %128, %129, p, 1, 1, 0, 1;\n}\n"
+        : PAGEDATTN_WGMMA_D128
+        : "l"(a), "l"(b), "r"(1));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " PAGEDATTN_WGMMA_REGS128
+        ", %128, %129, p, 1, 1, 0, 1;\n}\n"
+        : PAGEDATTN_WGMMA_D128
+        : "l"(a), "l"(b), "r"(1));
+  }
+}
+
+#undef PAGEDATTN_WGMMA_D16
 #undef PAGEDATTN_WGMMA_D32
 #undef PAGEDATTN_WGMMA_D64
+#undef PAGEDATTN_WGMMA_D128
+#undef PAGEDATTN_WGMMA_REGS16
 #undef PAGEDATTN_WGMMA_REGS32
 #undef PAGEDATTN_WGMMA_REGS64
+#undef PAGEDATTN_WGMMA_REGS128
 
 }  // namespace pagedattn::detail::cuda::sm90

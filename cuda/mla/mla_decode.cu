@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <string>
 
@@ -19,6 +20,9 @@
 #include "../workspace.hpp"
 #include "mla_kernel.cuh"
 #include "pagedattn/mla_validate.hpp"
+#if defined(PAGEDATTN_MANY_ROWS_KERNEL)
+#include "../hopper/mla_many_rows.hpp"
+#endif
 
 namespace pagedattn::detail::cuda {
 namespace {
@@ -34,9 +38,35 @@ constexpr int kInvariantChunk = 1024;
 constexpr int kMinChunk = 256;
 
 struct MlaPlan {
+  bool many_rows = false;  // the sm_90 kernel (hopper/mla_many_rows.hpp), else mla_kernel.cuh's
+  int cta_rows = kRows;
   int max_q = 1, row_chunks = 1, splits = 1, chunk = kTileKeys;
   WorkspaceLayout workspace;
 };
+
+// Whether PAGEDATTN_MLA_KERNEL=mma asks for the 16-row kernel wherever the sm_90 one would serve
+// (to compare the two).
+bool sixteen_rows_forced() {
+  static const bool forced = [] {
+    const char* env = std::getenv("PAGEDATTN_MLA_KERNEL");
+    return env != nullptr && std::string(env) == "mma";
+  }();
+  return forced;
+}
+
+// f32 outputs, and f16 outputs of bf16 inputs, need f32-level weights: P as hi + lo parts.
+bool needs_split_p(const MlaDecodeArgs& a) {
+  return a.out_dtype == DType::kF32 || (a.out_dtype == DType::kF16 && a.q_dtype == DType::kBF16);
+}
+
+bool takes_many_rows(const MlaDecodeArgs& a) {
+#if defined(PAGEDATTN_MANY_ROWS_KERNEL)
+  return !sixteen_rows_forced() && mla_many_rows_serves(a, needs_split_p(a));
+#else
+  (void)a;
+  return false;
+#endif
+}
 
 std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
 int ceil_div(std::int64_t a, std::int64_t b) { return static_cast<int>((a + b - 1) / b); }
@@ -46,8 +76,12 @@ int ceil_div(std::int64_t a, std::int64_t b) { return static_cast<int>((a + b - 
 // most SMs idle while it runs.
 MlaPlan plan_mla(const MlaDecodeArgs& a, const DecodeOptions& o) {
   MlaPlan plan;
+  plan.many_rows = takes_many_rows(a);
+#if defined(PAGEDATTN_MANY_ROWS_KERNEL)
+  if (plan.many_rows) plan.cta_rows = kMlaManyRows;
+#endif
   plan.max_q = a.q_indptr != nullptr ? std::max(1, a.max_q_len) : 1;
-  plan.row_chunks = ceil_div(static_cast<std::int64_t>(plan.max_q) * a.num_heads, kRows);
+  plan.row_chunks = ceil_div(static_cast<std::int64_t>(plan.max_q) * a.num_heads, plan.cta_rows);
   const std::int64_t capacity =
       std::max<std::int64_t>(1, static_cast<std::int64_t>(a.max_blocks_per_seq) * a.block_size);
   std::int64_t chunk = 0;
@@ -119,6 +153,8 @@ void launch_for_cache(const MlaParams& p, DType kv_dtype, int grid, int smem, cu
   }
 }
 
+bool a16(const void* ptr) { return reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0; }
+
 MlaParams mla_params(const MlaDecodeArgs& a, const MlaPlan& plan, char* ws) {
   MlaParams p{};
   p.q_nope = a.q_nope;
@@ -145,14 +181,15 @@ MlaParams mla_params(const MlaDecodeArgs& a, const MlaPlan& plan, char* ws) {
   p.q_indptr = a.q_indptr;
   p.q_rows = a.q_rows();
   p.max_q = plan.max_q;
+  p.cta_rows = plan.cta_rows;
+  p.q_vec16 = a16(a.q_nope) && a16(a.q_pe) && p.q_nope_row % 8 == 0 && p.q_nope_head % 8 == 0 &&
+              p.q_pe_row % 8 == 0 && p.q_pe_head % 8 == 0;
   const float kv_scale = is_fp8(a.kv_dtype) ? a.kv_scale : 1.f;
   p.scale_log2 = a.effective_scale() * kv_scale * 1.4426950408889634f;
   p.out_scale = kv_scale;
   // 16-bit weights round to 2^-9 (bf16) or 2^-12 (f16) of each weight: inside a bf16 output's
-  // tolerance, and an f16 output's with f16 weights; f32 outputs, and f16 outputs of bf16
-  // inputs, take the weights as hi + lo.
-  p.split_p =
-      a.out_dtype == DType::kF32 || (a.out_dtype == DType::kF16 && a.q_dtype == DType::kBF16);
+  // tolerance, and an f16 output's with f16 weights; the others take them as hi + lo.
+  p.split_p = needs_split_p(a);
   p.splits = plan.splits;
   p.chunk = plan.chunk;
   p.row_chunks = plan.row_chunks;
@@ -230,6 +267,13 @@ void mla_decode(const MlaDecodeArgs& a, const DecodeOptions& options) {
   char* ws =
       call_workspace(options, plan.workspace.total, stream, &own, "cuda_mla_workspace_size()");
   const MlaParams p = mla_params(a, plan, ws);
+#if defined(PAGEDATTN_MANY_ROWS_KERNEL)
+  if (plan.many_rows) {
+    launch_mla_many_rows(p, a.q_dtype, static_cast<int>(grid64), stream);
+    launch_combine(mla_combine_params(a, p), GeneralVariant{}, a.out_dtype, false, stream);
+    return;
+  }
+#endif
   const int smem = mla::smem_layout(a.row_width(), is_fp8(a.kv_dtype)).total;
   if (a.q_dtype == DType::kBF16) {
     launch_for_cache<__nv_bfloat16>(p, a.kv_dtype, static_cast<int>(grid64), smem, stream);

@@ -28,6 +28,8 @@ struct MlaParams {
   const std::int32_t* lens;
   const std::int32_t* q_indptr;  // null: one query token per sequence
   int q_rows, max_q;
+  int cta_rows;      // query rows per CTA: kRows here, 64 in the sm_90 kernel (mla_many_rows.hpp)
+  bool q_vec16;      // q_nope and q_pe rows can be read in 16-byte pieces (addresses and strides)
   float scale_log2;  // scale * kv_scale * log2(e): the logits in log2 units
   float out_scale;   // kv_scale: what the accumulators of codes are multiplied by
   bool split_p;      // P V with P = hi + lo in the 16-bit type: f32-level weights

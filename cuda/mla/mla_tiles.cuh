@@ -59,13 +59,13 @@ __device__ inline MlaWork mla_work(const MlaParams& p) {
   idx /= p.row_chunks;
   w.split = idx % p.splits;
   w.b = idx / p.splits;
-  w.row0 = rc * kRows;
+  w.row0 = rc * p.cta_rows;
   w.sq = seq_queries(p.q_indptr, p.q_rows, p.max_q, w.b);
   const int capacity = p.max_blocks * p.block_size;
   w.len = min(max(__ldg(p.lens + w.b), 0), capacity);
   w.n_rows = w.sq.n * p.heads;
   // The CTA's last row's query token sees the most keys: up to its own position.
-  const int last_tok = min((w.row0 + kRows - 1) / p.heads, w.sq.n - 1);
+  const int last_tok = min((w.row0 + p.cta_rows - 1) / p.heads, w.sq.n - 1);
   const int keys = min(w.len, w.len - w.sq.n + last_tok + 1);
   w.tok_begin = w.split * p.chunk;
   w.tok_end = min(w.tok_begin + p.chunk, keys);
