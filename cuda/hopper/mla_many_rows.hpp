@@ -15,7 +15,7 @@ namespace pagedattn::detail::cuda {
 constexpr int kMlaManyRows = 64;  // query rows per CTA: one wgmma M tile
 
 // Whether the kernel serves the call on the current device: an sm_90 device with room for its
-// shared memory, q and the cache in one 16-bit dtype, rank 512 and rope 64 (a tile is eight
+// shared memory, a 16-bit q with a cache of its dtype or fp8, rank 512 and rope 64 (a tile is eight
 // 64-column parts of c and one of k_pe), pages that split or fill 64-key tiles (8, 16 or 32
 // tokens, or a multiple of 64), weights in q's 16-bit type (not split_p), and a cache layout the
 // driver can describe as TMA tensors.
@@ -23,6 +23,7 @@ bool mla_many_rows_serves(const MlaDecodeArgs& a, bool split_p);
 
 // Launches it on grid CTAs (batch x splits x row chunks of p's plan, p.cta_rows = kMlaManyRows);
 // a layout that mla_many_rows_serves accepted.
-void launch_mla_many_rows(const mla::MlaParams& p, DType dtype, int grid, cudaStream_t stream);
+void launch_mla_many_rows(const mla::MlaParams& p, DType q_dtype, DType kv_dtype, int grid,
+                          cudaStream_t stream);
 
 }  // namespace pagedattn::detail::cuda

@@ -296,9 +296,41 @@ __device__ inline void store_partial(Storage& sm, const MlaParams& p, const MlaW
   }
 }
 
+// 8-bit caches: the raw stage's codes widened, exactly, into the 16-bit tile (which both groups
+// have finished reading: the caller's barrier), then the raw stage goes back to the producer.
+template <typename T, typename KV>
+__device__ void widen_stage(Storage& sm, int s) {
+  constexpr int kRowChunks = (kRank + kRope) / 16;  // 16 codes each
+  const char* raw = raw_stage(sm, s);
+  for (int c = threadIdx.x; c < kKeys * kRowChunks; c += kConsumers) {
+    const int k = c / kRowChunks, col = (c % kRowChunks) * 16;
+    const char* src = col < kRank ? raw + (col / kRawBoxCols) * kKeys * kRawBoxCols +
+                                        k * kRawBoxCols + col % kRawBoxCols
+                                  : raw + kRank * kKeys + k * kRope + (col - kRank);
+    const uint4 codes = *reinterpret_cast<const uint4*>(src);
+    const std::uint32_t in[4] = {codes.x, codes.y, codes.z, codes.w};
+    std::uint32_t wide[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      wide[2 * i] = widen_pair<T, KV>(in[i] & 0xffffu);
+      wide[2 * i + 1] = widen_pair<T, KV>(in[i] >> 16);
+    }
+    const int piece = (col % 64) / 8;
+    char* row = sm.kv[0] + (col / 64) * kPartBytes + k * 128;
+    *reinterpret_cast<uint4*>(row + ((piece ^ (k % 8)) * 16)) =
+        make_uint4(wide[0], wide[1], wide[2], wide[3]);
+    *reinterpret_cast<uint4*>(row + (((piece + 1) ^ (k % 8)) * 16)) =
+        make_uint4(wide[4], wide[5], wide[6], wide[7]);
+  }
+  fence_proxy_async();
+  consumers_sync();
+  release(&sm.empty[s]);
+}
+
 // Every tile of the split into O and the softmax states, then the partial state.
-template <typename T>
+template <typename T, typename KV>
 __device__ void consume_tiles(Storage& sm, const MlaParams& p, const MlaWork& w, int tiles) {
+  constexpr bool k8 = sizeof(KV) == 1;
   const int g = threadIdx.x / 128;
   const ThreadRows rows = thread_rows(p, w);
   load_q(sm, p, w);
@@ -318,15 +350,20 @@ __device__ void consume_tiles(Storage& sm, const MlaParams& p, const MlaWork& w,
     const std::uint32_t ok = pages_copied(p, w, key0);
     const bool edge = key0 + kKeys > all_end || ok != all_pages;  // uniform
     cuda::sm90::mbar_wait(&sm.full[s], (t / kStages) & 1);
+    if constexpr (k8) {
+      if (t > 0) consumers_sync();  // both groups' P c of the last tile is done
+      widen_stage<T, KV>(sm, s);
+    }
+    char* tile = mma_tile<KV>(sm, s);
     std::uint32_t bad = 0;
     if (edge) {
-      sanitize_keys<T>(sm, sm.kv[s], key0, w, ok, pg.rows, first_disagree, g);
+      sanitize_keys<T>(sm, tile, key0, w, ok, pg.rows, first_disagree, g);
       bad = sm.bad_keys[g];
     }
     float sc[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) sc[i] = 0.f;
-    issue_scores<T>(sc, q, smem_u32(sm.kv[s]) + g * kGroupKeys * 128);
+    issue_scores<T>(sc, q, smem_u32(tile) + g * kGroupKeys * 128);
     wgmma_wait<0>();
     fence_regs(sc);
     if (edge) mask_scores(sc, key0, rows, ok, pg.rows, bad, g);
@@ -334,10 +371,10 @@ __device__ void consume_tiles(Storage& sm, const MlaParams& p, const MlaWork& w,
     softmax_tile(sm, sc, st, rows, p.scale_log2, g, alpha);
     store_p<T>(sm, sc, rows, g);
     rescale(o, alpha);
-    issue_pv<T>(o, pw, smem_u32(sm.kv[s]) + g * (kGroupCols / 64) * kPartBytes);
+    issue_pv<T>(o, pw, smem_u32(tile) + g * (kGroupCols / 64) * kPartBytes);
     wgmma_wait<0>();
     fence_regs(o);
-    release(&sm.empty[s]);
+    if constexpr (!k8) release(&sm.empty[s]);
   }
   store_partial(sm, p, w, rows, o, st, g);
 }

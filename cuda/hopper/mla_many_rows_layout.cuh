@@ -4,6 +4,8 @@
 // A latent row of 576 16-bit values is stored as nine 64-column parts (eight of c, one of k_pe),
 // each part of a 64-row tile being 64 rows of 128 bytes, 128-byte swizzled: the layout TMA writes
 // and wgmma reads, K-major for S = Q K^T and MN-major for O += P c. Q is stored the same way.
+// An 8-bit cache lands as codes in a raw stage (two 256-column boxes of c and one of k_pe per
+// page, unswizzled) and is widened exactly into the one 16-bit tile the MMAs read.
 #pragma once
 
 #include <cstdint>
@@ -33,19 +35,29 @@ constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumers <= 65536, "one CTA per SM");
 static_assert(kKeys == kTileKeys, "splits are cut in the 16-row kernel's tiles");
+constexpr int kRawBoxCols = 256;                    // an 8-bit box's columns of c
+constexpr int kRawBytes = kKeys * (kRank + kRope);  // one raw stage of codes
+static_assert(2 * kRawBytes == kTileBytes, "8-bit caches: kv[1] holds the two raw stages");
 
 // Every tile starts on a 1024-byte boundary: the swizzle pattern repeats every 8 rows of 128
 // bytes and is taken from the shared-memory address.
 struct alignas(1024) Storage {
   char q[kTileBytes];
-  char kv[kStages][kTileBytes];
-  char p[kPartBytes];                   // P: 64 rows x 64 keys, K-major, swizzled
+  char kv[kStages][kTileBytes];  // 16-bit tiles; 8-bit caches: kv[0] the tile, kv[1] raw stages
+  char p[kPartBytes];            // P: 64 rows x 64 keys, K-major, swizzled
   float row_max[kGroups][kRowsPerCta];  // each group's tile max per row (raw scores)
   float row_sum[kRowsPerCta];           // the second group's share of l, at the end
   std::uint32_t bad_keys[kGroups];      // per group: its keys with a value that must not be read
   std::uint64_t full[kStages];          // producer -> consumers: the stage's copies landed
   std::uint64_t empty[kStages];         // consumers -> producer: every consumer warp is done
 };
+
+// Where the MMAs read tile t (stage s) and where the producer lands it.
+template <typename KV>
+__device__ __forceinline__ char* mma_tile(Storage& sm, int s) {
+  return sizeof(KV) == 1 ? sm.kv[0] : sm.kv[s];
+}
+__device__ __forceinline__ char* raw_stage(Storage& sm, int s) { return sm.kv[1] + s * kRawBytes; }
 
 // Pages of min(block_size, 64) tokens: a tile is 64 / page_rows pages or part of one page.
 struct Pages {

@@ -269,7 +269,7 @@ void mla_decode(const MlaDecodeArgs& a, const DecodeOptions& options) {
   const MlaParams p = mla_params(a, plan, ws);
 #if defined(PAGEDATTN_MANY_ROWS_KERNEL)
   if (plan.many_rows) {
-    launch_mla_many_rows(p, a.q_dtype, static_cast<int>(grid64), stream);
+    launch_mla_many_rows(p, a.q_dtype, a.kv_dtype, static_cast<int>(grid64), stream);
     launch_combine(mla_combine_params(a, p), GeneralVariant{}, a.out_dtype, false, stream);
     return;
   }
