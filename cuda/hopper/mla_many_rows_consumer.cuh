@@ -327,56 +327,122 @@ __device__ void widen_stage(Storage& sm, int s) {
   release(&sm.empty[s]);
 }
 
-// Every tile of the split into O and the softmax states, then the partial state.
+// What the consumers know of tile t once it is open: its stage, keys, copied pages, and whether
+// it needs the mask (and which of its keys are flagged).
+struct OpenTile {
+  int s, key0;
+  std::uint32_t ok, bad;
+  bool edge;
+};
+
+// The facts of the CTA's split that every tile reads.
+struct SplitFacts {
+  int first_disagree;  // keys from here on are attended by some query tokens only
+  int all_end;         // keys below are attended by every row of the CTA
+  std::uint32_t all_pages;
+  Pages pages;
+};
+__device__ inline SplitFacts split_facts(const MlaParams& p, const MlaWork& w) {
+  SplitFacts f;
+  f.first_disagree = w.sq.n > 1 ? w.len - w.sq.n + 1 : INT_MAX;
+  f.all_end = min(w.len - w.sq.n + w.row0 / p.heads + 1, w.tok_end);
+  f.pages = tile_pages(p.block_size);
+  f.all_pages = (1u << f.pages.per_tile) - 1u;
+  return f;
+}
+
+// Waits for tile t, widens an 8-bit cache's codes (after both groups finished reading the last
+// tile) and sanitizes an edge tile's keys of this group: then its scores may be issued.
+template <typename T, typename KV>
+__device__ inline OpenTile open_tile(Storage& sm, const MlaParams& p, const MlaWork& w,
+                                     const SplitFacts& f, int t, int g) {
+  OpenTile o;
+  o.s = t % kStages;
+  o.key0 = w.tok_begin + t * kKeys;
+  o.ok = pages_copied(p, w, o.key0);
+  o.edge = o.key0 + kKeys > f.all_end || o.ok != f.all_pages;  // uniform
+  o.bad = 0;
+  cuda::sm90::mbar_wait(&sm.full[o.s], (t / kStages) & 1);
+  if constexpr (sizeof(KV) == 1) {
+    if (t > 0) consumers_sync();  // both groups' P c of the last tile is done
+    widen_stage<T, KV>(sm, o.s);
+  }
+  if (o.edge) {
+    sanitize_keys<T>(sm, mma_tile<KV>(sm, o.s), o.key0, w, o.ok, f.pages.rows, f.first_disagree, g);
+    o.bad = sm.bad_keys[g];
+  }
+  return o;
+}
+
+template <typename T, typename KV>
+__device__ __forceinline__ void issue_tile_scores(Storage& sm, const OpenTile& o, float (&sc)[16],
+                                                  int g) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) sc[i] = 0.f;
+  issue_scores<T>(sc, smem_u32(sm.q), smem_u32(mma_tile<KV>(sm, o.s)) + g * kGroupKeys * 128);
+}
+
+// The softmax of a tile whose scores have landed, P, and the issue of O += P c (not waited).
+template <typename T, typename KV>
+__device__ __forceinline__ void weigh_tile(Storage& sm, const MlaParams& p, const OpenTile& o,
+                                           const SplitFacts& f, const ThreadRows& rows,
+                                           float (&sc)[16], float (&acc)[128],
+                                           SoftmaxState2 (&st)[2], int g) {
+  if (o.edge) mask_scores(sc, o.key0, rows, o.ok, f.pages.rows, o.bad, g);
+  float alpha[2];
+  softmax_tile(sm, sc, st, rows, p.scale_log2, g, alpha);
+  store_p<T>(sm, sc, rows, g);
+  rescale(acc, alpha);
+  issue_pv<T>(acc, smem_u32(sm.p),
+              smem_u32(mma_tile<KV>(sm, o.s)) + g * (kGroupCols / 64) * kPartBytes);
+}
+
+// Every tile of the split into O and the softmax states, then the partial state. With a 16-bit
+// cache the scores of tile t + 1 are issued before tile t's softmax, so the tensor cores work
+// through it; an 8-bit cache's single 16-bit tile is rewritten for every tile, so there each
+// tile's scores wait for the last tile's P c.
 template <typename T, typename KV>
 __device__ void consume_tiles(Storage& sm, const MlaParams& p, const MlaWork& w, int tiles) {
   constexpr bool k8 = sizeof(KV) == 1;
   const int g = threadIdx.x / 128;
   const ThreadRows rows = thread_rows(p, w);
+  const SplitFacts f = split_facts(p, w);
   load_q(sm, p, w);
-  float o[128];
+  float acc[128];
 #pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
   SoftmaxState2 st[2] = {SoftmaxState2::empty(), SoftmaxState2::empty()};
-  const Pages pg = tile_pages(p.block_size);
-  const std::uint32_t all_pages = (1u << pg.per_tile) - 1u;
-  // Keys from first_disagree on are attended by some of the sequence's query tokens only; keys
-  // below all_end by every row of the CTA.
-  const int first_disagree = w.sq.n > 1 ? w.len - w.sq.n + 1 : INT_MAX;
-  const int all_end = min(w.len - w.sq.n + w.row0 / p.heads + 1, w.tok_end);
-  const std::uint32_t q = smem_u32(sm.q), pw = smem_u32(sm.p);
-  for (int t = 0; t < tiles; ++t) {
-    const int s = t % kStages, key0 = w.tok_begin + t * kKeys;
-    const std::uint32_t ok = pages_copied(p, w, key0);
-    const bool edge = key0 + kKeys > all_end || ok != all_pages;  // uniform
-    cuda::sm90::mbar_wait(&sm.full[s], (t / kStages) & 1);
-    if constexpr (k8) {
-      if (t > 0) consumers_sync();  // both groups' P c of the last tile is done
-      widen_stage<T, KV>(sm, s);
-    }
-    char* tile = mma_tile<KV>(sm, s);
-    std::uint32_t bad = 0;
-    if (edge) {
-      sanitize_keys<T>(sm, tile, key0, w, ok, pg.rows, first_disagree, g);
-      bad = sm.bad_keys[g];
-    }
-    float sc[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) sc[i] = 0.f;
-    issue_scores<T>(sc, q, smem_u32(tile) + g * kGroupKeys * 128);
+  float sc[16], next_sc[16];
+  OpenTile cur{};
+  if (tiles > 0) {
+    cur = open_tile<T, KV>(sm, p, w, f, 0, g);
+    issue_tile_scores<T, KV>(sm, cur, sc, g);
     wgmma_wait<0>();
     fence_regs(sc);
-    if (edge) mask_scores(sc, key0, rows, ok, pg.rows, bad, g);
-    float alpha[2];
-    softmax_tile(sm, sc, st, rows, p.scale_log2, g, alpha);
-    store_p<T>(sm, sc, rows, g);
-    rescale(o, alpha);
-    issue_pv<T>(o, pw, smem_u32(tile) + g * (kGroupCols / 64) * kPartBytes);
-    wgmma_wait<0>();
-    fence_regs(o);
-    if constexpr (!k8) release(&sm.empty[s]);
   }
-  store_partial(sm, p, w, rows, o, st, g);
+  for (int t = 0; t < tiles; ++t) {
+    const bool more = t + 1 < tiles;
+    OpenTile next{};
+    if (!k8 && more) {
+      next = open_tile<T, KV>(sm, p, w, f, t + 1, g);
+      issue_tile_scores<T, KV>(sm, next, next_sc, g);
+    }
+    weigh_tile<T, KV>(sm, p, cur, f, rows, sc, acc, st, g);
+    wgmma_wait<0>();
+    fence_regs(acc);
+    if (!k8) release(&sm.empty[cur.s]);
+    if (!more) break;
+    if constexpr (k8) {
+      next = open_tile<T, KV>(sm, p, w, f, t + 1, g);
+      issue_tile_scores<T, KV>(sm, next, next_sc, g);
+      wgmma_wait<0>();
+    }
+    fence_regs(next_sc);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sc[i] = next_sc[i];
+    cur = next;
+  }
+  store_partial(sm, p, w, rows, acc, st, g);
 }
 
 }  // namespace pagedattn::detail::cuda::mla::sm90
