@@ -397,10 +397,10 @@ __device__ __forceinline__ void weigh_tile(Storage& sm, const MlaParams& p, cons
               smem_u32(mma_tile<KV>(sm, o.s)) + g * (kGroupCols / 64) * kPartBytes);
 }
 
-// Every tile of the split into O and the softmax states, then the partial state. With a 16-bit
-// cache the scores of tile t + 1 are issued before tile t's softmax, so the tensor cores work
-// through it; an 8-bit cache's single 16-bit tile is rewritten for every tile, so there each
-// tile's scores wait for the last tile's P c.
+// Every tile of the split into O and the softmax states, then the partial state. Each tile is
+// released only after its P c: with two stages, tile t + 1 is in flight for the whole of tile t's
+// work. (Issuing tile t + 1's scores before tile t's softmax would hold both stages at once and
+// leave no copy in flight: measured slower.)
 template <typename T, typename KV>
 __device__ void consume_tiles(Storage& sm, const MlaParams& p, const MlaWork& w, int tiles) {
   constexpr bool k8 = sizeof(KV) == 1;
@@ -412,35 +412,16 @@ __device__ void consume_tiles(Storage& sm, const MlaParams& p, const MlaWork& w,
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.f;
   SoftmaxState2 st[2] = {SoftmaxState2::empty(), SoftmaxState2::empty()};
-  float sc[16], next_sc[16];
-  OpenTile cur{};
-  if (tiles > 0) {
-    cur = open_tile<T, KV>(sm, p, w, f, 0, g);
-    issue_tile_scores<T, KV>(sm, cur, sc, g);
+  for (int t = 0; t < tiles; ++t) {
+    const OpenTile tile = open_tile<T, KV>(sm, p, w, f, t, g);
+    float sc[16];
+    issue_tile_scores<T, KV>(sm, tile, sc, g);
     wgmma_wait<0>();
     fence_regs(sc);
-  }
-  for (int t = 0; t < tiles; ++t) {
-    const bool more = t + 1 < tiles;
-    OpenTile next{};
-    if (!k8 && more) {
-      next = open_tile<T, KV>(sm, p, w, f, t + 1, g);
-      issue_tile_scores<T, KV>(sm, next, next_sc, g);
-    }
-    weigh_tile<T, KV>(sm, p, cur, f, rows, sc, acc, st, g);
+    weigh_tile<T, KV>(sm, p, tile, f, rows, sc, acc, st, g);
     wgmma_wait<0>();
     fence_regs(acc);
-    if (!k8) release(&sm.empty[cur.s]);
-    if (!more) break;
-    if constexpr (k8) {
-      next = open_tile<T, KV>(sm, p, w, f, t + 1, g);
-      issue_tile_scores<T, KV>(sm, next, next_sc, g);
-      wgmma_wait<0>();
-    }
-    fence_regs(next_sc);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) sc[i] = next_sc[i];
-    cur = next;
+    if (!k8) release(&sm.empty[tile.s]);
   }
   store_partial(sm, p, w, rows, acc, st, g);
 }
