@@ -307,14 +307,8 @@ __device__ void widen_stage(Storage& sm, int s) {
     const char* src = col < kRank ? raw + (col / kRawBoxCols) * kKeys * kRawBoxCols +
                                         k * kRawBoxCols + col % kRawBoxCols
                                   : raw + kRank * kKeys + k * kRope + (col - kRank);
-    const uint4 codes = *reinterpret_cast<const uint4*>(src);
-    const std::uint32_t in[4] = {codes.x, codes.y, codes.z, codes.w};
     std::uint32_t wide[8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      wide[2 * i] = widen_pair<T, KV>(in[i] & 0xffffu);
-      wide[2 * i + 1] = widen_pair<T, KV>(in[i] >> 16);
-    }
+    widen_codes<T, KV>(*reinterpret_cast<const uint4*>(src), wide);
     const int piece = (col % 64) / 8;
     char* row = sm.kv[0] + (col / 64) * kPartBytes + k * 128;
     *reinterpret_cast<uint4*>(row + ((piece ^ (k % 8)) * 16)) =

@@ -42,6 +42,17 @@ __device__ __forceinline__ std::uint32_t widen_pair(std::uint32_t two) {
   }
 }
 
+// 16 cache codes as 8 pairs of T (widen_pair), in order.
+template <typename T, typename KV>
+__device__ __forceinline__ void widen_codes(uint4 codes, std::uint32_t (&wide)[8]) {
+  const std::uint32_t in[4] = {codes.x, codes.y, codes.z, codes.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    wide[2 * i] = widen_pair<T, KV>(in[i] & 0xffffu);
+    wide[2 * i + 1] = widen_pair<T, KV>(in[i] >> 16);
+  }
+}
+
 // What a CTA works on: its sequence, its rows and the tokens of its split.
 struct MlaWork {
   int b, split, row0;
@@ -190,14 +201,8 @@ __device__ inline void widen_tile(const MlaParams& p, const SmemLayout& L, char*
   const char* raw = smem + (stage ? L.raw1 : L.raw0) + key * width;
   char* out = smem + L.tile0 + key * L.ld * 2;
   for (int ch = threadIdx.x / kTileKeys; ch < width / 16; ch += kThreads / kTileKeys) {
-    const uint4 codes = *reinterpret_cast<const uint4*>(raw + ch * 16);
-    const std::uint32_t in[4] = {codes.x, codes.y, codes.z, codes.w};
     std::uint32_t wide[8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      wide[2 * i] = widen_pair<T, KV>(in[i] & 0xffffu);
-      wide[2 * i + 1] = widen_pair<T, KV>(in[i] >> 16);
-    }
+    widen_codes<T, KV>(*reinterpret_cast<const uint4*>(raw + ch * 16), wide);
     uint4* dst = reinterpret_cast<uint4*>(out + ch * 32);
     dst[0] = make_uint4(wide[0], wide[1], wide[2], wide[3]);
     dst[1] = make_uint4(wide[4], wide[5], wide[6], wide[7]);
