@@ -89,20 +89,28 @@ void expect_row(const Pool& p, const float* x, int slot, int kv, float head, con
   }
 }
 
+// K and V rows of `tokens` tokens drawn from dist (V at a thousandth of K's scale), with edge
+// rows: token 1's K all zero; token 2's K with NaN and Inf; token 3's V huge.
+void edge_rows(int tokens, std::mt19937_64& rng, std::normal_distribution<float>& dist,
+               std::vector<float>& key, std::vector<float>& value) {
+  key.assign(static_cast<std::size_t>(tokens) * kKv * kD, 0.f);
+  value.assign(key.size(), 0.f);
+  for (float& x : key) x = dist(rng);
+  for (float& x : value) x = dist(rng) * 1e-3f;
+  std::fill(key.begin() + kKv * kD, key.begin() + kKv * kD + kD, 0.f);
+  key[2 * kKv * kD + 3] = std::numeric_limits<float>::quiet_NaN();
+  key[2 * kKv * kD + 5] = INFINITY;
+  for (int d = 0; d < kD; ++d) value[3 * kKv * kD + d] = 1e36f * (d % 2 ? 1 : -1);
+}
+
 TEST(Int8Writes, TokenScalesAndCodesByTheDefinition) {
   std::mt19937_64 rng(testing::seed_for(1400));
   std::normal_distribution<float> dist(0.f, 3.f);
   for (DType cache : {DType::kInt8, DType::kFP8E4M3, DType::kFP8E5M2}) {
     SCOPED_TRACE(dtype_name(cache));
     const int tokens = 6;
-    std::vector<float> key(std::size_t{tokens} * kKv * kD), value(key.size());
-    for (float& x : key) x = dist(rng);
-    for (float& x : value) x = dist(rng) * 1e-3f;
-    // Edge rows: token 1's K all zero; token 2's K with NaN and Inf; token 3's V huge.
-    std::fill(key.begin() + kKv * kD, key.begin() + kKv * kD + kD, 0.f);
-    key[2 * kKv * kD + 3] = std::numeric_limits<float>::quiet_NaN();
-    key[2 * kKv * kD + 5] = INFINITY;
-    for (int d = 0; d < kD; ++d) value[3 * kKv * kD + d] = 1e36f * (d % 2 ? 1 : -1);
+    std::vector<float> key, value;
+    edge_rows(tokens, rng, dist, key, value);
     const std::vector<std::int32_t> slots = {0, 9, -1, 31, 17, 4};
     std::vector<float> k_heads = {0.5f, 2.f}, v_heads = {1.f, 0.25f};
     Pool p(cache);
@@ -323,14 +331,8 @@ TEST(Int8Writes, CudaWritesAndCopiesTheCpuBits) {
   std::normal_distribution<float> dist(0.f, 3.f);
   for (DType cache : {DType::kInt8, DType::kFP8E4M3, DType::kFP8E5M2}) {
     SCOPED_TRACE(dtype_name(cache));
-    const int tokens = 6;
-    std::vector<float> key(std::size_t{tokens} * kKv * kD), value(key.size());
-    for (float& x : key) x = dist(rng);
-    for (float& x : value) x = dist(rng) * 1e-3f;
-    std::fill(key.begin() + kKv * kD, key.begin() + kKv * kD + kD, 0.f);
-    key[2 * kKv * kD + 3] = std::numeric_limits<float>::quiet_NaN();
-    key[2 * kKv * kD + 5] = INFINITY;
-    for (int d = 0; d < kD; ++d) value[3 * kKv * kD + d] = 1e36f * (d % 2 ? 1 : -1);
+    std::vector<float> key, value;
+    edge_rows(6, rng, dist, key, value);
     const std::vector<std::int32_t> slots = {0, 9, -1, 31, 17, 4};
     std::vector<float> k_heads = {0.5f, 2.f};
     Pool want(cache), got(cache);
