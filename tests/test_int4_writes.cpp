@@ -12,6 +12,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bad_input.hpp"
@@ -102,18 +103,22 @@ void expect_row(const Pool& p, const float* x, int slot, int kv, float head, boo
   }
 }
 
+// The layouts the tests write through, as (kv_strides, token_scale_strides): dense, NHD with NHD
+// scales, and a padded pool with padded scales.
+std::vector<std::pair<CacheStrides, CacheStrides>> pool_layouts() {
+  const CacheStrides padded{kKv * (kBs * (kD + 32) + 64) + 128, kBs * (kD + 32) + 64, kD + 32};
+  return {{{}, {}},
+          {CacheStrides::nhd(kKv, kBs, kD), CacheStrides::nhd(kKv, kBs, kGroups)},
+          {padded, CacheStrides{kKv * kBs * (kGroups + 1) + 3, kBs * (kGroups + 1), kGroups + 1}}};
+}
+
 // Rows of tokens with edge groups written through every layout: dense, NHD with NHD scales, and a
 // padded pool with padded scales; every written row by the definition, skipped tokens and the
 // gaps between rows untouched.
 TEST(Int4Writes, GroupScalesAndCodesByTheDefinition) {
   std::mt19937_64 rng(testing::seed_for(4700));
   std::normal_distribution<float> dist(0.f, 3.f);
-  const CacheStrides padded{kKv * (kBs * (kD + 32) + 64) + 128, kBs * (kD + 32) + 64, kD + 32};
-  const std::pair<CacheStrides, CacheStrides> layouts[] = {
-      {{}, {}},
-      {CacheStrides::nhd(kKv, kBs, kD), CacheStrides::nhd(kKv, kBs, kGroups)},
-      {padded, CacheStrides{kKv * kBs * (kGroups + 1) + 3, kBs * (kGroups + 1), kGroups + 1}}};
-  for (const auto& [strides, scale_strides] : layouts) {
+  for (const auto& [strides, scale_strides] : pool_layouts()) {
     SCOPED_TRACE("kv_strides.token " + std::to_string(strides.token));
     const int tokens = 6;
     std::vector<float> key(std::size_t{tokens} * kKv * kD), value(key.size());
@@ -210,13 +215,8 @@ TEST(Int4Writes, WrittenLayoutsDecodeAlike) {
   for (float& x : q) x = dist(rng);
   std::vector<std::int32_t> slots(L), table = {2, 0, 3, 1}, lens = {L};
   for (int t = 0; t < L; ++t) slots[t] = table[t / kBs] * kBs + t % kBs;
-  const CacheStrides padded{kKv * (kBs * (kD + 32) + 64) + 128, kBs * (kD + 32) + 64, kD + 32};
-  const std::pair<CacheStrides, CacheStrides> layouts[] = {
-      {{}, {}},
-      {CacheStrides::nhd(kKv, kBs, kD), CacheStrides::nhd(kKv, kBs, kGroups)},
-      {padded, CacheStrides{kKv * kBs * (kGroups + 1) + 3, kBs * (kGroups + 1), kGroups + 1}}};
   std::vector<float> first;
-  for (const auto& [strides, scale_strides] : layouts) {
+  for (const auto& [strides, scale_strides] : pool_layouts()) {
     SCOPED_TRACE("kv_strides.token " + std::to_string(strides.token));
     Pool p(strides, scale_strides);
     // Unwritten slots past the context: code -8 and NaN scales, which no decode may read.
@@ -267,12 +267,7 @@ TEST(Int4Writes, WrittenLayoutsDecodeAlike) {
 TEST(Int4Writes, CopyBlocksCarriesCodesAndGroupScales) {
   std::mt19937_64 rng(testing::seed_for(4900));
   std::normal_distribution<float> dist(0.f, 1.f);
-  const CacheStrides padded{kKv * (kBs * (kD + 32) + 64) + 128, kBs * (kD + 32) + 64, kD + 32};
-  const std::pair<CacheStrides, CacheStrides> layouts[] = {
-      {{}, {}},
-      {CacheStrides::nhd(kKv, kBs, kD), CacheStrides::nhd(kKv, kBs, kGroups)},
-      {padded, CacheStrides{kKv * kBs * (kGroups + 1) + 3, kBs * (kGroups + 1), kGroups + 1}}};
-  for (const auto& [strides, scale_strides] : layouts) {
+  for (const auto& [strides, scale_strides] : pool_layouts()) {
     SCOPED_TRACE("kv_strides.token " + std::to_string(strides.token));
     std::vector<float> key(std::size_t{2 * kBs} * kKv * kD), value(key.size());
     for (float& x : key) x = dist(rng);
