@@ -22,6 +22,7 @@
 #include "pagedattn/testing/cache_op_args.hpp"
 #include "pagedattn/testing/random_case.hpp"
 #include "pagedattn/testing/tolerance.hpp"
+#include "quantized_write_cases.hpp"
 #include "test_seed.hpp"
 
 namespace pagedattn {
@@ -305,71 +306,9 @@ TEST(Int4Writes, CopyBlocksCarriesCodesAndGroupScales) {
 }
 
 // Decode of rows written into an int4 cache (and int8 with per-token scales, for comparison)
-// against the decode of the same rows unquantized, as Int8Writes does: 200 tokens, 8 heads over 2
-// kv heads, head dim 128, an outlier channel 20x the others in every seventh row. With one scale
-// per group of 32, an outlier costs its own group's resolution only.
-double written_decode_error(DType cache, std::uint64_t seed, bool outliers = true) {
-  const int L = 200, H = 8, KV = 2, D = 128, BS = 16, blocks = (L + BS - 1) / BS;
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> key(std::size_t{L} * KV * D), value(key.size()), q(std::size_t{H} * D);
-  for (std::size_t i = 0; i < key.size(); ++i) {
-    const float outlier = outliers && (i / D) % 7 == 0 && i % D == 5 ? 20.f : 1.f;
-    key[i] = dist(rng) * outlier;
-    value[i] = dist(rng) * outlier;
-  }
-  for (float& x : q) x = dist(rng);
-  std::vector<std::int32_t> slots(L), table(blocks), lens = {L};
-  for (int t = 0; t < L; ++t) slots[t] = t;
-  for (int b = 0; b < blocks; ++b) table[b] = b;
-  const std::size_t rows = std::size_t{blocks} * KV * BS;
-  const int per_row = token_scales_per_row(cache, D);
-  std::vector<float> exact_k(rows * D), exact_v(rows * D), ks(rows * per_row), vs(ks.size());
-  std::vector<std::uint8_t> k(static_cast<std::size_t>(dtype_bytes(cache, rows * D))), v(k.size());
-  auto exact = testing::pool_args<CacheWriteArgs>(KV, D, BS, blocks, exact_k.data(), exact_v.data(),
-                                                  DType::kF32);
-  exact.num_tokens = L;
-  exact.key = key.data();
-  exact.value = value.data();
-  exact.slot_mapping = slots.data();
-  write_cache(exact, kCpu);
-  CacheWriteArgs w = exact;
-  w.k_cache = k.data();
-  w.v_cache = v.data();
-  w.cache_dtype = cache;
-  w.k_token_scales = ks.data();
-  w.v_token_scales = vs.data();
-  write_cache(w, kCpu);
-  DecodeArgs a;
-  a.batch = 1;
-  a.num_heads = H;
-  a.num_kv_heads = KV;
-  a.head_dim = D;
-  a.block_size = BS;
-  a.num_blocks = blocks;
-  a.max_blocks_per_seq = blocks;
-  a.q = q.data();
-  a.k_cache = exact_k.data();
-  a.v_cache = exact_v.data();
-  a.block_table = table.data();
-  a.context_lens = lens.data();
-  const ReferenceResult want = reference_decode(a);
-  a.k_cache = k.data();
-  a.v_cache = v.data();
-  a.k_dtype = a.v_dtype = cache;
-  a.k_token_scales = ks.data();
-  a.v_token_scales = vs.data();
-  std::vector<float> out(std::size_t{H} * D);
-  a.out = out.data();
-  decode(a, DecodeOptions{Backend::kCpu, 2});
-  double err = 0, scale = 1e-30;
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    err = std::max(err, std::fabs(out[i] - want.out[i]));
-    scale = std::max(scale, std::fabs(want.out[i]));
-  }
-  return err / scale;
-}
-
+// against the decode of the same rows unquantized (written_decode_error): with one scale per group
+// of 32, an outlier costs its own group's resolution only.
+//
 // One decode's max |error| / max |out| swings with the draw where a few outlier rows dominate the
 // softmax (an outlier costs the other 31 values of its group their resolution, and shifts those
 // rows' logits): over five draws each, the mean against int8's with per-token scales, and without
@@ -379,7 +318,8 @@ TEST(Int4Writes, DecodeOfWrittenRowsIsWithinTheFormatsBound) {
   for (std::uint64_t i = 0; i < 5; ++i) {
     const double int4 = written_decode_error(DType::kInt4, testing::seed_for(5000 + i));
     const double int8 = written_decode_error(DType::kInt8, testing::seed_for(5000 + i));
-    const double plain = written_decode_error(DType::kInt4, testing::seed_for(5100 + i), false);
+    const double plain = written_decode_error(DType::kInt4, testing::seed_for(5100 + i),
+                                              /*token_scales=*/true, /*outliers=*/false);
     EXPECT_GT(int4, 0.0) << "no quantization error at all: the cache was not quantized";
     EXPECT_LE(plain, 0.3) << "draw " << i << ", no outliers";
     int4_sum += int4;

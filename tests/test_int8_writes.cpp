@@ -22,6 +22,7 @@
 #include "pagedattn/testing/cache_op_args.hpp"
 #include "pagedattn/testing/device_memory.hpp"
 #include "pagedattn/testing/random_case.hpp"
+#include "quantized_write_cases.hpp"
 #include "test_seed.hpp"
 
 namespace pagedattn {
@@ -134,82 +135,11 @@ TEST(Int8Writes, TokenScalesAndCodesByTheDefinition) {
 // Decode of rows written with per-token scales, against the decode of the same rows unquantized:
 // the error a format adds. Rows with outliers (one channel 20x the others) show what per-token
 // scales buy over one scale for the whole tensor.
-double written_decode_error(DType cache, bool token_scales, std::uint64_t seed) {
-  const int L = 200, H = 8, KV = 2, D = 128, BS = 16, blocks = (L + BS - 1) / BS;
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> dist(0.f, 1.f);
-  std::vector<float> key(std::size_t{L} * KV * D), value(key.size()), q(std::size_t{H} * D);
-  for (std::size_t i = 0; i < key.size(); ++i) {
-    const float outlier = (i / D) % 7 == 0 && i % D == 5 ? 20.f : 1.f;
-    key[i] = dist(rng) * outlier;
-    value[i] = dist(rng) * outlier;
-  }
-  for (float& x : q) x = dist(rng);
-  std::vector<std::int32_t> slots(L), table(blocks), lens = {L};
-  for (int t = 0; t < L; ++t) slots[t] = t;
-  for (int b = 0; b < blocks; ++b) table[b] = b;
-  const std::size_t rows = std::size_t{blocks} * KV * BS;
-  std::vector<float> exact_k(rows * D), exact_v(rows * D), ks(rows), vs(rows);
-  std::vector<std::uint8_t> k(rows * D * dtype_size(cache)), v(k.size());
-  auto exact = testing::pool_args<CacheWriteArgs>(KV, D, BS, blocks, exact_k.data(), exact_v.data(),
-                                                  DType::kF32);
-  exact.num_tokens = L;
-  exact.key = key.data();
-  exact.value = value.data();
-  exact.slot_mapping = slots.data();
-  write_cache(exact, kCpu);
-  CacheWriteArgs w = exact;
-  w.k_cache = k.data();
-  w.v_cache = v.data();
-  w.cache_dtype = cache;
-  // Without per-token scales, one scale per tensor that maps the largest |x| onto the top code.
-  float amax = 0;
-  for (float x : key) amax = std::max(amax, std::fabs(x));
-  const float tensor_scale = amax / max_code_magnitude(cache);
-  if (token_scales) {
-    w.k_token_scales = ks.data();
-    w.v_token_scales = vs.data();
-  } else {
-    w.k_scale = w.v_scale = tensor_scale;
-  }
-  write_cache(w, kCpu);
-  DecodeArgs a;
-  a.batch = 1;
-  a.num_heads = H;
-  a.num_kv_heads = KV;
-  a.head_dim = D;
-  a.block_size = BS;
-  a.num_blocks = blocks;
-  a.max_blocks_per_seq = blocks;
-  a.q = q.data();
-  a.k_cache = exact_k.data();
-  a.v_cache = exact_v.data();
-  a.block_table = table.data();
-  a.context_lens = lens.data();
-  const ReferenceResult want = reference_decode(a);
-  a.k_cache = k.data();
-  a.v_cache = v.data();
-  a.k_dtype = a.v_dtype = cache;
-  a.k_scale = w.k_scale;
-  a.v_scale = w.v_scale;
-  a.k_token_scales = w.k_token_scales;
-  a.v_token_scales = w.v_token_scales;
-  std::vector<float> out(std::size_t{H} * D);
-  a.out = out.data();
-  decode(a, DecodeOptions{Backend::kCpu, 2});
-  double err = 0, scale = 1e-30;
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    err = std::max(err, std::fabs(out[i] - want.out[i]));
-    scale = std::max(scale, std::fabs(want.out[i]));
-  }
-  return err / scale;
-}
-
 TEST(Int8Writes, DecodeOfWrittenRowsIsWithinTheFormatsBounds) {
-  const double int8_token = written_decode_error(DType::kInt8, true, testing::seed_for(1500));
-  const double int8_tensor = written_decode_error(DType::kInt8, false, testing::seed_for(1501));
-  const double e4m3_token = written_decode_error(DType::kFP8E4M3, true, testing::seed_for(1502));
-  const double e4m3_tensor = written_decode_error(DType::kFP8E4M3, false, testing::seed_for(1503));
+  const double int8_token = written_decode_error(DType::kInt8, testing::seed_for(1500));
+  const double int8_tensor = written_decode_error(DType::kInt8, testing::seed_for(1501), false);
+  const double e4m3_token = written_decode_error(DType::kFP8E4M3, testing::seed_for(1502));
+  const double e4m3_tensor = written_decode_error(DType::kFP8E4M3, testing::seed_for(1503), false);
   RecordProperty("int8_token", std::to_string(int8_token));
   RecordProperty("int8_tensor", std::to_string(int8_tensor));
   RecordProperty("e4m3_token", std::to_string(e4m3_token));
