@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cpu_kernel.hpp"
+#include "cpu_kernel_check.hpp"
 #include "pagedattn/cache_ops.hpp"
 #include "pagedattn/dtype.hpp"
 #include "pagedattn/online_softmax.hpp"
@@ -325,59 +326,11 @@ TEST(Fp8CpuIsa, EveryKernelMatchesTheReference) {
           spec.seed = testing::seed_for_test();
           testing::HostCase c = testing::make_case(spec);
           const DecodeArgs a = c.args();
-          const int H = a.num_heads, G = a.group_size(), KV = a.num_kv_heads;
-          const auto k_scale = [&](int kv) {
-            return a.k_scales != nullptr ? a.k_scale * a.k_scales[kv] : a.k_scale;
-          };
-          const auto v_scale = [&](int kv) {
-            return a.v_scales != nullptr ? a.v_scale * a.v_scales[kv] : a.v_scale;
-          };
-          std::vector<float> q(static_cast<std::size_t>(a.batch) * H * D);
-          for (int b = 0; b < a.batch; ++b) {
-            for (int h = 0; h < H; ++h) {
-              for (int d = 0; d < D; ++d) {
-                const std::size_t i = (static_cast<std::size_t>(b) * H + h) * D + d;
-                q[i] = load_as_float(a.q, a.q_dtype, b * a.q_stride() + h * D + d) *
-                       (a.effective_scale() * k_scale(h / G));
-              }
-            }
-          }
-          // And with the weights rounded to bf16 for P.V (the backend's setting for a bf16 out;
-          // the avx512bf16 kernel's vdpbf16ps path for a bf16 q), at the bf16 out tolerance.
-          for (bool bf16_weights : {false, true}) {
-            detail::cpu::ItemContext ctx = detail::cpu::item_context(a, q.data());
-            ctx.bf16_weights = bf16_weights;
-            alignas(64) float scores[detail::cpu::kHeadTile * 256];
-            std::vector<float> q_buffer(static_cast<std::size_t>(H) * D + 16);
-            std::vector<float> m(H), l(H), acc(static_cast<std::size_t>(H) * D);
-            const ReferenceResult ref = reference_decode(a);
-            double scale = 1e-30, err = 0, lse_err = 0;
-            bool finite = true;
-            for (int b = 0; b < a.batch; ++b) {
-              const WorkItem item{b, 0, 0, 0, blocks_for(a.context_lens[b], a.block_size)};
-              fn(ctx, item, KV, m.data(), l.data(), acc.data(),
-                 detail::cpu::ItemScratch{scores, q_buffer.data()});
-              for (int h = 0; h < H; ++h) {
-                const std::size_t row = static_cast<std::size_t>(b) * H + h;
-                const SoftmaxState st{m[h], l[h]};
-                const float inv = st.inv_sum() * v_scale(h / G);
-                for (int d = 0; d < D; ++d) {
-                  const double want = ref.out[row * D + d];
-                  const float got = acc[static_cast<std::size_t>(h) * D + d] * inv;
-                  finite = finite && std::isfinite(got);
-                  scale = std::max(scale, std::fabs(want));
-                  err = std::max(err, std::fabs(got - want));
-                }
-                lse_err = std::max(lse_err, std::fabs(st.lse() - ref.lse[row]));
-              }
-            }
-            SCOPED_TRACE(std::string(isa) + (bf16_weights ? " bf16 weights: " : ": ") +
-                         testing::describe(spec) + " " + testing::seed_note(spec.seed));
-            EXPECT_TRUE(finite);
-            EXPECT_LE(err / scale,
-                      testing::out_tolerance(bf16_weights ? DType::kBF16 : DType::kF32));
-            EXPECT_LE(lse_err, testing::lse_tolerance());
-          }
+          // With the weights for P.V in f32, and rounded to bf16 (the backend's setting for a bf16
+          // out; the avx512bf16 kernel's vdpbf16ps path for a bf16 q) at the bf16 out tolerance.
+          expect_kernel_matches_reference(
+              fn, a, isa, testing::describe(spec) + " " + testing::seed_note(spec.seed),
+              DType::kBF16);
         }
       }
     }
