@@ -122,22 +122,9 @@ TEST(Int8Decode, TokenScalesInTheNhdOrder) {
   HostCase c = testing::make_case(quantized_spec(DType::kInt8, DType::kF32, 8, 4, 64, 16, {33, 70},
                                                  true, testing::seed_for(1300)));
   const int KV = 4, BS = 16;
-  std::vector<float> k_nhd(c.k_token_scales.size()), v_nhd(c.v_token_scales.size());
-  for (int blk = 0; blk < c.num_blocks; ++blk) {
-    for (int kv = 0; kv < KV; ++kv) {
-      for (int t = 0; t < BS; ++t) {
-        const std::size_t hnd = (static_cast<std::size_t>(blk) * KV + kv) * BS + t;
-        const std::size_t nhd = (static_cast<std::size_t>(blk) * BS + t) * KV + kv;
-        k_nhd[nhd] = c.k_token_scales[hnd];
-        v_nhd[nhd] = c.v_token_scales[hnd];
-      }
-    }
-  }
+  const NhdTokenScales nhd = nhd_token_scales(c, KV, BS);
   const ReferenceResult want = reference_decode(c.args());
-  DecodeArgs a = c.args();
-  a.k_token_scales = k_nhd.data();
-  a.v_token_scales = v_nhd.data();
-  a.token_scale_strides = CacheStrides::nhd(KV, BS, 1);
+  const DecodeArgs a = nhd.args(c);
   c.poison_outputs();
   detail::decode(a, detail::DecodeOptions(DecodeOptions{Backend::kCpu, 2}));
   const testing::Comparison cmp = testing::compare_outputs(c, want);

@@ -122,22 +122,9 @@ TEST(TokenScalesCuda, TheNhdOrder) {
   const int KV = 4, BS = 16;
   HostCase c = testing::make_case(quantized_spec(DType::kInt8, DType::kBF16, 8, KV, 128, BS,
                                                  {33, 70, 300}, true, testing::seed_for(2200)));
-  std::vector<float> k_nhd(c.k_token_scales.size()), v_nhd(c.v_token_scales.size());
-  for (int blk = 0; blk < c.num_blocks; ++blk) {
-    for (int kv = 0; kv < KV; ++kv) {
-      for (int t = 0; t < BS; ++t) {
-        const std::size_t hnd = (static_cast<std::size_t>(blk) * KV + kv) * BS + t;
-        const std::size_t nhd = (static_cast<std::size_t>(blk) * BS + t) * KV + kv;
-        k_nhd[nhd] = c.k_token_scales[hnd];
-        v_nhd[nhd] = c.v_token_scales[hnd];
-      }
-    }
-  }
+  const NhdTokenScales nhd = nhd_token_scales(c, KV, BS);
   const ReferenceResult want = reference_decode(c.args());
-  DecodeArgs a = c.args();
-  a.k_token_scales = k_nhd.data();
-  a.v_token_scales = v_nhd.data();
-  a.token_scale_strides = CacheStrides::nhd(KV, BS, 1);
+  const DecodeArgs a = nhd.args(c);
   c.poison_outputs();
   testing::cuda_decode_from_host(a, cuda_options(false));
   expect_close(c, want, "NHD scales");
